@@ -1,0 +1,7 @@
+FROM python:3.11-slim
+WORKDIR /app
+ENV PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+COPY requirements.txt constraints.txt ./
+RUN pip install --no-cache-dir -c constraints.txt -r requirements.txt \
+ && pip uninstall -y torchvision torchaudio
+COPY . .

@@ -1,0 +1,49 @@
+# eagle3web: `make demo` for a dashboard on this machine, `make test` for the test suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+DEMO_DIR ?= data/demo
+# The tests talk to real servers: PostgreSQL and Redis (.ci/run starts them when they are down).
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
+TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: setup migrate demo worker web test bench check-outputs browser-deps
+
+setup: $(VENV)/.installed migrate
+
+$(VENV)/.installed: requirements.txt constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -r requirements.txt
+	@# speculators pulls these; they do not load beside the CPU torch build and break transformers' import.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio || true
+	touch $@
+
+migrate: $(VENV)/.installed
+	$(PY) manage.py migrate --noinput -v 0
+
+demo: setup
+	$(PY) manage.py build_demo_assets $(DEMO_DIR) --json
+	$(PY) manage.py demo_login
+	@echo "Dashboard: http://127.0.0.1:$(PORT)/  (Ctrl-C stops the web server and the worker)"
+	trap 'kill 0' EXIT; \
+	$(PY) -m celery -A eagle3web worker -Q cpu,gpu --concurrency 1 --loglevel INFO & \
+	$(PY) manage.py runserver 127.0.0.1:$(PORT) --noreload
+
+worker: setup
+	$(PY) -m celery -A eagle3web worker -Q cpu,gpu --concurrency 1 --loglevel INFO
+
+web: setup
+	$(PY) manage.py runserver 127.0.0.1:$(PORT)
+
+test: $(VENV)/.installed
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	$(PY) bench/pipeline.py --json
+
+# Debian's Chromium for the browser tests (Playwright cannot download its own browser here).
+browser-deps:
+	test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)

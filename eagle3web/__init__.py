@@ -1,0 +1,3 @@
+from eagle3web.celery import celery_app
+
+__all__ = ["celery_app"]

@@ -1,0 +1,99 @@
+"""Launch exactly what the browser's launch form launches, from a shell."""
+from __future__ import annotations
+
+import json
+import time
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from runs import selectors, services
+from runs.models import PipelineRun, StageStatus
+from runs.run_config import RunConfig, parse_layer_ids
+
+
+class Command(BaseCommand):
+    help = "Launch a pipeline run (prepare, extract, vocab, train) and print a JSON summary."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--target", required=True, help="target model directory (under EAGLE3WEB_DATA_ROOTS)")
+        parser.add_argument("--dataset", required=True, help="chat JSONL file (under EAGLE3WEB_DATA_ROOTS)")
+        parser.add_argument("--layer-ids", default="", help="comma-separated hidden-state ids; default EAGLE-3's")
+        parser.add_argument("--max-seq-len", type=int, default=RunConfig.max_seq_len)
+        parser.add_argument("--max-samples", type=int, default=None)
+        parser.add_argument("--draft-vocab-size", type=int, default=RunConfig.draft_vocab_size)
+        parser.add_argument("--epochs", type=int, default=RunConfig.epochs)
+        parser.add_argument("--lr", type=float, default=RunConfig.lr)
+        parser.add_argument("--ttt-steps", type=int, default=RunConfig.ttt_steps)
+        parser.add_argument("--name", default="")
+        parser.add_argument("--user", default="", help="owner's username (default: the 'cli' account)")
+        mode = parser.add_mutually_exclusive_group()
+        mode.add_argument("--inline", action="store_true", help="run the stages in this process")
+        mode.add_argument("--wait", action="store_true", help="enqueue, then wait for the workers to finish")
+        parser.add_argument("--timeout", type=float, default=3600, help="seconds --wait waits at most")
+        parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+
+    def handle(self, *args, **opts):
+        user = self._owner(opts["user"])
+        try:
+            config = RunConfig(
+                layer_ids=parse_layer_ids(opts["layer_ids"]),
+                max_seq_len=opts["max_seq_len"],
+                max_samples=opts["max_samples"],
+                draft_vocab_size=opts["draft_vocab_size"],
+                epochs=opts["epochs"],
+                lr=opts["lr"],
+                ttt_steps=opts["ttt_steps"],
+            )
+            run = services.run_launch(
+                user=user, target_path=opts["target"], dataset_path=opts["dataset"], config=config,
+                name=opts["name"], enqueue=not opts["inline"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        if opts["inline"]:
+            from workers.tasks import pipeline_run_inline
+
+            pipeline_run_inline(run_id=run.pk)
+        elif opts["wait"]:
+            self._wait(run, opts["timeout"])
+        summary = selectors.run_summary(run)
+        if opts["json"]:
+            self.stdout.write(json.dumps(summary))
+        else:
+            self._print_human(summary)
+        failed = [s["name"] for s in summary["stages"] if s["status"] in (StageStatus.FAILED, StageStatus.CANCELLED)]
+        if failed:
+            raise CommandError(f"run {run.pk}: stage(s) {', '.join(failed)} did not succeed; see the errors above")
+        if (opts["inline"] or opts["wait"]) and summary["status"] != StageStatus.SUCCEEDED:
+            raise CommandError(f"run {run.pk} is still {summary['status']} after {opts['timeout']:.0f} s")
+
+    def _owner(self, username: str):
+        users = get_user_model()
+        if username:
+            try:
+                return users.objects.get(username=username)
+            except users.DoesNotExist:
+                raise CommandError(f"no user named {username!r}; create one with `manage.py createsuperuser`") from None
+        user, created = users.objects.get_or_create(username="cli")
+        if created:
+            user.set_unusable_password()
+            user.save()
+        return user
+
+    def _wait(self, run: PipelineRun, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if selectors.run_is_finished(selectors.run_list().get(pk=run.pk)):
+                return
+            time.sleep(1.0)
+
+    def _print_human(self, summary: dict) -> None:
+        self.stdout.write(f"run {summary['run_id']}: {summary['status']}")
+        for stage in summary["stages"]:
+            secs = f"{stage['seconds']:.1f} s" if stage["seconds"] is not None else "-"
+            self.stdout.write(f"  {stage['name']:<8} {stage['status']:<10} {secs}")
+            if stage["error"]:
+                self.stdout.write("    " + stage["error"].splitlines()[0])
+        for ckpt in summary["checkpoints"]:
+            self.stdout.write(f"  checkpoint epoch {ckpt['epoch']}: {ckpt['path']}{' (best)' if ckpt['is_best'] else ''}")

@@ -1,0 +1,241 @@
+"""What the database holds: targets, datasets, one row per pipeline stage, checkpoints, metrics.
+
+Workflows live in services.py; these classes hold fields, constraints and small derived values.
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+
+
+class StageStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINISHED_STATUSES = (StageStatus.SUCCEEDED, StageStatus.FAILED, StageStatus.CANCELLED)
+
+
+class TargetModel(models.Model):
+    """A target (verifier) checkpoint on disk; numbers read from its config.json."""
+
+    name = models.CharField(max_length=200)
+    path = models.CharField(max_length=1000, unique=True)
+    architecture = models.CharField(max_length=200)
+    model_type = models.CharField(max_length=100)
+    num_layers = models.PositiveIntegerField()
+    hidden_size = models.PositiveIntegerField()
+    vocab_size = models.PositiveIntegerField()
+    nested_text_config = models.BooleanField(default=False)
+    config = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def default_layer_ids(self) -> list[int]:
+        from workers.stages.target import default_layer_ids
+
+        return default_layer_ids(self.num_layers)
+
+
+class Dataset(models.Model):
+    """A chat JSONL file (ShareGPT or OpenAI messages) that runs prepare."""
+
+    name = models.CharField(max_length=200)
+    path = models.CharField(max_length=1000, unique=True)
+    size_bytes = models.BigIntegerField(default=0)
+    notes = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_absolute_url(self) -> str:
+        return reverse("runs:dataset_detail", args=[self.pk])
+
+
+class PipelineRun(models.Model):
+    """One launch: prepare -> extract -> vocab -> train, each stage a row of its own."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="pipeline_runs")
+    name = models.CharField(max_length=200, blank=True)
+    target = models.ForeignKey(TargetModel, on_delete=models.PROTECT, related_name="runs")
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="runs")
+    config = models.JSONField(default=dict)
+    output_dir = models.CharField(max_length=1000, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name or f"run {self.pk}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("runs:run_detail", args=[self.pk])
+
+
+class StageRecord(models.Model):
+    """Status, timing, progress and log of one stage of one run."""
+
+    status = models.CharField(max_length=16, choices=StageStatus.choices, default=StageStatus.QUEUED, db_index=True)
+    queued_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    progress_done = models.BigIntegerField(default=0)
+    progress_total = models.BigIntegerField(default=0)
+    worker = models.CharField(max_length=200, blank=True)
+    error = models.TextField(blank=True)
+    log_tail = models.TextField(blank=True)
+    out_dir = models.CharField(max_length=1000, blank=True)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+    @property
+    def seconds(self) -> float | None:
+        if not self.started_at:
+            return None
+        from django.utils import timezone
+
+        end = self.finished_at or timezone.now()
+        return (end - self.started_at).total_seconds()
+
+    @property
+    def progress_fraction(self) -> float:
+        if self.status == StageStatus.SUCCEEDED:
+            return 1.0
+        if not self.progress_total:
+            return 0.0
+        return min(1.0, self.progress_done / self.progress_total)
+
+
+class Preparation(StageRecord):
+    """Tokenized chats with loss masks, in speculators 0.9's prepared layout."""
+
+    run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, related_name="preparation")
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="preparations")
+    max_seq_len = models.PositiveIntegerField()
+    num_conversations = models.PositiveIntegerField(null=True, blank=True)
+    num_rows = models.PositiveIntegerField(null=True, blank=True)
+    num_skipped = models.PositiveIntegerField(null=True, blank=True)
+    total_tokens = models.BigIntegerField(null=True, blank=True)
+    loss_tokens = models.BigIntegerField(null=True, blank=True)
+    length_histogram = models.JSONField(default=dict, blank=True)
+    token_freq_path = models.CharField(max_length=1000, blank=True)
+
+
+class Extraction(StageRecord):
+    """Hidden states of the target at chosen layers. `run` is empty for imported extractions."""
+
+    run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, null=True, blank=True, related_name="extraction")
+    target = models.ForeignKey(TargetModel, on_delete=models.PROTECT, related_name="extractions")
+    layer_ids = models.JSONField(default=list)
+    layer_id_convention = models.CharField(max_length=50, default="hf_hidden_states_index")
+    num_samples = models.PositiveIntegerField(null=True, blank=True)
+    total_tokens = models.BigIntegerField(null=True, blank=True)
+    hidden_size = models.PositiveIntegerField(null=True, blank=True)
+    dtype = models.CharField(max_length=30, blank=True)
+    device = models.CharField(max_length=30, blank=True)
+    model_load_seconds = models.FloatField(null=True, blank=True)
+    forward_seconds = models.FloatField(null=True, blank=True)
+    tokens_per_second = models.FloatField(null=True, blank=True)
+    bytes_on_disk = models.BigIntegerField(null=True, blank=True)
+
+    def get_absolute_url(self) -> str:
+        return reverse("runs:extraction_detail", args=[self.pk])
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        if not self.bytes_on_disk or not self.total_tokens:
+            return None
+        return self.bytes_on_disk / self.total_tokens
+
+    @property
+    def floor_bytes_per_token(self) -> int | None:
+        if not self.hidden_size or not self.layer_ids:
+            return None
+        return len(self.layer_ids) * self.hidden_size * 2
+
+
+class Manifest(models.Model):
+    """The data_config.json an extraction wrote or came with, kept verbatim."""
+
+    extraction = models.OneToOneField(Extraction, on_delete=models.CASCADE, related_name="manifest")
+    path = models.CharField(max_length=1000)
+    format_version = models.CharField(max_length=20)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class VocabMapping(StageRecord):
+    """d2t/t2d: which target tokens the draft can propose."""
+
+    run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, related_name="vocab_mapping")
+    draft_vocab_size = models.PositiveIntegerField()
+    target_vocab_size = models.PositiveIntegerField()
+    distinct_tokens = models.PositiveIntegerField(null=True, blank=True)
+    coverage = models.FloatField(null=True, blank=True)
+    d2t_path = models.CharField(max_length=1000, blank=True)
+    t2d_path = models.CharField(max_length=1000, blank=True)
+
+
+class TrainingRun(StageRecord):
+    """Training of the EAGLE-3 draft; its curves are MetricPoints, its outputs Checkpoints."""
+
+    run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, related_name="training_run")
+    epochs = models.PositiveIntegerField()
+    lr = models.FloatField()
+    ttt_steps = models.PositiveIntegerField()
+    steps = models.PositiveIntegerField(null=True, blank=True)
+    train_tokens = models.BigIntegerField(null=True, blank=True)
+    tokens_per_second = models.FloatField(null=True, blank=True)
+    best_epoch = models.PositiveIntegerField(null=True, blank=True)
+
+
+class Checkpoint(models.Model):
+    training_run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="checkpoints")
+    epoch = models.PositiveIntegerField()
+    path = models.CharField(max_length=1000)
+    train_loss = models.FloatField(null=True, blank=True)
+    val_loss = models.FloatField(null=True, blank=True)
+    val_metrics = models.JSONField(default=dict, blank=True)
+    is_best = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["epoch"]
+        constraints = [models.UniqueConstraint(fields=["training_run", "epoch"], name="unique_checkpoint_epoch")]
+
+    def __str__(self) -> str:
+        return f"epoch {self.epoch} of run {self.training_run.run_id}"
+
+
+class MetricPoint(models.Model):
+    """One value of one curve at one step; read by (training run, key, step)."""
+
+    training_run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="metric_points")
+    split = models.CharField(max_length=10)
+    key = models.CharField(max_length=50)
+    step = models.PositiveIntegerField()
+    epoch = models.FloatField()
+    value = models.FloatField()
+
+    class Meta:
+        indexes = [models.Index(fields=["training_run", "key", "step"], name="metric_run_key_step")]

@@ -1,0 +1,140 @@
+"""Reads for pages, the API and the CLI."""
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from runs.models import (
+    Checkpoint,
+    Extraction,
+    MetricPoint,
+    PipelineRun,
+    StageRecord,
+    StageStatus,
+)
+from runs.stages import STAGES
+
+
+def run_list() -> QuerySet[PipelineRun]:
+    return PipelineRun.objects.select_related(
+        "owner", "target", "dataset", "preparation", "extraction", "vocab_mapping", "training_run"
+    )
+
+
+def run_stages(run: PipelineRun) -> list[tuple[str, str, StageRecord]]:
+    return [(stage.name, stage.label, getattr(run, stage.related_name)) for stage in STAGES]
+
+
+def run_status(run: PipelineRun) -> str:
+    """One word for the whole run, derived from its stages."""
+    statuses = [record.status for _, _, record in run_stages(run)]
+    if StageStatus.FAILED in statuses:
+        return StageStatus.FAILED
+    if StageStatus.CANCELLED in statuses:
+        return StageStatus.CANCELLED
+    if all(s == StageStatus.SUCCEEDED for s in statuses):
+        return StageStatus.SUCCEEDED
+    if all(s == StageStatus.QUEUED for s in statuses):
+        return StageStatus.QUEUED
+    return StageStatus.RUNNING
+
+
+def run_is_finished(run: PipelineRun) -> bool:
+    return all(record.is_finished for _, _, record in run_stages(run))
+
+
+def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
+    return {
+        "name": name,
+        "label": label,
+        "status": record.status,
+        "started_at": record.started_at.isoformat() if record.started_at else None,
+        "finished_at": record.finished_at.isoformat() if record.finished_at else None,
+        "seconds": round(record.seconds, 2) if record.seconds is not None else None,
+        "progress_done": record.progress_done,
+        "progress_total": record.progress_total,
+        "progress": round(record.progress_fraction, 4),
+        "worker": record.worker,
+        "error": record.error,
+        "log_tail": record.log_tail,
+        "out_dir": record.out_dir,
+    }
+
+
+def run_summary(run: PipelineRun) -> dict:
+    """What the CLI prints and the run page polls: ids, stage states, totals, paths."""
+    run = run_list().get(pk=run.pk)
+    prep, extraction, vocab, training = (record for _, _, record in run_stages(run))
+    manifest = getattr(extraction, "manifest", None)
+    checkpoints = list(training.checkpoints.all())
+    return {
+        "run_id": run.pk,
+        "name": str(run),
+        "status": run_status(run),
+        "finished": run_is_finished(run),
+        "target": {"id": run.target_id, "path": run.target.path, "num_layers": run.target.num_layers,
+                   "hidden_size": run.target.hidden_size, "vocab_size": run.target.vocab_size},
+        "dataset": {"id": run.dataset_id, "path": run.dataset.path},
+        "config": run.config,
+        "output_dir": run.output_dir,
+        "ids": {"preparation": prep.pk, "extraction": extraction.pk, "vocab_mapping": vocab.pk,
+                "training_run": training.pk},
+        "stages": [_stage_dict(name, label, record) for name, label, record in run_stages(run)],
+        "tokens": {
+            "conversations": prep.num_conversations,
+            "rows": prep.num_rows,
+            "total_tokens": prep.total_tokens,
+            "loss_tokens": prep.loss_tokens,
+            "extracted_tokens": extraction.total_tokens,
+            "vocab_coverage": vocab.coverage,
+            "train_tokens": training.train_tokens,
+        },
+        "extraction": {
+            "layer_ids": extraction.layer_ids,
+            "hidden_states_dir": f"{extraction.out_dir}/hidden_states" if extraction.out_dir else None,
+            "tokens_per_second": extraction.tokens_per_second,
+            "model_load_seconds": extraction.model_load_seconds,
+            "bytes_per_token": extraction.bytes_per_token,
+            "floor_bytes_per_token": extraction.floor_bytes_per_token,
+        },
+        "manifest_path": manifest.path if manifest else None,
+        "vocab": {"d2t_path": vocab.d2t_path or None, "t2d_path": vocab.t2d_path or None},
+        "training": {"steps": training.steps, "tokens_per_second": training.tokens_per_second,
+                     "best_epoch": training.best_epoch},
+        "checkpoints": [
+            {"epoch": c.epoch, "path": c.path, "train_loss": c.train_loss, "val_loss": c.val_loss,
+             "is_best": c.is_best, "val_metrics": c.val_metrics}
+            for c in checkpoints
+        ],
+    }
+
+
+def curve_points(*, run: PipelineRun, after_id: int = 0, limit: int = 20000) -> list[dict]:
+    """Metric points newer than `after_id`, so a page polling for live curves fetches only what is new."""
+    rows = (
+        MetricPoint.objects.filter(training_run__run=run, id__gt=after_id)
+        .order_by("id")
+        .values("id", "split", "key", "step", "epoch", "value")[:limit]
+    )
+    return list(rows)
+
+
+def checkpoint_best(run: PipelineRun) -> Checkpoint | None:
+    return Checkpoint.objects.filter(training_run__run=run, is_best=True).first()
+
+
+def target_layers(*, target, layer_ids: list[int]) -> list[dict]:
+    """Each hidden-state index of the target, marked when captured or an EAGLE-3 default."""
+    captured, default = set(layer_ids), set(target.default_layer_ids)
+    return [
+        {
+            "index": i,
+            "captured": i in captured,
+            "default": i in default,
+            "label": "embeddings" if i == 0 else ("final" if i == target.num_layers else f"layer {i}"),
+        }
+        for i in range(target.num_layers + 1)
+    ]
+
+
+def extraction_list() -> QuerySet[Extraction]:
+    return Extraction.objects.select_related("target", "run", "manifest").order_by("-id")

@@ -1,0 +1,114 @@
+"""Writes that users start: registering targets and datasets, launching and cancelling runs."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from runs.models import (
+    FINISHED_STATUSES,
+    Dataset,
+    Extraction,
+    PipelineRun,
+    Preparation,
+    StageStatus,
+    TargetModel,
+    TrainingRun,
+    VocabMapping,
+)
+from runs.paths import check_under_data_roots
+from runs.run_config import RunConfig, RunConfigError
+from runs.stages import STAGES
+from workers.stages.target import read_target_config, validate_layer_ids
+
+
+def target_register(*, path: str | Path) -> TargetModel:
+    """Record (or refresh) a target from its config.json; the path must lie under the data roots."""
+    resolved = check_under_data_roots(path, kind="target directory")
+    if not resolved.is_dir():
+        raise RunConfigError(f"target directory {resolved} is not a directory")
+    cfg = read_target_config(resolved)
+    raw = (resolved / "config.json").read_text()
+    target, _ = TargetModel.objects.update_or_create(
+        path=str(resolved),
+        defaults={
+            "name": resolved.name,
+            "architecture": cfg.architecture,
+            "model_type": cfg.model_type,
+            "num_layers": cfg.num_layers,
+            "hidden_size": cfg.hidden_size,
+            "vocab_size": cfg.vocab_size,
+            "nested_text_config": cfg.nested_text_config,
+            "config": json.loads(raw),
+        },
+    )
+    return target
+
+
+def dataset_register(*, path: str | Path) -> Dataset:
+    resolved = check_under_data_roots(path, kind="dataset file")
+    if not resolved.is_file():
+        raise RunConfigError(f"dataset {resolved} is not a file (give a .jsonl chat file)")
+    dataset, _ = Dataset.objects.update_or_create(
+        path=str(resolved), defaults={"name": resolved.name, "size_bytes": resolved.stat().st_size}
+    )
+    return dataset
+
+
+@transaction.atomic
+def run_launch(
+    *,
+    user: AbstractBaseUser,
+    target_path: str | Path,
+    dataset_path: str | Path,
+    config: RunConfig,
+    name: str = "",
+    enqueue: bool = True,
+) -> PipelineRun:
+    """Create a run and its four stage rows; after commit, hand the run's id to the workers."""
+    target = target_register(path=target_path)
+    dataset = dataset_register(path=dataset_path)
+    layer_ids = list(config.layer_ids or target.default_layer_ids)
+    if layer_ids and layer_ids[-1] != target.num_layers:
+        # The draft learns from the final hidden state, so it is always captured after the aux layers.
+        layer_ids.append(target.num_layers)
+    layer_ids = validate_layer_ids(layer_ids, target.num_layers)
+    if config.draft_vocab_size > target.vocab_size:
+        raise RunConfigError(
+            f"draft_vocab_size {config.draft_vocab_size} is larger than the target's vocabulary ({target.vocab_size})"
+        )
+    config = replace(config, layer_ids=layer_ids)
+    run = PipelineRun.objects.create(
+        owner=user, name=name.strip(), target=target, dataset=dataset, config=config.as_dict()
+    )
+    run.output_dir = str(settings.EAGLE3WEB_RUNS_DIR / f"run-{run.pk}")
+    run.save(update_fields=["output_dir"])
+    Preparation.objects.create(run=run, dataset=dataset, max_seq_len=config.max_seq_len)
+    Extraction.objects.create(run=run, target=target, layer_ids=layer_ids)
+    VocabMapping.objects.create(
+        run=run, draft_vocab_size=config.draft_vocab_size, target_vocab_size=target.vocab_size
+    )
+    TrainingRun.objects.create(run=run, epochs=config.epochs, lr=config.lr, ttt_steps=config.ttt_steps)
+    if enqueue:
+        from workers.tasks import pipeline_enqueue
+
+        run_id = run.pk
+        transaction.on_commit(lambda: pipeline_enqueue(run_id=run_id))
+    return run
+
+
+@transaction.atomic
+def run_cancel(*, run: PipelineRun, user: AbstractBaseUser) -> int:
+    """Mark every unfinished stage cancelled; a running stage notices at its next progress report."""
+    now = timezone.now()
+    cancelled = 0
+    for stage in STAGES:
+        cancelled += stage.model.objects.filter(run=run).exclude(status__in=FINISHED_STATUSES).update(
+            status=StageStatus.CANCELLED, finished_at=now, error=f"cancelled by {user.get_username()}"
+        )
+    return cancelled

@@ -1,0 +1,18 @@
+from django.urls import path
+
+from runs import api, views
+
+app_name = "runs"
+urlpatterns = [
+    path("", views.run_list, name="run_list"),
+    path("runs/new/", views.run_launch, name="run_launch"),
+    path("runs/<int:pk>/", views.run_detail, name="run_detail"),
+    path("runs/<int:pk>/cancel/", views.run_cancel, name="run_cancel"),
+    path("datasets/", views.dataset_list, name="dataset_list"),
+    path("datasets/<int:pk>/", views.dataset_detail, name="dataset_detail"),
+    path("extractions/", views.extraction_list, name="extraction_list"),
+    path("extractions/<int:pk>/", views.extraction_detail, name="extraction_detail"),
+    path("api/runs/<int:pk>/", api.run_status, name="api_run_status"),
+    path("api/runs/<int:pk>/metrics/", api.run_metrics, name="api_run_metrics"),
+    path("api/targets/inspect/", api.target_inspect, name="api_target_inspect"),
+]

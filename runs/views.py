@@ -1,0 +1,115 @@
+"""Server-rendered pages. Thin: parse input, call a service or selector, render."""
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from runs import selectors, services
+from runs.demo import demo_paths
+from runs.forms import LaunchForm
+from runs.models import Dataset, PipelineRun, TargetModel
+
+# What a launch can fail on: every one of these names the problem in its message.
+LAUNCH_ERRORS = (ValueError,)
+
+
+def run_list(request: HttpRequest) -> HttpResponse:
+    runs = list(selectors.run_list()[:200])
+    rows = [(run, selectors.run_status(run)) for run in runs]
+    return render(request, "runs/run_list.html", {"rows": rows})
+
+
+def run_launch(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        form = LaunchForm(request.POST)
+        if form.is_valid():
+            try:
+                run = services.run_launch(
+                    user=request.user,
+                    target_path=form.cleaned_data["target_path"],
+                    dataset_path=form.cleaned_data["dataset_path"],
+                    config=form.run_config(),
+                    name=form.cleaned_data["name"],
+                )
+            except LAUNCH_ERRORS as exc:
+                form.add_error(None, str(exc))
+            else:
+                messages.success(request, f"Launched {run}: the stages are queued.")
+                return redirect(run)
+    else:
+        initial = dict(demo_paths())
+        if initial:
+            target = TargetModel.objects.filter(path=initial["target_path"]).first()
+            if target:
+                initial["layer_ids"] = ", ".join(str(i) for i in target.default_layer_ids)
+        form = LaunchForm(initial=initial)
+    targets = TargetModel.objects.all()[:100]
+    datasets = Dataset.objects.all()[:100]
+    return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets})
+
+
+def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(selectors.run_list(), pk=pk)
+    summary = selectors.run_summary(run)
+    target = run.target
+    layers = selectors.target_layers(target=target, layer_ids=run.extraction.layer_ids)
+    manifest = getattr(run.extraction, "manifest", None)
+    return render(
+        request,
+        "runs/run_detail.html",
+        {
+            "run": run,
+            "summary": summary,
+            "stages": selectors.run_stages(run),
+            "status": summary["status"],
+            "layers": layers,
+            "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
+            "checkpoints": run.training_run.checkpoints.all(),
+        },
+    )
+
+
+@require_POST
+def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(PipelineRun, pk=pk)
+    count = services.run_cancel(run=run, user=request.user)
+    messages.info(request, f"Cancelled {count} unfinished stage(s) of {run}.")
+    return redirect(run)
+
+
+def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    dataset = get_object_or_404(Dataset, pk=pk)
+    preparations = list(dataset.preparations.select_related("run").order_by("-id")[:50])
+    latest = next((p.length_histogram for p in preparations if p.length_histogram.get("counts")), None)
+    return render(
+        request,
+        "runs/dataset_detail.html",
+        {"dataset": dataset, "preparations": preparations, "latest_histogram": latest},
+    )
+
+
+def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    extraction = get_object_or_404(selectors.extraction_list(), pk=pk)
+    manifest = getattr(extraction, "manifest", None)
+    layers = selectors.target_layers(target=extraction.target, layer_ids=extraction.layer_ids)
+    return render(
+        request,
+        "runs/extraction_detail.html",
+        {
+            "extraction": extraction,
+            "layers": layers,
+            "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
+        },
+    )
+
+
+def extraction_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "runs/extraction_list.html", {"extractions": selectors.extraction_list()[:200]})
+
+
+def dataset_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "runs/dataset_list.html", {"datasets": Dataset.objects.all()})

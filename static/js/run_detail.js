@@ -1,0 +1,127 @@
+// Live parts of the run page: stage states and training curves, polled from the JSON API.
+(function () {
+  "use strict";
+  const table = document.getElementById("stages");
+  const statusUrl = table.dataset.statusUrl;
+  const metricsUrl = table.dataset.metricsUrl;
+  const fmt = new Intl.NumberFormat("en-US");
+  const series = {};  // "split:key" -> {x: [], y: []}
+  let lastMetricId = 0;
+  let finished = false;
+
+  function esc(text) {
+    const div = document.createElement("div");
+    div.textContent = text == null ? "" : String(text);
+    return div.innerHTML;
+  }
+
+  function renderStages(summary) {
+    document.getElementById("run-status").textContent = summary.status;
+    document.getElementById("run-status").className = "status " + summary.status;
+    for (const stage of summary.stages) {
+      const row = table.querySelector(`tr[data-stage="${stage.name}"]`);
+      const detail = table.querySelector(`tr[data-stage-detail="${stage.name}"]`);
+      const status = row.querySelector('[data-field="status"]');
+      status.textContent = stage.status;
+      status.className = "status " + stage.status;
+      row.querySelector('[data-field="bar"]').style.width = (100 * stage.progress).toFixed(1) + "%";
+      row.querySelector('[data-field="progress"]').textContent =
+        fmt.format(stage.progress_done) + " / " + fmt.format(stage.progress_total);
+      row.querySelector('[data-field="seconds"]').textContent =
+        stage.seconds == null ? "–" : stage.seconds.toFixed(1) + " s";
+      row.querySelector('[data-field="worker"]').textContent = stage.worker;
+      const error = detail.querySelector('[data-field="error"]');
+      error.textContent = stage.error;
+      error.hidden = !stage.error;
+      detail.querySelector('[data-field="log"]').textContent = stage.log_tail;
+    }
+    const t = summary.tokens;
+    for (const key of ["conversations", "rows", "total_tokens", "loss_tokens", "extracted_tokens"]) {
+      const cell = document.querySelector(`[data-token="${key}"]`);
+      if (cell && t[key] != null) cell.textContent = fmt.format(t[key]);
+    }
+    const cov = document.querySelector('[data-token="vocab_coverage"]');
+    if (cov && t.vocab_coverage != null) cov.textContent = (100 * t.vocab_coverage).toFixed(1) + " %";
+    renderTimeline(summary.stages);
+    renderCheckpoints(summary.checkpoints);
+  }
+
+  function renderTimeline(stages) {
+    const started = stages.filter((s) => s.started_at);
+    if (!started.length) return;
+    const t0 = Math.min(...started.map((s) => Date.parse(s.started_at)));
+    const data = [{
+      type: "bar", orientation: "h",
+      y: started.map((s) => s.label), x: started.map((s) => s.seconds || 0),
+      base: started.map((s) => (Date.parse(s.started_at) - t0) / 1000),
+      text: started.map((s) => (s.seconds || 0).toFixed(1) + " s"), textposition: "auto",
+      marker: {color: started.map((s) => ({succeeded: "#2e7d32", failed: "#c62828", running: "#1565c0", cancelled: "#777"})[s.status] || "#999")},
+      hovertemplate: "%{y}: %{x:.1f} s<extra></extra>",
+    }];
+    Plotly.react("timeline", data, {
+      height: 180, margin: {l: 170, r: 20, t: 10, b: 35},
+      xaxis: {title: {text: "seconds since the first stage started"}}, yaxis: {autorange: "reversed"},
+    }, {displayModeBar: false, responsive: true});
+  }
+
+  function renderCheckpoints(checkpoints) {
+    if (!checkpoints.length) return;
+    const rows = checkpoints.map((c) => `<tr class="${c.is_best ? "best" : ""}"><td>${c.epoch}${c.is_best ? ' <span class="badge">best</span>' : ""}</td>` +
+      `<td>${c.val_loss == null ? "–" : c.val_loss.toFixed(4)}</td><td>${c.train_loss == null ? "–" : c.train_loss.toFixed(4)}</td>` +
+      `<td><code>${esc(c.path)}</code></td><td><code>vllm serve ${esc(c.path)}</code></td></tr>`).join("");
+    document.getElementById("checkpoints").innerHTML = '<table class="list"><thead><tr><th>Epoch</th><th>Val loss</th>' +
+      "<th>Train loss</th><th>Path</th><th>Serve with vLLM</th></tr></thead><tbody>" + rows + "</tbody></table>";
+  }
+
+  function addPoints(points) {
+    for (const p of points) {
+      const id = p.split + ":" + p.key;
+      (series[id] = series[id] || {x: [], y: []});
+      series[id].x.push(p.step);
+      series[id].y.push(p.value);
+    }
+  }
+
+  function traces(filter, mode) {
+    return Object.keys(series).filter(filter).sort().map((id) => ({
+      name: id.replace(":", " "), x: series[id].x, y: series[id].y,
+      mode: id.startsWith("val:") ? "lines+markers" : mode, type: "scatter",
+      line: {dash: id.startsWith("val:") ? "dash" : "solid"},
+    }));
+  }
+
+  function renderCurves() {
+    if (!Object.keys(series).length) return;
+    const layout = (title, ytitle) => ({
+      title: {text: title}, height: 320, margin: {l: 55, r: 10, t: 40, b: 40},
+      xaxis: {title: {text: "step"}}, yaxis: {title: {text: ytitle}}, legend: {orientation: "h", y: -0.25},
+    });
+    const cfg = {displaylogo: false, responsive: true};
+    Plotly.react("plot-loss", traces((id) => /:loss(_\d+)?$/.test(id), "lines"), layout("Loss per TTT step", "loss"), cfg);
+    Plotly.react("plot-acc", traces((id) => /:(full|cond)_acc_\d+$/.test(id), "lines"), layout("Accuracy per TTT step", "accuracy"), cfg);
+    Plotly.react("plot-lr", traces((id) => /:(lr|tokens_per_s)$/.test(id), "lines"), layout("Learning rate and tokens/s", "value"), cfg);
+    document.getElementById("curve-status").textContent = `${fmt.format(lastMetricId ? Object.values(series).reduce((n, s) => n + s.x.length, 0) : 0)} points plotted.`;
+  }
+
+  async function poll() {
+    try {
+      const [statusResp, metricsResp] = await Promise.all([
+        fetch(statusUrl, {headers: {Accept: "application/json"}}),
+        fetch(metricsUrl + "?after=" + lastMetricId, {headers: {Accept: "application/json"}}),
+      ]);
+      const summary = await statusResp.json();
+      const metrics = await metricsResp.json();
+      renderStages(summary);
+      if (metrics.points.length) {
+        addPoints(metrics.points);
+        lastMetricId = metrics.last_id;
+        renderCurves();
+      }
+      finished = summary.finished && metrics.points.length === 0;
+    } catch (err) {
+      document.getElementById("curve-status").textContent = "Lost contact with the server (" + err + "); retrying.";
+    }
+    if (!finished) setTimeout(poll, 2000);
+  }
+  poll();
+})();
