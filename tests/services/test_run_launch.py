@@ -1,0 +1,119 @@
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from runs import services
+from runs.models import PipelineRun, StageStatus, TargetModel
+from runs.run_config import RunConfig, RunConfigError
+from runs.stage_services import stage_fail, stage_start
+from runs.paths import PathNotAllowed
+from workers.stages.target import TargetConfigError
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def roots(tmp_path, settings):
+    data = tmp_path / "data"
+    data.mkdir()
+    settings.EAGLE3WEB_DATA_ROOTS = [data.resolve()]
+    settings.EAGLE3WEB_RUNS_DIR = data.resolve() / "runs"
+    target = data / "target"
+    target.mkdir()
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
+              "hidden_size": 64, "vocab_size": 5000}
+    (target / "config.json").write_text(json.dumps(config))
+    chats = data / "chats.jsonl"
+    chats.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+    return data
+
+
+@pytest.fixture
+def user():
+    return get_user_model().objects.create_user("launcher", password="pw-launcher-1")
+
+
+def launch(roots, user, **config):
+    return services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                               config=RunConfig(**config))
+
+
+def test_launch_creates_four_queued_stages_and_enqueues_after_commit(roots, user, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        run = launch(roots, user)
+    assert len(callbacks) == 1
+    stages = [run.preparation, run.extraction, run.vocab_mapping, run.training_run]
+    assert [s.status for s in stages] == [StageStatus.QUEUED] * 4
+    assert run.output_dir.endswith(f"run-{run.pk}")
+
+
+def test_launch_uses_eagle3_default_layers_for_the_target(roots, user, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+    assert run.extraction.layer_ids == [2, 4, 5, 8]
+    assert run.config["layer_ids"] == [2, 4, 5, 8]
+
+
+def test_launch_appends_the_final_layer_to_aux_ids(roots, user, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user, layer_ids=[1, 3, 6])
+    assert run.extraction.layer_ids == [1, 3, 6, 8]
+
+
+def test_launch_reads_nested_text_config(roots, user, django_capture_on_commit_callbacks):
+    nested = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+              "text_config": {"num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840}}
+    (roots / "target" / "config.json").write_text(json.dumps(nested))
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+    assert (run.target.num_layers, run.target.hidden_size) == (61, 7168)
+    assert run.extraction.layer_ids == [2, 30, 58, 61]
+
+
+def test_launch_refuses_layer_ids_outside_the_target_and_stores_nothing(roots, user):
+    with pytest.raises(TargetConfigError, match=r"layer ids \[9\] are outside this target: valid ids are 0..8"):
+        launch(roots, user, layer_ids=[2, 9])
+    assert PipelineRun.objects.count() == 0
+    assert TargetModel.objects.count() == 0
+
+
+def test_launch_refuses_dataset_outside_roots(roots, user, tmp_path):
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("{}\n")
+    with pytest.raises(PathNotAllowed, match="outside the allowed data roots"):
+        services.run_launch(user=user, target_path=roots / "target", dataset_path=outside, config=RunConfig())
+    assert PipelineRun.objects.count() == 0
+
+
+def test_launch_refuses_draft_vocab_larger_than_target_vocab(roots, user):
+    with pytest.raises(RunConfigError, match="draft_vocab_size 6000 is larger than the target's vocabulary"):
+        launch(roots, user, draft_vocab_size=6000)
+
+
+def test_run_config_names_a_bad_value():
+    with pytest.raises(RunConfigError, match="epochs must be between 1 and 1000, got 0"):
+        RunConfig(epochs=0)
+
+
+def test_cancel_marks_unfinished_stages_and_a_started_stage_sees_it(roots, user, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+    assert stage_start(stage_name="prepare", run_id=run.pk, worker="w1") is not None
+    assert services.run_cancel(run=run, user=user) == 4
+    run.refresh_from_db()
+    run.preparation.refresh_from_db()
+    assert run.preparation.status == StageStatus.CANCELLED
+    assert "cancelled by launcher" in run.preparation.error
+    assert stage_start(stage_name="extract", run_id=run.pk, worker="w1") is None
+
+
+def test_a_failed_stage_cancels_the_stages_after_it(roots, user, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+    stage_start(stage_name="prepare", run_id=run.pk, worker="w1")
+    stage_fail(stage_name="prepare", run_id=run.pk, error="DatasetFormatError: line 3", log_tail="")
+    run = PipelineRun.objects.get(pk=run.pk)
+    assert run.preparation.status == StageStatus.FAILED
+    assert run.training_run.status == StageStatus.CANCELLED
+    assert run.training_run.error == "not started: prepare did not succeed"
