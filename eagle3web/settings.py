@@ -80,7 +80,9 @@ USE_THOUSAND_SEPARATOR = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# WhiteNoise serves straight from the app's static folders (no collectstatic step for the demo);
+# deployments that collect set DJANGO_STATIC_ROOT.
+STATIC_ROOT = env_str("DJANGO_STATIC_ROOT", "") or None
 WHITENOISE_USE_FINDERS = True
 
 # Every path a user types must resolve under one of these.

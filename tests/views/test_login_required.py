@@ -1,0 +1,52 @@
+import pytest
+from django.contrib.auth import get_user_model
+
+pytestmark = pytest.mark.django_db
+
+PAGES = ["/", "/runs/new/", "/runs/1/", "/datasets/", "/extractions/", "/extractions/1/", "/datasets/1/",
+         "/api/runs/1/", "/api/runs/1/metrics/", "/api/targets/inspect/?path=/"]
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_every_page_and_api_redirects_anonymous_users_to_login(client, url):
+    response = client.get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/")
+
+
+def test_admin_refuses_a_logged_in_non_staff_user(client):
+    get_user_model().objects.create_user("viewer", password="pw-viewer-1")
+    client.login(username="viewer", password="pw-viewer-1")
+    response = client.get("/admin/")
+    assert response.status_code == 302
+    assert "/admin/login/" in response["Location"]
+
+
+def test_logged_in_user_sees_the_runs_list(client):
+    get_user_model().objects.create_user("viewer", password="pw-viewer-1")
+    client.login(username="viewer", password="pw-viewer-1")
+    response = client.get("/")
+    assert response.status_code == 200
+    assert b"No runs yet" in response.content
+
+
+def test_launch_form_names_a_path_outside_the_roots(client, tmp_path, settings):
+    settings.EAGLE3WEB_DATA_ROOTS = [(tmp_path / "data").resolve()]
+    get_user_model().objects.create_user("launcher", password="pw-launcher-1")
+    client.login(username="launcher", password="pw-launcher-1")
+    response = client.post("/runs/new/", {
+        "target_path": "/etc", "dataset_path": "/etc/passwd", "layer_ids": "", "max_seq_len": 512,
+        "draft_vocab_size": 1024, "epochs": 1, "lr": 0.0003, "ttt_steps": 3,
+    })
+    assert response.status_code == 200
+    assert b"target directory /etc is outside the allowed data roots" in response.content
+
+
+def test_launch_form_names_a_bad_layer_id_list(client):
+    get_user_model().objects.create_user("launcher", password="pw-launcher-1")
+    client.login(username="launcher", password="pw-launcher-1")
+    response = client.post("/runs/new/", {
+        "target_path": "/x", "dataset_path": "/y", "layer_ids": "2, four", "max_seq_len": 512,
+        "draft_vocab_size": 1024, "epochs": 1, "lr": 0.0003, "ttt_steps": 3,
+    })
+    assert b"layer ids must be integers separated by commas" in response.content

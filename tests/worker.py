@@ -1,0 +1,82 @@
+"""A real Celery worker process for end-to-end tests, on the test database and the test broker."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from django.conf import settings
+from django.db import connection
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def test_database_url() -> str:
+    """The URL of the database pytest-django created, so that the worker sees the tests' rows."""
+    db = connection.settings_dict
+    if "postgresql" not in db["ENGINE"]:
+        raise RuntimeError("end-to-end tests need PostgreSQL: run them through `make test` (DATABASE_URL)")
+    user = db.get("USER") or "postgres"
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    return f"postgres://{user}{password}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+
+
+@contextmanager
+def celery_worker(*, data_root: Path, log_path: Path, ready_timeout: float = 90) -> Iterator[subprocess.Popen]:
+    broker = settings.CELERY_BROKER_URL
+    if not broker.startswith("redis://"):
+        raise RuntimeError(f"end-to-end tests need Redis as the broker (CELERY_BROKER_URL), got {broker!r}")
+    env = {
+        **os.environ,
+        "DATABASE_URL": test_database_url(),
+        "CELERY_BROKER_URL": broker,
+        "EAGLE3WEB_DATA_DIR": str(data_root),
+        "EAGLE3WEB_DATA_ROOTS": str(data_root),
+        "EAGLE3WEB_RUNS_DIR": str(settings.EAGLE3WEB_RUNS_DIR),
+        "EAGLE3WEB_PROGRESS_INTERVAL": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    celery = [sys.executable, "-m", "celery", "-A", "eagle3web"]
+    # Messages left by an earlier, interrupted session would name runs this database never had.
+    subprocess.run([*celery, "purge", "-f", "-Q", "cpu,gpu"], env=env, cwd=BASE_DIR, check=True,
+                   capture_output=True, timeout=60)
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [*celery, "worker", "-Q", "cpu,gpu", "--concurrency", "1", "-n", f"test-worker-{os.getpid()}@%h",
+         "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
+        env=env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while "ready." not in log_path.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Celery worker did not start:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def wait_for_run(run_id: int, *, timeout: float, log_path: Path | None = None):
+    """Poll the database until every stage of the run has finished; return its summary."""
+    from runs import selectors
+
+    deadline = time.monotonic() + timeout
+    while True:
+        run = selectors.run_list().get(pk=run_id)
+        if selectors.run_is_finished(run):
+            return selectors.run_summary(run)
+        if time.monotonic() > deadline:
+            tail = log_path.read_text()[-4000:] if log_path else ""
+            raise AssertionError(f"run {run_id} not finished after {timeout} s: {selectors.run_summary(run)['stages']}\n{tail}")
+        time.sleep(1)
