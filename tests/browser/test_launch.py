@@ -1,0 +1,60 @@
+"""A person logs in, launches a run with the form, and watches it finish with plotted curves,
+in headless Chromium against the live server and a real Celery worker."""
+import os
+
+import pytest
+
+# Playwright's sync API runs an event loop in this thread; the ORM calls of the fixtures are still sync.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture
+def page(tmp_path):
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: run `make browser-deps` (Debian's chromium package)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 1800})
+        yield page
+        page.screenshot(path=str(tmp_path / "last-page.png"), full_page=True)
+        browser.close()
+
+
+def test_user_launches_a_run_and_sees_it_finish_with_a_plotted_curve(live_server, worker, user, tiny_target, page):
+    page.goto(live_server.url + "/")
+    expect(page).to_have_url(f"{live_server.url}/login/?next=/")
+    page.fill("#id_username", user.username)
+    page.fill("#id_password", user.raw_password)
+    page.click("button[type=submit]")
+    page.click("text=Launch a run")
+
+    page.fill("#id_target_path", str(tiny_target.target_dir))
+    page.dispatch_event("#id_target_path", "change")
+    # The form asks the server for the target's config and prefills EAGLE-3's default layers.
+    expect(page.locator("#id_layer_ids")).to_have_value("2, 4, 5, 8")
+    expect(page.locator("#target-info")).to_contain_text("8 layers")
+    page.fill("#id_dataset_path", str(tiny_target.chats_path))
+    page.fill("#id_max_samples", "30")
+    page.fill("#id_max_seq_len", "256")
+    page.fill("#id_draft_vocab_size", "256")
+    page.fill("#id_epochs", "1")
+    page.fill("#id_ttt_steps", "2")
+    page.click("#launch-submit")
+
+    expect(page).to_have_url(__import__("re").compile(r"/runs/\d+/$"))
+    expect(page.locator("#run-status")).to_have_text("succeeded", timeout=600_000)
+    for stage in ("prepare", "extract", "vocab", "train"):
+        expect(page.locator(f'tr[data-stage="{stage}"] [data-field="status"]')).to_have_text("succeeded")
+    expect(page.locator("#plot-loss .main-svg").first).to_be_visible(timeout=20_000)
+    traces = page.evaluate("document.getElementById('plot-loss').data.length")
+    assert traces >= 2  # a train curve per TTT step at least
+    expect(page.locator("#checkpoints")).to_contain_text("vllm serve")

@@ -1,0 +1,51 @@
+"""Shared fixtures. Real tiny models, built offline: nothing here may reach a model hub."""
+import os
+
+# Must precede any transformers / huggingface_hub import, which read these once.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory):
+    """A trained 8-layer Llama (hidden 128) with its tokenizer and the chats it learned.
+
+    Returns `workers.stages.demo_assets.DemoAssets`: `.target_dir` (config.json,
+    model.safetensors, tokenizer.json, tokenizer_config.json with a chat_template that marks
+    assistant tokens via {% generation %}) and `.chats_path` (JSONL, ShareGPT- and OpenAI-style
+    rows). Built once per session, a few seconds on 2 cores; treat it as read-only.
+    """
+    # Imported here so tests that never ask for a model do not pay for importing torch.
+    from workers.stages.demo_assets import build_demo_assets
+
+    return build_demo_assets(tmp_path_factory.mktemp("tiny-target"), num_conversations=150, train_steps=12, seed=0)
+
+
+@pytest.fixture(autouse=True)
+def data_root(tmp_path_factory, settings):
+    """Every path the tests hand the app lies under pytest's temp root, so the roots allow it."""
+    root = tmp_path_factory.getbasetemp().resolve()
+    settings.EAGLE3WEB_DATA_ROOTS = [root]
+    settings.EAGLE3WEB_RUNS_DIR = root / "runs"
+    return root
+
+
+@pytest.fixture
+def user(django_user_model):
+    """A logged-in-able user; `raw_password` is what a person would type."""
+    account = django_user_model.objects.create_user("launcher", password="pw-launcher-1")
+    account.raw_password = "pw-launcher-1"
+    return account
+
+
+@pytest.fixture
+def worker(data_root, transactional_db, tmp_path):
+    """A real Celery worker process on the tests' PostgreSQL database and Redis broker."""
+    from tests.worker import celery_worker
+
+    log_path = tmp_path / "worker.log"
+    with celery_worker(data_root=data_root, log_path=log_path) as proc:
+        proc.log_path = log_path
+        yield proc

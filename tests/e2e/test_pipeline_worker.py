@@ -1,0 +1,34 @@
+"""A run launched through the service finishes all four stages in a real Celery worker process,
+over Redis and PostgreSQL."""
+import json
+
+import pytest
+
+from runs import services
+from runs.models import MetricPoint, StageStatus
+from runs.run_config import RunConfig
+from tests.worker import wait_for_run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def test_pipeline_finishes_every_stage_in_a_celery_worker(tiny_target, worker, user):
+    run = services.run_launch(
+        user=user, target_path=tiny_target.target_dir, dataset_path=tiny_target.chats_path,
+        config=RunConfig(max_samples=40, max_seq_len=256, draft_vocab_size=256, epochs=2, ttt_steps=2),
+    )
+    summary = wait_for_run(run.pk, timeout=600, log_path=worker.log_path)
+
+    assert [s["status"] for s in summary["stages"]] == [StageStatus.SUCCEEDED] * 4, summary["stages"]
+    assert all(s["worker"].startswith("test-worker-") for s in summary["stages"])
+    assert summary["tokens"]["loss_tokens"] > 0
+    assert summary["tokens"]["extracted_tokens"] == summary["tokens"]["total_tokens"]
+    manifest = json.loads(open(summary["manifest_path"]).read())
+    assert manifest["layer_ids"] == [2, 4, 5, 8]
+    assert manifest["num_layers_captured"] == 4
+    assert manifest["total_tokens"] == summary["tokens"]["extracted_tokens"]
+    assert [c["epoch"] for c in summary["checkpoints"]] == [0, 1] or len(summary["checkpoints"]) == 2
+    assert sum(c["is_best"] for c in summary["checkpoints"]) == 1
+    keys = set(MetricPoint.objects.filter(training_run__run=run).values_list("split", "key").distinct())
+    for k in range(2):
+        assert ("train", f"loss_{k}") in keys and ("val", f"full_acc_{k}") in keys

@@ -1,0 +1,473 @@
+"""A demo target built offline: procedural chats, a BPE tokenizer and a small trained Llama.
+
+`make demo` and the test suite need a real target with no model hub. Everything here is
+deterministic for a given seed, so two builds with the same parameters hold the same chats and
+the same tokenizer. The chats have learnable structure (sums with answers, capitals, spelling...)
+so the trained target's hidden states carry signal and a draft trained on them can show
+acceptance well above chance.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+# Read by huggingface_hub at import time: this stage must never reach a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+TARGET_DIRNAME = "demo-target"
+CHATS_FILENAME = "demo-chats.jsonl"
+BUILD_INFO_FILENAME = "demo-build.json"
+# Bump when the chats, tokenizer or model recipe changes, so old builds are not reused.
+RECIPE_VERSION = 1
+
+BOS, EOS, PAD = "<|begin|>", "<|end|>", "<|pad|>"
+ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+SPECIAL_TOKENS = [BOS, EOS, PAD, *ROLE_TOKENS.values()]
+VOCAB_SIZE = 3072
+NUM_LAYERS = 8
+HIDDEN_SIZE = 128
+MAX_SEQ_LEN = 512
+
+# The {% generation %} block covers the reply and its end token, so assistant masks teach the
+# model (and a draft) where a reply stops.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('demo template supports system, user and assistant roles, got ' + message['role']) }}"
+    "{% endif %}"
+    "{{ '<|' + message['role'] + '|>\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] }}{{ eos_token }}{% endgeneration %}"
+    "{% else %}"
+    "{{ message['content'] }}{{ eos_token }}"
+    "{% endif %}"
+    "{{ '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class DemoAssets:
+    target_dir: Path
+    chats_path: Path
+    num_conversations: int
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    initial_loss: float
+    final_loss: float
+    seconds: float
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["target_dir"], d["chats_path"] = str(self.target_dir), str(self.chats_path)
+        return d
+
+
+def write_demo_chats(path: Path, *, num_conversations: int, seed: int = 0) -> int:
+    """Write `num_conversations` chats as JSONL, half ShareGPT-style and half OpenAI-style rows."""
+    if num_conversations < 1:
+        raise ValueError(f"num_conversations must be at least 1, got {num_conversations}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for i in range(num_conversations):
+            messages = _conversation(rng)
+            f.write(json.dumps(_as_row(f"demo-{i:05d}", messages, sharegpt=rng.random() < 0.5)) + "\n")
+    tmp.replace(path)
+    return num_conversations
+
+
+def read_chat_messages(path: Path) -> list[list[dict]]:
+    """Both row styles as lists of {"role", "content"}; what the demo tokenizer and model see."""
+    sharegpt_roles = {"human": "user", "gpt": "assistant", "system": "system"}
+    chats = []
+    with Path(path).open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            row = json.loads(line)
+            if "messages" in row:
+                chats.append([{"role": m["role"], "content": m["content"]} for m in row["messages"]])
+            elif "conversations" in row:
+                chats.append([{"role": sharegpt_roles[t["from"]], "content": t["value"]} for t in row["conversations"]])
+            else:
+                raise ValueError(f"{path}:{lineno}: row has neither 'messages' nor 'conversations'")
+    return chats
+
+
+def build_demo_assets(
+    out_dir: Path,
+    *,
+    num_conversations: int = 2000,
+    train_steps: int = 300,
+    seed: int = 0,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> DemoAssets:
+    """Build (or reuse) out_dir/demo-chats.jsonl and out_dir/demo-target/.
+
+    A build is reused when out_dir/demo-build.json records the same parameters; that file is
+    written last, so a build interrupted half-way is redone rather than trusted.
+    """
+    out_dir = Path(out_dir)
+    params = {"recipe": RECIPE_VERSION, "num_conversations": num_conversations, "train_steps": train_steps, "seed": seed}
+    total = train_steps + 3
+    existing = _reusable_build(out_dir, params)
+    if existing is not None:
+        log.info("demo assets in %s already built with %s; reusing them", out_dir, params)
+        if on_progress:
+            on_progress(total, total)
+        return existing
+
+    started = time.monotonic()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / BUILD_INFO_FILENAME).unlink(missing_ok=True)
+    target_dir = out_dir / TARGET_DIRNAME
+    chats_path = out_dir / CHATS_FILENAME
+    if target_dir.exists():
+        shutil.rmtree(target_dir)
+    target_dir.mkdir()
+
+    write_demo_chats(chats_path, num_conversations=num_conversations, seed=seed)
+    chats = read_chat_messages(chats_path)
+    if on_progress:
+        on_progress(1, total)
+
+    tokenizer = train_demo_tokenizer(chats)
+    _save_tokenizer(tokenizer, target_dir)
+    if on_progress:
+        on_progress(2, total)
+
+    model, initial_loss, final_loss = _train_target(
+        tokenizer, chats, train_steps=train_steps, seed=seed,
+        on_step=(lambda step: on_progress(2 + step, total)) if on_progress else None,
+    )
+    model.save_pretrained(target_dir, safe_serialization=True)
+    if on_progress:
+        on_progress(total, total)
+
+    assets = DemoAssets(
+        target_dir=target_dir, chats_path=chats_path, num_conversations=num_conversations,
+        vocab_size=model.config.vocab_size, num_layers=model.config.num_hidden_layers,
+        hidden_size=model.config.hidden_size, initial_loss=initial_loss, final_loss=final_loss,
+        seconds=round(time.monotonic() - started, 2),
+    )
+    info = {"params": params, "result": assets.as_dict()}
+    (out_dir / BUILD_INFO_FILENAME).write_text(json.dumps(info, indent=2) + "\n")
+    log.info("demo assets built in %.1f s: loss %.3f -> %.3f", assets.seconds, initial_loss, final_loss)
+    return assets
+
+
+def train_demo_tokenizer(chats: list[list[dict]], *, vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
+    """Byte-level BPE over the chat contents, with the role markers as special tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    # trim_offsets=False keeps offsets on the leading space, so char_to_token (used for assistant
+    # masks) finds a token for every character of a reply.
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator((m["content"] + "\n" for chat in chats for m in chat), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        extra_special_tokens=list(ROLE_TOKENS.values()),
+        model_max_length=MAX_SEQ_LEN * 2,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _save_tokenizer(tokenizer: PreTrainedTokenizerFast, target_dir: Path) -> None:
+    """Save so that transformers 4.x (vLLM's) and 5.x both load it and find the chat template.
+
+    5.x writes its own class name, a list-valued `extra_special_tokens` and a separate
+    chat_template.jinja; 4.x knows none of these, while 5.x still reads the older spellings.
+    """
+    tokenizer.save_pretrained(target_dir, save_jinja_files=False)
+    path = Path(target_dir) / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config.pop("backend", None)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["additional_special_tokens"] = config.pop("extra_special_tokens", list(ROLE_TOKENS.values()))
+    config["chat_template"] = CHAT_TEMPLATE
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def _train_target(
+    tokenizer: PreTrainedTokenizerFast,
+    chats: list[list[dict]],
+    *,
+    train_steps: int,
+    seed: int,
+    on_step: Callable[[int], None] | None,
+) -> tuple[LlamaForCausalLM, float, float]:
+    torch.manual_seed(seed)
+    encoded = [tokenizer.apply_chat_template(c, tokenize=True, return_dict=False)[:MAX_SEQ_LEN] for c in chats]
+    rng = random.Random(seed + 1)
+    rng.shuffle(encoded)
+    # A fixed held-out batch, scored before and after, so the loss drop is measured on the same tokens.
+    held_out, train = (encoded[:32], encoded[32:]) if len(encoded) > 64 else (encoded[:8], encoded)
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN_SIZE,
+        intermediate_size=384,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    batch_size, lr, warmup = 16, 3e-3, max(1, train_steps // 20)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        progress = (step - warmup) / max(1, train_steps - warmup)
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        initial_loss = _score(model, held_out, tokenizer.pad_token_id)
+        model.train()
+        for step in range(train_steps):
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step)
+            ids, labels, mask = _pad_batch(rng.sample(train, min(batch_size, len(train))), tokenizer.pad_token_id)
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step % 50 == 0:
+                log.info("demo target step %d/%d loss %.3f", step, train_steps, loss.item())
+            if on_step:
+                on_step(step + 1)
+        final_loss = _score(model, held_out, tokenizer.pad_token_id)
+    finally:
+        torch.set_num_threads(previous_threads)
+    model.eval()
+    return model, initial_loss, final_loss
+
+
+@torch.no_grad()
+def _score(model: LlamaForCausalLM, seqs: list[list[int]], pad_id: int) -> float:
+    model.eval()
+    ids, labels, mask = _pad_batch(seqs, pad_id)
+    return round(float(model(input_ids=ids, attention_mask=mask, labels=labels).loss), 4)
+
+
+def _pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, s in enumerate(seqs):
+        ids[row, : len(s)] = torch.tensor(s)
+        mask[row, : len(s)] = 1
+    labels = ids.masked_fill(mask == 0, -100)
+    return ids, labels, mask
+
+
+def _as_row(row_id: str, messages: list[dict], *, sharegpt: bool) -> dict:
+    if not sharegpt:
+        return {"id": row_id, "messages": messages}
+    names = {"user": "human", "assistant": "gpt", "system": "system"}
+    return {"id": row_id, "conversations": [{"from": names[m["role"]], "value": m["content"]} for m in messages]}
+
+
+def _reusable_build(out_dir: Path, params: dict) -> DemoAssets | None:
+    info_path = out_dir / BUILD_INFO_FILENAME
+    try:
+        info = json.loads(info_path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if info.get("params") != params:
+        return None
+    result = dict(info["result"])
+    target_dir, chats_path = out_dir / TARGET_DIRNAME, out_dir / CHATS_FILENAME
+    needed = [chats_path, target_dir / "config.json", target_dir / "model.safetensors", target_dir / "tokenizer.json"]
+    if not all(p.is_file() for p in needed):
+        return None
+    # Paths are re-derived so a moved out_dir still resolves.
+    result["target_dir"], result["chats_path"] = target_dir, chats_path
+    return DemoAssets(**result)
+
+
+# --- procedural chats: small facts and rules a 2M-parameter model can pick up ---
+
+_CAPITALS = dict(pair.split(":") for pair in (
+    "France:Paris Germany:Berlin Italy:Rome Spain:Madrid Portugal:Lisbon Japan:Tokyo China:Beijing "
+    "India:New_Delhi Egypt:Cairo Kenya:Nairobi Canada:Ottawa Mexico:Mexico_City Brazil:Brasilia "
+    "Argentina:Buenos_Aires Peru:Lima Chile:Santiago Norway:Oslo Sweden:Stockholm Finland:Helsinki "
+    "Poland:Warsaw Greece:Athens Turkey:Ankara Russia:Moscow Australia:Canberra Ireland:Dublin "
+    "Austria:Vienna Belgium:Brussels Netherlands:Amsterdam Denmark:Copenhagen Hungary:Budapest "
+    "Thailand:Bangkok Vietnam:Hanoi Nigeria:Abuja Ghana:Accra Morocco:Rabat Cuba:Havana Iceland:Reykjavik"
+).split())
+_COLOURS = dict(pair.split(":") for pair in (
+    "banana:yellow lemon:yellow sky:blue grass:green snow:white coal:black tomato:red strawberry:red "
+    "carrot:orange pumpkin:orange leaf:green ocean:blue cherry:red lime:green milk:white crow:black "
+    "eggplant:purple plum:purple sunflower:yellow chocolate:brown"
+).split())
+_DEFINITIONS = {
+    "river": "a large natural stream of water flowing to the sea or a lake",
+    "planet": "a large body in space that moves around a star",
+    "verb": "a word that describes an action or a state",
+    "noun": "a word that names a person, place or thing",
+    "triangle": "a shape with three straight sides",
+    "square": "a shape with four equal sides and four right angles",
+    "library": "a place where books are kept for people to read or borrow",
+    "bridge": "a structure that carries a road or path across a river or valley",
+    "island": "a piece of land surrounded by water",
+    "desert": "a dry area of land with very little rain",
+    "engine": "a machine that turns energy into motion",
+    "recipe": "a set of instructions for making a dish",
+    "volcano": "a mountain that can erupt with lava and ash",
+    "orchestra": "a large group of musicians playing together",
+    "calendar": "a chart that shows the days, weeks and months of a year",
+}
+_WORDS = ("apple house river green table window garden music paper light stone water bread cloud orange "
+          "yellow friend school summer winter pencil rabbit candle silver forest bottle basket castle dragon "
+          "rocket planet button pillow ladder mirror jacket butter copper finger island kitten lemon market "
+          "needle ocean parrot puzzle rainbow saddle tiger turtle violin wallet wizard zebra anchor blanket "
+          "cactus dolphin feather guitar hammer igloo jungle kettle lantern meadow").split()
+_SOUNDS = dict(pair.split(":") for pair in (
+    "cow:moo dog:woof cat:meow duck:quack sheep:baa pig:oink owl:hoot lion:roar horse:neigh bee:buzz "
+    "frog:croak snake:hiss mouse:squeak rooster:cock-a-doodle-doo donkey:hee-haw goat:bleat").split())
+_UNITS = [("kilometres", "metres", 1000), ("metres", "centimetres", 100), ("kilograms", "grams", 1000),
+          ("hours", "minutes", 60), ("minutes", "seconds", 60), ("litres", "millilitres", 1000),
+          ("days", "hours", 24), ("weeks", "days", 7)]
+_NUMBER_WORDS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+_SYSTEM_PROMPTS = ["You are a helpful assistant.", "You are a concise assistant. Answer briefly.",
+                   "You are a friendly tutor who answers clearly."]
+
+
+def _arithmetic(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    op, result = rng.choice([("+", a + b), ("-", a - b), ("*", a * b)]) if a < 13 and b < 13 else rng.choice([("+", a + b), ("-", a - b)])
+    ask = rng.choice(["What is {a} {op} {b}?", "Calculate {a} {op} {b}.", "Can you work out {a} {op} {b}?", "{a} {op} {b} = ?"])
+    return ask.format(a=a, op=op, b=b), rng.choice(["{a} {op} {b} = {r}.", "The answer is {r}.", "{r}"]).format(a=a, op=op, b=b, r=result)
+
+
+def _capital(rng: random.Random) -> tuple[str, str]:
+    country = rng.choice(sorted(_CAPITALS))
+    city = _CAPITALS[country].replace("_", " ")
+    ask = rng.choice(["What is the capital of {c}?", "Which city is the capital of {c}?", "Name the capital of {c}."])
+    return ask.format(c=country), rng.choice(["The capital of {c} is {x}.", "{x} is the capital of {c}."]).format(c=country, x=city)
+
+
+def _convert(rng: random.Random) -> tuple[str, str]:
+    big, small, factor = rng.choice(_UNITS)
+    n = rng.randint(1, 12)
+    ask = rng.choice(["How many {s} are in {n} {b}?", "Convert {n} {b} to {s}.", "{n} {b} is how many {s}?"])
+    return ask.format(n=n, b=big, s=small), f"{n} {big} is {n * factor} {small}."
+
+
+def _spell(rng: random.Random) -> tuple[str, str]:
+    word = rng.choice(_WORDS)
+    kind = rng.randrange(3)
+    if kind == 0:
+        return rng.choice(["Spell the word {w}.", "How do you spell {w}?"]).format(w=word), f"{word} is spelled {'-'.join(word)}."
+    if kind == 1:
+        return rng.choice(["Reverse the word {w}.", "Write {w} backwards."]).format(w=word), f"{word} reversed is {word[::-1]}."
+    return f"How many letters are in the word {word}?", f"The word {word} has {len(word)} letters."
+
+
+def _count(rng: random.Random) -> tuple[str, str]:
+    start = rng.randint(1, 20)
+    stop = start + rng.randint(3, 9)
+    if rng.random() < 0.3:
+        return f"Count down from {stop} to {start}.", ", ".join(str(i) for i in range(stop, start - 1, -1)) + "."
+    return rng.choice(["Count from {a} to {b}.", "List the numbers from {a} to {b}."]).format(a=start, b=stop), \
+        ", ".join(str(i) for i in range(start, stop + 1)) + "."
+
+
+def _colour(rng: random.Random) -> tuple[str, str]:
+    thing = rng.choice(sorted(_COLOURS))
+    ask = rng.choice(["What colour is a {t}?", "What color is {t} usually?", "Tell me the colour of a {t}."])
+    return ask.format(t=thing), f"A {thing} is usually {_COLOURS[thing]}."
+
+
+def _animal(rng: random.Random) -> tuple[str, str]:
+    animal = rng.choice(sorted(_SOUNDS))
+    ask = rng.choice(["What sound does a {a} make?", "What does a {a} say?"])
+    return ask.format(a=animal), f"A {animal} says {_SOUNDS[animal]}."
+
+
+def _neighbour(rng: random.Random) -> tuple[str, str]:
+    n = rng.randint(1, 998)
+    if rng.random() < 0.5:
+        return rng.choice(["What number comes after {n}?", "What is one more than {n}?"]).format(n=n), f"The number after {n} is {n + 1}."
+    return rng.choice(["What number comes before {n}?", "What is one less than {n}?"]).format(n=n), f"The number before {n} is {n - 1}."
+
+
+def _define(rng: random.Random) -> tuple[str, str]:
+    word = rng.choice(sorted(_DEFINITIONS))
+    ask = rng.choice(["What is a {w}?", "Define the word {w}.", "What does {w} mean?"])
+    return ask.format(w=word), f"A {word} is {_DEFINITIONS[word]}."
+
+
+def _sort(rng: random.Random) -> tuple[str, str]:
+    if rng.random() < 0.5:
+        items = rng.sample(range(1, 100), rng.randint(3, 6))
+        asc = rng.random() < 0.7
+        return (f"Sort these numbers in {'ascending' if asc else 'descending'} order: {', '.join(map(str, items))}.",
+                ", ".join(map(str, sorted(items, reverse=not asc))) + ".")
+    items = rng.sample(_WORDS, rng.randint(3, 5))
+    return f"Put these words in alphabetical order: {', '.join(items)}.", ", ".join(sorted(items)) + "."
+
+
+def _chit_chat(rng: random.Random) -> tuple[str, str]:
+    n = rng.randint(0, 12)
+    return rng.choice([
+        ("Hello!", "Hello! How can I help you today?"),
+        ("Hi there, how are you?", "I am doing well, thank you. What can I do for you?"),
+        ("Thank you!", "You are welcome. Is there anything else you need?"),
+        ("Thanks for the help.", "Happy to help. Have a nice day!"),
+        ("Good morning.", "Good morning! What would you like to know?"),
+        ("Goodbye.", "Goodbye! Take care."),
+        (f"Write the number {n} in words.", f"{n} in words is {_NUMBER_WORDS[n]}."),
+        (f"Is {n} even or odd?", f"{n} is {'even' if n % 2 == 0 else 'odd'}."),
+    ])
+
+
+_TASKS = [_arithmetic, _capital, _convert, _spell, _count, _colour, _animal, _neighbour, _define, _sort, _chit_chat]
+
+
+def _conversation(rng: random.Random) -> list[dict]:
+    messages = [{"role": "system", "content": rng.choice(_SYSTEM_PROMPTS)}] if rng.random() < 0.3 else []
+    for _ in range(rng.choice([1, 1, 2, 2, 3])):
+        ask, answer = rng.choice(_TASKS)(rng)
+        messages += [{"role": "user", "content": ask}, {"role": "assistant", "content": answer}]
+    return messages

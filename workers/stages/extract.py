@@ -1,0 +1,334 @@
+"""Extract stage: target hidden states for every prepared row, in speculators 0.9's layout.
+
+Each row i of the prepared dataset becomes `out_dir/hidden_states/hs_{i}.safetensors` holding
+`token_ids` (int64 [T]) and `hidden_states` (bf16 [T, L, H]), the file speculators' vLLM
+connector writes and `hs_connectors.transfer.FileTransfer.get_cached` reads back with
+`safetensors.torch.load_file`. `speculators.train.data.ArrowDataset._get_raw_data` then splits
+it: `hidden_states[:, :-1]` (the aux layers, flattened to [T, (L-1)*H]) and
+`hidden_states[:, -1]` as `verifier_last_hidden_states`, and requires `token_ids` to equal the
+row's `input_ids`. The row index is the file index, so files keep the dataset's order.
+
+Layer ids index Hugging Face `outputs.hidden_states`: id i < N is the input to decoder layer i.
+The last id N is the final decoder layer's output BEFORE the model's final norm, because
+`Eagle3DraftModel.forward` computes its targets as
+`verifier_lm_head(verifier_norm(verifier_last_hidden_states))` with `verifier_norm` loaded from
+the target's `model.norm.weight` (speculators `model.py`, `models/eagle3/core.py`); a post-norm
+tensor would be normalised twice. transformers 5.x `capture_outputs` (tie_last_hidden_states)
+replaces `hidden_states[N]` with the post-norm `last_hidden_state`, so we do not take index N
+from `output_hidden_states`. Instead forward pre-hooks read each wanted tensor directly: the
+input of decoder layer i for i < N and the input of the final norm for N. That gives the same
+tensors as `output_hidden_states` for i < N (tests check it) while holding only L tensors, not
+N+1, and skips the lm_head (logits would be [B, T, vocab] in fp32).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from workers.stages.target import read_target_config, validate_layer_ids  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[int, int], None]
+
+HIDDEN_STATES_DIRNAME = "hidden_states"
+FILE_PATTERN = "hidden_states/hs_{idx}.safetensors"
+MANIFEST_NAME = "data_config.json"
+STORE_DTYPE = torch.bfloat16
+# Padded tokens per forward. Measured on the shared 2-core CPU box, demo target, 260 rows:
+# one row per forward took 94 s, 512-8192 padded tokens 9-15 s (per-call overhead dominates
+# small rows). GPUs take wider batches; rows are length-sorted so padding stays small.
+DEFAULT_BATCH_TOKENS = {"cpu": 2048, "cuda": 16384}
+MAX_BATCH_ROWS = 64
+
+
+@dataclass(frozen=True)
+class ExtractionResult:
+    out_dir: Path
+    hidden_states_dir: Path
+    manifest_path: Path
+    num_samples: int
+    total_tokens: int
+    layer_ids: list[int]
+    hidden_size: int
+    num_layers_captured: int
+    dtype: str
+    model_load_seconds: float
+    forward_seconds: float
+    total_time_seconds: float
+    tokens_per_second: float
+    bytes_on_disk: int
+    bytes_per_token: float
+    floor_bytes_per_token: int
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        for key in ("out_dir", "hidden_states_dir", "manifest_path"):
+            d[key] = str(d[key])
+        return d
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available here")
+    return resolved
+
+
+def load_target(target_dir: Path, device: torch.device):
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(
+        str(target_dir), dtype=dtype, attn_implementation="sdpa", local_files_only=True
+    )
+    return model.to(device).eval()
+
+
+def decoder_parts(model) -> tuple[torch.nn.Module, torch.nn.ModuleList, torch.nn.Module]:
+    """(base model without lm_head, its decoder layers, its final norm)."""
+    base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    if base is None:
+        base = model.get_decoder()
+    layers, norm = getattr(base, "layers", None), getattr(base, "norm", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not isinstance(norm, torch.nn.Module):
+        raise ValueError(
+            f"{type(model).__name__}: cannot find decoder `layers` and final `norm` on its base "
+            "model; this architecture is not supported for extraction yet"
+        )
+    return base, layers, norm
+
+
+class LayerCapture:
+    """Forward pre-hooks that keep the HF hidden_states[i] tensors for the requested ids."""
+
+    def __init__(self, model, layer_ids: list[int]):
+        _, layers, norm = decoder_parts(model)
+        n = len(layers)
+        self.layer_ids = layer_ids
+        self.captured: dict[int, torch.Tensor] = {}
+        self._handles = []
+        for lid in layer_ids:
+            module = norm if lid == n else layers[lid]
+            self._handles.append(module.register_forward_pre_hook(self._hook(lid), with_kwargs=True))
+
+    def _hook(self, lid: int):
+        def hook(module, args, kwargs):
+            self.captured[lid] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def stacked(self) -> torch.Tensor:
+        """[B, T, L, H] in layer_ids order."""
+        out = torch.stack([self.captured[lid] for lid in self.layer_ids], dim=2)
+        self.captured.clear()
+        return out
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def plan_batches(lengths: list[int], batch_tokens: int, max_rows: int = MAX_BATCH_ROWS) -> list[list[int]]:
+    """Row indices grouped by similar length so padded size B * max_len stays <= batch_tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, current = [], []
+    for i in order:
+        width = lengths[current[0]] if current else lengths[i]
+        if current and ((len(current) + 1) * width > batch_tokens or len(current) >= max_rows):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[b, : len(row)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _device_label(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
+
+
+def _prepared_max_seq_len(prepared_dir: Path, lengths: list[int]) -> int:
+    summary = prepared_dir / "prepare_summary.json"
+    try:
+        return int(json.loads(summary.read_text())["max_seq_len"])
+    except (FileNotFoundError, KeyError, ValueError, TypeError):
+        return max(lengths)
+
+
+def _write_sample(path: Path, token_ids: torch.Tensor, hidden: torch.Tensor) -> int:
+    from safetensors.torch import save_file
+    from speculators.data_generation.offline import check_hidden_states
+
+    payload = {"token_ids": token_ids, "hidden_states": hidden}
+    try:
+        check_hidden_states(payload, token_ids.tolist())
+    except ValueError as exc:
+        raise ValueError(f"{path.name}: {exc}") from None
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(payload, str(tmp))
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+def extract(
+    *,
+    target_dir: Path,
+    prepared_dir: Path,
+    out_dir: Path,
+    layer_ids: list[int],
+    device: str = "auto",
+    batch_tokens: int | None = None,
+    on_progress: ProgressFn | None = None,
+) -> ExtractionResult:
+    """Run the target over every prepared row and write hidden states plus data_config.json."""
+    import pyarrow.compute as pc
+    from datasets import load_from_disk
+
+    started = time.perf_counter()
+    target_dir, prepared_dir, out_dir = Path(target_dir), Path(prepared_dir), Path(out_dir)
+    target = read_target_config(target_dir)
+    layer_ids = validate_layer_ids(list(layer_ids), target.num_layers)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir}: output directory is not empty; choose a new one")
+    try:
+        data = load_from_disk(str(prepared_dir)).with_format(None)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{prepared_dir}: no prepared dataset (run the prepare stage first)") from None
+    if "input_ids" not in data.column_names:
+        raise ValueError(f"{prepared_dir}: prepared dataset has no input_ids column ({data.column_names})")
+    num_rows = len(data)
+    if num_rows == 0:
+        raise ValueError(f"{prepared_dir}: prepared dataset has no rows")
+    lengths = list(data["seq_len"]) if "seq_len" in data.column_names else [len(r) for r in data["input_ids"]]
+    # pyarrow reads the memory-mapped column without building Python lists.
+    max_id = pc.max(pc.list_flatten(data.data.table.column("input_ids"))).as_py()
+    if max_id is not None and max_id >= target.vocab_size:
+        raise ValueError(
+            f"{prepared_dir}: token id {max_id} is outside the target's vocabulary "
+            f"({target.vocab_size}); was it prepared with another tokenizer?"
+        )
+
+    dev = resolve_device(device)
+    budget = batch_tokens or DEFAULT_BATCH_TOKENS.get(dev.type, 2048)
+    t0 = time.perf_counter()
+    model = load_target(target_dir, dev)
+    model_load_seconds = time.perf_counter() - t0
+    base, layers, _ = decoder_parts(model)
+    if len(layers) != target.num_layers:
+        raise ValueError(f"{target_dir}: config says {target.num_layers} layers, model has {len(layers)}")
+    pad_id = model.config.pad_token_id if isinstance(model.config.pad_token_id, int) else 0
+    capture = LayerCapture(model, layer_ids)
+
+    hs_dir = out_dir / HIDDEN_STATES_DIRNAME
+    hs_dir.mkdir(parents=True, exist_ok=True)
+    forward_seconds, bytes_on_disk, total_tokens, done = 0.0, 0, 0, 0
+    step = max(1, num_rows // 100)
+    try:
+        with torch.inference_mode():
+            for batch in plan_batches(lengths, budget):
+                rows = [data[i]["input_ids"] for i in batch]
+                for i, row in zip(batch, rows):
+                    if not row or len(row) != lengths[i]:
+                        raise ValueError(
+                            f"{prepared_dir}: row {i} has seq_len {lengths[i]} and {len(row)} input_ids; "
+                            "rows must be non-empty and agree (re-run the prepare stage)"
+                        )
+                ids, mask = _pad(rows, pad_id, dev)
+                t1 = time.perf_counter()
+                base(input_ids=ids, attention_mask=mask, use_cache=False)
+                hidden = capture.stacked().to(STORE_DTYPE).cpu()
+                forward_seconds += time.perf_counter() - t1  # .cpu() syncs the device
+                for b, (i, row) in enumerate(zip(batch, rows)):
+                    token_ids = torch.tensor(row, dtype=torch.long)
+                    sample = hidden[b, : len(row)].contiguous()
+                    bytes_on_disk += _write_sample(hs_dir / f"hs_{i}.safetensors", token_ids, sample)
+                    total_tokens += len(row)
+                prev, done = done, done + len(batch)
+                if on_progress is not None and (done // step != prev // step or done == num_rows):
+                    on_progress(done, num_rows)
+    finally:
+        capture.remove()
+    del model, base
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+    num_layers_captured, hidden_size = len(layer_ids), target.hidden_size
+    floor = num_layers_captured * hidden_size * torch.finfo(STORE_DTYPE).bits // 8
+    total_time = time.perf_counter() - started
+    tps = total_tokens / forward_seconds if forward_seconds > 0 else 0.0
+    manifest = {
+        "model_path": str(target_dir),
+        "layer_ids": layer_ids,
+        "max_seq_len": _prepared_max_seq_len(prepared_dir, lengths),
+        "tp_size": 1,
+        "total_samples": num_rows,
+        "total_tokens": total_tokens,
+        "total_time_seconds": round(total_time, 3),
+        "data_format_version": 1,
+        "hidden_size": hidden_size,
+        "num_layers_captured": num_layers_captured,
+        "dtype": "bfloat16",
+        "layer_id_convention": "hf_hidden_states_index",
+        "last_layer": "pre_final_norm",
+        "file_pattern": FILE_PATTERN,
+        "prepared_path": str(prepared_dir),
+        "model_load_seconds": round(model_load_seconds, 3),
+        "forward_seconds": round(forward_seconds, 3),
+        "tokens_per_second": round(tps, 1),
+        "device": _device_label(dev),
+        "bytes_on_disk": bytes_on_disk,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    manifest_path = out_dir / MANIFEST_NAME
+    # Written last: a manifest on disk means every file it counts is complete.
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    bytes_per_token = bytes_on_disk / total_tokens
+    if bytes_per_token > floor * 1.10:
+        log.warning("%.0f bytes per token on disk, floor %d: many tiny rows?", bytes_per_token, floor)
+    log.info(
+        "extracted %d rows, %d tokens, layers %s in %.1f s (%.0f tok/s on %s)",
+        num_rows, total_tokens, layer_ids, total_time, tps, manifest["device"],
+    )
+    return ExtractionResult(
+        out_dir=out_dir,
+        hidden_states_dir=hs_dir,
+        manifest_path=manifest_path,
+        num_samples=num_rows,
+        total_tokens=total_tokens,
+        layer_ids=layer_ids,
+        hidden_size=hidden_size,
+        num_layers_captured=num_layers_captured,
+        dtype="bfloat16",
+        model_load_seconds=model_load_seconds,
+        forward_seconds=forward_seconds,
+        total_time_seconds=total_time,
+        tokens_per_second=tps,
+        bytes_on_disk=bytes_on_disk,
+        bytes_per_token=bytes_per_token,
+        floor_bytes_per_token=floor,
+    )

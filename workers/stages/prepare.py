@@ -1,0 +1,389 @@
+"""Prepare stage: a JSONL chat file -> speculators 0.9 prepared dataset + token_freq.pt.
+
+Mirrors speculators 0.9 `data_generation/preprocessing.py`, which renders through a vLLM
+`/render` endpoint; we render with the target tokenizer's own chat template (the template vLLM
+would apply) so no server is needed:
+- `_render_boundary_rows`: every assistant turn j > 0 becomes its own row holding the
+  conversation through turn j; the boundary is where the full render of conv[:j+1] extends the
+  generation-prompt render of conv[:j]; earlier tokens are context (mask 0). A turn whose
+  context alone fills max_seq_len is skipped; trailing non-assistant turns produce nothing.
+- `_append_row`: clip to max_seq_len, drop rows with no supervised token, input_ids/loss_mask
+  as int64 and seq_len as int.
+- `build_speculator_training_dataset` ends with `set_format("torch")`, which `save_to_disk`
+  records in state.json; `speculators.train.data.ArrowDataset` relies on it (`torch.equal`
+  against the row's input_ids), so we save the same way.
+- `train/vocab_mapping.py:save_token_frequency_distribution`: `torch.save` of a plain
+  dict[int, int] counted over loss-masked tokens of the final rows.
+Where the template marks assistant text with `{% generation %}`, the mask is additionally
+narrowed to the generation blocks (template-declared assistant tokens); otherwise everything
+after the boundary (the reply plus its end-of-turn tokens, which the model generates) is 1.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[int, int], None]
+
+ROLE_ALIASES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+HISTOGRAM_BINS = 20
+WRITE_CHUNK_ROWS = 512
+
+
+class DatasetFormatError(ValueError):
+    """A row of the chat file cannot be read; the message names file, line and problem."""
+
+
+class ChatTemplateError(ValueError):
+    """The target tokenizer cannot render conversations into training rows."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    source_id: str
+    line: int  # 1-based, for messages
+    messages: list[dict]
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    out_dir: Path
+    token_freq_path: Path
+    num_conversations: int  # read and not excluded
+    num_rows: int
+    num_skipped: int  # num_excluded + num_without_assistant
+    num_excluded: int
+    num_without_assistant: int  # conversations that produced no supervised row
+    num_turns_dropped: int  # assistant turns lost to max_seq_len or an unstable template
+    num_truncated_rows: int  # rows clipped at max_seq_len (reply may be cut mid-way)
+    total_tokens: int
+    loss_tokens: int
+    max_seq_len: int
+    mask_source: str  # "generation_tags" or "render_boundary"
+    length_histogram: dict
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["out_dir"], d["token_freq_path"] = str(self.out_dir), str(self.token_freq_path)
+        return d
+
+
+def parse_row(raw: str, *, path: Path, line: int) -> Conversation:
+    """One JSONL line -> Conversation with roles normalised to system/user/assistant."""
+    where = f"{path}, line {line}"
+    try:
+        row = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise DatasetFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(row, dict):
+        raise DatasetFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    if "conversations" in row:
+        key, turns = "conversations", row["conversations"]
+    elif "messages" in row:
+        key, turns = "messages", row["messages"]
+    else:
+        raise DatasetFormatError(
+            f"{where}: no 'conversations' (ShareGPT) or 'messages' (OpenAI) list; keys are {sorted(row)}"
+        )
+    if not isinstance(turns, list):
+        raise DatasetFormatError(f"{where}: '{key}' must be a list, got {type(turns).__name__}")
+    raw_id = row.get("id", line - 1)
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
+        raise DatasetFormatError(f"{where}: 'id' must be a string or integer, got {raw_id!r}")
+    messages = [_parse_turn(turn, where=f"{where}, {key}[{i}]") for i, turn in enumerate(turns)]
+    return Conversation(source_id=str(raw_id), line=line, messages=messages)
+
+
+def _parse_turn(turn: object, *, where: str) -> dict:
+    if not isinstance(turn, dict):
+        raise DatasetFormatError(f"{where}: a turn must be an object, got {type(turn).__name__}")
+    role = turn.get("from", turn.get("role"))
+    if role is None:
+        raise DatasetFormatError(f"{where}: turn has no 'from' or 'role'")
+    if role not in ROLE_ALIASES:
+        raise DatasetFormatError(
+            f"{where}: unknown role {role!r}; expected one of {sorted(ROLE_ALIASES)}"
+        )
+    content = turn["value"] if "value" in turn else turn.get("content")
+    if not isinstance(content, str):
+        raise DatasetFormatError(
+            f"{where}: content must be a string, got {type(content).__name__} "
+            "(multimodal or tool-call turns are not supported)"
+        )
+    return {"role": ROLE_ALIASES[role], "content": content}
+
+
+def read_conversations(path: Path) -> Iterator[Conversation]:
+    """Yield each non-blank line's conversation; a bad line raises DatasetFormatError."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if raw.strip():
+                yield parse_row(raw, path=path, line=lineno)
+
+
+class _BoundaryUnstable(ValueError):
+    pass
+
+
+class Row(NamedTuple):
+    input_ids: list[int]
+    loss_mask: list[int]
+    truncated: bool
+
+
+class ChatRenderer:
+    """Renders conversations with a tokenizer's chat template into per-turn training rows."""
+
+    def __init__(self, tokenizer, *, use_generation_tags: bool | None = None):
+        template = getattr(tokenizer, "chat_template", None)
+        if not isinstance(template, str) or not template:
+            raise ChatTemplateError(
+                f"tokenizer {getattr(tokenizer, 'name_or_path', '?')} has no chat_template; "
+                "add one to tokenizer_config.json (or chat_template.jinja)"
+            )
+        has_tags = bool(GENERATION_TAG.search(template))
+        self.use_generation_tags = has_tags if use_generation_tags is None else use_generation_tags
+        if self.use_generation_tags and not has_tags:
+            raise ChatTemplateError("the chat template has no {% generation %} block")
+        self.tokenizer = tokenizer
+
+    def _ids(self, messages: list[dict], *, add_generation_prompt: bool) -> list[int]:
+        out = self.tokenizer.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=True
+        )
+        return list(out["input_ids"])
+
+    def _ids_and_tags(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        out = self.tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        return list(out["input_ids"]), list(out["assistant_masks"])
+
+    def _boundary(self, history: list[dict], prompt_ids: list[int], full_ids: list[int]) -> int:
+        # speculators _render_boundary_rows: the prompt render is usually a prefix of the full
+        # one; templates that pre-fill a reasoning scaffold diverge after the history, so fall
+        # back to the common prefix, valid only if the history itself renders identically.
+        if full_ids[: len(prompt_ids)] == prompt_ids:
+            return len(prompt_ids)
+        boundary = 0
+        for a, b in zip(prompt_ids, full_ids):
+            if a != b:
+                break
+            boundary += 1
+        hist_ids = self._ids(history, add_generation_prompt=False)
+        if full_ids[: len(hist_ids)] != hist_ids or boundary < len(hist_ids):
+            raise _BoundaryUnstable("prompt and full renders diverge inside the history")
+        return boundary
+
+    def rows(self, messages: list[dict], max_seq_len: int) -> tuple[list[Row], int]:
+        """(rows clipped to max_seq_len, assistant turns dropped)."""
+        rows, dropped = [], 0
+        for j, turn in enumerate(messages):
+            if turn["role"] != "assistant" or j == 0:
+                continue
+            prompt_ids = self._ids(messages[:j], add_generation_prompt=True)
+            if len(prompt_ids) >= max_seq_len:
+                dropped += 1  # a later turn may fit again (templates that strip history)
+                continue
+            if self.use_generation_tags:
+                full_ids, tags = self._ids_and_tags(messages[: j + 1])
+            else:
+                full_ids, tags = self._ids(messages[: j + 1], add_generation_prompt=False), None
+            try:
+                boundary = self._boundary(messages[:j], prompt_ids, full_ids)
+            except _BoundaryUnstable:
+                dropped += 1
+                continue
+            tail = tags[boundary:] if tags is not None else [1] * (len(full_ids) - boundary)
+            mask = [0] * boundary + tail
+            truncated = len(full_ids) > max_seq_len
+            full_ids, mask = full_ids[:max_seq_len], mask[:max_seq_len]
+            if not any(mask):
+                dropped += 1
+                continue
+            rows.append(Row(full_ids, mask, truncated))
+        return rows, dropped
+
+
+def load_tokenizer(tokenizer_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+
+
+def length_histogram(lengths: list[int], max_seq_len: int, bins: int = HISTOGRAM_BINS) -> dict:
+    """Integer-edged histogram over [0, max_seq_len]; the last bin includes max_seq_len."""
+    edges = np.unique(np.linspace(0, max_seq_len, min(bins, max_seq_len) + 1).round().astype(int))
+    counts, _ = np.histogram(np.asarray(lengths, dtype=np.int64), bins=edges)
+    return {"edges": [int(e) for e in edges], "counts": [int(c) for c in counts]}
+
+
+def _features():
+    from datasets import Features, Sequence, Value
+
+    return Features(
+        {
+            "input_ids": Sequence(Value("int64")),
+            "loss_mask": Sequence(Value("int64")),
+            "seq_len": Value("int64"),
+            "source_id": Value("string"),
+        }
+    )
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as fh:
+        return sum(1 for _ in fh)
+
+
+def prepare(
+    *,
+    tokenizer_dir: Path,
+    dataset_path: Path,
+    out_dir: Path,
+    max_seq_len: int,
+    max_samples: int | None = None,
+    exclude_ids: frozenset[str] = frozenset(),
+    on_progress: ProgressFn | None = None,
+) -> PrepareResult:
+    """Tokenize a chat JSONL into speculators' prepared layout under out_dir.
+
+    max_samples caps the number of rows (speculators' meaning: rows after per-turn fan-out);
+    reading stops once it is reached. out_dir must be absent or empty; it is filled atomically.
+    """
+    from datasets import Dataset
+    from datasets.arrow_writer import ArrowWriter
+
+    dataset_path, out_dir = Path(dataset_path), Path(out_dir)
+    if max_seq_len < 2:
+        raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"max_samples must be positive, got {max_samples}")
+    if not dataset_path.is_file():
+        raise FileNotFoundError(f"{dataset_path}: dataset file not found")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir}: output directory is not empty; choose a new one")
+
+    renderer = ChatRenderer(load_tokenizer(Path(tokenizer_dir)))
+    total_lines = _count_lines(dataset_path)
+    report = _Throttle(on_progress, total_lines)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    stats = Counter()
+    token_freq: Counter[int] = Counter()
+    lengths: list[int] = []
+    try:
+        arrow_path = staging / "rows.arrow"
+        with ArrowWriter(features=_features(), path=str(arrow_path)) as writer:
+            chunk = {"input_ids": [], "loss_mask": [], "seq_len": [], "source_id": []}
+            for conv in read_conversations(dataset_path):
+                report(conv.line)
+                if conv.source_id in exclude_ids:
+                    stats["excluded"] += 1
+                    continue
+                stats["conversations"] += 1
+                rows, dropped = renderer.rows(conv.messages, max_seq_len)
+                stats["turns_dropped"] += dropped
+                if max_samples is not None:
+                    rows = rows[: max_samples - stats["rows"]]
+                if not rows:
+                    stats["without_assistant"] += 1
+                for ids, mask, truncated in rows:
+                    stats["truncated"] += truncated
+                    ids_t = torch.tensor(ids, dtype=torch.long)
+                    token_freq.update(ids_t[torch.tensor(mask, dtype=torch.bool)].tolist())
+                    chunk["input_ids"].append(ids)
+                    chunk["loss_mask"].append(mask)
+                    chunk["seq_len"].append(len(ids))
+                    chunk["source_id"].append(conv.source_id)
+                    lengths.append(len(ids))
+                    stats["rows"] += 1
+                    stats["loss_tokens"] += sum(mask)
+                if len(chunk["seq_len"]) >= WRITE_CHUNK_ROWS:
+                    writer.write_batch(chunk)
+                    chunk = {k: [] for k in chunk}
+                if max_samples is not None and stats["rows"] >= max_samples:
+                    break
+            if chunk["seq_len"]:
+                writer.write_batch(chunk)
+            writer.finalize()
+        if not stats["rows"]:
+            raise DatasetFormatError(
+                f"{dataset_path}: no training rows: every conversation was excluded, had no "
+                "assistant turn after the first message, or its context exceeds "
+                f"max_seq_len={max_seq_len}"
+            )
+        final = staging / "dataset"
+        ds = Dataset.from_file(str(arrow_path))
+        ds.set_format(type="torch")  # recorded in state.json; speculators' reader needs it
+        ds.save_to_disk(str(final))
+        del ds
+        token_freq_path = final / "token_freq.pt"
+        torch.save(dict(token_freq), token_freq_path)
+        result = PrepareResult(
+            out_dir=out_dir,
+            token_freq_path=out_dir / "token_freq.pt",
+            num_conversations=stats["conversations"],
+            num_rows=stats["rows"],
+            num_skipped=stats["excluded"] + stats["without_assistant"],
+            num_excluded=stats["excluded"],
+            num_without_assistant=stats["without_assistant"],
+            num_turns_dropped=stats["turns_dropped"],
+            num_truncated_rows=stats["truncated"],
+            total_tokens=sum(lengths),
+            loss_tokens=stats["loss_tokens"],
+            max_seq_len=max_seq_len,
+            mask_source="generation_tags" if renderer.use_generation_tags else "render_boundary",
+            length_histogram=length_histogram(lengths, max_seq_len),
+        )
+        (final / "prepare_summary.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()
+        os.replace(final, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    report(total_lines, force=True)
+    log.info(
+        "prepared %s: %d conversations -> %d rows, %d tokens (%d supervised), %d skipped",
+        dataset_path, result.num_conversations, result.num_rows, result.total_tokens,
+        result.loss_tokens, result.num_skipped,
+    )
+    return result
+
+
+class _Throttle:
+    """Calls on_progress at most ~100 times per run so a database-backed callback stays cheap."""
+
+    def __init__(self, fn: ProgressFn | None, total: int):
+        self.fn, self.total, self.last = fn, total, -1
+        self.step = max(1, total // 100)
+
+    def __call__(self, done: int, *, force: bool = False) -> None:
+        if self.fn is None:
+            return
+        if force or done - self.last >= self.step:
+            self.last = done
+            self.fn(min(done, self.total), self.total)

@@ -1,0 +1,374 @@
+"""Train speculators' Eagle3DraftModel on CPU from speculators 0.9 files.
+
+speculators' `Trainer` needs an accelerator, so this is a small loop of our own that reuses
+speculators' pieces wherever they run on a CPU and mirrors the rest line for line:
+
+- samples: `speculators.train.data.ArrowDataset._get_raw_data` + `BaseDataset.__getitem__`
+  (aux layers flattened to [T, L_aux*H], last layer as `verifier_last_hidden_states`); files are
+  read with `hs_connectors.FP8Transfer`, which also dequantizes fp8 hidden states;
+- alignment and packing: `speculators.models.eagle3.data.shift_batch`, `CollateFn` and
+  `MultipackDistributedBatchSamplerV2`, called directly;
+- the step: `speculators.train.trainer.Trainer.train_epoch` (forward, backward, clip 1.0,
+  AdamW from `train.optimizers.build_optimizers`, linear warmup schedule); validation:
+  `Trainer.val_epoch`; metric ratios: `speculators.train.utils.normalize_counted_metrics`;
+- checkpoints: `speculators.train.checkpointer.SingleGPUCheckpointer` plus
+  `Trainer.maybe_save_checkpoint` / `_save_training_state` / `maybe_update_best`.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import json  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from datasets import load_from_disk  # noqa: E402
+from hs_connectors.transfer import FP8Transfer  # noqa: E402
+from speculators.data_generation.offline import check_hidden_states  # noqa: E402
+from speculators.models.eagle3 import Eagle3DraftModel  # noqa: E402
+from speculators.models.eagle3.data import shift_batch  # noqa: E402
+from speculators.train.checkpointer import SingleGPUCheckpointer  # noqa: E402
+from speculators.train.cli import create_transformer_layer_config  # noqa: E402
+from speculators.train.data import CollateFn  # noqa: E402
+from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2  # noqa: E402
+from speculators.train.utils import normalize_counted_metrics  # noqa: E402
+from transformers import get_linear_schedule_with_warmup  # noqa: E402
+
+from workers.stages.target import read_target_config, validate_layer_ids  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+METRICS_FLUSH_SECONDS = 2.0
+METRICS_FLUSH_STEPS = 50
+_METRIC_KEY = re.compile(r"^(loss|loss_\d+|full_acc_\d+|cond_acc_\d+)$")
+
+
+class TrainingStopped(Exception):
+    """should_stop() asked the loop to end; nothing after the last finished epoch was saved."""
+
+    def __init__(self, steps_done: int):
+        super().__init__(f"training stopped on request after {steps_done} steps")
+        self.steps_done = steps_done
+
+
+class TrainInputError(ValueError):
+    """An input file disagrees with the others or with the target."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    epoch: int
+    path: Path
+    train_loss: float
+    val_loss: float
+    val_metrics: dict
+    is_best: bool
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    out_dir: Path
+    checkpoints: list[CheckpointInfo]
+    best_epoch: int
+    steps: int
+    train_tokens: int
+    tokens_per_second: float
+    seconds: float
+
+
+class HiddenStateSamples(torch.utils.data.Dataset):
+    """Row i of the prepared dataset joined with hs_{i}.safetensors, as speculators shapes it."""
+
+    def __init__(self, *, prepared_dir: Path, hidden_states_dir: Path, layer_ids: list[int], hidden_size: int):
+        self.prepared_dir = Path(prepared_dir)
+        self.hidden_states_dir = Path(hidden_states_dir)
+        self.num_layers = len(layer_ids)
+        self.hidden_size = hidden_size
+        try:
+            rows = load_from_disk(str(self.prepared_dir))
+        except FileNotFoundError as exc:
+            raise TrainInputError(f"{self.prepared_dir}: not a datasets save_to_disk directory ({exc})") from None
+        missing = {"input_ids", "loss_mask", "seq_len"} - set(rows.column_names)
+        if missing:
+            raise TrainInputError(f"{self.prepared_dir}: prepared dataset lacks columns {sorted(missing)}")
+        self.rows = rows.with_format("torch")
+        self.lengths = [int(n) for n in rows.with_format(None)["seq_len"]]
+        self.transfer = FP8Transfer(self.hidden_states_dir, dequantize_dtype=torch.bfloat16)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        path = self.hidden_states_dir / f"hs_{index}.safetensors"
+        loaded = self.transfer.get_cached(index)
+        if loaded is None:
+            raise TrainInputError(f"{path}: missing; prepared row {index} has no hidden states")
+        row = self.rows[index]
+        try:
+            check_hidden_states(loaded, row["input_ids"].tolist())
+        except ValueError as exc:
+            raise TrainInputError(f"{path}: {exc} (prepared row {index})") from None
+        hs = loaded["hidden_states"]
+        expected = (self.num_layers, self.hidden_size)
+        if hs.ndim != 3 or tuple(hs.shape[1:]) != expected:
+            raise TrainInputError(f"{path}: hidden_states shape {tuple(hs.shape)}, expected [T, {expected[0]}, {expected[1]}]")
+        if row["loss_mask"].shape[0] != hs.shape[0]:
+            raise TrainInputError(f"{self.prepared_dir}: row {index} loss_mask length differs from {path}")
+        seq_len = hs.shape[0]
+        return {
+            "hidden_states": hs[:, :-1].flatten(1),
+            "input_ids": loaded["token_ids"],
+            "verifier_last_hidden_states": hs[:, -1],
+            "loss_mask": row["loss_mask"],
+            "lengths": torch.tensor([seq_len], dtype=torch.long),
+            "position_ids": torch.arange(seq_len, dtype=torch.long),
+        }
+
+
+def split_indices(n: int, *, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Deterministic shuffled split; both sides get at least one row."""
+    if n < 2:
+        raise TrainInputError(f"need at least 2 prepared rows for a train and a validation split, got {n}")
+    if not 0.0 < val_fraction < 1.0:
+        raise TrainInputError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    order = np.random.default_rng(seed).permutation(n).tolist()
+    n_val = min(n - 1, max(1, round(n * val_fraction)))
+    return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+def plan_batches(lengths: list[int], indices: list[int], *, max_tokens: int, seed: int, epoch: int,
+                 pack: bool = True) -> list[list[int]]:
+    """Row indices per step: multipack bins of <= max_tokens, or one shuffled row per step."""
+    if not pack:
+        return [[indices[i]] for i in np.random.default_rng(seed + epoch).permutation(len(indices))]
+    sampler = MultipackDistributedBatchSamplerV2(
+        batch_max_length=max_tokens, lengths=[lengths[i] for i in indices], num_replicas=1, rank=0, seed=seed)
+    sampler.set_epoch(epoch)
+    return [[indices[int(j)] for j in batch] for batch in sampler]
+
+
+def iter_batches(samples: HiddenStateSamples, plan: list[list[int]], *, max_tokens: int) -> Iterator[dict]:
+    """Collated packed batches ([1, T, ...] tensors plus document_ids), fp32 hidden states.
+
+    speculators pads every batch to total_seq_len so compiled GPU kernels see one shape; on a CPU
+    padding is pure waste, so each batch is cut to the tokens it holds.
+    """
+    for rows in plan:
+        items = [samples[i] for i in rows]
+        tokens = sum(max(0, min(int(it["lengths"][0]), max_tokens) - 1) for it in items)
+        if tokens == 0:
+            continue
+        collate = CollateFn(min(tokens, max_tokens), samples.hidden_size, num_target_layers=samples.num_layers - 1,
+                            dtype=torch.float32, preprocess=shift_batch)
+        batch = collate(items)
+        batch.pop("error_records", None)
+        yield batch
+
+
+def build_draft_model(*, target_dir: Path, layer_ids: list[int], d2t_path: Path, t2d_path: Path,
+                      draft_vocab_size: int, ttt_steps: int, seed: int = 0) -> Eagle3DraftModel:
+    """A fresh 1-layer draft exactly as `speculators train` builds one with its eagle3 defaults."""
+    target = read_target_config(target_dir)
+    validate_layer_ids(layer_ids, target.num_layers)
+    d2t = torch.from_numpy(np.load(d2t_path))
+    t2d = torch.from_numpy(np.load(t2d_path))
+    if d2t.shape[0] != draft_vocab_size:
+        raise TrainInputError(f"{d2t_path}: {d2t.shape[0]} entries, but draft_vocab_size is {draft_vocab_size}")
+    if t2d.shape[0] != target.vocab_size:
+        raise TrainInputError(f"{t2d_path}: {t2d.shape[0]} entries, but the target vocabulary has {target.vocab_size}")
+    torch.manual_seed(seed)
+    # TrainConfig._resolve_derived_defaults for eagle3: llama draft, 1 layer, norm_before_fc,
+    # norm_output, norm_before_residual; DraftArgs: sliding_window 2048, no full-attention layers.
+    layer_config = create_transformer_layer_config(
+        verifier_name_or_path=str(target_dir), num_layers=1, draft_arch="llama", hidden_act=None,
+        sliding_window=2048, full_attention_indices=[])
+    model = Eagle3DraftModel.from_training_args(
+        verifier_config=layer_config, t2d=t2d.to(torch.bool), d2t=d2t.to(torch.long),
+        verifier_name_or_path=str(target_dir), draft_vocab_size=draft_vocab_size, norm_before_residual=True,
+        norm_before_fc=True, norm_output=True, ttt_steps=ttt_steps, target_layer_ids=list(layer_ids[:-1]),
+        draft_attn_impl="eager")
+    Eagle3DraftModel.verify_training_compatible(model)
+    return model
+
+
+def model_call_kwargs(ttt_steps: int) -> dict:
+    """Eagle3DraftModel.get_trainer_kwargs with loss kl_div, eager implementation, no decay."""
+    train_kwargs, _ = Eagle3DraftModel.get_trainer_kwargs(
+        loss_fn="kl_div", loss_implementation="eager", ttt_steps=ttt_steps, ttt_step_loss_decay=1.0)
+    return train_kwargs
+
+
+def make_optimizer(model: torch.nn.Module, *, lr: float, total_steps: int):
+    """AdamW as build_optimizers("adamw") makes it; linear decay with 1% warmup (at least one step)."""
+    optimizer = torch.optim.AdamW(model.named_parameters(), lr=lr, weight_decay=0.01)
+    warmup = max(1, total_steps // 100)
+    return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, max(total_steps, warmup + 1))
+
+
+def train_step(model, batch: dict, optimizer, scheduler, call_kwargs: dict) -> tuple[torch.Tensor, dict]:
+    """One Trainer.train_epoch step: forward, backward, clip at 1.0, step, schedule."""
+    _draft_tokens, loss, metrics = model(**batch, **call_kwargs)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    return loss, metrics
+
+
+def _public_metrics(raw: dict) -> dict[str, float]:
+    values = normalize_counted_metrics({k: float(v) for k, v in raw.items()})
+    return {k: v for k, v in values.items() if _METRIC_KEY.match(k)}
+
+
+@torch.no_grad()
+def evaluate(model, samples: HiddenStateSamples, plan: list[list[int]], *, max_tokens: int, call_kwargs: dict,
+             should_stop: Callable[[], bool] | None = None, steps_done: int = 0) -> dict[str, float]:
+    """Trainer.val_epoch: sum every _sum/_total over batches, divide by batch count, normalize."""
+    model.eval()
+    accumulated: dict[str, float] = {}
+    num_batches = 0
+    for batch in iter_batches(samples, plan, max_tokens=max_tokens):
+        if should_stop is not None and should_stop():
+            raise TrainingStopped(steps_done)
+        _tokens, _loss, metrics = model(**batch, **call_kwargs)
+        for k, v in metrics.items():
+            accumulated[k] = accumulated.get(k, 0.0) + float(v)
+        num_batches += 1
+    model.train()
+    return normalize_counted_metrics({k: v / max(num_batches, 1) for k, v in accumulated.items()})
+
+
+class _MetricSink:
+    def __init__(self, on_metrics):
+        self.on_metrics = on_metrics
+        self.pending: list[dict] = []
+        self.steps_since = 0
+        self.last = time.monotonic()
+
+    def add(self, step: int, epoch: float, split: str, values: dict[str, float]) -> None:
+        self.pending.extend({"step": step, "epoch": round(epoch, 6), "split": split, "key": k, "value": float(v)}
+                            for k, v in values.items())
+        self.steps_since += 1
+        if self.steps_since >= METRICS_FLUSH_STEPS or time.monotonic() - self.last >= METRICS_FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending and self.on_metrics is not None:
+            self.on_metrics(self.pending)
+        self.pending, self.steps_since, self.last = [], 0, time.monotonic()
+
+
+def _clear_previous_run(out_dir: Path) -> None:
+    """Only speculators-layout entries go: numbered epochs and their symlinks."""
+    for child in out_dir.iterdir():
+        if child.is_symlink() and (child.name == "checkpoint_best" or re.fullmatch(r"epoch\d+_\w+", child.name)):
+            child.unlink()
+        elif child.is_dir() and not child.is_symlink() and child.name.isdigit():
+            shutil.rmtree(child)
+
+
+def save_epoch_checkpoint(checkpointer: SingleGPUCheckpointer, model, optimizer, scheduler, *, epoch: int,
+                          global_step: int, val_metrics: dict[str, float]) -> Path:
+    """Trainer.maybe_save_checkpoint + _save_training_state + save_val_metrics for one epoch."""
+    checkpointer.save_checkpoint(model, [optimizer], epoch)
+    checkpointer.save_scheduler_state_dict([scheduler], epoch)
+    epoch_dir = checkpointer.path / str(epoch)
+    (epoch_dir / "training_state.json").write_text(
+        json.dumps({"epoch": epoch, "local_step": 0, "global_step": global_step}))
+    link = checkpointer.path / f"epoch{epoch}_end"
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(Path(str(epoch)))
+    checkpointer.save_val_metrics(epoch, {f"{k}_epoch": v for k, v in val_metrics.items()})
+    return epoch_dir
+
+
+def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_path: Path, t2d_path: Path,
+          out_dir: Path, layer_ids: list[int], epochs: int, lr: float, ttt_steps: int, draft_vocab_size: int,
+          val_fraction: float = 0.1, max_tokens_per_step: int = 2048, seed: int = 0,
+          on_progress: Callable[[int, int], None] | None = None,
+          on_metrics: Callable[[list[dict]], None] | None = None,
+          should_stop: Callable[[], bool] | None = None) -> TrainResult:
+    started = time.monotonic()
+    if epochs < 1 or ttt_steps < 1 or lr <= 0 or max_tokens_per_step < 2:
+        raise ValueError(f"need epochs >= 1, ttt_steps >= 1, lr > 0, max_tokens_per_step >= 2; got "
+                         f"{epochs}, {ttt_steps}, {lr}, {max_tokens_per_step}")
+    target = read_target_config(target_dir)
+    validate_layer_ids(layer_ids, target.num_layers)
+    samples = HiddenStateSamples(prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir,
+                                 layer_ids=layer_ids, hidden_size=target.hidden_size)
+    train_idx, val_idx = split_indices(len(samples), val_fraction=val_fraction, seed=seed)
+    plans = [plan_batches(samples.lengths, train_idx, max_tokens=max_tokens_per_step, seed=seed, epoch=e)
+             for e in range(epochs)]
+    val_plan = plan_batches(samples.lengths, val_idx, max_tokens=max_tokens_per_step, seed=0, epoch=0)
+    total_steps = sum(len(p) for p in plans)
+    model = build_draft_model(target_dir=target_dir, layer_ids=layer_ids, d2t_path=d2t_path, t2d_path=t2d_path,
+                              draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, seed=seed)
+    model.train()
+    call_kwargs = model_call_kwargs(ttt_steps)
+    optimizer, scheduler = make_optimizer(model, lr=lr, total_steps=total_steps)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _clear_previous_run(out_dir)
+    checkpointer = SingleGPUCheckpointer(out_dir)
+    sink = _MetricSink(on_metrics)
+    logger.info("training %d train / %d val rows, %d steps over %d epochs into %s",
+                len(train_idx), len(val_idx), total_steps, epochs, out_dir)
+
+    step, train_tokens, train_seconds = 0, 0, 0.0
+    epoch_rows: list[tuple[int, Path, float, dict]] = []
+    if on_progress is not None:
+        on_progress(0, total_steps)
+    try:
+        for epoch, plan in enumerate(plans):
+            losses: list[float] = []
+            batches = iter_batches(samples, plan, max_tokens=max_tokens_per_step)
+            t0 = time.perf_counter()
+            for local_step, batch in enumerate(batches, 1):
+                if should_stop is not None and should_stop():
+                    raise TrainingStopped(step)
+                lr_now = optimizer.param_groups[0]["lr"]
+                loss, raw = train_step(model, batch, optimizer, scheduler, call_kwargs)
+                t1 = time.perf_counter()
+                tokens = int((batch["document_ids"] != -1).sum())
+                step, train_tokens, train_seconds = step + 1, train_tokens + tokens, train_seconds + (t1 - t0)
+                values = _public_metrics(raw)
+                losses.append(values["loss"])
+                values.update(lr=lr_now, tokens_per_s=tokens / max(t1 - t0, 1e-9))
+                sink.add(step, epoch + local_step / len(plan), "train", values)
+                if on_progress is not None:
+                    on_progress(step, total_steps)
+                t0 = time.perf_counter()
+            val = evaluate(model, samples, val_plan, max_tokens=max_tokens_per_step, call_kwargs=call_kwargs,
+                           should_stop=should_stop, steps_done=step)
+            val_public = {k: v for k, v in val.items() if _METRIC_KEY.match(k)}
+            sink.add(step, epoch + 1.0, "val", val_public)
+            sink.flush()
+            path = save_epoch_checkpoint(checkpointer, model, optimizer, scheduler, epoch=epoch, global_step=step,
+                                         val_metrics=val)
+            epoch_rows.append((epoch, path, float(np.mean(losses)) if losses else math.nan, val_public))
+            logger.info("epoch %d: train loss %.4f, val loss %.4f, checkpoint %s",
+                        epoch, epoch_rows[-1][2], val_public.get("loss", math.nan), path)
+    except TrainingStopped:
+        sink.flush()
+        logger.info("training stopped on request after %d steps", step)
+        raise
+
+    best_epoch = min(epoch_rows, key=lambda r: r[3].get("loss", math.inf))[0]
+    checkpointer.update_best_symlink(best_epoch)
+    checkpoints = [CheckpointInfo(epoch=e, path=p, train_loss=tl, val_loss=v.get("loss", math.nan), val_metrics=v,
+                                  is_best=e == best_epoch) for e, p, tl, v in epoch_rows]
+    return TrainResult(out_dir=out_dir, checkpoints=checkpoints, best_epoch=best_epoch, steps=step,
+                       train_tokens=train_tokens, tokens_per_second=train_tokens / max(train_seconds, 1e-9),
+                       seconds=time.monotonic() - started)
