@@ -84,6 +84,7 @@ def run_summary(run: PipelineRun) -> dict:
             "rows": prep.num_rows,
             "total_tokens": prep.total_tokens,
             "loss_tokens": prep.loss_tokens,
+            "length_histogram": prep.length_histogram,
             "extracted_tokens": extraction.total_tokens,
             "vocab_coverage": vocab.coverage,
             "train_tokens": training.train_tokens,

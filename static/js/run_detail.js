@@ -16,6 +16,9 @@
   }
 
   function renderStages(summary) {
+    const cancel = document.getElementById("cancel-form");
+    if (cancel && summary.finished) cancel.remove();
+    renderHistogram(summary.tokens.length_histogram);
     document.getElementById("run-status").textContent = summary.status;
     document.getElementById("run-status").className = "status " + summary.status;
     for (const stage of summary.stages) {
@@ -64,6 +67,18 @@
     }, {displayModeBar: false, responsive: true});
   }
 
+  let histogramDrawn = false;
+  function renderHistogram(h) {
+    if (histogramDrawn || !h || !h.counts || !h.counts.length) return;
+    histogramDrawn = true;
+    const centers = h.counts.map((_, i) => (h.edges[i] + h.edges[i + 1]) / 2);
+    Plotly.newPlot("plot-lengths", [{type: "bar", x: centers, y: h.counts,
+      width: h.counts.map((_, i) => h.edges[i + 1] - h.edges[i]),
+      hovertemplate: "%{x:.0f} tokens: %{y} rows<extra></extra>"}],
+      {height: 220, margin: {l: 45, r: 10, t: 10, b: 40}, xaxis: {title: {text: "tokens per row"}}, yaxis: {title: {text: "rows"}}},
+      {displaylogo: false, responsive: true});
+  }
+
   function renderCheckpoints(checkpoints) {
     if (!checkpoints.length) return;
     const rows = checkpoints.map((c) => `<tr class="${c.is_best ? "best" : ""}"><td>${c.epoch}${c.is_best ? ' <span class="badge">best</span>' : ""}</td>` +
@@ -99,7 +114,12 @@
     const cfg = {displaylogo: false, responsive: true};
     Plotly.react("plot-loss", traces((id) => /:loss(_\d+)?$/.test(id), "lines"), layout("Loss per TTT step", "loss"), cfg);
     Plotly.react("plot-acc", traces((id) => /:(full|cond)_acc_\d+$/.test(id), "lines"), layout("Accuracy per TTT step", "accuracy"), cfg);
-    Plotly.react("plot-lr", traces((id) => /:(lr|tokens_per_s)$/.test(id), "lines"), layout("Learning rate and tokens/s", "value"), cfg);
+    const speed = traces((id) => /:(lr|tokens_per_s)$/.test(id), "lines");
+    for (const t of speed) if (t.name.endsWith("tokens_per_s")) t.yaxis = "y2";
+    const speedLayout = layout("Learning rate and training tokens/s", "learning rate");
+    speedLayout.yaxis2 = {title: {text: "tokens/s"}, overlaying: "y", side: "right", rangemode: "tozero"};
+    speedLayout.yaxis.exponentformat = "e";
+    Plotly.react("plot-lr", speed, speedLayout, cfg);
     document.getElementById("curve-status").textContent = `${fmt.format(lastMetricId ? Object.values(series).reduce((n, s) => n + s.x.length, 0) : 0)} points plotted.`;
   }
 

@@ -62,6 +62,12 @@ def test_write_demo_chats_refuses_zero_conversations(tmp_path):
         write_demo_chats(tmp_path / "x.jsonl", num_conversations=0)
 
 
+def test_build_refuses_zero_train_steps_before_touching_out_dir(tmp_path):
+    with pytest.raises(ValueError, match="train_steps"):
+        build_demo_assets(tmp_path / "out", num_conversations=10, train_steps=0)
+    assert not (tmp_path / "out").exists()
+
+
 def test_tokenizer_chat_template_round_trips(tokenizer):
     text = tokenizer.apply_chat_template(MESSAGES, tokenize=False)
     ids = tokenizer.apply_chat_template(MESSAGES, tokenize=True, return_dict=False)
@@ -77,6 +83,16 @@ def test_chat_template_masks_exactly_the_assistant_replies(tokenizer):
     assert len(mask) == len(ids)
     kept = tokenizer.decode([i for i, m in zip(ids, mask) if m])
     assert kept == "2 + 3 = 5.<|end|>apple is spelled a-p-p-l-e.<|end|>"
+
+
+def test_generation_prompt_render_is_a_token_prefix_of_each_assistant_turn(tokenizer):
+    # speculators 0.9 (data_generation/preprocessing.py:_render_boundary_rows) masks a reply as
+    # the tokens by which the full render extends the generation-prompt render.
+    for j in (2, 4):
+        prompt = tokenizer.apply_chat_template(MESSAGES[:j], add_generation_prompt=True, return_dict=False)
+        full = tokenizer.apply_chat_template(MESSAGES[: j + 1], return_dict=False)
+        assert full[: len(prompt)] == prompt
+        assert tokenizer.decode(full[len(prompt) :]) == MESSAGES[j]["content"] + "<|end|>\n"
 
 
 def test_generation_prompt_opens_an_assistant_turn(tokenizer):

@@ -20,7 +20,7 @@ from workers.stages.train import (
     train,
 )
 
-NUM_ROWS = 40
+NUM_ROWS = 32
 DRAFT_VOCAB = 512
 
 
@@ -70,7 +70,7 @@ def inputs(tiny_target, tmp_path_factory):
 def run_train(inputs, out_dir: Path, **overrides):
     kwargs = dict(target_dir=inputs.target_dir, prepared_dir=inputs.prepared_dir,
                   hidden_states_dir=inputs.hidden_states_dir, d2t_path=inputs.d2t_path, t2d_path=inputs.t2d_path,
-                  out_dir=out_dir, layer_ids=inputs.layer_ids, epochs=3, lr=3e-3, ttt_steps=3,
+                  out_dir=out_dir, layer_ids=inputs.layer_ids, epochs=2, lr=3e-3, ttt_steps=3,
                   draft_vocab_size=inputs.draft_vocab_size, val_fraction=0.1, max_tokens_per_step=256, seed=0)
     kwargs.update(overrides)
     return train(**kwargs)
@@ -92,7 +92,7 @@ def trained(inputs, tmp_path_factory):
 
 def test_train_loss_goes_down_over_epochs(trained):
     losses = [c.train_loss for c in trained.result.checkpoints]
-    assert len(losses) == 3
+    assert len(losses) == 2
     assert losses[-1] < losses[0] * 0.9, losses
     assert trained.result.checkpoints[-1].val_loss < trained.result.checkpoints[0].val_loss
 
@@ -100,7 +100,7 @@ def test_train_loss_goes_down_over_epochs(trained):
 def test_each_epoch_checkpoint_loads_and_names_verifier_and_aux_layers(trained, inputs):
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    assert [c.epoch for c in trained.result.checkpoints] == [0, 1, 2]
+    assert [c.epoch for c in trained.result.checkpoints] == [0, 1]
     for ckpt in trained.result.checkpoints:
         assert ckpt.path == trained.result.out_dir / str(ckpt.epoch)
         for name in ("config.json", "model.safetensors", "optimizer_state_dict.pt", "scheduler_state_dict.pt",
@@ -124,7 +124,7 @@ def test_metrics_cover_every_ttt_step_for_train_and_val(trained):
     assert {("train", "lr"), ("train", "tokens_per_s")} <= keys
     assert not {("val", "lr"), ("val", "tokens_per_s")} & keys
     val_epochs = sorted({m["epoch"] for m in trained.metrics if m["split"] == "val"})
-    assert val_epochs == [1.0, 2.0, 3.0]
+    assert val_epochs == [1.0, 2.0]
     accs = [m["value"] for m in trained.metrics if "acc" in m["key"]]
     assert all(0.0 <= a <= 1.0 for a in accs)
 

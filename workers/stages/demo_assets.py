@@ -17,7 +17,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 # Read by huggingface_hub at import time: this stage must never reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,7 +33,7 @@ TARGET_DIRNAME = "demo-target"
 CHATS_FILENAME = "demo-chats.jsonl"
 BUILD_INFO_FILENAME = "demo-build.json"
 # Bump when the chats, tokenizer or model recipe changes, so old builds are not reused.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 BOS, EOS, PAD = "<|begin|>", "<|end|>", "<|pad|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
@@ -42,23 +42,18 @@ VOCAB_SIZE = 3072
 NUM_LAYERS = 8
 HIDDEN_SIZE = 128
 MAX_SEQ_LEN = 512
+BATCH_SIZE = 16
+LEARNING_RATE = 3e-3
 
 # The {% generation %} block covers the reply and its end token, so assistant masks teach the
 # model (and a draft) where a reply stops.
 CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
+    "{{ bos_token }}{% for message in messages %}"
     "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
     "{{ raise_exception('demo template supports system, user and assistant roles, got ' + message['role']) }}"
-    "{% endif %}"
-    "{{ '<|' + message['role'] + '|>\n' }}"
-    "{% if message['role'] == 'assistant' %}"
-    "{% generation %}{{ message['content'] }}{{ eos_token }}{% endgeneration %}"
-    "{% else %}"
-    "{{ message['content'] }}{{ eos_token }}"
-    "{% endif %}"
-    "{{ '\n' }}"
-    "{% endfor %}"
+    "{% endif %}{{ '<|' + message['role'] + '|>\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}{{ eos_token }}{% endgeneration %}"
+    "{% else %}{{ message['content'] }}{{ eos_token }}{% endif %}{{ '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
 
@@ -82,7 +77,7 @@ class DemoAssets:
 
 
 def write_demo_chats(path: Path, *, num_conversations: int, seed: int = 0) -> int:
-    """Write `num_conversations` chats as JSONL, half ShareGPT-style and half OpenAI-style rows."""
+    """Write `num_conversations` chats as JSONL, about half ShareGPT-style and half OpenAI-style rows."""
     if num_conversations < 1:
         raise ValueError(f"num_conversations must be at least 1, got {num_conversations}")
     path = Path(path)
@@ -103,13 +98,14 @@ def read_chat_messages(path: Path) -> list[list[dict]]:
     chats = []
     with Path(path).open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
-            row = json.loads(line)
-            if "messages" in row:
-                chats.append([{"role": m["role"], "content": m["content"]} for m in row["messages"]])
-            elif "conversations" in row:
-                chats.append([{"role": sharegpt_roles[t["from"]], "content": t["value"]} for t in row["conversations"]])
-            else:
-                raise ValueError(f"{path}:{lineno}: row has neither 'messages' nor 'conversations'")
+            try:
+                row = json.loads(line)
+                if "messages" in row:
+                    chats.append([{"role": m["role"], "content": m["content"]} for m in row["messages"]])
+                else:
+                    chats.append([{"role": sharegpt_roles[t["from"]], "content": t["value"]} for t in row["conversations"]])
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a demo chat row ({exc!r})") from None
     return chats
 
 
@@ -117,7 +113,7 @@ def build_demo_assets(
     out_dir: Path,
     *,
     num_conversations: int = 2000,
-    train_steps: int = 300,
+    train_steps: int = 600,
     seed: int = 0,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> DemoAssets:
@@ -126,6 +122,8 @@ def build_demo_assets(
     A build is reused when out_dir/demo-build.json records the same parameters; that file is
     written last, so a build interrupted half-way is redone rather than trusted.
     """
+    if num_conversations < 1 or train_steps < 1:
+        raise ValueError(f"num_conversations and train_steps must be at least 1, got {num_conversations} and {train_steps}")
     out_dir = Path(out_dir)
     params = {"recipe": RECIPE_VERSION, "num_conversations": num_conversations, "train_steps": train_steps, "seed": seed}
     total = train_steps + 3
@@ -183,21 +181,12 @@ def train_demo_tokenizer(chats: list[list[dict]], *, vocab_size: int = VOCAB_SIZ
     # trim_offsets=False keeps offsets on the leading space, so char_to_token (used for assistant
     # masks) finds a token for every character of a reply.
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator((m["content"] + "\n" for chat in chats for m in chat), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        extra_special_tokens=list(ROLE_TOKENS.values()),
-        model_max_length=MAX_SEQ_LEN * 2,
-        clean_up_tokenization_spaces=False,
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, extra_special_tokens=list(ROLE_TOKENS.values()),
+        model_max_length=MAX_SEQ_LEN * 2, clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
@@ -234,21 +223,14 @@ def _train_target(
     # A fixed held-out batch, scored before and after, so the loss drop is measured on the same tokens.
     held_out, train = (encoded[:32], encoded[32:]) if len(encoded) > 64 else (encoded[:8], encoded)
 
+    # Two KV heads per four query heads: grouped-query attention, as in the Llama targets users bring.
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=HIDDEN_SIZE,
-        intermediate_size=384,
-        num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer), hidden_size=HIDDEN_SIZE, intermediate_size=384, num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config)
-    batch_size, lr, warmup = 16, 3e-3, max(1, train_steps // 20)
+    batch_size, lr, warmup = BATCH_SIZE, LEARNING_RATE, max(1, train_steps // 20)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
 
     def lr_at(step: int) -> float:
@@ -262,10 +244,11 @@ def _train_target(
     try:
         initial_loss = _score(model, held_out, tokenizer.pad_token_id)
         model.train()
+        batches = _length_bucketed(train, batch_size, rng)
         for step in range(train_steps):
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step)
-            ids, labels, mask = _pad_batch(rng.sample(train, min(batch_size, len(train))), tokenizer.pad_token_id)
+            ids, labels, mask = _pad_batch(next(batches), tokenizer.pad_token_id)
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -287,6 +270,15 @@ def _score(model: LlamaForCausalLM, seqs: list[list[int]], pad_id: int) -> float
     model.eval()
     ids, labels, mask = _pad_batch(seqs, pad_id)
     return round(float(model(input_ids=ids, attention_mask=mask, labels=labels).loss), 4)
+
+
+def _length_bucketed(seqs: list[list[int]], batch_size: int, rng: random.Random) -> Iterator[list[list[int]]]:
+    """Endless batches of similar-length chats: random batches would be half padding."""
+    by_length = sorted(seqs, key=len)
+    batches = [by_length[i : i + batch_size] for i in range(0, len(by_length), batch_size)]
+    while True:
+        rng.shuffle(batches)
+        yield from batches
 
 
 def _pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -315,14 +307,15 @@ def _reusable_build(out_dir: Path, params: dict) -> DemoAssets | None:
         return None
     if info.get("params") != params:
         return None
-    result = dict(info["result"])
     target_dir, chats_path = out_dir / TARGET_DIRNAME, out_dir / CHATS_FILENAME
     needed = [chats_path, target_dir / "config.json", target_dir / "model.safetensors", target_dir / "tokenizer.json"]
     if not all(p.is_file() for p in needed):
         return None
     # Paths are re-derived so a moved out_dir still resolves.
-    result["target_dir"], result["chats_path"] = target_dir, chats_path
-    return DemoAssets(**result)
+    try:
+        return DemoAssets(**{**info["result"], "target_dir": target_dir, "chats_path": chats_path})
+    except (KeyError, TypeError):
+        return None
 
 
 # --- procedural chats: small facts and rules a 2M-parameter model can pick up ---
@@ -341,20 +334,13 @@ _COLOURS = dict(pair.split(":") for pair in (
     "eggplant:purple plum:purple sunflower:yellow chocolate:brown"
 ).split())
 _DEFINITIONS = {
-    "river": "a large natural stream of water flowing to the sea or a lake",
-    "planet": "a large body in space that moves around a star",
-    "verb": "a word that describes an action or a state",
-    "noun": "a word that names a person, place or thing",
-    "triangle": "a shape with three straight sides",
-    "square": "a shape with four equal sides and four right angles",
-    "library": "a place where books are kept for people to read or borrow",
-    "bridge": "a structure that carries a road or path across a river or valley",
-    "island": "a piece of land surrounded by water",
-    "desert": "a dry area of land with very little rain",
-    "engine": "a machine that turns energy into motion",
-    "recipe": "a set of instructions for making a dish",
-    "volcano": "a mountain that can erupt with lava and ash",
-    "orchestra": "a large group of musicians playing together",
+    "river": "a large natural stream of water flowing to the sea or a lake", "island": "a piece of land surrounded by water",
+    "planet": "a large body in space that moves around a star", "verb": "a word that describes an action or a state",
+    "noun": "a word that names a person, place or thing", "triangle": "a shape with three straight sides",
+    "square": "a shape with four equal sides and four right angles", "desert": "a dry area of land with very little rain",
+    "library": "a place where books are kept for people to read or borrow", "recipe": "a set of instructions for making a dish",
+    "bridge": "a structure that carries a road or path across a river or valley", "engine": "a machine that turns energy into motion",
+    "volcano": "a mountain that can erupt with lava and ash", "orchestra": "a large group of musicians playing together",
     "calendar": "a chart that shows the days, weeks and months of a year",
 }
 _WORDS = ("apple house river green table window garden music paper light stone water bread cloud orange "
@@ -413,16 +399,23 @@ def _count(rng: random.Random) -> tuple[str, str]:
         ", ".join(str(i) for i in range(start, stop + 1)) + "."
 
 
-def _colour(rng: random.Random) -> tuple[str, str]:
-    thing = rng.choice(sorted(_COLOURS))
-    ask = rng.choice(["What colour is a {t}?", "What color is {t} usually?", "Tell me the colour of a {t}."])
-    return ask.format(t=thing), f"A {thing} is usually {_COLOURS[thing]}."
+def _lookup(rng: random.Random) -> tuple[str, str]:
+    kind = rng.randrange(3)
+    if kind == 0:
+        thing = rng.choice(sorted(_COLOURS))
+        ask = rng.choice(["What colour is the {t}?", "What color is the {t} usually?", "Tell me the colour of the {t}."])
+        return ask.format(t=thing), f"The {thing} is usually {_COLOURS[thing]}."
+    if kind == 1:
+        animal = rng.choice(sorted(_SOUNDS))
+        ask = rng.choice(["What sound does {a} {t} make?", "What does {a} {t} say?"])
+        return ask.format(a=_a(animal), t=animal), f"{_a(animal).title()} {animal} says {_SOUNDS[animal]}."
+    word = rng.choice(sorted(_DEFINITIONS))
+    ask = rng.choice(["What is {a} {w}?", "Define the word {w}.", "What does {w} mean?"])
+    return ask.format(a=_a(word), w=word), f"{_a(word).title()} {word} is {_DEFINITIONS[word]}."
 
 
-def _animal(rng: random.Random) -> tuple[str, str]:
-    animal = rng.choice(sorted(_SOUNDS))
-    ask = rng.choice(["What sound does a {a} make?", "What does a {a} say?"])
-    return ask.format(a=animal), f"A {animal} says {_SOUNDS[animal]}."
+def _a(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
 
 
 def _neighbour(rng: random.Random) -> tuple[str, str]:
@@ -430,12 +423,6 @@ def _neighbour(rng: random.Random) -> tuple[str, str]:
     if rng.random() < 0.5:
         return rng.choice(["What number comes after {n}?", "What is one more than {n}?"]).format(n=n), f"The number after {n} is {n + 1}."
     return rng.choice(["What number comes before {n}?", "What is one less than {n}?"]).format(n=n), f"The number before {n} is {n - 1}."
-
-
-def _define(rng: random.Random) -> tuple[str, str]:
-    word = rng.choice(sorted(_DEFINITIONS))
-    ask = rng.choice(["What is a {w}?", "Define the word {w}.", "What does {w} mean?"])
-    return ask.format(w=word), f"A {word} is {_DEFINITIONS[word]}."
 
 
 def _sort(rng: random.Random) -> tuple[str, str]:
@@ -462,7 +449,8 @@ def _chit_chat(rng: random.Random) -> tuple[str, str]:
     ])
 
 
-_TASKS = [_arithmetic, _capital, _convert, _spell, _count, _colour, _animal, _neighbour, _define, _sort, _chit_chat]
+# Weights keep each kind of exchange frequent enough to be learnt in a few hundred steps.
+_TASKS = [_arithmetic, _capital, _convert, _spell, _count, _lookup, _lookup, _neighbour, _sort, _chit_chat]
 
 
 def _conversation(rng: random.Random) -> list[dict]:
