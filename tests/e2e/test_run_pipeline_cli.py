@@ -1,0 +1,84 @@
+"""`manage.py run_pipeline --inline --json`: the same launch as the form, run in-process."""
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+CHECKER = Path(settings.BASE_DIR).parent / "shared" / "tools" / "check_run_outputs.py"
+
+
+def run_cli(*args):
+    out = io.StringIO()
+    call_command("run_pipeline", *args, "--json", stdout=out)
+    return json.loads(out.getvalue().strip().splitlines()[-1]), out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def inline_run(tiny_target, django_db_setup, django_db_blocker, tmp_path_factory):
+    """One real run shared by the tests below (it takes seconds); its rows are removed afterwards."""
+    from django.contrib.auth import get_user_model
+    from django.test import override_settings
+
+    from runs.models import Dataset, PipelineRun, TargetModel
+
+    root = tmp_path_factory.getbasetemp().resolve()
+    with django_db_blocker.unblock(), override_settings(EAGLE3WEB_DATA_ROOTS=[root], EAGLE3WEB_RUNS_DIR=root / "cli-runs"):
+        summary, raw = run_cli("--target", str(tiny_target.target_dir), "--dataset", str(tiny_target.chats_path),
+                               "--layer-ids", "2,4,5", "--max-samples", "40", "--max-seq-len", "256",
+                               "--draft-vocab-size", "256", "--epochs", "2", "--inline")
+        yield summary, raw
+        PipelineRun.objects.all().delete()
+        TargetModel.objects.all().delete()
+        Dataset.objects.all().delete()
+        get_user_model().objects.all().delete()
+
+
+def test_inline_run_succeeds_and_summarises_every_stage(inline_run):
+    summary, _ = inline_run
+    assert [s["status"] for s in summary["stages"]] == ["succeeded"] * 4
+    assert all(s["seconds"] > 0 for s in summary["stages"])
+    assert summary["extraction"]["layer_ids"] == [2, 4, 5, 8]
+    assert summary["tokens"]["loss_tokens"] > 0
+    assert Path(summary["manifest_path"]).name == "data_config.json"
+
+
+def test_each_checkpoint_loads_in_speculators_and_names_verifier_and_layers(inline_run, tiny_target):
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    summary, _ = inline_run
+    assert len(summary["checkpoints"]) == 2
+    for ckpt in summary["checkpoints"]:
+        model = Eagle3DraftModel.from_pretrained(ckpt["path"])
+        config = json.loads((Path(ckpt["path"]) / "config.json").read_text())
+        assert config["speculators_config"]["verifier"]["name_or_path"] == str(tiny_target.target_dir)
+        assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+        assert model.config.draft_vocab_size == 256
+
+
+def test_reviewers_checker_finds_no_problem_in_the_run(inline_run, tiny_target, tmp_path):
+    if not CHECKER.exists():
+        pytest.skip(f"{CHECKER} is not beside this checkout")
+    summary, raw = inline_run
+    summary_file = tmp_path / "summary.json"
+    summary_file.write_text(raw)
+    result = subprocess.run([sys.executable, str(CHECKER), str(summary_file), str(tiny_target.target_dir)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_malformed_dataset_fails_prepare_naming_the_line(tiny_target, data_root):
+    bad = data_root / "bad-chats.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{oops\n')
+    with pytest.raises(CommandError, match="prepare, extract, vocab, train did not succeed"):
+        run_cli("--target", str(tiny_target.target_dir), "--dataset", str(bad), "--inline")
+    from runs.models import Preparation
+
+    error = Preparation.objects.get(dataset__path=str(bad.resolve())).error
+    assert "bad-chats.jsonl, line 2" in error
