@@ -83,7 +83,8 @@ def main() -> None:
         }
         print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
 
 
 if __name__ == "__main__":

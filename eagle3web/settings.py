@@ -63,6 +63,7 @@ DATABASES = {
     )
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     # A worker and the web server write at once; wait for the lock instead of failing.
     DATABASES["default"]["OPTIONS"] = {"timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -101,6 +102,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "processed_folder": str(_broker_dir / "processed"),
         "store_processed": False,
     }
+    # kombu's file-system transport expects its folders to exist.
+    for _folder in ("queue", "processed"):
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
