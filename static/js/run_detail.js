@@ -108,18 +108,17 @@
   function renderCurves() {
     if (!Object.keys(series).length) return;
     const layout = (title, ytitle) => ({
-      title: {text: title}, height: 320, margin: {l: 55, r: 10, t: 40, b: 40},
+      // The series arrays grow in place; a new datarevision makes Plotly.react redraw and autorange.
+      datarevision: lastMetricId, title: {text: title}, height: 320, margin: {l: 55, r: 10, t: 40, b: 40},
       xaxis: {title: {text: "step"}}, yaxis: {title: {text: ytitle}}, legend: {orientation: "h", y: -0.25},
     });
     const cfg = {displaylogo: false, responsive: true};
     Plotly.react("plot-loss", traces((id) => /:loss(_\d+)?$/.test(id), "lines"), layout("Loss per TTT step", "loss"), cfg);
     Plotly.react("plot-acc", traces((id) => /:(full|cond)_acc_\d+$/.test(id), "lines"), layout("Accuracy per TTT step", "accuracy"), cfg);
-    const speed = traces((id) => /:(lr|tokens_per_s)$/.test(id), "lines");
-    for (const t of speed) if (t.name.endsWith("tokens_per_s")) t.yaxis = "y2";
-    const speedLayout = layout("Learning rate and training tokens/s", "learning rate");
-    speedLayout.yaxis2 = {title: {text: "tokens/s"}, overlaying: "y", side: "right", rangemode: "tozero"};
-    speedLayout.yaxis.exponentformat = "e";
-    Plotly.react("plot-lr", speed, speedLayout, cfg);
+    const lrLayout = layout("Learning rate", "learning rate");
+    lrLayout.yaxis.exponentformat = "e";
+    Plotly.react("plot-lr", traces((id) => /:lr$/.test(id), "lines"), lrLayout, cfg);
+    Plotly.react("plot-speed", traces((id) => /:tokens_per_s$/.test(id), "lines"), layout("Training throughput", "tokens/s"), cfg);
     document.getElementById("curve-status").textContent = `${fmt.format(lastMetricId ? Object.values(series).reduce((n, s) => n + s.x.length, 0) : 0)} points plotted.`;
   }
 
