@@ -157,9 +157,15 @@ class Extraction(StageRecord):
     forward_seconds = models.FloatField(null=True, blank=True)
     tokens_per_second = models.FloatField(null=True, blank=True)
     bytes_on_disk = models.BigIntegerField(null=True, blank=True)
+    layout = models.CharField(max_length=30, blank=True, help_text="flat_v1, speculators_v04 or speculators_09")
+    imported = models.BooleanField(default=False)
 
     def get_absolute_url(self) -> str:
         return reverse("runs:extraction_detail", args=[self.pk])
+
+    @property
+    def latest_verification(self) -> "Verification | None":
+        return self.verifications.order_by("-created_at", "-id").first()
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -182,6 +188,27 @@ class Manifest(models.Model):
     format_version = models.CharField(max_length=20)
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class Verification(models.Model):
+    """What an extraction's files measured against what its manifest claims, check by check."""
+
+    extraction = models.ForeignKey(Extraction, on_delete=models.CASCADE, related_name="verifications")
+    full = models.BooleanField(default=False, help_text="values scanned, not only headers")
+    passed = models.BooleanField()
+    layout = models.CharField(max_length=30)
+    checks = models.JSONField(default=list)
+    report = models.JSONField(default=dict)
+    seconds = models.FloatField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    @property
+    def failures(self) -> list[dict]:
+        return [c for c in self.checks if c["verdict"] == "fail"]
 
 
 class VocabMapping(StageRecord):

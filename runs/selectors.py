@@ -142,3 +142,27 @@ def target_layers(*, target, layer_ids: list[int]) -> list[dict]:
 
 def extraction_list() -> QuerySet[Extraction]:
     return Extraction.objects.select_related("target", "run", "manifest").order_by("-id")
+
+
+def extraction_summary(extraction: Extraction) -> dict:
+    """What import_extraction and verify_extraction print: the row and its latest verification."""
+    verification = extraction.latest_verification
+    return {
+        "extraction_id": extraction.pk,
+        "directory": extraction.out_dir,
+        "layout": extraction.layout,
+        "target": {"id": extraction.target_id, "config_path": f"{extraction.target.path}/config.json"},
+        "layer_ids": extraction.layer_ids,
+        "layer_id_convention": extraction.layer_id_convention,
+        "num_samples": extraction.num_samples,
+        "total_tokens": extraction.total_tokens,
+        "hidden_size": extraction.hidden_size,
+        "verification": None if verification is None else {
+            "id": verification.pk,
+            "full": verification.full,
+            "passed": verification.passed,
+            "seconds": round(verification.seconds, 3),
+            "checks": verification.checks,
+            "failures": [f"{c['name']}: {c['message']}" for c in verification.failures],
+        },
+    }

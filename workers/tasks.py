@@ -16,6 +16,7 @@ from typing import Callable
 from celery import chain, shared_task
 from django.conf import settings
 
+from runs.extraction_services import extraction_verify
 from runs.models import PipelineRun
 from runs.stage_services import (
     StageCancelled,
@@ -100,6 +101,14 @@ def _extract(run: PipelineRun, reporter: StageReporter) -> dict:
         on_progress=reporter.progress,
     )
     manifest_record(run_id=run.pk, path=Path(result.manifest_path))
+    # Nobody trains on hidden states that disagree with their manifest: verify before train runs.
+    extraction = run.extraction
+    extraction.out_dir = str(result.out_dir)
+    verification = extraction_verify(extraction=extraction, prepared_dir=Path(run.preparation.out_dir))
+    if not verification.passed:
+        raise ValueError("verification of the extraction failed: "
+                         + "; ".join(f"{c['name']}: {c['message']}" for c in verification.failures))
+    logger.info("extraction verified: %d checks passed in %.2f s", len(verification.checks), verification.seconds)
     return {
         "out_dir": str(result.out_dir),
         "num_samples": result.num_samples,

@@ -1,0 +1,108 @@
+"""Writes for extractions users already have: import them, verify them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from runs.models import Extraction, Manifest, StageStatus, TargetModel, Verification
+from runs.paths import PathNotAllowed, check_under_data_roots
+from runs.services import target_register
+from workers.stages.verify import detect_layout, read_manifest, verify_extraction
+
+
+def _target_for(*, target_path: str | Path | None, model_path: str | None) -> TargetModel:
+    if target_path:
+        return target_register(path=target_path)
+    if model_path:
+        try:
+            return target_register(path=model_path)
+        except (PathNotAllowed, ValueError) as exc:
+            raise PathNotAllowed(
+                f"the manifest names the target {model_path!r}, which cannot be used here ({exc}); "
+                f"pass --target DIR with the target's config.json"
+            ) from None
+    raise PathNotAllowed("this extraction does not name its target model; pass --target DIR")
+
+
+def _format_version(raw: dict) -> str:
+    """'1' (flat), '2.0' (speculators v0.4), or 'none' where speculators 0.9 wrote no manifest."""
+    return str(raw.get("data_format_version", raw.get("version", "none")))[:20]
+
+
+def extraction_import(
+    *, path: str | Path, target_path: str | Path | None = None, user: AbstractBaseUser | None = None
+) -> tuple[Extraction, bool]:
+    """Register an extraction directory (flat v1, speculators v0.4 or 0.9) and verify its headers.
+
+    Importing the same directory again returns the existing row (created is False). A directory
+    whose layout or manifest cannot be read raises an error naming the file; nothing is stored.
+    """
+    resolved = check_under_data_roots(path, kind="extraction directory")
+    existing = Extraction.objects.filter(out_dir=str(resolved), imported=True).first()
+    if existing:
+        return existing, False
+    layout = detect_layout(resolved)
+    claims = read_manifest(resolved, layout)
+    target = _target_for(target_path=target_path, model_path=claims.model_path)
+    with transaction.atomic():
+        extraction = Extraction.objects.create(
+            target=target,
+            status=StageStatus.SUCCEEDED,
+            imported=True,
+            layout=layout.name,
+            out_dir=str(resolved),
+            layer_ids=list(claims.layer_ids or []),
+            layer_id_convention=claims.layer_id_convention or "",
+            num_samples=claims.total_samples,
+            total_tokens=claims.total_tokens,
+            hidden_size=claims.hidden_size,
+            dtype=claims.dtype or "",
+        )
+        Manifest.objects.create(
+            extraction=extraction,
+            path=str(claims.manifest_path or resolved),
+            format_version=_format_version(claims.raw or {}),
+            data=claims.raw or {},
+        )
+    extraction_verify(extraction=extraction, full=False, user=user)
+    return extraction, True
+
+
+def extraction_verify(
+    *, extraction: Extraction, full: bool = False, prepared_dir: Path | None = None,
+    user: AbstractBaseUser | None = None,
+) -> Verification:
+    """Check the files against the manifest and the target; store every check with its numbers."""
+    report = verify_extraction(
+        Path(extraction.out_dir), target_dir=Path(extraction.target.path), prepared_dir=prepared_dir, full=full
+    )
+    data = report.as_dict()
+    with transaction.atomic():
+        verification = Verification.objects.create(
+            extraction=extraction,
+            full=full,
+            passed=report.passed,
+            layout=report.layout,
+            checks=data["checks"],
+            report={k: v for k, v in data.items() if k != "checks"},
+            seconds=report.seconds,
+            created_by=user,
+        )
+        # Layer ids and totals measured from the files fill what a manifest-less layout left open.
+        # Only those fields are written: a running stage's status belongs to the worker.
+        changed = []
+        if not extraction.layer_ids and report.claims.layer_ids:
+            extraction.layer_ids = list(report.claims.layer_ids)
+            extraction.layer_id_convention = report.claims.layer_id_convention or ""
+            changed += ["layer_ids", "layer_id_convention"]
+        if extraction.imported:
+            extraction.bytes_on_disk = report.bytes_on_disk
+            changed.append("bytes_on_disk")
+            if extraction.total_tokens is None:
+                extraction.total_tokens = report.total_tokens
+                changed.append("total_tokens")
+        if changed:
+            extraction.save(update_fields=changed)
+    return verification

@@ -1,0 +1,29 @@
+"""Register an extraction made elsewhere (flat v1, speculators v0.4 or 0.9) and verify its headers."""
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runs.extraction_services import extraction_import
+from runs.selectors import extraction_summary
+
+
+class Command(BaseCommand):
+    help = "Import a hidden-state extraction directory; idempotent. Exits non-zero if its verification failed."
+
+    def add_arguments(self, parser):
+        parser.add_argument("directory")
+        parser.add_argument("--target", default=None, help="target model directory (default: the manifest's model_path)")
+        parser.add_argument("--json", dest="as_json", action="store_true")
+
+    def handle(self, *args, directory: str, target: str | None, as_json: bool, **opts):
+        try:
+            extraction, created = extraction_import(path=directory, target_path=target)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        summary = {**extraction_summary(extraction), "created": created}
+        self.stdout.write(json.dumps(summary) if as_json else
+                          f"extraction {extraction.pk} ({extraction.layout}) {'imported' if created else 'already imported'}")
+        if not summary["verification"]["passed"]:
+            raise CommandError(f"extraction {extraction.pk}: verification failed: {summary['verification']['failures']}")

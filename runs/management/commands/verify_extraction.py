@@ -1,0 +1,41 @@
+"""Verify an extraction's files against its manifest and target; non-zero exit on a failed check."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runs.extraction_services import extraction_verify
+from runs.models import Extraction
+from runs.selectors import extraction_summary
+
+
+class Command(BaseCommand):
+    help = "Verify extraction ID: headers only, or every value with --full."
+
+    def add_arguments(self, parser):
+        parser.add_argument("extraction_id", type=int)
+        parser.add_argument("--full", action="store_true", help="scan values (NaNs, infinities), not only headers")
+        parser.add_argument("--json", dest="as_json", action="store_true")
+
+    def handle(self, *args, extraction_id: int, full: bool, as_json: bool, **opts):
+        try:
+            extraction = Extraction.objects.select_related("target", "run__preparation").get(pk=extraction_id)
+        except Extraction.DoesNotExist:
+            raise CommandError(f"no extraction with id {extraction_id}") from None
+        prepared = None
+        if extraction.run_id and extraction.run.preparation.out_dir:
+            prepared = Path(extraction.run.preparation.out_dir)
+        try:
+            extraction_verify(extraction=extraction, full=full, prepared_dir=prepared)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        summary = extraction_summary(extraction)
+        if as_json:
+            self.stdout.write(json.dumps(summary))
+        else:
+            for check in summary["verification"]["checks"]:
+                self.stdout.write(f"{check['verdict']:>5}  {check['name']}: {check['message']}")
+        if not summary["verification"]["passed"]:
+            raise CommandError(f"extraction {extraction_id}: verification failed: {summary['verification']['failures']}")
