@@ -10,6 +10,7 @@ from runs.models import (
     Preparation,
     TargetModel,
     TrainingRun,
+    Verification,
     VocabMapping,
 )
 
@@ -109,3 +110,11 @@ class MetricPointAdmin(admin.ModelAdmin):
     list_display = ("training_run", "split", "key", "step", "epoch", "value")
     list_filter = ("split", "key")
     search_fields = ("key",)
+
+
+@admin.register(Verification)
+class VerificationAdmin(admin.ModelAdmin):
+    list_display = ("id", "extraction", "passed", "full", "layout", "seconds", "created_by", "created_at")
+    list_filter = ("passed", "full", "layout")
+    search_fields = ("extraction__out_dir",)
+    readonly_fields = ("checks", "report")

@@ -1,11 +1,13 @@
 """A run launched through the service finishes all four stages in a real Celery worker process,
 over Redis and PostgreSQL."""
+import io
 import json
 
 import pytest
+from django.core.management import call_command
 
 from runs import services
-from runs.models import MetricPoint, StageStatus
+from runs.models import MetricPoint, PipelineRun, StageStatus, Verification
 from runs.run_config import RunConfig
 from tests.worker import wait_for_run
 
@@ -18,6 +20,7 @@ def test_pipeline_finishes_every_stage_in_a_celery_worker(tiny_target, worker, u
         config=RunConfig(max_samples=40, max_seq_len=256, draft_vocab_size=256, epochs=2, ttt_steps=2),
     )
     summary = wait_for_run(run.pk, timeout=600, log_path=worker.log_path)
+    assert Verification.objects.get(extraction__run=run).passed
 
     assert [s["status"] for s in summary["stages"]] == [StageStatus.SUCCEEDED] * 4, summary["stages"]
     assert all(s["worker"].startswith("test-worker-") for s in summary["stages"])
@@ -32,3 +35,14 @@ def test_pipeline_finishes_every_stage_in_a_celery_worker(tiny_target, worker, u
     keys = set(MetricPoint.objects.filter(training_run__run=run).values_list("split", "key").distinct())
     for k in range(2):
         assert ("train", f"loss_{k}") in keys and ("val", f"full_acc_{k}") in keys
+
+
+def test_run_pipeline_wait_returns_when_the_worker_has_finished(tiny_target, worker, user):
+    out = io.StringIO()
+    call_command("run_pipeline", "--target", str(tiny_target.target_dir), "--dataset", str(tiny_target.chats_path),
+                 "--max-samples", "20", "--max-seq-len", "256", "--draft-vocab-size", "128", "--epochs", "1",
+                 "--user", user.username, "--wait", "--timeout", "600", "--json", stdout=out)
+    summary = json.loads(out.getvalue())
+    assert summary["status"] == "succeeded"
+    assert PipelineRun.objects.get(pk=summary["run_id"]).owner == user
+    assert len(summary["checkpoints"]) == 1
