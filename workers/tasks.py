@@ -164,27 +164,26 @@ def _train(run: PipelineRun, reporter: StageReporter) -> dict:
         on_progress=reporter.progress,
         on_metrics=lambda points: metrics_record(run_id=run.pk, points=points),
         should_stop=reporter.cancelled,
+        on_checkpoint=lambda c: checkpoints_register(run_id=run.pk, checkpoints=[_checkpoint_row(c)]),
     )
-    checkpoints_register(
-        run_id=run.pk,
-        checkpoints=[
-            {
-                "epoch": c.epoch,
-                "path": str(c.path),
-                "train_loss": c.train_loss,
-                "val_loss": c.val_loss,
-                "val_metrics": c.val_metrics,
-                "is_best": c.is_best,
-            }
-            for c in result.checkpoints
-        ],
-    )
+    checkpoints_register(run_id=run.pk, checkpoints=[_checkpoint_row(c) for c in result.checkpoints])
     return {
         "out_dir": str(result.out_dir),
         "steps": result.steps,
         "train_tokens": result.train_tokens,
         "tokens_per_second": result.tokens_per_second,
         "best_epoch": result.best_epoch,
+    }
+
+
+def _checkpoint_row(ckpt) -> dict:
+    return {
+        "epoch": ckpt.epoch,
+        "path": str(ckpt.path),
+        "train_loss": ckpt.train_loss,
+        "val_loss": ckpt.val_loss,
+        "val_metrics": ckpt.val_metrics,
+        "is_best": ckpt.is_best,
     }
 
 

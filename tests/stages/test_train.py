@@ -81,13 +81,15 @@ def trained(inputs, tmp_path_factory):
     metrics: list[dict] = []
     calls: list[list[dict]] = []
     progress: list[tuple[int, int]] = []
+    announced: list = []
     with pytest.MonkeyPatch.context() as mp:  # flush by step count only, so batching is deterministic
         mp.setattr(train_stage, "METRICS_FLUSH_SECONDS", 1e9)
         mp.setattr(train_stage, "METRICS_FLUSH_STEPS", 4)
         result = run_train(inputs, tmp_path_factory.mktemp("train-out"),
                            on_metrics=lambda batch: (calls.append(batch), metrics.extend(batch)),
-                           on_progress=lambda done, total: progress.append((done, total)))
-    return SimpleNamespace(result=result, metrics=metrics, calls=calls, progress=progress)
+                           on_progress=lambda done, total: progress.append((done, total)),
+                           on_checkpoint=lambda c: announced.append((c, (c.path / "model.safetensors").exists())))
+    return SimpleNamespace(result=result, metrics=metrics, calls=calls, progress=progress, announced=announced)
 
 
 def test_train_loss_goes_down_over_epochs(trained):
@@ -142,6 +144,12 @@ def test_best_epoch_has_the_lowest_val_loss_and_is_linked(trained):
     assert result.best_epoch == best.epoch
     assert [c.is_best for c in result.checkpoints].count(True) == 1 and best.is_best
     assert (result.out_dir / "checkpoint_best").resolve() == best.path.resolve()
+
+
+def test_each_checkpoint_is_announced_when_its_epoch_is_on_disk(trained):
+    assert [c.epoch for c, _ in trained.announced] == [0, 1]
+    assert all(on_disk for _, on_disk in trained.announced)
+    assert [c.val_loss for c, _ in trained.announced] == [c.val_loss for c in trained.result.checkpoints]
 
 
 def test_progress_and_counts_reach_the_total(trained):

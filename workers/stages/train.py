@@ -310,7 +310,10 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
           val_fraction: float = 0.1, max_tokens_per_step: int = 256, seed: int = 0,
           on_progress: Callable[[int, int], None] | None = None,
           on_metrics: Callable[[list[dict]], None] | None = None,
-          should_stop: Callable[[], bool] | None = None) -> TrainResult:
+          should_stop: Callable[[], bool] | None = None,
+          on_checkpoint: Callable[[CheckpointInfo], None] | None = None) -> TrainResult:
+    """Train the draft; `on_checkpoint` hears of each epoch's checkpoint as soon as it is on disk
+    (is_best False until the end, when the returned result marks the best)."""
     started = time.monotonic()
     if epochs < 1 or ttt_steps < 1 or lr <= 0 or max_tokens_per_step < 2:
         raise ValueError(f"need epochs >= 1, ttt_steps >= 1, lr > 0, max_tokens_per_step >= 2; got "
@@ -371,6 +374,10 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
             epoch_rows.append((epoch, path, float(np.mean(losses)) if losses else math.nan, val_public))
             logger.info("epoch %d: train loss %.4f, val loss %.4f, checkpoint %s",
                         epoch, epoch_rows[-1][2], val_public.get("loss", math.nan), path)
+            if on_checkpoint is not None:
+                on_checkpoint(CheckpointInfo(epoch=epoch, path=path, train_loss=epoch_rows[-1][2],
+                                             val_loss=val_public.get("loss", math.nan), val_metrics=val_public,
+                                             is_best=False))
     except TrainingStopped:
         sink.flush()
         logger.info("training stopped on request after %d steps", step)
