@@ -2,7 +2,9 @@ from django.contrib import admin
 
 from runs.models import (
     Checkpoint,
+    CurationAction,
     Dataset,
+    DatasetSample,
     Extraction,
     Manifest,
     MetricPoint,
@@ -118,3 +120,69 @@ class VerificationAdmin(admin.ModelAdmin):
     list_filter = ("passed", "full", "layout")
     search_fields = ("extraction__out_dir",)
     readonly_fields = ("checks", "report")
+
+
+class LengthFilter(admin.SimpleListFilter):
+    title = "length (characters)"
+    parameter_name = "length"
+    BUCKETS = {"short": (0, 200), "medium": (200, 1000), "long": (1000, None)}
+
+    def lookups(self, request, model_admin):
+        return [("short", "under 200"), ("medium", "200 to 1,000"), ("long", "1,000 and more")]
+
+    def queryset(self, request, queryset):
+        if self.value() not in self.BUCKETS:
+            return queryset
+        low, high = self.BUCKETS[self.value()]
+        queryset = queryset.filter(num_chars__gte=low)
+        return queryset.filter(num_chars__lt=high) if high else queryset
+
+
+@admin.register(DatasetSample)
+class DatasetSampleAdmin(admin.ModelAdmin):
+    list_display = ("sample_id", "dataset", "line", "num_turns", "num_chars", "excluded", "tags", "preview")
+    list_filter = ("excluded", "dataset", LengthFilter, "num_turns")
+    search_fields = ("sample_id", "preview", "tags", "notes")
+    readonly_fields = ("dataset", "sample_id", "line", "num_turns", "num_chars", "preview")
+    actions = ["exclude_samples", "include_samples", "tag_needs_review"]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and form.changed_data:
+            CurationAction.objects.create(user=request.user, dataset=obj.dataset, action="edit",
+                                          sample_ids=[obj.sample_id], detail="changed " + ", ".join(form.changed_data))
+
+    @admin.action(description="Exclude from later preparations")
+    def exclude_samples(self, request, queryset):
+        from runs.curation import samples_set_excluded
+
+        count = samples_set_excluded(samples=queryset, excluded=True, user=request.user)
+        self.message_user(request, f"Excluded {count} sample(s); runs launched from now on skip them.")
+
+    @admin.action(description="Include again")
+    def include_samples(self, request, queryset):
+        from runs.curation import samples_set_excluded
+
+        count = samples_set_excluded(samples=queryset, excluded=False, user=request.user)
+        self.message_user(request, f"Included {count} sample(s) again.")
+
+    @admin.action(description="Tag 'needs-review'")
+    def tag_needs_review(self, request, queryset):
+        from runs.curation import samples_tag
+
+        count = samples_tag(samples=queryset, tag="needs-review", user=request.user)
+        self.message_user(request, f"Tagged {count} sample(s) 'needs-review'.")
+
+
+@admin.register(CurationAction)
+class CurationActionAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "user", "dataset", "action", "detail")
+    list_filter = ("action", "dataset", "user")
+    search_fields = ("detail", "sample_ids")
+    readonly_fields = ("created_at", "user", "dataset", "action", "sample_ids", "detail")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -66,6 +66,41 @@ class Dataset(models.Model):
         return reverse("runs:dataset_detail", args=[self.pk])
 
 
+class DatasetSample(models.Model):
+    """One conversation of a dataset, for curation: excluded ones are skipped by later preparations."""
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="samples")
+    sample_id = models.CharField(max_length=200, help_text="the row's id, or its 0-based line index")
+    line = models.PositiveIntegerField()
+    num_turns = models.PositiveIntegerField()
+    num_chars = models.PositiveIntegerField(db_index=True)
+    preview = models.TextField(blank=True)
+    excluded = models.BooleanField(default=False, db_index=True)
+    tags = models.CharField(max_length=500, blank=True, help_text="comma-separated")
+    notes = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["dataset", "line"]
+        constraints = [models.UniqueConstraint(fields=["dataset", "sample_id"], name="unique_sample_id")]
+
+    def __str__(self) -> str:
+        return f"{self.dataset.name}#{self.sample_id}"
+
+
+class CurationAction(models.Model):
+    """Who changed which samples, when, and how."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True)
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="curation_actions")
+    action = models.CharField(max_length=50)
+    sample_ids = models.JSONField(default=list)
+    detail = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
 class PipelineRun(models.Model):
     """One launch: prepare -> extract -> vocab -> train, each stage a row of its own."""
 

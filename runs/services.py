@@ -54,9 +54,14 @@ def dataset_register(*, path: str | Path) -> Dataset:
     resolved = check_under_data_roots(path, kind="dataset file")
     if not resolved.is_file():
         raise RunConfigError(f"dataset {resolved} is not a file (give a .jsonl chat file)")
-    dataset, _ = Dataset.objects.update_or_create(
-        path=str(resolved), defaults={"name": resolved.name, "size_bytes": resolved.stat().st_size}
-    )
+    size = resolved.stat().st_size
+    dataset, created = Dataset.objects.get_or_create(path=str(resolved), defaults={"name": resolved.name})
+    if created or dataset.size_bytes != size:
+        dataset.size_bytes = size
+        dataset.save(update_fields=["size_bytes"])
+        from runs.curation import dataset_samples_sync
+
+        dataset_samples_sync(dataset=dataset)
     return dataset
 
 

@@ -88,7 +88,13 @@ def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(
         request,
         "runs/dataset_detail.html",
-        {"dataset": dataset, "preparations": preparations, "latest_histogram": latest},
+        {
+            "dataset": dataset,
+            "preparations": preparations,
+            "latest_histogram": latest,
+            "sample_count": dataset.samples.count(),
+            "excluded_count": dataset.samples.filter(excluded=True).count(),
+        },
     )
 
 

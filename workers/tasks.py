@@ -16,6 +16,7 @@ from typing import Callable
 from celery import chain, shared_task
 from django.conf import settings
 
+from runs.curation import dataset_excluded_ids
 from runs.extraction_services import extraction_verify
 from runs.models import PipelineRun
 from runs.stage_services import (
@@ -76,6 +77,7 @@ def _prepare(run: PipelineRun, reporter: StageReporter) -> dict:
         out_dir=Path(run.output_dir) / "prepared",
         max_seq_len=run.config["max_seq_len"],
         max_samples=run.config.get("max_samples"),
+        exclude_ids=dataset_excluded_ids(dataset=run.dataset),
         on_progress=reporter.progress,
     )
     return {

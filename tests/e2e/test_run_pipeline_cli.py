@@ -73,12 +73,13 @@ def test_reviewers_checker_finds_no_problem_in_the_run(inline_run, tiny_target, 
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_a_malformed_dataset_fails_prepare_naming_the_line(tiny_target, data_root):
+def test_a_malformed_dataset_is_refused_at_launch_naming_the_line(tiny_target, data_root):
+    from runs.models import Dataset, PipelineRun
+
     bad = data_root / "bad-chats.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{oops\n')
-    with pytest.raises(CommandError, match="prepare, extract, vocab, train did not succeed"):
+    runs_before = PipelineRun.objects.count()
+    with pytest.raises(CommandError, match="bad-chats.jsonl, line 2"):
         run_cli("--target", str(tiny_target.target_dir), "--dataset", str(bad), "--inline")
-    from runs.models import Preparation
-
-    error = Preparation.objects.get(dataset__path=str(bad.resolve())).error
-    assert "bad-chats.jsonl, line 2" in error
+    assert PipelineRun.objects.count() == runs_before
+    assert not Dataset.objects.filter(path=str(bad.resolve())).exists()
