@@ -8,6 +8,7 @@ from django.db import transaction
 
 from runs.models import Extraction, Manifest, StageStatus, TargetModel, Verification
 from runs.paths import PathNotAllowed, check_under_data_roots
+from runs.roles import require
 from runs.services import target_register
 from workers.stages.verify import detect_layout, read_manifest, verify_extraction
 
@@ -39,6 +40,8 @@ def extraction_import(
     Importing the same directory again returns the existing row (created is False). A directory
     whose layout or manifest cannot be read raises an error naming the file; nothing is stored.
     """
+    if user is not None:
+        require(user, "import")
     resolved = check_under_data_roots(path, kind="extraction directory")
     existing = Extraction.objects.filter(out_dir=str(resolved), imported=True).first()
     if existing:
@@ -74,7 +77,11 @@ def extraction_verify(
     *, extraction: Extraction, full: bool = False, prepared_dir: Path | None = None,
     user: AbstractBaseUser | None = None,
 ) -> Verification:
-    """Check the files against the manifest and the target; store every check with its numbers."""
+    """Check the files against the manifest and the target; store every check with its numbers.
+
+    `user` is None for the pipeline's own check and for the import's first check."""
+    if user is not None:
+        require(user, "verify")
     report = verify_extraction(
         Path(extraction.out_dir), target_dir=Path(extraction.target.path), prepared_dir=prepared_dir, full=full
     )

@@ -22,6 +22,7 @@ from runs.models import (
     VocabMapping,
 )
 from runs.paths import check_under_data_roots
+from runs.roles import require
 from runs.run_config import RunConfig, RunConfigError
 from runs.stages import STAGES
 from workers.stages.target import read_target_config, validate_layer_ids
@@ -76,6 +77,7 @@ def run_launch(
     enqueue: bool = True,
 ) -> PipelineRun:
     """Create a run and its four stage rows; after commit, hand the run's id to the workers."""
+    require(user, "launch")
     target = target_register(path=target_path)
     dataset = dataset_register(path=dataset_path)
     layer_ids = list(config.layer_ids or target.default_layer_ids)
@@ -110,6 +112,7 @@ def run_launch(
 @transaction.atomic
 def run_cancel(*, run: PipelineRun, user: AbstractBaseUser) -> int:
     """Mark every unfinished stage cancelled; a running stage notices at its next progress report."""
+    require(user, "cancel")
     now = timezone.now()
     cancelled = 0
     for stage in STAGES:

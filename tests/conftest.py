@@ -35,7 +35,10 @@ def data_root(tmp_path_factory, settings):
 @pytest.fixture
 def user(django_user_model):
     """A logged-in-able user; `raw_password` is what a person would type."""
+    from django.contrib.auth.models import Group
+
     account = django_user_model.objects.create_user("launcher", password="pw-launcher-1")
+    account.groups.add(Group.objects.get(name="launcher"))
     account.raw_password = "pw-launcher-1"
     return account
 

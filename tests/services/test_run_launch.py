@@ -29,9 +29,6 @@ def roots(tmp_path, settings):
     return data
 
 
-@pytest.fixture
-def user():
-    return get_user_model().objects.create_user("launcher", password="pw-launcher-1")
 
 
 def launch(roots, user, **config):
@@ -117,3 +114,14 @@ def test_a_failed_stage_cancels_the_stages_after_it(roots, user, django_capture_
     assert run.preparation.status == StageStatus.FAILED
     assert run.training_run.status == StageStatus.CANCELLED
     assert run.training_run.error == "not started: prepare did not succeed"
+
+
+def test_a_viewer_may_not_launch_and_nothing_is_stored(roots):
+    from django.contrib.auth.models import Group
+    from django.core.exceptions import PermissionDenied
+
+    viewer = get_user_model().objects.create_user("viewer", password="pw-viewer-1")
+    viewer.groups.add(Group.objects.get(name="viewer"))
+    with pytest.raises(PermissionDenied, match="viewer may not launch: ask an admin for the admin or launcher role"):
+        launch(roots, viewer)
+    assert PipelineRun.objects.count() == 0

@@ -30,9 +30,8 @@ def test_logged_in_user_sees_the_runs_list(client):
     assert b"No runs yet" in response.content
 
 
-def test_launch_form_names_a_path_outside_the_roots(client, tmp_path, settings):
+def test_launch_form_names_a_path_outside_the_roots(client, tmp_path, settings, user):
     settings.EAGLE3WEB_DATA_ROOTS = [(tmp_path / "data").resolve()]
-    get_user_model().objects.create_user("launcher", password="pw-launcher-1")
     client.login(username="launcher", password="pw-launcher-1")
     response = client.post("/runs/new/", {
         "target_path": "/etc", "dataset_path": "/etc/passwd", "layer_ids": "", "max_seq_len": 512,
@@ -42,11 +41,20 @@ def test_launch_form_names_a_path_outside_the_roots(client, tmp_path, settings):
     assert b"target directory /etc is outside the allowed data roots" in response.content
 
 
-def test_launch_form_names_a_bad_layer_id_list(client):
-    get_user_model().objects.create_user("launcher", password="pw-launcher-1")
+def test_launch_form_names_a_bad_layer_id_list(client, user):
     client.login(username="launcher", password="pw-launcher-1")
     response = client.post("/runs/new/", {
         "target_path": "/x", "dataset_path": "/y", "layer_ids": "2, four", "max_seq_len": 512,
         "draft_vocab_size": 1024, "epochs": 1, "lr": 0.0003, "ttt_steps": 3,
     })
     assert b"layer ids must be integers separated by commas" in response.content
+
+
+def test_a_viewer_posting_the_launch_form_is_refused(client, tmp_path):
+    get_user_model().objects.create_user("viewer", password="pw-viewer-1")
+    client.login(username="viewer", password="pw-viewer-1")
+    response = client.post("/runs/new/", {
+        "target_path": "/x", "dataset_path": "/y", "layer_ids": "", "max_seq_len": 512,
+        "draft_vocab_size": 1024, "epochs": 1, "lr": 0.0003, "ttt_steps": 3,
+    })
+    assert response.status_code == 403

@@ -5,6 +5,8 @@ import json
 import time
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
 from runs import selectors, services
@@ -49,7 +51,7 @@ class Command(BaseCommand):
                 user=user, target_path=opts["target"], dataset_path=opts["dataset"], config=config,
                 name=opts["name"], enqueue=not opts["inline"],
             )
-        except ValueError as exc:
+        except (ValueError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         if opts["inline"]:
             from workers.tasks import pipeline_run_inline
@@ -77,8 +79,10 @@ class Command(BaseCommand):
                 raise CommandError(f"no user named {username!r}; create one with `manage.py createsuperuser`") from None
         user, created = users.objects.get_or_create(username="cli")
         if created:
+            # A shell on the server is trusted to launch; the account cannot log in to the web.
             user.set_unusable_password()
             user.save()
+            user.groups.add(Group.objects.get_or_create(name="launcher")[0])
         return user
 
     def _wait(self, run: PipelineRun, timeout: float) -> None:
