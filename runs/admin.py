@@ -10,6 +10,7 @@ from runs.models import (
     MetricPoint,
     PipelineRun,
     Preparation,
+    Review,
     TargetModel,
     TrainingRun,
     Verification,
@@ -186,3 +187,10 @@ class CurationActionAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+@admin.register(Review)
+class ReviewAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "author", "decision", "run", "extraction", "checkpoint", "text")
+    list_filter = ("decision", "author")
+    search_fields = ("text", "author__username")

@@ -301,3 +301,33 @@ class MetricPoint(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["training_run", "key", "step"], name="metric_run_key_step")]
+
+
+class Review(models.Model):
+    """A comment, approval or change request on a run, an extraction or a checkpoint."""
+
+    class Decision(models.TextChoices):
+        COMMENT = "comment"
+        APPROVE = "approve"
+        REQUEST_CHANGES = "request_changes", "request changes"
+
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reviews")
+    decision = models.CharField(max_length=20, choices=Decision.choices, default=Decision.COMMENT)
+    text = models.TextField()
+    run = models.ForeignKey(PipelineRun, on_delete=models.CASCADE, null=True, blank=True, related_name="reviews")
+    extraction = models.ForeignKey(Extraction, on_delete=models.CASCADE, null=True, blank=True, related_name="reviews")
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, null=True, blank=True, related_name="reviews")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    models.Q(run__isnull=False, extraction__isnull=True, checkpoint__isnull=True)
+                    | models.Q(run__isnull=True, extraction__isnull=False, checkpoint__isnull=True)
+                    | models.Q(run__isnull=True, extraction__isnull=True, checkpoint__isnull=False)
+                ),
+                name="review_has_exactly_one_subject",
+            )
+        ]

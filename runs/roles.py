@@ -13,6 +13,7 @@ ALLOWED = {
     "cancel": {"launcher", "admin"},
     "import": {"launcher", "admin"},
     "verify": {"reviewer", "launcher", "admin"},
+    "review": {"reviewer", "admin"},
 }
 
 

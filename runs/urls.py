@@ -12,6 +12,7 @@ urlpatterns = [
     path("datasets/<int:pk>/", views.dataset_detail, name="dataset_detail"),
     path("extractions/", views.extraction_list, name="extraction_list"),
     path("extractions/<int:pk>/", views.extraction_detail, name="extraction_detail"),
+    path("reviews/<str:subject>/<int:pk>/", views.review_create, name="review_create"),
     path("api/runs/<int:pk>/", api.run_status, name="api_run_status"),
     path("api/runs/<int:pk>/metrics/", api.run_metrics, name="api_run_metrics"),
     path("api/targets/inspect/", api.target_inspect, name="api_target_inspect"),

@@ -4,11 +4,11 @@ from __future__ import annotations
 import json
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from runs import selectors, services
+from runs import reviews, selectors, services
 from runs.demo import demo_paths
 from runs.forms import LaunchForm
 from runs.models import Dataset, PipelineRun, TargetModel
@@ -19,7 +19,7 @@ LAUNCH_ERRORS = (ValueError,)
 
 def run_list(request: HttpRequest) -> HttpResponse:
     runs = list(selectors.run_list()[:200])
-    rows = [(run, selectors.run_status(run)) for run in runs]
+    rows = [(run, selectors.run_status(run), reviews.review_state(run)) for run in runs]
     return render(request, "runs/run_list.html", {"rows": rows})
 
 
@@ -114,8 +114,26 @@ def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def extraction_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "runs/extraction_list.html", {"extractions": selectors.extraction_list()[:200]})
+    rows = [(e, reviews.review_state(e)) for e in selectors.extraction_list()[:200]]
+    return render(request, "runs/extraction_list.html", {"rows": rows})
 
 
 def dataset_list(request: HttpRequest) -> HttpResponse:
     return render(request, "runs/dataset_list.html", {"datasets": Dataset.objects.all()})
+
+
+@require_POST
+def review_create(request: HttpRequest, subject: str, pk: int) -> HttpResponse:
+    model = reviews.SUBJECTS.get(subject)
+    if model is None:
+        raise Http404(f"nothing to review called {subject!r}")
+    obj = get_object_or_404(model, pk=pk)
+    try:
+        reviews.review_add(user=request.user, subject=obj, decision=request.POST.get("decision", "comment"),
+                           text=request.POST.get("text", ""))
+    except ValueError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Review recorded.")
+    back = obj.training_run.run if subject == "checkpoint" else obj
+    return redirect(back)

@@ -1,0 +1,57 @@
+"""Team review: comments and decisions on runs and extractions, shown where the team looks."""
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+
+from runs.extraction_services import extraction_import
+from runs.models import Review
+from tests.stages.test_verify import write_flat
+
+pytestmark = pytest.mark.django_db
+
+
+def member(username, role):
+    account = get_user_model().objects.create_user(username, password=f"pw-{username}-1")
+    account.groups.add(Group.objects.get(name=role))
+    return account
+
+
+@pytest.fixture
+def extraction(tmp_path):
+    target = tmp_path / "review-target"
+    target.mkdir(exist_ok=True)
+    (target / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                    "num_hidden_layers": 8, "hidden_size": 16, "vocab_size": 1000}))
+    extraction, _ = extraction_import(path=write_flat(tmp_path / "review-ext"), target_path=target)
+    return extraction
+
+
+def test_a_reviewer_approves_and_the_list_shows_who(client, extraction):
+    member("rita", "reviewer")
+    client.login(username="rita", password="pw-rita-1")
+    client.post(f"/reviews/extraction/{extraction.pk}/", {"decision": "approve", "text": "Shapes and totals match."})
+    review = Review.objects.get()
+    assert (review.author.username, review.decision, review.extraction) == ("rita", "approve", extraction)
+    listing = client.get("/extractions/").content.decode()
+    assert "Approve" in listing and "by rita" in listing
+    page = client.get(extraction.get_absolute_url()).content.decode()
+    assert "Shapes and totals match." in page
+
+
+def test_a_viewer_may_comment_but_not_approve(client, extraction):
+    member("vic", "viewer")
+    client.login(username="vic", password="pw-vic-1")
+    client.post(f"/reviews/extraction/{extraction.pk}/", {"decision": "comment", "text": "Why layer 29?"})
+    response = client.post(f"/reviews/extraction/{extraction.pk}/", {"decision": "approve", "text": "lgtm"})
+    assert response.status_code == 403
+    assert list(Review.objects.values_list("decision", flat=True)) == ["comment"]
+
+
+def test_an_empty_review_is_refused_with_a_reason(client, extraction):
+    member("rita", "reviewer")
+    client.login(username="rita", password="pw-rita-1")
+    response = client.post(f"/reviews/extraction/{extraction.pk}/", {"decision": "approve", "text": " "}, follow=True)
+    assert b"a review needs its reason in words" in response.content
+    assert Review.objects.count() == 0
