@@ -8,7 +8,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from runs import reviews, selectors, services
+from runs import extraction_services, reviews, selectors, services
 from runs.demo import demo_paths
 from runs.forms import LaunchForm
 from runs.models import Dataset, PipelineRun, TargetModel
@@ -137,3 +137,41 @@ def review_create(request: HttpRequest, subject: str, pk: int) -> HttpResponse:
         messages.success(request, "Review recorded.")
     back = obj.training_run.run if subject == "checkpoint" else obj
     return redirect(back)
+
+
+def extraction_import(request: HttpRequest) -> HttpResponse:
+    """Register an extraction made elsewhere (any of the three layouts) and verify its headers."""
+    error = None
+    if request.method == "POST":
+        try:
+            extraction, created = extraction_services.extraction_import(
+                path=request.POST.get("path", ""), target_path=request.POST.get("target_path") or None,
+                user=request.user,
+            )
+        except ValueError as exc:
+            error = str(exc)
+        else:
+            verb = "Imported" if created else "Already imported:"
+            messages.success(request, f"{verb} extraction {extraction.pk} ({extraction.layout}).")
+            return redirect(extraction)
+    return render(request, "runs/extraction_import.html", {"error": error, "values": request.POST})
+
+
+@require_POST
+def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
+    extraction = get_object_or_404(selectors.extraction_list(), pk=pk)
+    prepared = None
+    if extraction.run_id and extraction.run.preparation.out_dir:
+        from pathlib import Path
+
+        prepared = Path(extraction.run.preparation.out_dir)
+    try:
+        verification = extraction_services.extraction_verify(
+            extraction=extraction, full=request.POST.get("full") == "on", prepared_dir=prepared, user=request.user
+        )
+    except ValueError as exc:
+        messages.error(request, str(exc))
+    else:
+        outcome = "passed" if verification.passed else f"failed {len(verification.failures)} check(s)"
+        messages.info(request, f"Verification {outcome} in {verification.seconds:.2f} s.")
+    return redirect(extraction)

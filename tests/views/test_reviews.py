@@ -55,3 +55,23 @@ def test_an_empty_review_is_refused_with_a_reason(client, extraction):
     response = client.post(f"/reviews/extraction/{extraction.pk}/", {"decision": "approve", "text": " "}, follow=True)
     assert b"a review needs its reason in words" in response.content
     assert Review.objects.count() == 0
+
+
+def test_import_from_the_browser_names_a_path_outside_the_roots(client, user):
+    client.login(username="launcher", password="pw-launcher-1")
+    response = client.post("/extractions/import/", {"path": "/etc", "target_path": ""})
+    assert b"extraction directory /etc is outside the allowed data roots" in response.content
+
+
+def test_import_from_the_browser_then_verify_in_full(client, user, tmp_path):
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                    "num_hidden_layers": 8, "hidden_size": 16, "vocab_size": 1000}))
+    client.login(username="launcher", password="pw-launcher-1")
+    response = client.post("/extractions/import/", {"path": str(write_flat(tmp_path / "e")), "target_path": str(target)},
+                           follow=True)
+    assert b"Imported extraction" in response.content and b"passed" in response.content
+    extraction_id = response.redirect_chain[-1][0].rstrip("/").split("/")[-1]
+    response = client.post(f"/extractions/{extraction_id}/verify/", {"full": "on"}, follow=True)
+    assert b"Verification passed" in response.content
