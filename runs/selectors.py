@@ -166,3 +166,21 @@ def extraction_summary(extraction: Extraction) -> dict:
             "failures": [f"{c['name']}: {c['message']}" for c in verification.failures],
         },
     }
+
+
+def extraction_forecast(extraction: Extraction, token_counts=(10**6, 10**8, 10**9)) -> dict | None:
+    """Time and disk that N tokens would take, from this extraction's measured load time, per-token
+    time and bytes per token; None until all three are known."""
+    load, tps, bpt = extraction.model_load_seconds, extraction.tokens_per_second, extraction.bytes_per_token
+    if load is None or not tps or not bpt:
+        return None
+    rows = [
+        {
+            "tokens": n,
+            "seconds": load + n / tps,
+            "bytes": n * bpt,
+            "arithmetic": f"{load:.2f} s + {n:,} / {tps:,.0f} tok/s; {n:,} x {bpt:,.1f} B",
+        }
+        for n in token_counts
+    ]
+    return {"model_load_seconds": load, "tokens_per_second": tps, "bytes_per_token": bpt, "rows": rows}

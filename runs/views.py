@@ -108,6 +108,9 @@ def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
         {
             "extraction": extraction,
             "layers": layers,
+            "forecast": selectors.extraction_forecast(extraction),
+            "histogram": (extraction.latest_verification.report.get("length_histogram")
+                          if extraction.latest_verification else None),
             "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
         },
     )
