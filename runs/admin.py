@@ -14,6 +14,7 @@ from runs.models import (
     TargetModel,
     TrainingRun,
     Verification,
+    VerificationOverride,
     VocabMapping,
 )
 
@@ -194,3 +195,9 @@ class ReviewAdmin(admin.ModelAdmin):
     list_display = ("created_at", "author", "decision", "run", "extraction", "checkpoint", "text")
     list_filter = ("decision", "author")
     search_fields = ("text", "author__username")
+
+
+@admin.register(VerificationOverride)
+class VerificationOverrideAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "reviewer", "verification", "reason")
+    search_fields = ("reason", "reviewer__username")

@@ -6,7 +6,7 @@ from pathlib import Path
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from runs.models import Extraction, Manifest, StageStatus, TargetModel, Verification
+from runs.models import Extraction, Manifest, StageStatus, TargetModel, Verification, VerificationOverride
 from runs.paths import PathNotAllowed, check_under_data_roots
 from runs.roles import require
 from runs.services import target_register
@@ -113,3 +113,26 @@ def extraction_verify(
         if changed:
             extraction.save(update_fields=changed)
     return verification
+
+
+def verification_override(*, extraction: Extraction, user: AbstractBaseUser, reason: str) -> VerificationOverride:
+    """Let training use this extraction although its latest verification failed; the reason is kept."""
+    require(user, "review")
+    verification = extraction.latest_verification
+    if verification is None or verification.passed:
+        raise ValueError("nothing to override: the latest verification of this extraction did not fail")
+    if not reason.strip():
+        raise ValueError("an override needs a written reason")
+    return VerificationOverride.objects.create(verification=verification, reviewer=user, reason=reason.strip())
+
+
+def extraction_training_gate(*, extraction: Extraction) -> str | None:
+    """None if training may start from this extraction, else why not and what to do."""
+    verification = extraction.latest_verification
+    if verification is None:
+        return f"extraction {extraction.pk} has not been verified; verify it first"
+    if verification.passed or verification.overrides.exists():
+        return None
+    failures = "; ".join(f"{c['name']}: {c['message']}" for c in verification.failures)
+    return (f"extraction {extraction.pk} failed verification ({failures}); fix the files, or a reviewer can "
+            f"override with a written reason on the extraction page, then retry the run")

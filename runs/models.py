@@ -246,6 +246,15 @@ class Verification(models.Model):
         return [c for c in self.checks if c["verdict"] == "fail"]
 
 
+class VerificationOverride(models.Model):
+    """A reviewer's written decision to train on an extraction despite its failed verification."""
+
+    verification = models.ForeignKey(Verification, on_delete=models.CASCADE, related_name="overrides")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    reason = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
 class VocabMapping(StageRecord):
     """d2t/t2d: which target tokens the draft can propose."""
 

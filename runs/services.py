@@ -120,3 +120,20 @@ def run_cancel(*, run: PipelineRun, user: AbstractBaseUser) -> int:
             status=StageStatus.CANCELLED, finished_at=now, error=f"cancelled by {user.get_username()}"
         )
     return cancelled
+
+
+@transaction.atomic
+def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
+    """Queue a run's failed and cancelled stages again; stages that succeeded are kept and skipped."""
+    require(user, "launch")
+    reset = 0
+    for stage in STAGES:
+        reset += stage.model.objects.filter(run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).update(
+            status=StageStatus.QUEUED, error="", started_at=None, finished_at=None, progress_done=0, progress_total=0
+        )
+    if reset:
+        from workers.tasks import pipeline_enqueue
+
+        run_id = run.pk
+        transaction.on_commit(lambda: pipeline_enqueue(run_id=run_id))
+    return reset

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 from runs import extraction_services, reviews, selectors, services
 from runs.demo import demo_paths
 from runs.forms import LaunchForm
-from runs.models import Dataset, PipelineRun, TargetModel
+from runs.models import Dataset, Extraction, PipelineRun, TargetModel
 
 # What a launch can fail on: every one of these names the problem in its message.
 LAUNCH_ERRORS = (ValueError,)
@@ -177,4 +177,26 @@ def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         outcome = "passed" if verification.passed else f"failed {len(verification.failures)} check(s)"
         messages.info(request, f"Verification {outcome} in {verification.seconds:.2f} s.")
+    return redirect(extraction)
+
+
+@require_POST
+def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(PipelineRun, pk=pk)
+    count = services.run_retry(run=run, user=request.user)
+    messages.info(request, f"Queued {count} stage(s) of {run} again." if count else "Nothing to retry.")
+    return redirect(run)
+
+
+@require_POST
+def extraction_override(request: HttpRequest, pk: int) -> HttpResponse:
+    extraction = get_object_or_404(Extraction, pk=pk)
+    try:
+        extraction_services.verification_override(
+            extraction=extraction, user=request.user, reason=request.POST.get("reason", "")
+        )
+    except ValueError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Override recorded: training may use this extraction.")
     return redirect(extraction)

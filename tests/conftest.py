@@ -38,7 +38,7 @@ def user(django_user_model):
     from django.contrib.auth.models import Group
 
     account = django_user_model.objects.create_user("launcher", password="pw-launcher-1")
-    account.groups.add(Group.objects.get(name="launcher"))
+    account.groups.add(Group.objects.get_or_create(name="launcher")[0])
     account.raw_password = "pw-launcher-1"
     return account
 

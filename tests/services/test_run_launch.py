@@ -121,7 +121,25 @@ def test_a_viewer_may_not_launch_and_nothing_is_stored(roots):
     from django.core.exceptions import PermissionDenied
 
     viewer = get_user_model().objects.create_user("viewer", password="pw-viewer-1")
-    viewer.groups.add(Group.objects.get(name="viewer"))
+    viewer.groups.add(Group.objects.get_or_create(name="viewer")[0])
     with pytest.raises(PermissionDenied, match="viewer may not launch: ask an admin for the admin or launcher role"):
         launch(roots, viewer)
     assert PipelineRun.objects.count() == 0
+
+
+def test_retry_requeues_failed_and_cancelled_stages_only(roots, user, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+    for name in ("prepare", "extract", "vocab"):
+        stage_start(stage_name=name, run_id=run.pk)
+        from runs.stage_services import stage_succeed
+
+        stage_succeed(stage_name=name, run_id=run.pk, fields={}, log_tail="")
+    stage_start(stage_name="train", run_id=run.pk)
+    stage_fail(stage_name="train", run_id=run.pk, error="ValueError: extraction failed verification", log_tail="")
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        assert services.run_retry(run=run, user=user) == 1
+    run = PipelineRun.objects.get(pk=run.pk)
+    assert run.training_run.status == StageStatus.QUEUED and run.training_run.error == ""
+    assert run.preparation.status == StageStatus.SUCCEEDED
+    assert len(callbacks) == 1

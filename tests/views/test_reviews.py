@@ -14,7 +14,7 @@ pytestmark = pytest.mark.django_db
 
 def member(username, role):
     account = get_user_model().objects.create_user(username, password=f"pw-{username}-1")
-    account.groups.add(Group.objects.get(name=role))
+    account.groups.add(Group.objects.get_or_create(name=role)[0])
     return account
 
 
