@@ -52,3 +52,15 @@ def worker(data_root, transactional_db, tmp_path):
     with celery_worker(data_root=data_root, log_path=log_path) as proc:
         proc.log_path = log_path
         yield proc
+
+
+@pytest.fixture
+def config_only_target(tmp_path):
+    """A target directory holding only config.json (8 layers, hidden 16): enough to verify against."""
+    import json
+
+    path = tmp_path / "config-only-target"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                  "num_hidden_layers": 8, "hidden_size": 16, "vocab_size": 1000}))
+    return path

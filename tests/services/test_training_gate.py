@@ -1,5 +1,4 @@
 """Training refuses an extraction whose latest verification failed, unless a reviewer overrides it."""
-import json
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -15,11 +14,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def failed_extraction(tmp_path):
-    target = tmp_path / "t"
-    target.mkdir()
-    (target / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                                    "num_hidden_layers": 8, "hidden_size": 16, "vocab_size": 1000}))
+def failed_extraction(tmp_path, config_only_target):
+    target = config_only_target
     with pytest.raises(CommandError):
         call_command("import_extraction", str(write_flat(tmp_path / "e", total_samples=99)), "--target", str(target))
     return Extraction.objects.get()

@@ -1,5 +1,4 @@
 """The extraction review page: verification, lengths and the scale forecast with its arithmetic."""
-import json
 
 import pytest
 
@@ -11,11 +10,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def extraction(tmp_path):
-    target = tmp_path / "t"
-    target.mkdir()
-    (target / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                                    "num_hidden_layers": 8, "hidden_size": 16, "vocab_size": 1000}))
+def extraction(tmp_path, config_only_target):
+    target = config_only_target
     extraction, _ = extraction_import(path=write_flat(tmp_path / "e"), target_path=target)
     return extraction
 

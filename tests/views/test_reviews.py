@@ -1,5 +1,4 @@
 """Team review: comments and decisions on runs and extractions, shown where the team looks."""
-import json
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -19,12 +18,8 @@ def member(username, role):
 
 
 @pytest.fixture
-def extraction(tmp_path):
-    target = tmp_path / "review-target"
-    target.mkdir(exist_ok=True)
-    (target / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                                    "num_hidden_layers": 8, "hidden_size": 16, "vocab_size": 1000}))
-    extraction, _ = extraction_import(path=write_flat(tmp_path / "review-ext"), target_path=target)
+def extraction(tmp_path, config_only_target):
+    extraction, _ = extraction_import(path=write_flat(tmp_path / "review-ext"), target_path=config_only_target)
     return extraction
 
 
@@ -63,11 +58,8 @@ def test_import_from_the_browser_names_a_path_outside_the_roots(client, user):
     assert b"extraction directory /etc is outside the allowed data roots" in response.content
 
 
-def test_import_from_the_browser_then_verify_in_full(client, user, tmp_path):
-    target = tmp_path / "t"
-    target.mkdir()
-    (target / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                                    "num_hidden_layers": 8, "hidden_size": 16, "vocab_size": 1000}))
+def test_import_from_the_browser_then_verify_in_full(client, user, tmp_path, config_only_target):
+    target = config_only_target
     client.login(username="launcher", password="pw-launcher-1")
     response = client.post("/extractions/import/", {"path": str(write_flat(tmp_path / "e")), "target_path": str(target)},
                            follow=True)
