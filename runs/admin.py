@@ -104,8 +104,8 @@ class TrainingRunAdmin(StageAdmin):
 
 @admin.register(Checkpoint)
 class CheckpointAdmin(admin.ModelAdmin):
-    list_display = ("id", "training_run", "epoch", "val_loss", "train_loss", "is_best", "path")
-    list_filter = ("is_best",)
+    list_display = ("id", "training_run", "epoch", "val_loss", "train_loss", "is_best", "imported", "path")
+    list_filter = ("is_best", "imported")
     search_fields = ("path",)
 
 

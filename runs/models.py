@@ -281,9 +281,17 @@ class TrainingRun(StageRecord):
 
 
 class Checkpoint(models.Model):
-    training_run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="checkpoints")
+    """A draft in speculators' format: trained by a run here, or imported (training_run empty)."""
+
+    training_run = models.ForeignKey(
+        TrainingRun, on_delete=models.CASCADE, null=True, blank=True, related_name="checkpoints"
+    )
     epoch = models.PositiveIntegerField()
     path = models.CharField(max_length=1000)
+    imported = models.BooleanField(default=False)
+    verifier_path = models.CharField(max_length=1000, blank=True)
+    aux_layer_ids = models.JSONField(default=list, blank=True)
+    draft_vocab_size = models.PositiveIntegerField(null=True, blank=True)
     train_loss = models.FloatField(null=True, blank=True)
     val_loss = models.FloatField(null=True, blank=True)
     val_metrics = models.JSONField(default=dict, blank=True)
@@ -295,6 +303,8 @@ class Checkpoint(models.Model):
         constraints = [models.UniqueConstraint(fields=["training_run", "epoch"], name="unique_checkpoint_epoch")]
 
     def __str__(self) -> str:
+        if self.training_run_id is None:
+            return f"imported {self.path}"
         return f"epoch {self.epoch} of run {self.training_run.run_id}"
 
 

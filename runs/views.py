@@ -138,8 +138,9 @@ def review_create(request: HttpRequest, subject: str, pk: int) -> HttpResponse:
         messages.error(request, str(exc))
     else:
         messages.success(request, "Review recorded.")
-    back = obj.training_run.run if subject == "checkpoint" else obj
-    return redirect(back)
+    if subject != "checkpoint":
+        return redirect(obj)
+    return redirect(obj.training_run.run if obj.training_run_id else "runs:run_list")
 
 
 def extraction_import(request: HttpRequest) -> HttpResponse:

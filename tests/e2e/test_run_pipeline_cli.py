@@ -83,3 +83,30 @@ def test_a_malformed_dataset_is_refused_at_launch_naming_the_line(tiny_target, d
         run_cli("--target", str(tiny_target.target_dir), "--dataset", str(bad), "--inline")
     assert PipelineRun.objects.count() == runs_before
     assert not Dataset.objects.filter(path=str(bad.resolve())).exists()
+
+
+def test_a_checkpoint_made_elsewhere_imports_once(inline_run, data_root, tmp_path):
+    import shutil
+
+    summary, _ = inline_run
+    copy = data_root / "elsewhere-ckpt"
+    shutil.copytree(summary["checkpoints"][-1]["path"], copy, symlinks=True)
+    out = io.StringIO()
+    call_command("import_checkpoint", str(copy), "--json", stdout=out)
+    first = json.loads(out.getvalue())
+    assert first["created"] and first["aux_layer_ids"] == [2, 4, 5] and first["draft_vocab_size"] == 256
+    out = io.StringIO()
+    call_command("import_checkpoint", str(copy), "--json", stdout=out)
+    assert json.loads(out.getvalue()) == {**first, "created": False}
+
+
+def test_a_checkpoint_of_another_kind_is_refused_naming_the_field(inline_run, data_root):
+    import shutil
+
+    summary, _ = inline_run
+    copy = data_root / "not-eagle3"
+    shutil.copytree(summary["checkpoints"][0]["path"], copy, symlinks=True)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "speculators_model_type": "mlp"}))
+    with pytest.raises(CommandError, match="speculators_model_type is 'mlp', expected 'eagle3'"):
+        call_command("import_checkpoint", str(copy), "--json", stdout=io.StringIO())

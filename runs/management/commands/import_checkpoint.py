@@ -1,0 +1,26 @@
+"""Register an EAGLE-3 draft trained elsewhere, after checking that speculators loads it."""
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runs.checkpoint_services import checkpoint_import
+
+
+class Command(BaseCommand):
+    help = "Import a speculators EAGLE-3 checkpoint directory; idempotent."
+
+    def add_arguments(self, parser):
+        parser.add_argument("directory")
+        parser.add_argument("--json", dest="as_json", action="store_true")
+
+    def handle(self, *args, directory: str, as_json: bool, **opts):
+        try:
+            ckpt, created = checkpoint_import(path=directory)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        summary = {"checkpoint_id": ckpt.pk, "created": created, "path": ckpt.path, "epoch": ckpt.epoch,
+                   "verifier": ckpt.verifier_path, "aux_layer_ids": ckpt.aux_layer_ids,
+                   "draft_vocab_size": ckpt.draft_vocab_size, "vllm_serve": f"vllm serve {ckpt.path}"}
+        self.stdout.write(json.dumps(summary) if as_json else f"checkpoint {ckpt.pk}: {ckpt.path}")
