@@ -86,3 +86,14 @@ def test_verify_full_catches_nans_that_headers_miss(data_root, target):
         run("verify_extraction", str(summary["extraction_id"]), "--full")
     assert Verification.objects.filter(extraction_id=summary["extraction_id"]).count() == 3
     assert torch.isnan(load_file(str(sample))["hidden_states"]).any()
+
+
+def test_a_viewer_may_not_import_from_the_command_line(data_root, target):
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    viewer = get_user_model().objects.create_user("vera")
+    viewer.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    with pytest.raises(CommandError, match="vera may not import"):
+        run("import_extraction", str(write_flat(data_root / "ext-viewer")), "--target", str(target), "--user", "vera")
+    assert Extraction.objects.count() == 0

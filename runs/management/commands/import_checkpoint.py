@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 
+from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
+from runs.management.command_user import command_user
 from runs.checkpoint_services import checkpoint_import
 
 
@@ -13,12 +15,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("directory")
+        parser.add_argument("--user", default="", help="act as this user (default: the 'cli' launcher account)")
         parser.add_argument("--json", dest="as_json", action="store_true")
 
-    def handle(self, *args, directory: str, as_json: bool, **opts):
+    def handle(self, *args, directory: str, as_json: bool, user: str, **opts):
         try:
-            ckpt, created = checkpoint_import(path=directory)
-        except ValueError as exc:
+            ckpt, created = checkpoint_import(path=directory, user=command_user(user))
+        except (ValueError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         summary = {"checkpoint_id": ckpt.pk, "created": created, "path": ckpt.path, "epoch": ckpt.epoch,
                    "verifier": ckpt.verifier_path, "aux_layer_ids": ckpt.aux_layer_ids,

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 
+from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
+from runs.management.command_user import command_user
 from runs.extraction_services import extraction_import
 from runs.selectors import extraction_summary
 
@@ -15,12 +17,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("directory")
         parser.add_argument("--target", default=None, help="target model directory (default: the manifest's model_path)")
+        parser.add_argument("--user", default="", help="act as this user (default: the 'cli' launcher account)")
         parser.add_argument("--json", dest="as_json", action="store_true")
 
-    def handle(self, *args, directory: str, target: str | None, as_json: bool, **opts):
+    def handle(self, *args, directory: str, target: str | None, as_json: bool, user: str, **opts):
         try:
-            extraction, created = extraction_import(path=directory, target_path=target)
-        except ValueError as exc:
+            extraction, created = extraction_import(path=directory, target_path=target, user=command_user(user))
+        except (ValueError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         summary = {**extraction_summary(extraction), "created": created}
         self.stdout.write(json.dumps(summary) if as_json else

@@ -4,12 +4,11 @@ from __future__ import annotations
 import json
 import time
 
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
 from runs import selectors, services
+from runs.management.command_user import command_user
 from runs.models import PipelineRun, StageStatus
 from runs.run_config import RunConfig, parse_layer_ids
 
@@ -36,7 +35,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
 
     def handle(self, *args, **opts):
-        user = self._owner(opts["user"])
+        user = command_user(opts["user"])
         try:
             config = RunConfig(
                 layer_ids=parse_layer_ids(opts["layer_ids"]),
@@ -69,21 +68,6 @@ class Command(BaseCommand):
             raise CommandError(f"run {run.pk}: stage(s) {', '.join(failed)} did not succeed; see the errors above")
         if (opts["inline"] or opts["wait"]) and summary["status"] != StageStatus.SUCCEEDED:
             raise CommandError(f"run {run.pk} is still {summary['status']} after {opts['timeout']:.0f} s")
-
-    def _owner(self, username: str):
-        users = get_user_model()
-        if username:
-            try:
-                return users.objects.get(username=username)
-            except users.DoesNotExist:
-                raise CommandError(f"no user named {username!r}; create one with `manage.py createsuperuser`") from None
-        user, created = users.objects.get_or_create(username="cli")
-        if created:
-            # A shell on the server is trusted to launch; the account cannot log in to the web.
-            user.set_unusable_password()
-            user.save()
-            user.groups.add(Group.objects.get_or_create(name="launcher")[0])
-        return user
 
     def _wait(self, run: PipelineRun, timeout: float) -> None:
         deadline = time.monotonic() + timeout

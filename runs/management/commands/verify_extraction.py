@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
+from runs.management.command_user import command_user
 from runs.extraction_services import extraction_verify
 from runs.models import Extraction
 from runs.selectors import extraction_summary
@@ -17,9 +19,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("extraction_id", type=int)
         parser.add_argument("--full", action="store_true", help="scan values (NaNs, infinities), not only headers")
+        parser.add_argument("--user", default="", help="act as this user (default: the 'cli' launcher account)")
         parser.add_argument("--json", dest="as_json", action="store_true")
 
-    def handle(self, *args, extraction_id: int, full: bool, as_json: bool, **opts):
+    def handle(self, *args, extraction_id: int, full: bool, as_json: bool, user: str, **opts):
         try:
             extraction = Extraction.objects.select_related("target", "run__preparation").get(pk=extraction_id)
         except Extraction.DoesNotExist:
@@ -28,8 +31,8 @@ class Command(BaseCommand):
         if extraction.run_id and extraction.run.preparation.out_dir:
             prepared = Path(extraction.run.preparation.out_dir)
         try:
-            extraction_verify(extraction=extraction, full=full, prepared_dir=prepared)
-        except ValueError as exc:
+            extraction_verify(extraction=extraction, full=full, prepared_dir=prepared, user=command_user(user))
+        except (ValueError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         summary = extraction_summary(extraction)
         if as_json:
