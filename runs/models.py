@@ -302,6 +302,9 @@ class Checkpoint(models.Model):
         ordering = ["epoch"]
         constraints = [models.UniqueConstraint(fields=["training_run", "epoch"], name="unique_checkpoint_epoch")]
 
+    def get_absolute_url(self) -> str:
+        return reverse("runs:checkpoint_detail", args=[self.pk])
+
     def __str__(self) -> str:
         if self.training_run_id is None:
             return f"imported {self.path}"

@@ -105,7 +105,8 @@ def run_summary(run: PipelineRun) -> dict:
         "training": {"steps": training.steps, "tokens_per_second": training.tokens_per_second,
                      "best_epoch": training.best_epoch},
         "checkpoints": [
-            {"epoch": c.epoch, "path": c.path, "train_loss": c.train_loss, "val_loss": c.val_loss,
+            {"id": c.pk, "url": c.get_absolute_url(), "epoch": c.epoch, "path": c.path,
+             "train_loss": c.train_loss, "val_loss": c.val_loss,
              "is_best": c.is_best, "val_metrics": c.val_metrics}
             for c in checkpoints
         ],

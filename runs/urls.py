@@ -16,6 +16,7 @@ urlpatterns = [
     path("extractions/<int:pk>/", views.extraction_detail, name="extraction_detail"),
     path("extractions/<int:pk>/verify/", views.extraction_reverify, name="extraction_verify"),
     path("extractions/<int:pk>/override/", views.extraction_override, name="extraction_override"),
+    path("checkpoints/<int:pk>/", views.checkpoint_detail, name="checkpoint_detail"),
     path("reviews/<str:subject>/<int:pk>/", views.review_create, name="review_create"),
     path("api/runs/<int:pk>/", api.run_status, name="api_run_status"),
     path("api/runs/<int:pk>/metrics/", api.run_metrics, name="api_run_metrics"),

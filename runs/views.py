@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
@@ -11,7 +12,7 @@ from django.views.decorators.http import require_POST
 from runs import extraction_services, reviews, selectors, services
 from runs.demo import demo_paths
 from runs.forms import LaunchForm
-from runs.models import Dataset, Extraction, PipelineRun, TargetModel
+from runs.models import Checkpoint, Dataset, Extraction, PipelineRun, TargetModel
 
 # What a launch can fail on: every one of these names the problem in its message.
 LAUNCH_ERRORS = (ValueError,)
@@ -138,9 +139,7 @@ def review_create(request: HttpRequest, subject: str, pk: int) -> HttpResponse:
         messages.error(request, str(exc))
     else:
         messages.success(request, "Review recorded.")
-    if subject != "checkpoint":
-        return redirect(obj)
-    return redirect(obj.training_run.run if obj.training_run_id else "runs:run_list")
+    return redirect(obj)
 
 
 def extraction_import(request: HttpRequest) -> HttpResponse:
@@ -166,8 +165,6 @@ def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
     extraction = get_object_or_404(selectors.extraction_list(), pk=pk)
     prepared = None
     if extraction.run_id and extraction.run.preparation.out_dir:
-        from pathlib import Path
-
         prepared = Path(extraction.run.preparation.out_dir)
     try:
         verification = extraction_services.extraction_verify(
@@ -201,3 +198,10 @@ def extraction_override(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         messages.success(request, "Override recorded: training may use this extraction.")
     return redirect(extraction)
+
+
+def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    checkpoint = get_object_or_404(Checkpoint.objects.select_related("training_run__run"), pk=pk)
+    config_path = Path(checkpoint.path) / "config.json"
+    config = config_path.read_text() if config_path.exists() else None
+    return render(request, "runs/checkpoint_detail.html", {"checkpoint": checkpoint, "config_json": config})

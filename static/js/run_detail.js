@@ -83,7 +83,7 @@
     if (!checkpoints.length) return;
     const rows = checkpoints.map((c) => `<tr class="${c.is_best ? "best" : ""}"><td>${c.epoch}${c.is_best ? ' <span class="badge">best</span>' : ""}</td>` +
       `<td>${c.val_loss == null ? "–" : c.val_loss.toFixed(4)}</td><td>${c.train_loss == null ? "–" : c.train_loss.toFixed(4)}</td>` +
-      `<td><code>${esc(c.path)}</code></td><td><code>vllm serve ${esc(c.path)}</code></td></tr>`).join("");
+      `<td><code>${esc(c.path)}</code> <a href="${esc(c.url)}">details and review</a></td><td><code>vllm serve ${esc(c.path)}</code></td></tr>`).join("");
     document.getElementById("checkpoints").innerHTML = '<table class="list"><thead><tr><th>Epoch</th><th>Val loss</th>' +
       "<th>Train loss</th><th>Path</th><th>Serve with vLLM</th></tr></thead><tbody>" + rows + "</tbody></table>";
   }

@@ -110,3 +110,20 @@ def test_a_checkpoint_of_another_kind_is_refused_naming_the_field(inline_run, da
     (copy / "config.json").write_text(json.dumps({**config, "speculators_model_type": "mlp"}))
     with pytest.raises(CommandError, match="speculators_model_type is 'mlp', expected 'eagle3'"):
         call_command("import_checkpoint", str(copy), "--json", stdout=io.StringIO())
+
+
+def test_a_reviewer_approves_a_checkpoint_on_its_page(inline_run, client):
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    from runs.models import Checkpoint
+
+    reviewer = get_user_model().objects.create_user("rho", password="pw-rho-1")
+    reviewer.groups.add(Group.objects.get_or_create(name="reviewer")[0])
+    client.login(username="rho", password="pw-rho-1")
+    summary, _ = inline_run
+    ckpt = Checkpoint.objects.get(path=summary["checkpoints"][-1]["path"])
+    response = client.post(f"/reviews/checkpoint/{ckpt.pk}/", {"decision": "approve", "text": "ship it"}, follow=True)
+    page = response.content.decode()
+    assert "vllm serve" in page and "ship it" in page and "Approve" in page
+    assert ckpt.reviews.get().author == reviewer
