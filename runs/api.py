@@ -11,7 +11,7 @@ from workers.stages.target import TargetConfigError, default_layer_ids, read_tar
 
 
 def run_status(request: HttpRequest, pk: int) -> JsonResponse:
-    run = get_object_or_404(PipelineRun, pk=pk)
+    run = get_object_or_404(selectors.run_list(), pk=pk)
     return JsonResponse(selectors.run_summary(run))
 
 

@@ -1,7 +1,6 @@
 """Import EAGLE-3 drafts trained elsewhere (speculators' checkpoint layout)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -9,22 +8,11 @@ from django.contrib.auth.models import AbstractBaseUser
 from runs.models import Checkpoint
 from runs.paths import check_under_data_roots
 from runs.roles import require
+from workers.stages.jsonfile import read_json_object
 
 
 class CheckpointError(ValueError):
     pass
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
 
 
 def checkpoint_import(*, path: str | Path, user: AbstractBaseUser | None = None) -> tuple[Checkpoint, bool]:
@@ -35,7 +23,7 @@ def checkpoint_import(*, path: str | Path, user: AbstractBaseUser | None = None)
     existing = Checkpoint.objects.filter(path=str(resolved)).first()
     if existing:
         return existing, False
-    config = _read_json(resolved / "config.json")
+    config = read_json_object(resolved / "config.json", CheckpointError)
     kind = config.get("speculators_model_type")
     if kind != "eagle3":
         raise CheckpointError(f"{resolved / 'config.json'}: speculators_model_type is {kind!r}, expected 'eagle3'")
@@ -47,8 +35,8 @@ def checkpoint_import(*, path: str | Path, user: AbstractBaseUser | None = None)
         Eagle3DraftModel.from_pretrained(str(resolved))
     except Exception as exc:  # noqa: BLE001 - whatever speculators says is the user's answer
         raise CheckpointError(f"{resolved}: Eagle3DraftModel.from_pretrained failed: {exc}") from None
-    state = _read_json(resolved / "training_state.json") if (resolved / "training_state.json").exists() else {}
-    val = _read_json(resolved / "val_metrics.json") if (resolved / "val_metrics.json").exists() else {}
+    state = read_json_object(resolved / "training_state.json", CheckpointError) if (resolved / "training_state.json").exists() else {}
+    val = read_json_object(resolved / "val_metrics.json", CheckpointError) if (resolved / "val_metrics.json").exists() else {}
     verifier = (config.get("speculators_config") or {}).get("verifier") or {}
     checkpoint = Checkpoint.objects.create(
         training_run=None,

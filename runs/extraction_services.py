@@ -82,6 +82,9 @@ def extraction_verify(
     `user` is None for the pipeline's own check and for the import's first check."""
     if user is not None:
         require(user, "verify")
+    if prepared_dir is None and extraction.run_id and extraction.run.preparation.out_dir:
+        # A run's own extraction is checked token by token against the rows it was made from.
+        prepared_dir = Path(extraction.run.preparation.out_dir)
     report = verify_extraction(
         Path(extraction.out_dir), target_dir=Path(extraction.target.path), prepared_dir=prepared_dir, full=full
     )

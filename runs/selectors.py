@@ -61,8 +61,9 @@ def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
 
 
 def run_summary(run: PipelineRun) -> dict:
-    """What the CLI prints and the run page polls: ids, stage states, totals, paths."""
-    run = run_list().get(pk=run.pk)
+    """What the CLI prints and the run page polls: ids, stage states, totals, paths.
+
+    `run` should come from run_list(), which joins every stage in one query."""
     prep, extraction, vocab, training = (record for _, _, record in run_stages(run))
     manifest = getattr(extraction, "manifest", None)
     checkpoints = list(training.checkpoints.all())

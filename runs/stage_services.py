@@ -7,7 +7,7 @@ from pathlib import Path
 from django.db import transaction
 from django.utils import timezone
 
-from runs.models import Checkpoint, Extraction, Manifest, MetricPoint, StageRecord, StageStatus, TrainingRun
+from runs.models import Checkpoint, Extraction, Manifest, MetricPoint, StageRecord, StageStatus
 from runs.stages import STAGES, STAGES_BY_NAME
 
 
@@ -73,8 +73,7 @@ def manifest_record(*, run_id: int, path: Path) -> Manifest:
     return manifest
 
 
-def metrics_record(*, run_id: int, points: list[dict]) -> int:
-    training_run_id = TrainingRun.objects.values_list("id", flat=True).get(run_id=run_id)
+def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
     rows = [
         MetricPoint(
             training_run_id=training_run_id,
@@ -91,12 +90,11 @@ def metrics_record(*, run_id: int, points: list[dict]) -> int:
 
 
 @transaction.atomic
-def checkpoints_register(*, run_id: int, checkpoints: list[dict]) -> list[Checkpoint]:
-    training_run = TrainingRun.objects.get(run_id=run_id)
+def checkpoints_register(*, training_run_id: int, checkpoints: list[dict]) -> list[Checkpoint]:
     saved = []
     for ckpt in checkpoints:
         row, _ = Checkpoint.objects.update_or_create(
-            training_run=training_run,
+            training_run_id=training_run_id,
             epoch=ckpt["epoch"],
             defaults={
                 "path": str(ckpt["path"]),

@@ -163,12 +163,9 @@ def extraction_import(request: HttpRequest) -> HttpResponse:
 @require_POST
 def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
     extraction = get_object_or_404(selectors.extraction_list(), pk=pk)
-    prepared = None
-    if extraction.run_id and extraction.run.preparation.out_dir:
-        prepared = Path(extraction.run.preparation.out_dir)
     try:
         verification = extraction_services.extraction_verify(
-            extraction=extraction, full=request.POST.get("full") == "on", prepared_dir=prepared, user=request.user
+            extraction=extraction, full=request.POST.get("full") == "on", user=request.user
         )
     except ValueError as exc:
         messages.error(request, str(exc))

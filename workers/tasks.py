@@ -11,6 +11,7 @@ import logging
 import shutil
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -114,7 +115,7 @@ def _extract(run: PipelineRun, reporter: StageReporter) -> dict:
     # Nobody trains on hidden states that disagree with their manifest: verify before train runs.
     extraction = run.extraction
     extraction.out_dir = str(result.out_dir)
-    verification = extraction_verify(extraction=extraction, prepared_dir=Path(run.preparation.out_dir))
+    verification = extraction_verify(extraction=extraction)
     logger.info("extraction verification %s: %d checks in %.2f s", "passed" if verification.passed else "FAILED",
                 len(verification.checks), verification.seconds)
     return {
@@ -174,28 +175,17 @@ def _train(run: PipelineRun, reporter: StageReporter) -> dict:
         val_fraction=run.config.get("val_fraction", 0.1),
         seed=run.config.get("seed", 0),
         on_progress=reporter.progress,
-        on_metrics=lambda points: metrics_record(run_id=run.pk, points=points),
+        on_metrics=lambda points: metrics_record(training_run_id=training.pk, points=points),
         should_stop=reporter.cancelled,
-        on_checkpoint=lambda c: checkpoints_register(run_id=run.pk, checkpoints=[_checkpoint_row(c)]),
+        on_checkpoint=lambda c: checkpoints_register(training_run_id=training.pk, checkpoints=[asdict(c)]),
     )
-    checkpoints_register(run_id=run.pk, checkpoints=[_checkpoint_row(c) for c in result.checkpoints])
+    checkpoints_register(training_run_id=training.pk, checkpoints=[asdict(c) for c in result.checkpoints])
     return {
         "out_dir": str(result.out_dir),
         "steps": result.steps,
         "train_tokens": result.train_tokens,
         "tokens_per_second": result.tokens_per_second,
         "best_epoch": result.best_epoch,
-    }
-
-
-def _checkpoint_row(ckpt) -> dict:
-    return {
-        "epoch": ckpt.epoch,
-        "path": str(ckpt.path),
-        "train_loss": ckpt.train_loss,
-        "val_loss": ckpt.val_loss,
-        "val_metrics": ckpt.val_metrics,
-        "is_best": ckpt.is_best,
     }
 
 

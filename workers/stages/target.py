@@ -5,9 +5,10 @@ Pure: no Django, no torch. Large multimodal targets nest the language model's nu
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from workers.stages.jsonfile import read_json_object
 
 
 class TargetConfigError(ValueError):
@@ -29,14 +30,7 @@ class TargetConfig:
 
 def read_target_config(target_dir: Path) -> TargetConfig:
     path = Path(target_dir) / "config.json"
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TargetConfigError(f"{path}: no config.json in the target directory") from None
-    except json.JSONDecodeError as exc:
-        raise TargetConfigError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise TargetConfigError(f"{path}: expected a JSON object")
+    raw = read_json_object(path, TargetConfigError)
     text = raw.get("text_config")
     nested = isinstance(text, dict)
     cfg = text if nested else raw

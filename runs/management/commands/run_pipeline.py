@@ -58,7 +58,7 @@ class Command(BaseCommand):
             pipeline_run_inline(run_id=run.pk)
         elif opts["wait"]:
             self._wait(run, opts["timeout"])
-        summary = selectors.run_summary(run)
+        summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))  # as the stages left it
         if opts["json"]:
             self.stdout.write(json.dumps(summary))
         else:

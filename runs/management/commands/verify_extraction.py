@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
@@ -27,11 +25,8 @@ class Command(BaseCommand):
             extraction = Extraction.objects.select_related("target", "run__preparation").get(pk=extraction_id)
         except Extraction.DoesNotExist:
             raise CommandError(f"no extraction with id {extraction_id}") from None
-        prepared = None
-        if extraction.run_id and extraction.run.preparation.out_dir:
-            prepared = Path(extraction.run.preparation.out_dir)
         try:
-            extraction_verify(extraction=extraction, full=full, prepared_dir=prepared, user=command_user(user))
+            extraction_verify(extraction=extraction, full=full, user=command_user(user))
         except (ValueError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         summary = extraction_summary(extraction)
