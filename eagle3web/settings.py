@@ -3,6 +3,7 @@
 and Redis."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -92,6 +93,9 @@ EAGLE3WEB_DATA_ROOTS = env_paths("EAGLE3WEB_DATA_ROOTS", [DATA_DIR])
 EAGLE3WEB_RUNS_DIR = Path(env_str("EAGLE3WEB_RUNS_DIR", str(DATA_DIR / "runs"))).resolve()
 # How often (seconds) a stage may write progress to the database.
 EAGLE3WEB_PROGRESS_INTERVAL = env_int("EAGLE3WEB_PROGRESS_INTERVAL", 2)
+# Threads torch may use in a worker's stage; set explicitly because torch's default oversubscribes
+# a machine shared with the web process and other workers.
+EAGLE3WEB_TORCH_THREADS = env_int("EAGLE3WEB_TORCH_THREADS", os.cpu_count() or 1)
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):

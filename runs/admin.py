@@ -5,6 +5,7 @@ from runs.models import (
     CurationAction,
     Dataset,
     DatasetSample,
+    Evaluation,
     Extraction,
     Manifest,
     MetricPoint,
@@ -99,7 +100,14 @@ class VocabMappingAdmin(StageAdmin):
 
 @admin.register(TrainingRun)
 class TrainingRunAdmin(StageAdmin):
-    list_display = ("id", "run", *STAGE_FIELDS[:3], "epochs", "lr", "ttt_steps", "steps", "best_epoch")
+    list_display = ("id", "run", *STAGE_FIELDS[:3], "epochs", "lr", "ttt_steps", "steps", "best_epoch",
+                    "loss_tokens_trained", "loss_tokens_available")
+
+
+@admin.register(Evaluation)
+class EvaluationAdmin(StageAdmin):
+    list_display = ("id", "run", "checkpoint", *STAGE_FIELDS[:3], "tau", "output_matches_greedy", "num_prompts")
+    list_select_related = ("run", "checkpoint")
 
 
 @admin.register(Checkpoint)

@@ -26,6 +26,20 @@ class LaunchForm(forms.Form):
     epochs = forms.IntegerField(min_value=1, max_value=1000, initial=2)
     lr = forms.FloatField(min_value=1e-7, max_value=0.5, initial=3e-4, label="Learning rate")
     ttt_steps = forms.IntegerField(min_value=1, max_value=10, initial=3, label="TTT steps")
+    max_tokens_per_step = forms.IntegerField(
+        min_value=16, max_value=1_048_576, required=False, label="Tokens per training step",
+        help_text="Rows are packed up to this many tokens per step. Never shorter than the longest "
+        "prepared row (raised to it, so no row is cut). Empty: 512 or the longest row.")
+    val_fraction = forms.FloatField(
+        min_value=0.01, max_value=0.49, initial=0.1, required=False, label="Validation fraction",
+        help_text="Share of rows held out, whole conversations at a time.")
+    seed = forms.IntegerField(min_value=0, max_value=2**32 - 1, initial=0, required=False,
+                              help_text="Fixes the train/validation split and the draft's initialisation.")
+    eval_prompts = forms.IntegerField(
+        min_value=1, max_value=1000, initial=32, required=False, label="Acceptance prompts",
+        help_text="Held-out conversations decoded with the draft to measure acceptance length.")
+    eval_max_new_tokens = forms.IntegerField(min_value=1, max_value=4096, initial=64, required=False,
+                                             label="New tokens per prompt")
 
     def clean_layer_ids(self) -> list[int]:
         try:
@@ -34,7 +48,11 @@ class LaunchForm(forms.Form):
             raise forms.ValidationError(str(exc)) from None
 
     def run_config(self) -> RunConfig:
-        data = self.cleaned_data
+        """The form's values; a field left empty takes RunConfig's default."""
+        data = {k: v for k, v in self.cleaned_data.items() if v is not None}
+        defaults = RunConfig()
+        for name in ("val_fraction", "seed", "eval_prompts", "eval_max_new_tokens"):
+            data.setdefault(name, getattr(defaults, name))
         return RunConfig(
             layer_ids=data["layer_ids"],
             max_seq_len=data["max_seq_len"],
@@ -43,4 +61,9 @@ class LaunchForm(forms.Form):
             epochs=data["epochs"],
             lr=data["lr"],
             ttt_steps=data["ttt_steps"],
+            max_tokens_per_step=data.get("max_tokens_per_step"),
+            val_fraction=data["val_fraction"],
+            seed=data["seed"],
+            eval_prompts=data["eval_prompts"],
+            eval_max_new_tokens=data["eval_max_new_tokens"],
         )

@@ -174,6 +174,13 @@ class Preparation(StageRecord):
     loss_tokens = models.BigIntegerField(null=True, blank=True)
     length_histogram = models.JSONField(default=dict, blank=True)
     token_freq_path = models.CharField(max_length=1000, blank=True)
+    # What preparation left out, and why: shown as warnings on the run page and in the summary.
+    num_excluded = models.PositiveIntegerField(null=True, blank=True, help_text="conversations excluded by curation")
+    num_without_assistant = models.PositiveIntegerField(null=True, blank=True, help_text="conversations with no row")
+    num_turns_dropped = models.PositiveIntegerField(null=True, blank=True, help_text="assistant turns not trainable")
+    num_truncated_rows = models.PositiveIntegerField(null=True, blank=True, help_text="rows cut at max_seq_len")
+    truncated_loss_tokens = models.BigIntegerField(null=True, blank=True, help_text="supervised tokens cut off")
+    mask_source = models.CharField(max_length=30, blank=True)
 
 
 class Extraction(StageRecord):
@@ -187,7 +194,7 @@ class Extraction(StageRecord):
     total_tokens = models.BigIntegerField(null=True, blank=True)
     hidden_size = models.PositiveIntegerField(null=True, blank=True)
     dtype = models.CharField(max_length=30, blank=True)
-    device = models.CharField(max_length=30, blank=True)
+    device = models.CharField(max_length=100, blank=True)
     model_load_seconds = models.FloatField(null=True, blank=True)
     forward_seconds = models.FloatField(null=True, blank=True)
     tokens_per_second = models.FloatField(null=True, blank=True)
@@ -263,6 +270,8 @@ class VocabMapping(StageRecord):
     target_vocab_size = models.PositiveIntegerField()
     distinct_tokens = models.PositiveIntegerField(null=True, blank=True)
     coverage = models.FloatField(null=True, blank=True)
+    filler_tokens = models.PositiveIntegerField(null=True, blank=True,
+                                                help_text="draft entries filled with ids the data never used")
     d2t_path = models.CharField(max_length=1000, blank=True)
     t2d_path = models.CharField(max_length=1000, blank=True)
 
@@ -278,6 +287,13 @@ class TrainingRun(StageRecord):
     train_tokens = models.BigIntegerField(null=True, blank=True)
     tokens_per_second = models.FloatField(null=True, blank=True)
     best_epoch = models.PositiveIntegerField(null=True, blank=True)
+    device = models.CharField(max_length=100, blank=True)
+    tokens_per_step = models.PositiveIntegerField(null=True, blank=True, help_text="packing budget actually used")
+    loss_tokens_available = models.BigIntegerField(null=True, blank=True, help_text="supervised tokens in the train split")
+    loss_tokens_trained = models.BigIntegerField(null=True, blank=True, help_text="of those, reached the loss in the last epoch")
+    loss_tokens_per_epoch = models.JSONField(default=list, blank=True)
+    rows_unusable = models.PositiveIntegerField(null=True, blank=True, help_text="rows too short to train on")
+    split = models.JSONField(default=dict, blank=True, help_text="how rows were split into train and validation")
 
 
 class Checkpoint(models.Model):
@@ -309,6 +325,44 @@ class Checkpoint(models.Model):
         if self.training_run_id is None:
             return f"imported {self.path}"
         return f"epoch {self.epoch} of run {self.training_run.run_id}"
+
+    @property
+    def simulated_tau(self) -> float | None:
+        """Acceptance length implied by this checkpoint's validation accuracies."""
+        from workers.stages.acceptance import cond_accuracies, simulated_tau
+
+        return simulated_tau(cond_accuracies(self.val_metrics))
+
+
+class Evaluation(StageRecord):
+    """Acceptance length of a checkpoint, measured by speculative decoding with its target.
+
+    The pipeline's last stage (`run` set, the run's best checkpoint) or asked for on any registered
+    checkpoint (`run` empty)."""
+
+    run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, null=True, blank=True, related_name="evaluation")
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, null=True, blank=True,
+                                   related_name="evaluations")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    prompts_path = models.CharField(max_length=1000, blank=True, help_text="empty: the run's validation conversations")
+    max_prompts = models.PositiveIntegerField(default=32)
+    max_new_tokens = models.PositiveIntegerField(default=64)
+    num_speculative_tokens = models.PositiveIntegerField(null=True, blank=True, help_text="empty: the checkpoint's own")
+    prompt_source = models.CharField(max_length=1000, blank=True)
+    num_prompts = models.PositiveIntegerField(null=True, blank=True)
+    tau = models.FloatField(null=True, blank=True, help_text="tokens per target forward")
+    acceptance_per_position = models.JSONField(default=list, blank=True)
+    new_tokens = models.PositiveIntegerField(null=True, blank=True)
+    verify_forwards = models.PositiveIntegerField(null=True, blank=True)
+    output_matches_greedy = models.BooleanField(null=True, blank=True)
+    mismatched_prompts = models.JSONField(default=list, blank=True)
+    spec_tokens_per_s = models.FloatField(null=True, blank=True)
+    greedy_tokens_per_s = models.FloatField(null=True, blank=True)
+    speedup = models.FloatField(null=True, blank=True)
+    device = models.CharField(max_length=100, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
 
 
 class MetricPoint(models.Model):

@@ -17,8 +17,11 @@ class RunConfig:
     epochs: int = 2
     lr: float = 3e-4
     ttt_steps: int = 3
-    val_fraction: float = 0.1
-    seed: int = 0
+    val_fraction: float = 0.1  # share of rows held out, whole conversations at a time
+    seed: int = 0  # the train/validation split and the draft's initialisation
+    max_tokens_per_step: int | None = None  # packing budget; raised to the longest row; None: 512 or the longest
+    eval_prompts: int = 32  # held-out conversations decoded to measure acceptance
+    eval_max_new_tokens: int = 64
 
     def __post_init__(self) -> None:
         checks = [
@@ -29,6 +32,12 @@ class RunConfig:
             (0 < self.lr < 1, f"lr must be between 0 and 1, got {self.lr}"),
             (1 <= self.ttt_steps <= 10, f"ttt_steps must be between 1 and 10, got {self.ttt_steps}"),
             (0 < self.val_fraction < 0.5, f"val_fraction must be between 0 and 0.5, got {self.val_fraction}"),
+            (0 <= self.seed < 2**32, f"seed must be between 0 and 2**32 - 1, got {self.seed}"),
+            (self.max_tokens_per_step is None or 16 <= self.max_tokens_per_step <= 1_048_576,
+             f"max_tokens_per_step must be between 16 and 1048576, got {self.max_tokens_per_step}"),
+            (1 <= self.eval_prompts <= 1000, f"eval_prompts must be between 1 and 1000, got {self.eval_prompts}"),
+            (1 <= self.eval_max_new_tokens <= 4096,
+             f"eval_max_new_tokens must be between 1 and 4096, got {self.eval_max_new_tokens}"),
         ]
         for ok, message in checks:
             if not ok:

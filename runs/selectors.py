@@ -1,10 +1,11 @@
 """Reads for pages, the API and the CLI."""
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 
 from runs.models import (
     Checkpoint,
+    Evaluation,
     Extraction,
     MetricPoint,
     PipelineRun,
@@ -16,8 +17,48 @@ from runs.stages import STAGES
 
 def run_list() -> QuerySet[PipelineRun]:
     return PipelineRun.objects.select_related(
-        "owner", "target", "dataset", "preparation", "extraction", "vocab_mapping", "training_run"
+        "owner", "target", "dataset", "preparation", "extraction", "vocab_mapping", "training_run", "evaluation"
     )
+
+
+def checkpoints_with_tau(queryset: QuerySet[Checkpoint]) -> QuerySet[Checkpoint]:
+    """Checkpoints with `measured` = their succeeded evaluations, newest first."""
+    done = Evaluation.objects.filter(status=StageStatus.SUCCEEDED).order_by("-id")
+    return queryset.prefetch_related(Prefetch("evaluations", queryset=done, to_attr="measured"))
+
+
+def _count(value) -> str:
+    return f"{value:,}"
+
+
+def stage_warnings(name: str, record: StageRecord) -> list[str]:
+    """What a stage dropped, cut or assumed, in words; shown beside the stage, not only in its log."""
+    warnings = []
+    if name == "prepare":
+        if record.num_excluded:
+            warnings.append(f"{_count(record.num_excluded)} conversation(s) excluded by curation")
+        if record.num_turns_dropped:
+            warnings.append(f"{_count(record.num_turns_dropped)} assistant turn(s) dropped: their context alone "
+                            f"reaches max_seq_len={record.max_seq_len}, or the chat template renders them unstably")
+        if record.num_truncated_rows:
+            warnings.append(f"{_count(record.num_truncated_rows)} row(s) cut at max_seq_len={record.max_seq_len}: "
+                            f"{_count(record.truncated_loss_tokens or 0)} supervised token(s) lost")
+        if record.num_without_assistant:
+            warnings.append(f"{_count(record.num_without_assistant)} conversation(s) gave no training row")
+    elif name == "train":
+        available, trained = record.loss_tokens_available, record.loss_tokens_trained
+        if available is not None and trained is not None and trained < available:
+            warnings.append(f"{_count(available - trained)} of {_count(available)} supervised tokens of the train "
+                            f"split never reached the loss in the last epoch")
+        if record.rows_unusable:
+            warnings.append(f"{_count(record.rows_unusable)} row(s) too short to train on")
+        if record.split.get("by") == "row":
+            warnings.append("validation split by row: the prepared rows carry no conversation ids, so validation "
+                            "rows may share a conversation with training rows")
+    elif name == "evaluate" and record.output_matches_greedy is False:
+        warnings.append(f"the draft changed the decoded text on {len(record.mismatched_prompts)} prompt(s); "
+                        "speculative decoding must equal greedy decoding")
+    return warnings
 
 
 def run_stages(run: PipelineRun) -> list[tuple[str, str, StageRecord]]:
@@ -43,7 +84,7 @@ def run_is_finished(run: PipelineRun) -> bool:
 
 
 def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
-    return {
+    entry = {
         "name": name,
         "label": label,
         "status": record.status,
@@ -57,16 +98,40 @@ def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
         "error": record.error,
         "log_tail": record.log_tail,
         "out_dir": record.out_dir,
+        "warnings": stage_warnings(name, record),
     }
+    if name == "prepare":
+        entry.update({key: getattr(record, key) for key in (
+            "num_conversations", "num_rows", "num_excluded", "num_without_assistant", "num_turns_dropped",
+            "num_truncated_rows", "truncated_loss_tokens", "loss_tokens", "mask_source")})
+    elif name == "extract":
+        entry["device"] = record.device
+    elif name == "train":
+        entry.update({key: getattr(record, key) for key in (
+            "loss_tokens_available", "loss_tokens_trained", "loss_tokens_per_epoch", "tokens_per_step",
+            "rows_unusable", "split", "device")})
+    elif name == "evaluate":
+        entry.update({"checkpoint_id": record.checkpoint_id, "device": record.device})
+    return entry
+
+
+def evaluation_dict(evaluation: Evaluation | None, simulated_tau: float | None = None) -> dict:
+    fields = ("tau", "acceptance_per_position", "output_matches_greedy", "mismatched_prompts", "num_prompts",
+              "new_tokens", "verify_forwards", "num_speculative_tokens", "max_new_tokens", "spec_tokens_per_s",
+              "greedy_tokens_per_s", "speedup", "device", "prompt_source", "checkpoint_id")
+    values = {key: getattr(evaluation, key, None) for key in fields}
+    return {"id": evaluation.pk if evaluation else None,
+            "status": evaluation.status if evaluation else None, **values, "simulated_tau": simulated_tau}
 
 
 def run_summary(run: PipelineRun) -> dict:
     """What the CLI prints and the run page polls: ids, stage states, totals, paths.
 
     `run` should come from run_list(), which joins every stage in one query."""
-    prep, extraction, vocab, training = (record for _, _, record in run_stages(run))
+    prep, extraction, vocab, training, evaluation = (record for _, _, record in run_stages(run))
     manifest = getattr(extraction, "manifest", None)
-    checkpoints = list(training.checkpoints.all())
+    checkpoints = list(checkpoints_with_tau(training.checkpoints.all()))
+    evaluated = next((c for c in checkpoints if c.pk == evaluation.checkpoint_id), None)
     return {
         "run_id": run.pk,
         "name": str(run),
@@ -81,7 +146,7 @@ def run_summary(run: PipelineRun) -> dict:
         "config": run.config,
         "output_dir": run.output_dir,
         "ids": {"preparation": prep.pk, "extraction": extraction.pk, "vocab_mapping": vocab.pk,
-                "training_run": training.pk},
+                "training_run": training.pk, "evaluation": evaluation.pk},
         "stages": [_stage_dict(name, label, record) for name, label, record in run_stages(run)],
         "tokens": {
             "conversations": prep.num_conversations,
@@ -104,11 +169,15 @@ def run_summary(run: PipelineRun) -> dict:
         "manifest_path": manifest.path if manifest else None,
         "vocab": {"d2t_path": vocab.d2t_path or None, "t2d_path": vocab.t2d_path or None},
         "training": {"steps": training.steps, "tokens_per_second": training.tokens_per_second,
-                     "best_epoch": training.best_epoch},
+                     "best_epoch": training.best_epoch, "split": training.split,
+                     "loss_tokens_available": training.loss_tokens_available,
+                     "loss_tokens_trained": training.loss_tokens_trained},
+        "acceptance": evaluation_dict(evaluation, evaluated.simulated_tau if evaluated else None),
         "checkpoints": [
             {"id": c.pk, "url": c.get_absolute_url(), "epoch": c.epoch, "path": c.path,
              "train_loss": c.train_loss, "val_loss": c.val_loss,
-             "is_best": c.is_best, "val_metrics": c.val_metrics}
+             "is_best": c.is_best, "val_metrics": c.val_metrics, "simulated_tau": c.simulated_tau,
+             "tau": c.measured[0].tau if c.measured else None}
             for c in checkpoints
         ],
     }

@@ -13,6 +13,7 @@ from django.utils import timezone
 from runs.models import (
     FINISHED_STATUSES,
     Dataset,
+    Evaluation,
     Extraction,
     PipelineRun,
     Preparation,
@@ -76,7 +77,7 @@ def run_launch(
     name: str = "",
     enqueue: bool = True,
 ) -> PipelineRun:
-    """Create a run and its four stage rows; after commit, hand the run's id to the workers."""
+    """Create a run and its five stage rows; after commit, hand the run's id to the workers."""
     require(user, "launch")
     target = target_register(path=target_path)
     dataset = dataset_register(path=dataset_path)
@@ -101,6 +102,8 @@ def run_launch(
         run=run, draft_vocab_size=config.draft_vocab_size, target_vocab_size=target.vocab_size
     )
     TrainingRun.objects.create(run=run, epochs=config.epochs, lr=config.lr, ttt_steps=config.ttt_steps)
+    Evaluation.objects.create(run=run, requested_by=user, max_prompts=config.eval_prompts,
+                              max_new_tokens=config.eval_max_new_tokens)
     if enqueue:
         from workers.tasks import pipeline_enqueue
 

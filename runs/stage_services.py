@@ -15,14 +15,19 @@ class StageCancelled(Exception):
     """The stage's row is no longer running (a user cancelled it); the worker must stop."""
 
 
-def _stage_qs(stage_name: str, run_id: int):
-    return STAGES_BY_NAME[stage_name].model.objects.filter(run_id=run_id)
+def _stage_qs(stage_name: str, record_id: int):
+    return STAGES_BY_NAME[stage_name].model.objects.filter(pk=record_id)
+
+
+def stage_record_id(*, stage_name: str, run_id: int) -> int:
+    """The row that records `stage_name` for a run (the pipeline's tasks carry run ids)."""
+    return STAGES_BY_NAME[stage_name].model.objects.values_list("pk", flat=True).get(run_id=run_id)
 
 
 @transaction.atomic
-def stage_start(*, stage_name: str, run_id: int, worker: str = "") -> StageRecord | None:
+def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRecord | None:
     """Mark a queued stage running. None if it was cancelled or already ran (a redelivered task)."""
-    stage = _stage_qs(stage_name, run_id).select_for_update().get()
+    stage = _stage_qs(stage_name, record_id).select_for_update().get()
     if stage.status != StageStatus.QUEUED:
         return None
     stage.status = StageStatus.RUNNING
@@ -32,33 +37,36 @@ def stage_start(*, stage_name: str, run_id: int, worker: str = "") -> StageRecor
     return stage
 
 
-def stage_progress(*, stage_name: str, run_id: int, done: int, total: int, log_tail: str) -> None:
-    updated = _stage_qs(stage_name, run_id).filter(status=StageStatus.RUNNING).update(
+def stage_progress(*, stage_name: str, record_id: int, done: int, total: int, log_tail: str) -> None:
+    updated = _stage_qs(stage_name, record_id).filter(status=StageStatus.RUNNING).update(
         progress_done=done, progress_total=total, log_tail=log_tail
     )
     if not updated:
-        raise StageCancelled(f"{stage_name} of run {run_id} is no longer running")
+        raise StageCancelled(f"{stage_name} {record_id} is no longer running")
 
 
-def stage_succeed(*, stage_name: str, run_id: int, fields: dict, log_tail: str) -> None:
-    updated = _stage_qs(stage_name, run_id).filter(status=StageStatus.RUNNING).update(
+def stage_succeed(*, stage_name: str, record_id: int, fields: dict, log_tail: str) -> None:
+    updated = _stage_qs(stage_name, record_id).filter(status=StageStatus.RUNNING).update(
         status=StageStatus.SUCCEEDED, finished_at=timezone.now(), log_tail=log_tail, **fields
     )
     if not updated:
-        raise StageCancelled(f"{stage_name} of run {run_id} was cancelled before it could finish")
+        raise StageCancelled(f"{stage_name} {record_id} was cancelled before it could finish")
 
 
 @transaction.atomic
-def stage_fail(*, stage_name: str, run_id: int, error: str, log_tail: str, cancelled: bool = False) -> None:
-    """Record the failure and cancel the stages after it, saying why."""
+def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, cancelled: bool = False) -> None:
+    """Record the failure and, for a pipeline stage, cancel the stages after it, saying why."""
     now = timezone.now()
     status = StageStatus.CANCELLED if cancelled else StageStatus.FAILED
-    _stage_qs(stage_name, run_id).filter(status__in=[StageStatus.RUNNING, StageStatus.QUEUED]).update(
+    _stage_qs(stage_name, record_id).filter(status__in=[StageStatus.RUNNING, StageStatus.QUEUED]).update(
         status=status, finished_at=now, error=error[-20000:], log_tail=log_tail
     )
+    run_id = _stage_qs(stage_name, record_id).values_list("run_id", flat=True).first()
+    if run_id is None:
+        return
     names = [stage.name for stage in STAGES]
     for later in names[names.index(stage_name) + 1 :]:
-        _stage_qs(later, run_id).filter(status=StageStatus.QUEUED).update(
+        STAGES_BY_NAME[later].model.objects.filter(run_id=run_id, status=StageStatus.QUEUED).update(
             status=StageStatus.CANCELLED, finished_at=now, error=f"not started: {stage_name} did not succeed"
         )
 

@@ -1,9 +1,9 @@
-"""The four stages of a pipeline run, in order, with the model that records each."""
+"""The five stages of a pipeline run, in order, with the model that records each."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runs.models import Extraction, Preparation, StageRecord, TrainingRun, VocabMapping
+from runs.models import Evaluation, Extraction, Preparation, StageRecord, TrainingRun, VocabMapping
 
 
 @dataclass(frozen=True)
@@ -20,5 +20,6 @@ STAGES = (
     StageKind("extract", "Extract hidden states", Extraction, "extraction", "gpu"),
     StageKind("vocab", "Build draft vocabulary", VocabMapping, "vocab_mapping", "cpu"),
     StageKind("train", "Train draft", TrainingRun, "training_run", "gpu"),
+    StageKind("evaluate", "Measure acceptance", Evaluation, "evaluation", "gpu"),
 )
 STAGES_BY_NAME = {stage.name: stage for stage in STAGES}

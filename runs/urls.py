@@ -17,6 +17,7 @@ urlpatterns = [
     path("extractions/<int:pk>/verify/", views.extraction_reverify, name="extraction_verify"),
     path("extractions/<int:pk>/override/", views.extraction_override, name="extraction_override"),
     path("checkpoints/<int:pk>/", views.checkpoint_detail, name="checkpoint_detail"),
+    path("checkpoints/<int:pk>/evaluate/", views.checkpoint_evaluate, name="checkpoint_evaluate"),
     path("reviews/<str:subject>/<int:pk>/", views.review_create, name="review_create"),
     path("api/runs/<int:pk>/", api.run_status, name="api_run_status"),
     path("api/runs/<int:pk>/metrics/", api.run_metrics, name="api_run_metrics"),

@@ -9,10 +9,12 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from runs import extraction_services, reviews, selectors, services
+from runs import evaluation_services, extraction_services, reviews, selectors, services
+from runs.evaluation_services import EvaluationRequestError
 from runs.demo import demo_paths
 from runs.forms import LaunchForm
 from runs.models import Checkpoint, Dataset, Extraction, PipelineRun, TargetModel
+from runs.roles import user_can
 
 # What a launch can fail on: every one of these names the problem in its message.
 LAUNCH_ERRORS = (ValueError,)
@@ -65,11 +67,12 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
         {
             "run": run,
             "summary": summary,
-            "stages": selectors.run_stages(run),
+            "stages": [(name, label, record, selectors.stage_warnings(name, record))
+                       for name, label, record in selectors.run_stages(run)],
             "status": summary["status"],
             "layers": layers,
             "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
-            "checkpoints": run.training_run.checkpoints.all(),
+            "checkpoints": selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
         },
     )
 
@@ -201,4 +204,39 @@ def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
     checkpoint = get_object_or_404(Checkpoint.objects.select_related("training_run__run"), pk=pk)
     config_path = Path(checkpoint.path) / "config.json"
     config = config_path.read_text() if config_path.exists() else None
-    return render(request, "runs/checkpoint_detail.html", {"checkpoint": checkpoint, "config_json": config})
+    evaluations = list(checkpoint.evaluations.select_related("requested_by")[:20])
+    measured = next((e for e in evaluations if e.status == "succeeded"), None)
+    return render(request, "runs/checkpoint_detail.html", {
+        "checkpoint": checkpoint, "config_json": config, "evaluations": evaluations, "measured": measured,
+        "acceptance_json": json.dumps(measured.acceptance_per_position) if measured else "[]",
+        "evaluating": any(not e.is_finished for e in evaluations),
+        "can_evaluate": user_can(request.user, "launch"),
+    })
+
+
+def _optional_int(value: str | None, name: str, default: int | None = None) -> int | None:
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise EvaluationRequestError(f"{name} must be a whole number, got {value!r}") from None
+
+
+@require_POST
+def checkpoint_evaluate(request: HttpRequest, pk: int) -> HttpResponse:
+    """Measure a checkpoint's acceptance length on a GPU worker."""
+    checkpoint = get_object_or_404(Checkpoint.objects.select_related("training_run__run__target"), pk=pk)
+    try:
+        evaluation = evaluation_services.evaluation_request(
+            checkpoint=checkpoint, user=request.user,
+            prompts_path=request.POST.get("prompts_path", "").strip() or None,
+            max_new_tokens=_optional_int(request.POST.get("max_new_tokens"), "max new tokens", 64),
+            max_prompts=_optional_int(request.POST.get("max_prompts"), "prompts", 32),
+            num_speculative_tokens=_optional_int(request.POST.get("num_speculative_tokens"), "draft tokens per step"),
+        )
+    except ValueError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Evaluation {evaluation.pk} queued: a worker decodes the prompts with and without the draft.")
+    return redirect(checkpoint)

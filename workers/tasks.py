@@ -1,8 +1,8 @@
 """The seam between the queue, the database and the stages.
 
-Each task takes a run id, marks its stage running, calls one pure stage function with plain paths
+Each task takes an id, marks its stage row running, calls one pure stage function with plain paths
 and a progress callback, and hands the result to a service. The same `stage_execute` runs inline
-for `run_pipeline --inline`.
+for `run_pipeline --inline` and `evaluate_checkpoint`.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import logging
 import shutil
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Callable
 
@@ -19,8 +19,9 @@ from celery import chain, shared_task
 from django.conf import settings
 
 from runs.curation import dataset_excluded_ids
+from runs.evaluation_services import evaluation_plan
 from runs.extraction_services import extraction_training_gate, extraction_verify
-from runs.models import PipelineRun
+from runs.models import Evaluation, StageRecord
 from runs.stage_services import (
     StageCancelled,
     checkpoints_register,
@@ -28,10 +29,11 @@ from runs.stage_services import (
     metrics_record,
     stage_fail,
     stage_progress,
+    stage_record_id,
     stage_start,
     stage_succeed,
 )
-from runs.stages import STAGES
+from runs.stages import STAGES, STAGES_BY_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +41,9 @@ logger = logging.getLogger(__name__)
 class StageReporter(logging.Handler):
     """Collects the stage's log lines and writes progress at most every few seconds."""
 
-    def __init__(self, *, stage_name: str, run_id: int, interval: float):
+    def __init__(self, *, stage_name: str, record_id: int, interval: float):
         super().__init__(level=logging.INFO)
-        self.stage_name, self.run_id, self.interval = stage_name, run_id, interval
+        self.stage_name, self.record_id, self.interval = stage_name, record_id, interval
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         self._last_write = 0.0
@@ -60,7 +62,8 @@ class StageReporter(logging.Handler):
         now = time.monotonic()
         if now - self._last_write >= self.interval or done >= total:
             self._last_write = now
-            stage_progress(stage_name=self.stage_name, run_id=self.run_id, done=done, total=total, log_tail=self.tail)
+            stage_progress(stage_name=self.stage_name, record_id=self.record_id, done=done, total=total,
+                           log_tail=self.tail)
 
     def cancelled(self) -> bool:
         try:
@@ -77,9 +80,22 @@ def _fresh_dir(path: Path) -> Path:
     return path
 
 
-def _prepare(run: PipelineRun, reporter: StageReporter) -> dict:
+def _record_fields(record: StageRecord, result) -> dict:
+    """Every field of the stage's result dataclass that the stage's row has a column of the same
+    name for, so that nothing the stage counted is lost on the way to the page."""
+    columns = {f.name for f in record._meta.concrete_fields} - {"id", "run", "status", "error", "log_tail"}
+    values = {}
+    for f in fields(result):
+        if f.name in columns:
+            value = getattr(result, f.name)
+            values[f.name] = str(value) if isinstance(value, Path) else value
+    return values
+
+
+def _prepare(record, reporter: StageReporter) -> dict:
     from workers.stages.prepare import prepare
 
+    run = record.run
     result = prepare(
         tokenizer_dir=Path(run.target.path),
         dataset_path=Path(run.dataset.path),
@@ -89,73 +105,47 @@ def _prepare(run: PipelineRun, reporter: StageReporter) -> dict:
         exclude_ids=dataset_excluded_ids(dataset=run.dataset),
         on_progress=reporter.progress,
     )
-    return {
-        "out_dir": str(result.out_dir),
-        "token_freq_path": str(result.token_freq_path),
-        "num_conversations": result.num_conversations,
-        "num_rows": result.num_rows,
-        "num_skipped": result.num_skipped,
-        "total_tokens": result.total_tokens,
-        "loss_tokens": result.loss_tokens,
-        "length_histogram": result.length_histogram,
-    }
+    return _record_fields(record, result)
 
 
-def _extract(run: PipelineRun, reporter: StageReporter) -> dict:
+def _extract(record, reporter: StageReporter) -> dict:
     from workers.stages.extract import extract
 
+    run = record.run
     result = extract(
         target_dir=Path(run.target.path),
         prepared_dir=Path(run.preparation.out_dir),
         out_dir=_fresh_dir(Path(run.output_dir) / "extraction"),
-        layer_ids=run.extraction.layer_ids,
+        layer_ids=record.layer_ids,
         on_progress=reporter.progress,
     )
     manifest_record(run_id=run.pk, path=Path(result.manifest_path))
     # Nobody trains on hidden states that disagree with their manifest: verify before train runs.
-    extraction = run.extraction
-    extraction.out_dir = str(result.out_dir)
-    verification = extraction_verify(extraction=extraction)
+    record.out_dir = str(result.out_dir)
+    verification = extraction_verify(extraction=record)
     logger.info("extraction verification %s: %d checks in %.2f s", "passed" if verification.passed else "FAILED",
                 len(verification.checks), verification.seconds)
-    return {
-        "out_dir": str(result.out_dir),
-        "num_samples": result.num_samples,
-        "total_tokens": result.total_tokens,
-        "hidden_size": result.hidden_size,
-        "dtype": result.dtype,
-        "device": getattr(result, "device", ""),
-        "model_load_seconds": result.model_load_seconds,
-        "forward_seconds": result.forward_seconds,
-        "tokens_per_second": result.tokens_per_second,
-        "bytes_on_disk": result.bytes_on_disk,
-    }
+    return _record_fields(record, result)
 
 
-def _vocab(run: PipelineRun, reporter: StageReporter) -> dict:
+def _vocab(record, reporter: StageReporter) -> dict:
     from workers.stages.vocab import build_vocab
 
-    mapping = run.vocab_mapping
+    run = record.run
     result = build_vocab(
         token_freq_path=Path(run.preparation.token_freq_path),
         out_dir=Path(run.output_dir) / "vocab",
-        draft_vocab_size=mapping.draft_vocab_size,
-        target_vocab_size=mapping.target_vocab_size,
+        draft_vocab_size=record.draft_vocab_size,
+        target_vocab_size=record.target_vocab_size,
         on_progress=reporter.progress,
     )
-    return {
-        "out_dir": str(result.out_dir),
-        "d2t_path": str(result.d2t_path),
-        "t2d_path": str(result.t2d_path),
-        "distinct_tokens": result.distinct_tokens,
-        "coverage": result.coverage,
-    }
+    return _record_fields(record, result)
 
 
-def _train(run: PipelineRun, reporter: StageReporter) -> dict:
+def _train(record, reporter: StageReporter) -> dict:
     from workers.stages.train import train
 
-    training = run.training_run
+    run = record.run
     # Nobody trains on hidden states that disagree with their manifest, unless a reviewer said why.
     blocked = extraction_training_gate(extraction=run.extraction)
     if blocked:
@@ -168,60 +158,84 @@ def _train(run: PipelineRun, reporter: StageReporter) -> dict:
         t2d_path=Path(run.vocab_mapping.t2d_path),
         out_dir=Path(run.output_dir) / "checkpoints",
         layer_ids=run.extraction.layer_ids,
-        epochs=training.epochs,
-        lr=training.lr,
-        ttt_steps=training.ttt_steps,
+        epochs=record.epochs,
+        lr=record.lr,
+        ttt_steps=record.ttt_steps,
         draft_vocab_size=run.vocab_mapping.draft_vocab_size,
         val_fraction=run.config.get("val_fraction", 0.1),
         seed=run.config.get("seed", 0),
+        max_tokens_per_step=run.config.get("max_tokens_per_step"),
         on_progress=reporter.progress,
-        on_metrics=lambda points: metrics_record(training_run_id=training.pk, points=points),
+        on_metrics=lambda points: metrics_record(training_run_id=record.pk, points=points),
         should_stop=reporter.cancelled,
-        on_checkpoint=lambda c: checkpoints_register(training_run_id=training.pk, checkpoints=[asdict(c)]),
+        on_checkpoint=lambda c: checkpoints_register(training_run_id=record.pk, checkpoints=[asdict(c)]),
     )
-    checkpoints_register(training_run_id=training.pk, checkpoints=[asdict(c) for c in result.checkpoints])
-    return {
-        "out_dir": str(result.out_dir),
-        "steps": result.steps,
-        "train_tokens": result.train_tokens,
-        "tokens_per_second": result.tokens_per_second,
-        "best_epoch": result.best_epoch,
-    }
+    checkpoints_register(training_run_id=record.pk, checkpoints=[asdict(c) for c in result.checkpoints])
+    values = _record_fields(record, result)
+    values["split"] = result.split.as_dict()
+    return values
 
 
-STAGE_BODIES: dict[str, Callable[[PipelineRun, StageReporter], dict]] = {
+def _evaluate(record: Evaluation, reporter: StageReporter) -> dict:
+    from workers.stages.evaluate import EvaluationStopped, evaluate
+
+    plan = evaluation_plan(evaluation=record)
+    try:
+        result = evaluate(
+            target_dir=plan.target_dir,
+            checkpoint_dir=plan.checkpoint_dir,
+            prompts=plan.prompts(),
+            prompt_source=plan.prompt_source,
+            max_new_tokens=record.max_new_tokens,
+            num_speculative_tokens=record.num_speculative_tokens,
+            on_progress=reporter.progress,
+            should_stop=reporter.cancelled,
+        )
+    except EvaluationStopped as exc:
+        raise StageCancelled(str(exc)) from None
+    values = _record_fields(record, result)
+    values["checkpoint_id"] = plan.checkpoint_id
+    return values
+
+
+STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], dict]] = {
     "prepare": _prepare,
     "extract": _extract,
     "vocab": _vocab,
     "train": _train,
+    "evaluate": _evaluate,
 }
 
 
-def stage_execute(*, stage_name: str, run_id: int, worker: str) -> bool:
-    """Run one stage of one run; True if it succeeded. Failures are recorded, not raised."""
-    if stage_start(stage_name=stage_name, run_id=run_id, worker=worker) is None:
-        logger.info("%s of run %s is not queued any more; skipping", stage_name, run_id)
+def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
+    """Run one stage row; True if it succeeded. Failures are recorded, not raised."""
+    if stage_start(stage_name=stage_name, record_id=record_id, worker=worker) is None:
+        logger.info("%s %s is not queued any more; skipping", stage_name, record_id)
         return False
-    reporter = StageReporter(stage_name=stage_name, run_id=run_id, interval=settings.EAGLE3WEB_PROGRESS_INTERVAL)
+    import torch
+
+    torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
+    reporter = StageReporter(stage_name=stage_name, record_id=record_id, interval=settings.EAGLE3WEB_PROGRESS_INTERVAL)
     watched = [logging.getLogger("workers"), logging.getLogger("speculators")]
     for log in watched:
         log.addHandler(reporter)
         log.setLevel(logging.INFO)
     try:
-        run = PipelineRun.objects.select_related("target", "dataset").get(pk=run_id)
-        logger.info("%s of run %s started on %s", stage_name, run_id, worker)
-        fields = STAGE_BODIES[stage_name](run, reporter)
-        logger.info("%s of run %s finished", stage_name, run_id)
-        stage_succeed(stage_name=stage_name, run_id=run_id, fields=fields, log_tail=reporter.tail)
+        model = STAGES_BY_NAME[stage_name].model
+        record = model.objects.select_related("run__target", "run__dataset").get(pk=record_id)
+        logger.info("%s %s started on %s", stage_name, record_id, worker)
+        fields = STAGE_BODIES[stage_name](record, reporter)
+        logger.info("%s %s finished", stage_name, record_id)
+        stage_succeed(stage_name=stage_name, record_id=record_id, fields=fields, log_tail=reporter.tail)
         return True
     except StageCancelled as exc:
         logger.info("%s", exc)
-        stage_fail(stage_name=stage_name, run_id=run_id, error=str(exc), log_tail=reporter.tail, cancelled=True)
+        stage_fail(stage_name=stage_name, record_id=record_id, error=str(exc), log_tail=reporter.tail, cancelled=True)
         return False
-    except Exception as exc:  # noqa: BLE001 - every failure must reach the run page
-        logger.exception("%s of run %s failed", stage_name, run_id)
+    except Exception as exc:  # noqa: BLE001 - every failure must reach the page
+        logger.exception("%s %s failed", stage_name, record_id)
         error = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
-        stage_fail(stage_name=stage_name, run_id=run_id, error=error, log_tail=reporter.tail)
+        stage_fail(stage_name=stage_name, record_id=record_id, error=error, log_tail=reporter.tail)
         return False
     finally:
         for log in watched:
@@ -230,7 +244,13 @@ def stage_execute(*, stage_name: str, run_id: int, worker: str) -> bool:
 
 @shared_task(bind=True, name="eagle3web.stage", acks_late=True)
 def stage_task(self, stage_name: str, run_id: int) -> bool:
-    return stage_execute(stage_name=stage_name, run_id=run_id, worker=self.request.hostname or "celery")
+    record_id = stage_record_id(stage_name=stage_name, run_id=run_id)
+    return stage_execute(stage_name=stage_name, record_id=record_id, worker=self.request.hostname or "celery")
+
+
+@shared_task(bind=True, name="eagle3web.evaluate_checkpoint", acks_late=True)
+def evaluation_task(self, evaluation_id: int) -> bool:
+    return stage_execute(stage_name="evaluate", record_id=evaluation_id, worker=self.request.hostname or "celery")
 
 
 def pipeline_enqueue(*, run_id: int) -> None:
@@ -240,4 +260,9 @@ def pipeline_enqueue(*, run_id: int) -> None:
 
 def pipeline_run_inline(*, run_id: int) -> None:
     for stage in STAGES:
-        stage_execute(stage_name=stage.name, run_id=run_id, worker="inline")
+        stage_execute(stage_name=stage.name, record_id=stage_record_id(stage_name=stage.name, run_id=run_id),
+                      worker="inline")
+
+
+def evaluation_enqueue(*, evaluation_id: int) -> None:
+    evaluation_task.apply_async(args=[evaluation_id], queue=STAGES_BY_NAME["evaluate"].queue)

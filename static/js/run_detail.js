@@ -33,6 +33,13 @@
       row.querySelector('[data-field="seconds"]').textContent =
         stage.seconds == null ? "–" : stage.seconds.toFixed(1) + " s";
       row.querySelector('[data-field="worker"]').textContent = stage.worker;
+      const badge = row.querySelector('[data-field="warn-badge"]');
+      const warnings = stage.warnings || [];
+      badge.hidden = !warnings.length;
+      badge.textContent = warnings.length + (warnings.length === 1 ? " warning" : " warnings");
+      const list = detail.querySelector('[data-field="warnings"]');
+      list.hidden = !warnings.length;
+      list.innerHTML = warnings.map((w) => "<li>" + esc(w) + "</li>").join("");
       const error = detail.querySelector('[data-field="error"]');
       error.textContent = stage.error;
       error.hidden = !stage.error;
@@ -45,9 +52,44 @@
     }
     const cov = document.querySelector('[data-token="vocab_coverage"]');
     if (cov && t.vocab_coverage != null) cov.textContent = (100 * t.vocab_coverage).toFixed(1) + " %";
+    const prep = summary.stages.find((s) => s.name === "prepare");
+    const train = summary.stages.find((s) => s.name === "train");
+    setToken("truncated_rows", prep.num_truncated_rows == null ? null : fmt.format(prep.num_truncated_rows));
+    const split = train.split || {};
+    if (split.by) {
+      setToken("split_rows", fmt.format(split.train_rows) + " / " + fmt.format(split.val_rows));
+      setToken("split_conversations", fmt.format(split.train_conversations) + " / " + fmt.format(split.val_conversations) +
+        " (split by " + split.by + ", seed " + split.seed + ")");
+    }
+    if (train.loss_tokens_available != null) {
+      setToken("loss_tokens_trained", fmt.format(train.loss_tokens_trained) + " / " + fmt.format(train.loss_tokens_available));
+      setToken("tokens_per_step", fmt.format(train.tokens_per_step));
+    }
     renderTimeline(summary.stages);
     renderCheckpoints(summary.checkpoints);
+    renderAcceptance(summary.acceptance);
   }
+
+  function setToken(key, text) {
+    const cell = document.querySelector(`[data-token="${key}"]`);
+    if (cell && text != null) cell.textContent = text;
+  }
+
+  let acceptanceDrawn = false;
+  function renderAcceptance(a) {
+    const cell = (key) => document.querySelector(`[data-acc="${key}"]`);
+    if (a.simulated_tau != null) cell("simulated_tau").textContent = a.simulated_tau.toFixed(2);
+    if (a.tau == null || acceptanceDrawn) return;
+    acceptanceDrawn = true;
+    cell("tau").textContent = a.tau.toFixed(2);
+    cell("output_matches_greedy").textContent = a.output_matches_greedy ? "yes (token for token)" : "NO";
+    cell("num_speculative_tokens").textContent = a.num_speculative_tokens;
+    cell("speeds").textContent = fmt.format(Math.round(a.spec_tokens_per_s)) + " / " +
+      fmt.format(Math.round(a.greedy_tokens_per_s)) + " on " + a.device;
+    cell("prompts").textContent = a.num_prompts + " prompts, " + fmt.format(a.new_tokens) + " tokens";
+    window.drawAcceptance("plot-acceptance", a.acceptance_per_position);
+  }
+
 
   function renderTimeline(stages) {
     const started = stages.filter((s) => s.started_at);
@@ -81,11 +123,12 @@
 
   function renderCheckpoints(checkpoints) {
     if (!checkpoints.length) return;
+    const num = (v, digits) => (v == null ? "–" : v.toFixed(digits));
     const rows = checkpoints.map((c) => `<tr class="${c.is_best ? "best" : ""}"><td>${c.epoch}${c.is_best ? ' <span class="badge">best</span>' : ""}</td>` +
-      `<td>${c.val_loss == null ? "–" : c.val_loss.toFixed(4)}</td><td>${c.train_loss == null ? "–" : c.train_loss.toFixed(4)}</td>` +
-      `<td><code>${esc(c.path)}</code> <a href="${esc(c.url)}">details and review</a></td><td><code>vllm serve ${esc(c.path)}</code></td></tr>`).join("");
-    document.getElementById("checkpoints").innerHTML = '<table class="list"><thead><tr><th>Epoch</th><th>Val loss</th>' +
-      "<th>Train loss</th><th>Path</th><th>Serve with vLLM</th></tr></thead><tbody>" + rows + "</tbody></table>";
+      `<td>${num(c.val_loss, 4)}</td><td>${num(c.train_loss, 4)}</td><td>${num(c.tau, 2)}</td><td>${num(c.simulated_tau, 2)}</td>` +
+      `<td><code>${esc(c.path)}</code> <a href="${esc(c.url)}">details, review, measure</a></td><td><code>vllm serve ${esc(c.path)}</code></td></tr>`).join("");
+    document.getElementById("checkpoints").innerHTML = '<table class="list" id="checkpoint-table"><thead><tr><th>Epoch</th><th>Val loss</th>' +
+      "<th>Train loss</th><th>τ measured</th><th>τ simulated</th><th>Path</th><th>Serve with vLLM</th></tr></thead><tbody>" + rows + "</tbody></table>";
   }
 
   function addPoints(points) {

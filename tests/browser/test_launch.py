@@ -52,9 +52,14 @@ def test_user_launches_a_run_and_sees_it_finish_with_a_plotted_curve(live_server
 
     expect(page).to_have_url(__import__("re").compile(r"/runs/\d+/$"))
     expect(page.locator("#run-status")).to_have_text("succeeded", timeout=600_000)
-    for stage in ("prepare", "extract", "vocab", "train"):
+    for stage in ("prepare", "extract", "vocab", "train", "evaluate"):
         expect(page.locator(f'tr[data-stage="{stage}"] [data-field="status"]')).to_have_text("succeeded")
     expect(page.locator("#plot-loss .main-svg").first).to_be_visible(timeout=20_000)
     traces = page.evaluate("document.getElementById('plot-loss').data.length")
     assert traces >= 2  # a train curve per TTT step at least
     expect(page.locator("#checkpoints")).to_contain_text("vllm serve")
+    # Acceptance measured by speculative decoding: tau, its per-position bars, and the greedy check.
+    expect(page.locator("#plot-acceptance .main-svg").first).to_be_visible(timeout=20_000)
+    tau = float(page.locator('[data-acc="tau"]').inner_text())
+    assert 1.0 <= tau <= 3.0
+    expect(page.locator('[data-acc="output_matches_greedy"]')).to_have_text("yes (token for token)")

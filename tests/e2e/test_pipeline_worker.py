@@ -1,4 +1,4 @@
-"""A run launched through the service finishes all four stages in a real Celery worker process,
+"""A run launched through the service finishes all five stages in a real Celery worker process,
 over Redis and PostgreSQL."""
 import io
 import json
@@ -22,7 +22,7 @@ def test_pipeline_finishes_every_stage_in_a_celery_worker(tiny_target, worker, u
     summary = wait_for_run(run.pk, timeout=600, log_path=worker.log_path)
     assert Verification.objects.get(extraction__run=run).passed
 
-    assert [s["status"] for s in summary["stages"]] == [StageStatus.SUCCEEDED] * 4, summary["stages"]
+    assert [s["status"] for s in summary["stages"]] == [StageStatus.SUCCEEDED] * 5, summary["stages"]
     assert all(s["worker"].startswith("test-worker-") for s in summary["stages"])
     assert summary["tokens"]["loss_tokens"] > 0
     assert summary["tokens"]["extracted_tokens"] == summary["tokens"]["total_tokens"]
@@ -35,6 +35,9 @@ def test_pipeline_finishes_every_stage_in_a_celery_worker(tiny_target, worker, u
     keys = set(MetricPoint.objects.filter(training_run__run=run).values_list("split", "key").distinct())
     for k in range(2):
         assert ("train", f"loss_{k}") in keys and ("val", f"full_acc_{k}") in keys
+    acceptance = summary["acceptance"]
+    assert acceptance["output_matches_greedy"] is True and 1.0 <= acceptance["tau"] <= 3.0
+    assert len(acceptance["acceptance_per_position"]) == 2
 
 
 def test_run_pipeline_wait_returns_when_the_worker_has_finished(tiny_target, worker, user):

@@ -42,7 +42,8 @@ def inline_run(tiny_target, django_db_setup, django_db_blocker, tmp_path_factory
 
 def test_inline_run_succeeds_and_summarises_every_stage(inline_run):
     summary, _ = inline_run
-    assert [s["status"] for s in summary["stages"]] == ["succeeded"] * 4
+    assert [s["name"] for s in summary["stages"]] == ["prepare", "extract", "vocab", "train", "evaluate"]
+    assert [s["status"] for s in summary["stages"]] == ["succeeded"] * 5
     assert all(s["seconds"] > 0 for s in summary["stages"])
     assert summary["extraction"]["layer_ids"] == [2, 4, 5, 8]
     assert summary["tokens"]["loss_tokens"] > 0
@@ -127,3 +128,91 @@ def test_a_reviewer_approves_a_checkpoint_on_its_page(inline_run, client):
     page = response.content.decode()
     assert "vllm serve" in page and "ship it" in page and "Approve" in page
     assert ckpt.reviews.get().author == reviewer
+
+
+def test_the_run_measures_acceptance_of_its_best_checkpoint_with_greedy_equal_output(inline_run):
+    summary, _ = inline_run
+    acceptance = summary["acceptance"]
+    best = next(c for c in summary["checkpoints"] if c["is_best"])
+    assert acceptance["status"] == "succeeded" and acceptance["checkpoint_id"] == best["id"]
+    assert acceptance["output_matches_greedy"] is True
+    k = acceptance["num_speculative_tokens"]
+    assert k == 3 and 1.0 <= acceptance["tau"] <= k + 1
+    assert acceptance["tau"] == pytest.approx(1 + sum(acceptance["acceptance_per_position"]))
+    assert best["tau"] == acceptance["tau"] and best["simulated_tau"] == acceptance["simulated_tau"] > 1.0
+    assert acceptance["prompt_source"].startswith("validation conversations of")
+
+
+def test_the_train_stage_says_every_supervised_token_was_trained(inline_run):
+    summary, _ = inline_run
+    train = next(s for s in summary["stages"] if s["name"] == "train")
+    assert train["loss_tokens_trained"] == train["loss_tokens_available"] > 0
+    assert train["split"]["by"] == "conversation" and train["warnings"] == []
+    assert train["split"]["train_rows"] + train["split"]["val_rows"] == summary["tokens"]["rows"]
+
+
+def evaluate_cli(*args):
+    out = io.StringIO()
+    call_command("evaluate_checkpoint", *args, "--json", stdout=out)
+    return json.loads(out.getvalue())
+
+
+def test_evaluate_checkpoint_by_id_on_a_prompts_file(inline_run, tiny_target):
+    from runs.models import Checkpoint
+
+    summary, _ = inline_run
+    ckpt = Checkpoint.objects.get(path=summary["checkpoints"][0]["path"])
+    result = evaluate_cli(str(ckpt.pk), "--prompts", str(tiny_target.chats_path), "--max-prompts", "3",
+                          "--max-new-tokens", "24", "--num-speculative-tokens", "2")
+    assert result["status"] == "succeeded" and result["output_matches_greedy"] is True
+    assert result["num_prompts"] == 3 and result["num_speculative_tokens"] == 2
+    assert len(result["acceptance_per_position"]) == 2 and 1.0 <= result["tau"] <= 3.0
+    assert result["prompt_source"] == str(tiny_target.chats_path)
+
+
+def test_evaluate_checkpoint_imports_a_directory_and_needs_prompts_for_it(inline_run, data_root, tiny_target):
+    import shutil
+
+    summary, _ = inline_run
+    copy = data_root / "evaluated-elsewhere"
+    shutil.copytree(summary["checkpoints"][-1]["path"], copy, symlinks=True)
+    with pytest.raises(CommandError, match="was not trained here, so it has no validation conversations; give a prompts file"):
+        evaluate_cli(str(copy))
+    result = evaluate_cli(str(copy), "--prompts", str(tiny_target.chats_path), "--max-prompts", "2")
+    assert result["output_matches_greedy"] is True and result["tau"] >= 1.0
+
+
+def test_a_user_measures_a_checkpoint_from_its_page(inline_run, client, user):
+    """The button queues an evaluation; here the worker's part runs in-process (the worker itself is
+    exercised by tests/e2e/test_pipeline_worker.py)."""
+    from runs.models import Checkpoint, Evaluation
+    from workers.tasks import stage_execute
+
+    client.login(username=user.username, password=user.raw_password)
+    summary, _ = inline_run
+    ckpt = Checkpoint.objects.get(path=summary["checkpoints"][0]["path"])
+    response = client.post(f"/checkpoints/{ckpt.pk}/evaluate/", {"max_prompts": "2", "max_new_tokens": "16"},
+                           follow=True)
+    assert "queued" in response.content.decode()
+    evaluation = Evaluation.objects.filter(checkpoint=ckpt, run=None).latest("id")
+    assert evaluation.status == "queued" and evaluation.requested_by == user
+    assert stage_execute(stage_name="evaluate", record_id=evaluation.pk, worker="test")
+    page = client.get(f"/checkpoints/{ckpt.pk}/").content.decode()
+    evaluation.refresh_from_db()
+    assert f"{evaluation.tau:.2f}" in page and "equals greedy decoding token for token" in page
+    assert 'id="plot-acceptance"' in page
+
+
+def test_a_bad_evaluation_request_names_the_problem_and_stores_nothing(inline_run, client, user):
+    from runs.models import Checkpoint, Evaluation
+
+    client.login(username=user.username, password=user.raw_password)
+    summary, _ = inline_run
+    ckpt = Checkpoint.objects.get(path=summary["checkpoints"][0]["path"])
+    before = Evaluation.objects.count()
+    for data, message in [({"max_new_tokens": "0"}, "max_new_tokens must be between 1 and 4096, got 0"),
+                          ({"num_speculative_tokens": "x"}, "draft tokens per step must be a whole number"),
+                          ({"prompts_path": "/etc/passwd"}, "prompts file /etc/passwd is outside the allowed data roots")]:
+        page = client.post(f"/checkpoints/{ckpt.pk}/evaluate/", data, follow=True).content.decode()
+        assert message in page
+    assert Evaluation.objects.count() == before

@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from runs import services
 from runs.models import PipelineRun, StageStatus, TargetModel
 from runs.run_config import RunConfig, RunConfigError
-from runs.stage_services import stage_fail, stage_start
+from runs.stage_services import stage_fail, stage_record_id, stage_start, stage_succeed
 from runs.paths import PathNotAllowed
 from workers.stages.target import TargetConfigError
 
@@ -31,17 +31,22 @@ def roots(tmp_path, settings):
 
 
 
+def rid(run, stage_name: str) -> int:
+    return stage_record_id(stage_name=stage_name, run_id=run.pk)
+
+
 def launch(roots, user, **config):
     return services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
                                config=RunConfig(**config))
 
 
-def test_launch_creates_four_queued_stages_and_enqueues_after_commit(roots, user, django_capture_on_commit_callbacks):
+def test_launch_creates_five_queued_stages_and_enqueues_after_commit(roots, user, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         run = launch(roots, user)
     assert len(callbacks) == 1
-    stages = [run.preparation, run.extraction, run.vocab_mapping, run.training_run]
-    assert [s.status for s in stages] == [StageStatus.QUEUED] * 4
+    stages = [run.preparation, run.extraction, run.vocab_mapping, run.training_run, run.evaluation]
+    assert [s.status for s in stages] == [StageStatus.QUEUED] * 5
+    assert (run.evaluation.max_prompts, run.evaluation.max_new_tokens) == (32, 64)
     assert run.output_dir.endswith(f"run-{run.pk}")
 
 
@@ -96,20 +101,20 @@ def test_run_config_names_a_bad_value():
 def test_cancel_marks_unfinished_stages_and_a_started_stage_sees_it(roots, user, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
-    assert stage_start(stage_name="prepare", run_id=run.pk, worker="w1") is not None
-    assert services.run_cancel(run=run, user=user) == 4
+    assert stage_start(stage_name="prepare", record_id=rid(run, "prepare"), worker="w1") is not None
+    assert services.run_cancel(run=run, user=user) == 5
     run.refresh_from_db()
     run.preparation.refresh_from_db()
     assert run.preparation.status == StageStatus.CANCELLED
     assert "cancelled by launcher" in run.preparation.error
-    assert stage_start(stage_name="extract", run_id=run.pk, worker="w1") is None
+    assert stage_start(stage_name="extract", record_id=rid(run, "extract"), worker="w1") is None
 
 
 def test_a_failed_stage_cancels_the_stages_after_it(roots, user, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
-    stage_start(stage_name="prepare", run_id=run.pk, worker="w1")
-    stage_fail(stage_name="prepare", run_id=run.pk, error="DatasetFormatError: line 3", log_tail="")
+    stage_start(stage_name="prepare", record_id=rid(run, "prepare"), worker="w1")
+    stage_fail(stage_name="prepare", record_id=rid(run, "prepare"), error="DatasetFormatError: line 3", log_tail="")
     run = PipelineRun.objects.get(pk=run.pk)
     assert run.preparation.status == StageStatus.FAILED
     assert run.training_run.status == StageStatus.CANCELLED
@@ -131,15 +136,14 @@ def test_retry_requeues_failed_and_cancelled_stages_only(roots, user, django_cap
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
     for name in ("prepare", "extract", "vocab"):
-        stage_start(stage_name=name, run_id=run.pk)
-        from runs.stage_services import stage_succeed
-
-        stage_succeed(stage_name=name, run_id=run.pk, fields={}, log_tail="")
-    stage_start(stage_name="train", run_id=run.pk)
-    stage_fail(stage_name="train", run_id=run.pk, error="ValueError: extraction failed verification", log_tail="")
+        stage_start(stage_name=name, record_id=rid(run, name))
+        stage_succeed(stage_name=name, record_id=rid(run, name), fields={}, log_tail="")
+    stage_start(stage_name="train", record_id=rid(run, "train"))
+    stage_fail(stage_name="train", record_id=rid(run, "train"), error="ValueError: extraction failed verification", log_tail="")
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        assert services.run_retry(run=run, user=user) == 1
+        assert services.run_retry(run=run, user=user) == 2  # train, and evaluate that it cancelled
     run = PipelineRun.objects.get(pk=run.pk)
     assert run.training_run.status == StageStatus.QUEUED and run.training_run.error == ""
+    assert run.evaluation.status == StageStatus.QUEUED
     assert run.preparation.status == StageStatus.SUCCEEDED
     assert len(callbacks) == 1

@@ -10,7 +10,15 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from workers.stages import extract as extract_module
-from workers.stages.extract import extract, plan_batches
+from workers.stages.extract import (
+    HiddenBatch,
+    batch_token_budget,
+    extract,
+    iter_hidden_states,
+    load_target,
+    open_prepared,
+    plan_batches,
+)
 from workers.stages.prepare import prepare
 from workers.stages.target import TargetConfigError, default_layer_ids
 
@@ -108,7 +116,7 @@ def test_manifest_has_every_flat_field_and_agrees_with_files(extracted, layer_id
     assert man["total_tokens"] == result.total_tokens
     assert man["layer_id_convention"] == "hf_hidden_states_index"
     assert man["file_pattern"] == "hidden_states/hs_{idx}.safetensors"
-    assert man["dtype"] == "bfloat16" and man["device"] == "cpu"
+    assert man["dtype"] == "bfloat16" and man["device"] == "cpu" == result.device
     for key in ("model_load_seconds", "forward_seconds", "tokens_per_second", "bytes_on_disk", "created_at"):
         assert key in man
 
@@ -123,8 +131,8 @@ def test_reviewer_check_finds_no_extraction_problem(extracted, tiny_target, tmp_
         runpy.run_path(str(CHECK_SCRIPT), run_name="__main__")
     out = capsys.readouterr().out
     problems = [line for line in out.splitlines() if line.startswith("PROBLEM")]
-    # This stage writes no checkpoint; that is the train stage's line.
-    assert problems == ["PROBLEM: no checkpoint directory (config.json + model.safetensors) named in the summary"]
+    # This stage writes no checkpoint; that is the train stage's line (its wording is the tool's).
+    assert len(problems) == 1 and problems[0].startswith("PROBLEM: no ") and "checkpoint" in problems[0], problems
     assert f"{result.num_samples} samples, {result.total_tokens} tokens" in out
 
 
@@ -180,3 +188,60 @@ def test_headers_name_layers_and_width_without_loading_data(extracted, layer_ids
     with safe_open(str(result.hidden_states_dir / "hs_0.safetensors"), "pt") as f:
         shape = f.get_slice("hidden_states").get_shape()
     assert shape[1:] == [len(layer_ids), tiny_target.hidden_size]
+
+
+def test_iter_hidden_states_yields_exactly_what_extract_writes(extracted, prepared, layer_ids, tiny_target):
+    """The benchmark's bare loop drives this generator; it must be the stage's own batches."""
+    result, _ = extracted
+    data, lengths = open_prepared(prepared.out_dir)
+    device = torch.device("cpu")
+    model = load_target(tiny_target.target_dir, device)
+    budget = batch_token_budget(device)
+    seen = []
+    for batch in iter_hidden_states(model, data, lengths, budget, layer_ids, device):
+        assert batch.hidden.dtype == torch.bfloat16 and batch.hidden.device.type == "cpu"
+        assert tuple(batch.hidden.shape) == (len(batch.indices), max(map(len, batch.rows)), len(layer_ids),
+                                             tiny_target.hidden_size)
+        for b, (i, row) in enumerate(zip(batch.indices, batch.rows)):
+            stored = load_file(result.hidden_states_dir / f"hs_{i}.safetensors")
+            assert stored["token_ids"].tolist() == row
+            assert torch.equal(stored["hidden_states"], batch.hidden[b, : len(row)])
+        seen.append(batch.indices)
+    assert seen == plan_batches(lengths, budget)
+    assert not any(m._forward_pre_hooks for m in model.modules()), "hooks left on the model"
+
+
+def test_a_background_writer_writes_the_same_files(extracted, tiny_target, prepared, layer_ids, tmp_path,
+                                                   monkeypatch):
+    """Accelerators write on a thread while the next batch runs; the files must not change."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    result, _ = extracted
+    monkeypatch.setattr(extract_module, "_writer", lambda device: ThreadPoolExecutor(max_workers=1))
+    threaded = extract(target_dir=tiny_target.target_dir, prepared_dir=prepared.out_dir, out_dir=tmp_path / "t",
+                       layer_ids=layer_ids, device="cpu")
+    assert threaded.bytes_on_disk == result.bytes_on_disk and threaded.total_tokens == result.total_tokens
+    for i in range(result.num_samples):
+        name = f"hs_{i}.safetensors"
+        assert (threaded.hidden_states_dir / name).read_bytes() == (result.hidden_states_dir / name).read_bytes()
+    assert sorted(p.name for p in threaded.hidden_states_dir.iterdir()) == sorted(
+        p.name for p in result.hidden_states_dir.iterdir())
+
+
+def test_rows_whose_seq_len_disagrees_are_refused_before_loading_the_model(tmp_path, monkeypatch, tiny_target,
+                                                                          layer_ids):
+    from datasets import Dataset
+
+    Dataset.from_dict({"input_ids": [[5, 6, 7], [8]], "seq_len": [3, 2]}).save_to_disk(str(tmp_path / "p"))
+    monkeypatch.setattr(extract_module, "load_target", lambda *a, **k: pytest.fail("model loaded"))
+    with pytest.raises(ValueError, match=r"row 1 has seq_len 2 and 1 input_ids"):
+        extract(target_dir=tiny_target.target_dir, prepared_dir=tmp_path / "p", out_dir=tmp_path / "o",
+                layer_ids=layer_ids, device="cpu")
+
+
+def test_non_finite_hidden_states_name_their_row():
+    hidden = torch.zeros(2, 3, 1, 4, dtype=torch.bfloat16)
+    extract_module._check_batch(HiddenBatch([4, 9], [[1, 2, 3], [1, 2]], hidden, 0.0))
+    hidden[1, 1, 0, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"hs_9\.safetensors: .*non-finite"):
+        extract_module._check_batch(HiddenBatch([4, 9], [[1, 2, 3], [1, 2]], hidden, 0.0))

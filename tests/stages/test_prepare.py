@@ -6,6 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
+from tests.long_chats import long_chat_rows
 from workers.stages.prepare import GENERATION_TAG, DatasetFormatError, prepare
 
 SUBSET = 24  # conversations; enough for multi-turn rows, fast on 2 cores
@@ -132,7 +133,55 @@ def test_rows_are_truncated_to_max_seq_len(tiny_target, chats, tmp_path):
     lengths = _rows(result.out_dir).with_format(None)["seq_len"]
     assert max(lengths) == 24
     assert result.num_truncated_rows > 0 and result.num_turns_dropped > 0
+    assert result.truncated_loss_tokens > 0
     assert result.total_tokens == sum(lengths)
+
+
+def test_a_truncated_row_counts_exactly_the_supervised_tokens_cut_off(tiny_target, tokenizer, tmp_path):
+    reply = "The river carries stone and water past the old castle 🙂 你好世界. " * 8
+    messages = [{"role": "user", "content": "Tell me about the river."}, {"role": "assistant", "content": reply}]
+    enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
+    max_seq_len = mask.index(1) + 10  # the row keeps its context and the first 10 reply tokens
+    assert len(ids) > max_seq_len
+    result = prepare(tokenizer_dir=tiny_target.target_dir, dataset_path=_write(tmp_path, [{"messages": messages}]),
+                     out_dir=tmp_path / "o", max_seq_len=max_seq_len)
+    row = _rows(result.out_dir).with_format(None)[0]
+    assert row["input_ids"] == ids[:max_seq_len] and sum(row["loss_mask"]) == 10
+    assert (result.num_truncated_rows, result.truncated_loss_tokens) == (1, sum(mask[max_seq_len:]))
+    assert result.truncated_loss_tokens == sum(mask) - 10 > 0
+    assert json.loads((result.out_dir / "prepare_summary.json").read_text())["truncated_loss_tokens"] == (
+        result.truncated_loss_tokens)
+
+
+def test_long_unicode_chats_in_both_formats_keep_every_reply_whole_or_count_the_cut(tiny_target, tokenizer,
+                                                                                   tmp_path):
+    rows = long_chat_rows(4, seed=3)
+    assert {"messages", "conversations"} <= {k for r in rows for k in r}
+    convs = {str(r["id"]): _messages(r) for r in rows}
+    full = prepare(tokenizer_dir=tiny_target.target_dir, dataset_path=_write(tmp_path, rows),
+                   out_dir=tmp_path / "full", max_seq_len=2048)
+    assert (full.num_truncated_rows, full.truncated_loss_tokens, full.num_turns_dropped) == (0, 0, 0)
+    seen = Counter()
+    for row in _rows(full.out_dir).with_format(None):
+        replies = [t["content"] for j, t in enumerate(convs[row["source_id"]]) if t["role"] == "assistant" and j > 0]
+        masked = [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m]
+        assert tokenizer.decode(masked) == replies[seen[row["source_id"]]] + tokenizer.eos_token
+        seen[row["source_id"]] += 1
+    assert max(_rows(full.out_dir).with_format(None)["seq_len"]) > 300
+    # Clipped at 300 tokens: what the rows keep plus what the result says was cut is every
+    # supervised token of the turns that were not dropped.
+    clipped = prepare(tokenizer_dir=tiny_target.target_dir, dataset_path=_write(tmp_path, rows),
+                      out_dir=tmp_path / "clipped", max_seq_len=300)
+    full_rows, kept = Counter(), Counter()  # per conversation; dropped turns are its last ones
+    for r in _rows(clipped.out_dir).with_format(None):
+        kept[r["source_id"]] += 1
+    for r in _rows(full.out_dir).with_format(None):
+        if full_rows[r["source_id"], "n"] < kept[r["source_id"]]:
+            full_rows[r["source_id"], "n"] += 1
+            full_rows["loss"] += sum(r["loss_mask"])
+    assert clipped.num_truncated_rows > 0 and clipped.truncated_loss_tokens > 0 and clipped.num_turns_dropped > 0
+    assert clipped.loss_tokens + clipped.truncated_loss_tokens == full_rows["loss"]
 
 
 def test_excluded_ids_are_skipped(tiny_target, chats, tmp_path):

@@ -2,6 +2,7 @@
 prepare / extract / vocab stages: chats -> chat template with assistant masks -> one target forward
 -> speculators 0.9 files (prepared dataset, hs_{i}.safetensors, d2t/t2d .npy)."""
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +17,6 @@ from workers.stages.train import (
     TrainingStopped,
     TrainInputError,
     build_draft_model,
-    split_indices,
     train,
 )
 
@@ -173,13 +173,39 @@ def test_should_stop_raises_training_stopped_and_saves_nothing(inputs, tmp_path)
     assert {m["step"] for m in metrics} == {1, 2}  # steps done before the stop were reported
 
 
-def test_split_is_deterministic_by_seed_and_keeps_a_val_row():
-    assert split_indices(10, val_fraction=0.2, seed=3) == split_indices(10, val_fraction=0.2, seed=3)
-    assert split_indices(10, val_fraction=0.2, seed=3) != split_indices(10, val_fraction=0.2, seed=4)
-    train_rows, val_rows = split_indices(5, val_fraction=0.01, seed=0)
-    assert len(val_rows) == 1 and sorted(train_rows + val_rows) == list(range(5))
-    with pytest.raises(TrainInputError, match="at least 2"):
-        split_indices(1, val_fraction=0.1, seed=0)
+def test_dataset_without_source_id_is_split_by_row_and_the_split_is_written(trained, inputs):
+    from datasets import load_from_disk
+
+    result = trained.result
+    assert "source_id" not in load_from_disk(str(inputs.prepared_dir)).column_names
+    assert result.split.by == "row"
+    assert (result.split.train_rows, result.split.val_rows) == (NUM_ROWS - 3, 3)  # round(32 * 0.1)
+    assert result.split.train_conversations == result.split.train_rows
+    written = json.loads((result.out_dir / "split.json").read_text())
+    assert written["by"] == "row" and sorted(written["train_rows"] + written["val_rows"]) == list(range(NUM_ROWS))
+    assert written["val_conversations"] == [str(i) for i in written["val_rows"]]
+
+
+def test_every_supervised_token_of_short_rows_is_trained_on(trained, inputs):
+    from datasets import load_from_disk
+
+    result = trained.result
+    masks = load_from_disk(str(inputs.prepared_dir)).with_format(None)["loss_mask"]
+    train_rows = json.loads((result.out_dir / "split.json").read_text())["train_rows"]
+    assert result.loss_tokens_available == sum(sum(masks[i][1:]) for i in train_rows) > 0
+    assert result.loss_tokens_per_epoch == [result.loss_tokens_available] * 2
+    assert result.loss_tokens_trained == result.loss_tokens_available and result.rows_unusable == 0
+    assert result.tokens_per_step == 256  # requested; the longest row is shorter
+    assert result.device == train_stage.device_label(train_stage.resolve_device("auto"))
+
+
+def test_a_single_prepared_row_cannot_be_split(inputs, tmp_path):
+    from datasets import load_from_disk
+
+    one = tmp_path / "one"
+    load_from_disk(str(inputs.prepared_dir)).select([0]).save_to_disk(str(one))
+    with pytest.raises(TrainInputError, match="cannot split"):
+        run_train(inputs, tmp_path / "out", prepared_dir=one)
 
 
 def test_vocab_mapping_of_the_wrong_size_is_refused_naming_the_file(inputs):
@@ -187,3 +213,27 @@ def test_vocab_mapping_of_the_wrong_size_is_refused_naming_the_file(inputs):
         build_draft_model(target_dir=inputs.target_dir, layer_ids=inputs.layer_ids, d2t_path=inputs.d2t_path,
                           t2d_path=inputs.t2d_path, draft_vocab_size=DRAFT_VOCAB * 2, ttt_steps=3)
     assert read_target_config(inputs.target_dir).hidden_size == 128
+
+
+def test_a_one_token_row_is_counted_unusable_and_adds_no_available_tokens(inputs, tmp_path):
+    from datasets import Dataset, load_from_disk
+    from safetensors.torch import load_file, save_file
+
+    from workers.stages.split import split_train_val
+
+    rows = load_from_disk(str(inputs.prepared_dir)).with_format(None).to_dict()
+    first = load_file(str(inputs.hidden_states_dir / "hs_0.safetensors"))
+    rows["input_ids"].append(rows["input_ids"][0][:1])
+    rows["loss_mask"].append([1])  # an imported row may mask position 0; nothing can predict it
+    rows["seq_len"].append(1)
+    Dataset.from_dict(rows).save_to_disk(str(tmp_path / "prepared"))
+    hs_dir = tmp_path / "hidden_states"
+    shutil.copytree(inputs.hidden_states_dir, hs_dir)
+    save_file({"token_ids": first["token_ids"][:1].contiguous(),
+               "hidden_states": first["hidden_states"][:1].contiguous()}, str(hs_dir / f"hs_{NUM_ROWS}.safetensors"))
+    seed = next(s for s in range(20) if NUM_ROWS in split_train_val(None, val_fraction=0.1, seed=s,
+                                                                     num_rows=NUM_ROWS + 1)[0])
+    result = run_train(inputs, tmp_path / "out", prepared_dir=tmp_path / "prepared", hidden_states_dir=hs_dir,
+                       epochs=1, seed=seed)
+    assert result.rows_unusable == 1
+    assert result.loss_tokens_trained == result.loss_tokens_available > 0

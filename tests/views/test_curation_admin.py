@@ -48,9 +48,10 @@ def test_a_preparation_skips_excluded_samples(tiny_target, curator, django_captu
         run = services.run_launch(user=curator, target_path=tiny_target.target_dir,
                                   dataset_path=tiny_target.chats_path, config=RunConfig(max_seq_len=256))
     DatasetSample.objects.filter(pk__in=list(run.dataset.samples.values_list("pk", flat=True)[:10])).update(excluded=True)
-    assert stage_execute(stage_name="prepare", run_id=run.pk, worker="test")
+    assert stage_execute(stage_name="prepare", record_id=run.preparation.pk, worker="test")
     preparation = Preparation.objects.get(run=run)
     assert preparation.num_conversations == tiny_target.num_conversations - 10
+    assert preparation.num_excluded == 10
 
 
 def test_dataset_page_counts_excluded_samples(client, curator, tiny_target):

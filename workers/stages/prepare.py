@@ -8,7 +8,8 @@ would apply) so no server is needed:
   generation-prompt render of conv[:j]; earlier tokens are context (mask 0). A turn whose
   context alone fills max_seq_len is skipped; trailing non-assistant turns produce nothing.
 - `_append_row`: clip to max_seq_len, drop rows with no supervised token, input_ids/loss_mask
-  as int64 and seq_len as int.
+  as int64 and seq_len as int. A clipped row keeps its head, so the reply at its end is what is
+  lost; the result counts those supervised tokens (`truncated_loss_tokens`) next to the rows.
 - `build_speculator_training_dataset` ends with `set_format("torch")`, which `save_to_disk`
   records in state.json; `speculators.train.data.ArrowDataset` relies on it (`torch.equal`
   against the row's input_ids), so we save the same way.
@@ -79,6 +80,7 @@ class PrepareResult:
     num_without_assistant: int  # conversations that produced no supervised row
     num_turns_dropped: int  # assistant turns lost to max_seq_len or an unstable template
     num_truncated_rows: int  # rows clipped at max_seq_len (reply may be cut mid-way)
+    truncated_loss_tokens: int  # supervised tokens beyond max_seq_len in those rows, cut off
     total_tokens: int
     loss_tokens: int
     max_seq_len: int
@@ -152,6 +154,7 @@ class Row(NamedTuple):
     input_ids: list[int]
     loss_mask: list[int]
     truncated: bool
+    truncated_loss_tokens: int = 0  # supervised tokens cut off at max_seq_len
 
 
 class ChatRenderer:
@@ -220,11 +223,12 @@ class ChatRenderer:
             tail = tags[boundary:] if tags is not None else [1] * (len(full_ids) - boundary)
             mask = [0] * boundary + tail
             truncated = len(full_ids) > max_seq_len
+            cut_loss = sum(mask[max_seq_len:])
             full_ids, mask = full_ids[:max_seq_len], mask[:max_seq_len]
             if not any(mask):
-                dropped += 1
+                dropped += 1  # the whole reply lay beyond max_seq_len: counted as a dropped turn
                 continue
-            rows.append(Row(full_ids, mask, truncated))
+            rows.append(Row(full_ids, mask, truncated, cut_loss))
         return rows, dropped
 
 
@@ -311,8 +315,9 @@ def prepare(
                     rows = rows[: max_samples - stats["rows"]]
                 if not rows:
                     stats["without_assistant"] += 1
-                for ids, mask, truncated in rows:
+                for ids, mask, truncated, cut_loss in rows:
                     stats["truncated"] += truncated
+                    stats["truncated_loss_tokens"] += cut_loss
                     ids_t = torch.tensor(ids, dtype=torch.long)
                     token_freq.update(ids_t[torch.tensor(mask, dtype=torch.bool)].tolist())
                     chunk["input_ids"].append(ids)
@@ -353,6 +358,7 @@ def prepare(
             num_without_assistant=stats["without_assistant"],
             num_turns_dropped=stats["turns_dropped"],
             num_truncated_rows=stats["truncated"],
+            truncated_loss_tokens=stats["truncated_loss_tokens"],
             total_tokens=sum(lengths),
             loss_tokens=stats["loss_tokens"],
             max_seq_len=max_seq_len,
@@ -371,6 +377,11 @@ def prepare(
         dataset_path, result.num_conversations, result.num_rows, result.total_tokens,
         result.loss_tokens, result.num_skipped,
     )
+    if result.num_skipped or result.num_turns_dropped or result.num_truncated_rows:
+        log.warning("dropped: %d conversations excluded by curation, %d without a trainable reply, %d assistant "
+                    "turns (context over max_seq_len=%d or an unstable template); %d supervised tokens cut from "
+                    "%d rows truncated at max_seq_len", result.num_excluded, result.num_without_assistant,
+                    result.num_turns_dropped, max_seq_len, result.truncated_loss_tokens, result.num_truncated_rows)
     return result
 
 

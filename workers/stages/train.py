@@ -1,4 +1,4 @@
-"""Train speculators' Eagle3DraftModel on CPU from speculators 0.9 files.
+"""Train speculators' Eagle3DraftModel from speculators 0.9 files, on CUDA when the worker has it, else CPU.
 
 speculators' `Trainer` needs an accelerator, so this is a small loop of our own that reuses
 speculators' pieces wherever they run on a CPU and mirrors the rest line for line:
@@ -14,8 +14,14 @@ speculators' pieces wherever they run on a CPU and mirrors the rest line for lin
 - checkpoints: `speculators.train.checkpointer.SingleGPUCheckpointer` plus
   `Trainer.maybe_save_checkpoint` / `_save_training_state` / `maybe_update_best`.
 
-Compute is fp32 without autocast: on this CPU (no AVX-512 BF16) bf16 autocast was 5-6x slower per
-token. bf16 hidden states are cast to fp32 as CollateFn copies them into the batch.
+On CPU compute is fp32 without autocast: on this CPU (no AVX-512 BF16) bf16 autocast was 5-6x
+slower per token; bf16 hidden states are cast to fp32 as CollateFn copies them into the batch. On
+CUDA, as `Trainer.train_epoch` does: model and batches on the device, batches collated in bf16,
+forward under `torch.autocast("cuda", dtype=torch.bfloat16)`.
+
+No row is ever cut (see workers.stages.train_data): the budget per step is at least the longest
+prepared row, and the result counts the supervised tokens that reached the loss in each epoch
+against those in the train split. The split keeps each conversation on one side (workers.stages.split).
 """
 from __future__ import annotations
 
@@ -29,25 +35,32 @@ import math  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from datasets import load_from_disk  # noqa: E402
-from hs_connectors.transfer import FP8Transfer  # noqa: E402
-from speculators.data_generation.offline import check_hidden_states  # noqa: E402
 from speculators.models.eagle3 import Eagle3DraftModel  # noqa: E402
-from speculators.models.eagle3.data import shift_batch  # noqa: E402
 from speculators.train.checkpointer import SingleGPUCheckpointer  # noqa: E402
 from speculators.train.cli import create_transformer_layer_config  # noqa: E402
-from speculators.train.data import CollateFn  # noqa: E402
-from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2  # noqa: E402
 from speculators.train.utils import normalize_counted_metrics  # noqa: E402
 from transformers import get_linear_schedule_with_warmup  # noqa: E402
 
+from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
+from workers.stages.split import SplitError, SplitInfo, split_record, split_train_val, write_split  # noqa: E402,F401
 from workers.stages.target import read_target_config, validate_layer_ids  # noqa: E402
+from workers.stages.train_data import (  # noqa: E402,F401  (re-exported: tests and bench use them from here)
+    DEFAULT_TOKENS_PER_STEP,
+    HiddenStateSamples,
+    TrainInputError,
+    batch_dtype,
+    compute_context,
+    iter_batches,
+    plan_batches,
+    to_device,
+    token_budget,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +75,6 @@ class TrainingStopped(Exception):
     def __init__(self, steps_done: int):
         super().__init__(f"training stopped on request after {steps_done} steps")
         self.steps_done = steps_done
-
-
-class TrainInputError(ValueError):
-    """An input file disagrees with the others or with the target."""
 
 
 @dataclass(frozen=True)
@@ -87,103 +96,16 @@ class TrainResult:
     train_tokens: int
     tokens_per_second: float
     seconds: float
-
-
-class HiddenStateSamples(torch.utils.data.Dataset):
-    """Row i of the prepared dataset joined with hs_{i}.safetensors, as speculators shapes it."""
-
-    def __init__(self, *, prepared_dir: Path, hidden_states_dir: Path, layer_ids: list[int], hidden_size: int):
-        self.prepared_dir = Path(prepared_dir)
-        self.hidden_states_dir = Path(hidden_states_dir)
-        self.num_layers = len(layer_ids)
-        self.hidden_size = hidden_size
-        try:
-            rows = load_from_disk(str(self.prepared_dir))
-        except FileNotFoundError as exc:
-            raise TrainInputError(f"{self.prepared_dir}: not a datasets save_to_disk directory ({exc})") from None
-        missing = {"input_ids", "loss_mask", "seq_len"} - set(rows.column_names)
-        if missing:
-            raise TrainInputError(f"{self.prepared_dir}: prepared dataset lacks columns {sorted(missing)}")
-        self.rows = rows.with_format("torch")
-        self.lengths = [int(n) for n in rows.with_format(None)["seq_len"]]
-        self.transfer = FP8Transfer(self.hidden_states_dir, dequantize_dtype=torch.bfloat16)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        path = self.hidden_states_dir / f"hs_{index}.safetensors"
-        loaded = self.transfer.get_cached(index)
-        if loaded is None:
-            raise TrainInputError(f"{path}: missing; prepared row {index} has no hidden states")
-        row = self.rows[index]
-        try:
-            check_hidden_states(loaded, row["input_ids"].tolist())
-        except ValueError as exc:
-            raise TrainInputError(f"{path}: {exc} (prepared row {index})") from None
-        hs = loaded["hidden_states"]
-        expected = (self.num_layers, self.hidden_size)
-        if hs.ndim != 3 or tuple(hs.shape[1:]) != expected:
-            raise TrainInputError(f"{path}: hidden_states shape {tuple(hs.shape)}, expected [T, {expected[0]}, {expected[1]}]")
-        if row["loss_mask"].shape[0] != hs.shape[0]:
-            raise TrainInputError(f"{self.prepared_dir}: row {index} loss_mask length differs from {path}")
-        seq_len = hs.shape[0]
-        return {
-            "hidden_states": hs[:, :-1].flatten(1),
-            "input_ids": loaded["token_ids"],
-            "verifier_last_hidden_states": hs[:, -1],
-            "loss_mask": row["loss_mask"],
-            "lengths": torch.tensor([seq_len], dtype=torch.long),
-            "position_ids": torch.arange(seq_len, dtype=torch.long),
-        }
-
-
-def split_indices(n: int, *, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Deterministic shuffled split; both sides get at least one row."""
-    if n < 2:
-        raise TrainInputError(f"need at least 2 prepared rows for a train and a validation split, got {n}")
-    if not 0.0 < val_fraction < 1.0:
-        raise TrainInputError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    order = np.random.default_rng(seed).permutation(n).tolist()
-    n_val = min(n - 1, max(1, round(n * val_fraction)))
-    return sorted(order[n_val:]), sorted(order[:n_val])
-
-
-def plan_batches(lengths: list[int], indices: list[int], *, max_tokens: int, seed: int, epoch: int,
-                 pack: bool = True) -> list[list[int]]:
-    """Row indices per step: multipack bins of <= max_tokens, or one shuffled row per step.
-
-    Measured on 2 CPU cores with the demo target (hidden 128, rows of ~48 tokens), CPU time per
-    token: packing to 256 tokens is ~2x faster than one row per step, 512 ~1.7x; 1024 is no faster
-    and 2048 is 3x slower, because eager attention over a packed step is dense (T x ttt*T scores,
-    cross-document pairs masked but still computed). So train() packs, and the caller should pick a
-    budget near 256-512 tokens on a CPU; long rows (hundreds of tokens) barely pack anyway.
-    """
-    indices = [i for i in indices if lengths[i] >= 2]  # shift_batch leaves nothing of a 1-token row
-    if not pack:
-        return [[indices[i]] for i in np.random.default_rng(seed + epoch).permutation(len(indices))]
-    sampler = MultipackDistributedBatchSamplerV2(
-        batch_max_length=max_tokens, lengths=[lengths[i] for i in indices], num_replicas=1, rank=0, seed=seed)
-    sampler.set_epoch(epoch)
-    return [[indices[int(j)] for j in batch] for batch in sampler]
-
-
-def iter_batches(samples: HiddenStateSamples, plan: list[list[int]], *, max_tokens: int) -> Iterator[dict]:
-    """Collated packed batches ([1, T, ...] tensors plus document_ids), fp32 hidden states.
-
-    speculators pads every batch to total_seq_len so compiled GPU kernels see one shape; on a CPU
-    padding is pure waste, so each batch is cut to the tokens it holds.
-    """
-    for rows in plan:
-        items = [samples[i] for i in rows]
-        tokens = sum(max(0, min(int(it["lengths"][0]), max_tokens) - 1) for it in items)
-        if tokens == 0:
-            continue
-        collate = CollateFn(min(tokens, max_tokens), samples.hidden_size, num_target_layers=samples.num_layers - 1,
-                            dtype=torch.float32, preprocess=shift_batch)
-        batch = collate(items)
-        batch.pop("error_records", None)
-        yield batch
+    tokens_per_step: int  # the packing budget used: max(requested or 512, longest prepared row)
+    # Supervised tokens that can reach the loss: loss_mask[1:] summed over the train split's rows
+    # (shift_batch drops position 0, which nothing predicts; prepared rows never mask it). Rows of
+    # fewer than 2 tokens are counted here too, though they add nothing, and in rows_unusable.
+    loss_tokens_available: int
+    loss_tokens_trained: int  # loss_mask summed over the shifted batches of the last epoch
+    loss_tokens_per_epoch: list[int]
+    rows_unusable: int  # train-split rows under 2 tokens: shift_batch leaves nothing to train on
+    split: SplitInfo
+    device: str  # e.g. "cpu" or "cuda:0 (NVIDIA H200)"
 
 
 def build_draft_model(*, target_dir: Path, layer_ids: list[int], d2t_path: Path, t2d_path: Path,
@@ -226,9 +148,11 @@ def make_optimizer(model: torch.nn.Module, *, lr: float, total_steps: int):
     return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, max(total_steps, warmup + 1))
 
 
-def train_step(model, batch: dict, optimizer, scheduler, call_kwargs: dict) -> tuple[torch.Tensor, dict]:
-    """One Trainer.train_epoch step: forward, backward, clip at 1.0, step, schedule."""
-    _draft_tokens, loss, metrics = model(**batch, **call_kwargs)
+def train_step(model, batch: dict, optimizer, scheduler, call_kwargs: dict,
+               device: torch.device = torch.device("cpu")) -> tuple[torch.Tensor, dict]:
+    """One Trainer.train_epoch step: forward (autocast on CUDA), backward, clip at 1.0, step, schedule."""
+    with compute_context(device):
+        _draft_tokens, loss, metrics = model(**to_device(batch, device), **call_kwargs)
     optimizer.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -244,15 +168,17 @@ def _public_metrics(raw: dict) -> dict[str, float]:
 
 @torch.no_grad()
 def evaluate(model, samples: HiddenStateSamples, plan: list[list[int]], *, max_tokens: int, call_kwargs: dict,
-             should_stop: Callable[[], bool] | None = None, steps_done: int = 0) -> dict[str, float]:
+             should_stop: Callable[[], bool] | None = None, steps_done: int = 0,
+             device: torch.device = torch.device("cpu")) -> dict[str, float]:
     """Trainer.val_epoch: sum every _sum/_total over batches, divide by batch count, normalize."""
     model.eval()
     accumulated: dict[str, float] = {}
     num_batches = 0
-    for batch in iter_batches(samples, plan, max_tokens=max_tokens):
+    for batch in iter_batches(samples, plan, max_tokens=max_tokens, dtype=batch_dtype(device)):
         if should_stop is not None and should_stop():
             raise TrainingStopped(steps_done)
-        _tokens, _loss, metrics = model(**batch, **call_kwargs)
+        with compute_context(device):
+            _tokens, _loss, metrics = model(**to_device(batch, device), **call_kwargs)
         for k, v in metrics.items():
             accumulated[k] = accumulated.get(k, 0.0) + float(v)
         num_batches += 1
@@ -307,55 +233,70 @@ def save_epoch_checkpoint(checkpointer: SingleGPUCheckpointer, model, optimizer,
 
 def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_path: Path, t2d_path: Path,
           out_dir: Path, layer_ids: list[int], epochs: int, lr: float, ttt_steps: int, draft_vocab_size: int,
-          val_fraction: float = 0.1, max_tokens_per_step: int = 256, seed: int = 0,
+          val_fraction: float = 0.1, max_tokens_per_step: int | None = None, seed: int = 0, device: str = "auto",
           on_progress: Callable[[int, int], None] | None = None,
           on_metrics: Callable[[list[dict]], None] | None = None,
           should_stop: Callable[[], bool] | None = None,
           on_checkpoint: Callable[[CheckpointInfo], None] | None = None) -> TrainResult:
     """Train the draft; `on_checkpoint` hears of each epoch's checkpoint as soon as it is on disk
-    (is_best False until the end, when the returned result marks the best)."""
+    (is_best False until the end, when the returned result marks the best). The split (by
+    conversation, see workers.stages.split) is written to out_dir/split.json before training."""
     started = time.monotonic()
-    if epochs < 1 or ttt_steps < 1 or lr <= 0 or max_tokens_per_step < 2:
-        raise ValueError(f"need epochs >= 1, ttt_steps >= 1, lr > 0, max_tokens_per_step >= 2; got "
-                         f"{epochs}, {ttt_steps}, {lr}, {max_tokens_per_step}")
+    if epochs < 1 or ttt_steps < 1 or lr <= 0:
+        raise ValueError(f"need epochs >= 1, ttt_steps >= 1, lr > 0; got {epochs}, {ttt_steps}, {lr}")
+    run_on = resolve_device(device)
     target = read_target_config(target_dir)
     validate_layer_ids(layer_ids, target.num_layers)
     samples = HiddenStateSamples(prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir,
                                  layer_ids=layer_ids, hidden_size=target.hidden_size)
-    train_idx, val_idx = split_indices(len(samples), val_fraction=val_fraction, seed=seed)
-    plans = [plan_batches(samples.lengths, train_idx, max_tokens=max_tokens_per_step, seed=seed, epoch=e)
-             for e in range(epochs)]
-    val_plan = plan_batches(samples.lengths, val_idx, max_tokens=max_tokens_per_step, seed=0, epoch=0)
+    try:
+        train_idx, val_idx, split = split_train_val(samples.source_ids, val_fraction=val_fraction, seed=seed,
+                                                    num_rows=len(samples))
+    except SplitError as exc:
+        raise TrainInputError(f"{prepared_dir}: {exc}") from None
+    budget = token_budget(max_tokens_per_step, samples.lengths)
+    rows_unusable = sum(1 for i in train_idx if samples.lengths[i] < 2)
+    available = sum(samples.trainable_loss_tokens[i] for i in train_idx)
+    plans = [plan_batches(samples.lengths, train_idx, max_tokens=budget, seed=seed, epoch=e) for e in range(epochs)]
+    val_plan = plan_batches(samples.lengths, val_idx, max_tokens=budget, seed=0, epoch=0)
     total_steps = sum(len(p) for p in plans)
     model = build_draft_model(target_dir=target_dir, layer_ids=layer_ids, d2t_path=d2t_path, t2d_path=t2d_path,
                               draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, seed=seed)
+    model.to(run_on)
     model.train()
     call_kwargs = model_call_kwargs(ttt_steps)
     optimizer, scheduler = make_optimizer(model, lr=lr, total_steps=total_steps)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _clear_previous_run(out_dir)
+    write_split(out_dir, split_record(train_idx, val_idx, split, samples.source_ids))
     checkpointer = SingleGPUCheckpointer(out_dir)
     sink = _MetricSink(on_metrics)
-    logger.info("training %d train / %d val rows, %d steps over %d epochs into %s",
-                len(train_idx), len(val_idx), total_steps, epochs, out_dir)
+    logger.info("training on %s: %d train / %d val rows (split by %s: %d / %d conversations), %d tokens per step, "
+                "%d steps over %d epochs into %s", device_label(run_on), len(train_idx), len(val_idx), split.by,
+                split.train_conversations, split.val_conversations, budget, total_steps, epochs, out_dir)
+    if rows_unusable:
+        logger.warning("%d train rows have fewer than 2 tokens and cannot be trained on", rows_unusable)
 
     step, train_tokens, train_seconds = 0, 0, 0.0
     epoch_rows: list[tuple[int, Path, float, dict]] = []
+    loss_tokens_per_epoch: list[int] = []
     if on_progress is not None:
         on_progress(0, total_steps)
     try:
         for epoch, plan in enumerate(plans):
             losses: list[float] = []
-            batches = iter_batches(samples, plan, max_tokens=max_tokens_per_step)
+            loss_tokens = 0
+            batches = iter_batches(samples, plan, max_tokens=budget, dtype=batch_dtype(run_on))
             t0 = time.perf_counter()
             for local_step, batch in enumerate(batches, 1):
                 if should_stop is not None and should_stop():
                     raise TrainingStopped(step)
                 lr_now = optimizer.param_groups[0]["lr"]
-                loss, raw = train_step(model, batch, optimizer, scheduler, call_kwargs)
-                t1 = time.perf_counter()
                 tokens = int((batch["document_ids"] != -1).sum())
+                loss_tokens += int(batch["loss_mask"].sum())
+                loss, raw = train_step(model, batch, optimizer, scheduler, call_kwargs, device=run_on)
+                t1 = time.perf_counter()
                 step, train_tokens, train_seconds = step + 1, train_tokens + tokens, train_seconds + (t1 - t0)
                 values = _public_metrics(raw)
                 losses.append(values["loss"])
@@ -364,16 +305,19 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
                 if on_progress is not None:
                     on_progress(step, total_steps)
                 t0 = time.perf_counter()
-            val = evaluate(model, samples, val_plan, max_tokens=max_tokens_per_step, call_kwargs=call_kwargs,
-                           should_stop=should_stop, steps_done=step)
+            loss_tokens_per_epoch.append(loss_tokens)
+            if loss_tokens != available:
+                logger.warning("epoch %d: %d of %d supervised tokens reached the loss", epoch, loss_tokens, available)
+            val = evaluate(model, samples, val_plan, max_tokens=budget, call_kwargs=call_kwargs,
+                           should_stop=should_stop, steps_done=step, device=run_on)
             val_public = {k: v for k, v in val.items() if _METRIC_KEY.match(k)}
             sink.add(step, epoch + 1.0, "val", val_public)
             sink.flush()
             path = save_epoch_checkpoint(checkpointer, model, optimizer, scheduler, epoch=epoch, global_step=step,
                                          val_metrics=val)
             epoch_rows.append((epoch, path, float(np.mean(losses)) if losses else math.nan, val_public))
-            logger.info("epoch %d: train loss %.4f, val loss %.4f, checkpoint %s",
-                        epoch, epoch_rows[-1][2], val_public.get("loss", math.nan), path)
+            logger.info("epoch %d: train loss %.4f, val loss %.4f, %d of %d supervised tokens trained, checkpoint %s",
+                        epoch, epoch_rows[-1][2], val_public.get("loss", math.nan), loss_tokens, available, path)
             if on_checkpoint is not None:
                 on_checkpoint(CheckpointInfo(epoch=epoch, path=path, train_loss=epoch_rows[-1][2],
                                              val_loss=val_public.get("loss", math.nan), val_metrics=val_public,
@@ -389,4 +333,6 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
                                   is_best=e == best_epoch) for e, p, tl, v in epoch_rows]
     return TrainResult(out_dir=out_dir, checkpoints=checkpoints, best_epoch=best_epoch, steps=step,
                        train_tokens=train_tokens, tokens_per_second=train_tokens / max(train_seconds, 1e-9),
-                       seconds=time.monotonic() - started)
+                       seconds=time.monotonic() - started, tokens_per_step=budget, loss_tokens_available=available,
+                       loss_tokens_trained=loss_tokens_per_epoch[-1], loss_tokens_per_epoch=loss_tokens_per_epoch,
+                       rows_unusable=rows_unusable, split=split, device=device_label(run_on))

@@ -14,7 +14,7 @@ from runs.run_config import RunConfig, parse_layer_ids
 
 
 class Command(BaseCommand):
-    help = "Launch a pipeline run (prepare, extract, vocab, train) and print a JSON summary."
+    help = "Launch a pipeline run (prepare, extract, vocab, train, evaluate) and print a JSON summary."
 
     def add_arguments(self, parser):
         parser.add_argument("--target", required=True, help="target model directory (under EAGLE3WEB_DATA_ROOTS)")
@@ -26,6 +26,14 @@ class Command(BaseCommand):
         parser.add_argument("--epochs", type=int, default=RunConfig.epochs)
         parser.add_argument("--lr", type=float, default=RunConfig.lr)
         parser.add_argument("--ttt-steps", type=int, default=RunConfig.ttt_steps)
+        parser.add_argument("--max-tokens-per-step", type=int, default=None,
+                            help="training packing budget; raised to the longest row (default: 512 or the longest)")
+        parser.add_argument("--val-fraction", type=float, default=RunConfig.val_fraction,
+                            help="share of rows held out for validation, whole conversations at a time")
+        parser.add_argument("--seed", type=int, default=RunConfig.seed, help="split and initialisation seed")
+        parser.add_argument("--eval-prompts", type=int, default=RunConfig.eval_prompts,
+                            help="held-out conversations decoded to measure acceptance length")
+        parser.add_argument("--eval-max-new-tokens", type=int, default=RunConfig.eval_max_new_tokens)
         parser.add_argument("--name", default="")
         parser.add_argument("--user", default="", help="owner's username (default: the 'cli' account)")
         mode = parser.add_mutually_exclusive_group()
@@ -45,6 +53,11 @@ class Command(BaseCommand):
                 epochs=opts["epochs"],
                 lr=opts["lr"],
                 ttt_steps=opts["ttt_steps"],
+                max_tokens_per_step=opts["max_tokens_per_step"],
+                val_fraction=opts["val_fraction"],
+                seed=opts["seed"],
+                eval_prompts=opts["eval_prompts"],
+                eval_max_new_tokens=opts["eval_max_new_tokens"],
             )
             run = services.run_launch(
                 user=user, target_path=opts["target"], dataset_path=opts["dataset"], config=config,
@@ -81,7 +94,15 @@ class Command(BaseCommand):
         for stage in summary["stages"]:
             secs = f"{stage['seconds']:.1f} s" if stage["seconds"] is not None else "-"
             self.stdout.write(f"  {stage['name']:<8} {stage['status']:<10} {secs}")
+            for warning in stage["warnings"]:
+                self.stdout.write(f"    warning: {warning}")
             if stage["error"]:
                 self.stdout.write("    " + stage["error"].splitlines()[0])
         for ckpt in summary["checkpoints"]:
             self.stdout.write(f"  checkpoint epoch {ckpt['epoch']}: {ckpt['path']}{' (best)' if ckpt['is_best'] else ''}")
+        acceptance = summary["acceptance"]
+        if acceptance["tau"] is not None:
+            simulated = acceptance["simulated_tau"]
+            beside = f" (simulated from validation: {simulated:.2f})" if simulated is not None else ""
+            self.stdout.write(f"  acceptance length tau {acceptance['tau']:.2f}{beside}")
+            self.stdout.write(f"  output equals greedy decoding: {acceptance['output_matches_greedy']}")

@@ -1,0 +1,105 @@
+"""Measuring a checkpoint's acceptance length: ask for it, and work out what to decode."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from runs.models import Checkpoint, Evaluation
+from runs.paths import check_under_data_roots
+from runs.roles import require
+
+MAX_PROMPTS_LIMIT = 1000
+MAX_NEW_TOKENS_LIMIT = 4096
+
+
+class EvaluationRequestError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class EvaluationPlan:
+    checkpoint_id: int
+    checkpoint_dir: Path
+    target_dir: Path
+    prompt_source: str
+    prompts: Callable[[], list[list[int]]]  # loaded on the worker, where torch lives
+
+
+def _target_dir(checkpoint: Checkpoint) -> Path:
+    if checkpoint.training_run_id is not None:
+        return Path(checkpoint.training_run.run.target.path)
+    if not checkpoint.verifier_path:
+        raise EvaluationRequestError(f"checkpoint {checkpoint.pk} names no verifier, so there is no target to decode with")
+    return check_under_data_roots(checkpoint.verifier_path, kind="the checkpoint's verifier directory")
+
+
+def evaluation_plan(*, evaluation: Evaluation) -> EvaluationPlan:
+    """The checkpoint (for the pipeline's stage: the run's best), its target and its prompts."""
+    from workers.stages.evaluate import prompts_from_file, prompts_from_prepared, validation_rows
+
+    checkpoint = evaluation.checkpoint
+    if checkpoint is None:
+        run = evaluation.run
+        checkpoint = Checkpoint.objects.filter(training_run__run=run, is_best=True).select_related(
+            "training_run__run__target").first()
+        if checkpoint is None:
+            raise EvaluationRequestError(f"{run} has no best checkpoint to evaluate: did training finish?")
+    target_dir = _target_dir(checkpoint)
+    limit = evaluation.max_prompts
+    if evaluation.prompts_path:
+        path = Path(evaluation.prompts_path)
+        return EvaluationPlan(checkpoint.pk, Path(checkpoint.path), target_dir, str(path),
+                              lambda: prompts_from_file(path, target_dir, limit=limit))
+    if checkpoint.training_run_id is None:
+        raise EvaluationRequestError(
+            f"checkpoint {checkpoint.pk} was not trained here, so it has no validation conversations; give a prompts file")
+    run = checkpoint.training_run.run
+    prepared = Path(run.preparation.out_dir)
+    rows = validation_rows(Path(checkpoint.path).parent)
+    source = f"validation conversations of {run} ({prepared})"
+    return EvaluationPlan(checkpoint.pk, Path(checkpoint.path), target_dir, source,
+                          lambda: prompts_from_prepared(prepared, rows, limit=limit))
+
+
+@transaction.atomic
+def evaluation_request(
+    *,
+    checkpoint: Checkpoint,
+    user: AbstractBaseUser,
+    prompts_path: str | None = None,
+    max_new_tokens: int = 64,
+    max_prompts: int = 32,
+    num_speculative_tokens: int | None = None,
+    enqueue: bool = True,
+) -> Evaluation:
+    """Record an evaluation of `checkpoint` and, after commit, hand it to a GPU worker."""
+    require(user, "launch")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+        raise EvaluationRequestError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens}")
+    if not 1 <= max_prompts <= MAX_PROMPTS_LIMIT:
+        raise EvaluationRequestError(f"max_prompts must be between 1 and {MAX_PROMPTS_LIMIT}, got {max_prompts}")
+    if num_speculative_tokens is not None and not 1 <= num_speculative_tokens <= 16:
+        raise EvaluationRequestError(f"num_speculative_tokens must be between 1 and 16, got {num_speculative_tokens}")
+    prompts = ""
+    if prompts_path:
+        resolved = check_under_data_roots(prompts_path, kind="prompts file")
+        if not resolved.is_file():
+            raise EvaluationRequestError(f"prompts file {resolved} is not a file (give a .jsonl chat file)")
+        prompts = str(resolved)
+    elif checkpoint.training_run_id is None:
+        raise EvaluationRequestError(
+            f"checkpoint {checkpoint.pk} was not trained here, so it has no validation conversations; give a prompts file")
+    _target_dir(checkpoint)
+    evaluation = Evaluation.objects.create(
+        checkpoint=checkpoint, requested_by=user, prompts_path=prompts, max_new_tokens=max_new_tokens,
+        max_prompts=max_prompts, num_speculative_tokens=num_speculative_tokens)
+    if enqueue:
+        from workers.tasks import evaluation_enqueue
+
+        evaluation_id = evaluation.pk
+        transaction.on_commit(lambda: evaluation_enqueue(evaluation_id=evaluation_id))
+    return evaluation

@@ -1,0 +1,65 @@
+"""Measure a checkpoint's acceptance length by speculative decoding, in this process."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.core.exceptions import PermissionDenied
+from django.core.management.base import BaseCommand, CommandError
+
+from runs import selectors
+from runs.checkpoint_services import checkpoint_import
+from runs.evaluation_services import evaluation_request
+from runs.management.command_user import command_user
+from runs.models import Checkpoint, Evaluation, StageStatus
+
+
+class Command(BaseCommand):
+    help = ("Decode held-out prompts with the target alone and with the draft; print tau (tokens per target "
+            "forward), acceptance per draft position and whether the output equals greedy decoding.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("checkpoint", help="a checkpoint id, or a speculators checkpoint directory (imported if new)")
+        parser.add_argument("--prompts", default=None,
+                            help="chat JSONL (ShareGPT or OpenAI messages); default: the run's validation conversations")
+        parser.add_argument("--max-new-tokens", type=int, default=64)
+        parser.add_argument("--max-prompts", type=int, default=32)
+        parser.add_argument("--num-speculative-tokens", type=int, default=None, help="k; default: the checkpoint's own")
+        parser.add_argument("--user", default="", help="act as this user (default: the 'cli' launcher account)")
+        parser.add_argument("--json", dest="as_json", action="store_true")
+
+    def handle(self, *args, checkpoint: str, as_json: bool, user: str, **opts):
+        from workers.tasks import stage_execute
+
+        account = command_user(user)
+        try:
+            ckpt = self._checkpoint(checkpoint, account)
+            evaluation = evaluation_request(
+                checkpoint=ckpt, user=account, prompts_path=opts["prompts"], max_new_tokens=opts["max_new_tokens"],
+                max_prompts=opts["max_prompts"], num_speculative_tokens=opts["num_speculative_tokens"], enqueue=False)
+        except (ValueError, PermissionDenied) as exc:
+            raise CommandError(str(exc)) from None
+        stage_execute(stage_name="evaluate", record_id=evaluation.pk, worker="cli")
+        evaluation = Evaluation.objects.select_related("checkpoint").get(pk=evaluation.pk)
+        summary = {"evaluation_id": evaluation.pk, "checkpoint_path": ckpt.path,
+                   **selectors.evaluation_dict(evaluation, ckpt.simulated_tau), "error": evaluation.error}
+        if as_json:
+            self.stdout.write(json.dumps(summary))
+        elif evaluation.status == StageStatus.SUCCEEDED:
+            self.stdout.write(f"checkpoint {ckpt.pk}: tau {evaluation.tau:.3f} over {evaluation.num_prompts} prompts, "
+                              f"acceptance per position {[round(p, 3) for p in evaluation.acceptance_per_position]}, "
+                              f"output equals greedy: {evaluation.output_matches_greedy}")
+        if evaluation.status != StageStatus.SUCCEEDED:
+            raise CommandError(f"evaluation {evaluation.pk} {evaluation.status}: {evaluation.error.splitlines()[0] if evaluation.error else ''}")
+        if not evaluation.output_matches_greedy:
+            raise CommandError(f"evaluation {evaluation.pk}: the draft changed the output on prompts "
+                               f"{evaluation.mismatched_prompts}; speculative decoding must equal greedy decoding")
+
+    def _checkpoint(self, ref: str, account) -> Checkpoint:
+        if ref.isdigit():
+            try:
+                return Checkpoint.objects.select_related("training_run__run__target").get(pk=int(ref))
+            except Checkpoint.DoesNotExist:
+                raise CommandError(f"no checkpoint with id {ref}") from None
+        found = Checkpoint.objects.filter(path=str(Path(ref).resolve())).first()
+        return found or checkpoint_import(path=ref, user=account)[0]

@@ -1,0 +1,33 @@
+"""Acceptance-length arithmetic shared by the evaluate stage and the pages (no torch here)."""
+from __future__ import annotations
+
+
+def cond_accuracies(metrics: dict) -> list[float]:
+    """cond_acc_0, cond_acc_1, ... from a metrics dict, in TTT-step order, stopping at the first gap."""
+    accs: list[float] = []
+    while f"cond_acc_{len(accs)}" in metrics:
+        accs.append(float(metrics[f"cond_acc_{len(accs)}"]))
+    return accs
+
+
+def simulated_tau(cond_acc: list[float]) -> float | None:
+    """Acceptance length implied by per-step conditional accuracies: 1 + sum_k prod_{j<=k} cond_acc_j.
+
+    Step k's conditional accuracy is measured on tokens whose earlier steps were all right, so the
+    product is the chance that a chain's first k+1 drafted tokens are all accepted."""
+    if not cond_acc:
+        return None
+    tau, chain = 1.0, 1.0
+    for acc in cond_acc:
+        chain *= acc
+        tau += chain
+    return tau
+
+
+def tau_from_accepted(accepted: list[int], k: int) -> tuple[float, list[float]]:
+    """(tau, acceptance per draft position) from accepted draft tokens per verification forward."""
+    if not accepted:
+        return 1.0, [0.0] * k
+    forwards = len(accepted)
+    per_position = [sum(a > i for a in accepted) / forwards for i in range(k)]
+    return sum(a + 1 for a in accepted) / forwards, per_position

@@ -1,0 +1,429 @@
+"""Evaluate stage: a draft's acceptance length, measured by real speculative decoding.
+
+The target (transformers, KV cache) and an EAGLE-3 draft decode greedily together: the draft
+proposes a chain of k tokens, one target forward verifies them, and the longest prefix that
+equals the target's own greedy choice is kept plus the target's next token. tau (tokens per
+target forward) is the mean of accepted + 1 over verification forwards; the prefill forward,
+which every decoder pays once per prompt, is not counted. Acceptance at draft position i is the
+share of verification forwards whose first i+1 drafted tokens were all accepted, so
+tau = 1 + sum(acceptance_per_position).
+
+How the draft is fed mirrors speculators' training forward (`Eagle3DraftModel.forward`,
+`eagle3/data.py:shift_batch`, `eagle3/attention.py`), which is also how vLLM runs it:
+- context entry j (one per target position): input = [embed(x_{j+1}), fc(norm(aux_j))] with
+  aux_j the target's inputs to the aux layers at position j, rotary position j+1; it attends to
+  the context entries j' <= j inside the sliding window.
+- chain step s >= 1 at the last position m-1: input = [embed(d_s), h_{s-1}] where h_{s-1} is the
+  draft's own output hidden state of the previous step (after the output norm when
+  `norm_output`), rotary position m+s; it attends to the whole context window and to its own
+  earlier chain entries (the diagonal blocks of training's TTT mask).
+- draft logits index the draft vocabulary; d2t maps them to target ids.
+Greedy output without the draft is decoded by the same target with the same cache, one token
+per forward, and compared token for token: a draft may change speed, never the text.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from workers.stages.acceptance import tau_from_accepted  # noqa: E402
+from workers.stages.target import read_target_config  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_NEW_TOKENS = 64
+DEFAULT_MAX_PROMPTS = 32
+
+
+class EvaluationInputError(ValueError):
+    """The checkpoint, the target or the prompts cannot be evaluated together; the message says why."""
+
+
+class EvaluationStopped(Exception):
+    """should_stop() asked the evaluation to end."""
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    prompt_tokens: int
+    new_tokens: int
+    verify_forwards: int
+    accepted: list[int]  # accepted draft tokens per verification forward
+    matches_greedy: bool
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    checkpoint_dir: Path
+    target_dir: Path
+    num_speculative_tokens: int
+    max_new_tokens: int
+    num_prompts: int
+    prompt_source: str
+    tau: float
+    acceptance_per_position: list[float]
+    new_tokens: int
+    verify_forwards: int
+    output_matches_greedy: bool
+    mismatched_prompts: list[int]
+    spec_seconds: float
+    greedy_seconds: float
+    spec_tokens_per_s: float
+    greedy_tokens_per_s: float
+    speedup: float
+    device: str
+    seconds: float
+    prompts: list[PromptResult] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["checkpoint_dir"], d["target_dir"] = str(self.checkpoint_dir), str(self.target_dir)
+        return d
+
+
+# --- prompts --------------------------------------------------------------------------------------
+
+def prompts_from_prepared(prepared_dir: Path, row_indices: list[int], *, limit: int) -> list[list[int]]:
+    """The context of each held-out conversation's first reply: a prepared row cut at its first
+    supervised token. One prompt per conversation, in split order."""
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(prepared_dir)).with_format(None)
+    has_source = "source_id" in data.column_names
+    seen, prompts = set(), []
+    for i in row_indices:
+        row = data[int(i)]
+        key = row["source_id"] if has_source else i
+        if key in seen:
+            continue
+        seen.add(key)
+        mask = row["loss_mask"]
+        first = next((j for j, m in enumerate(mask) if m), None)
+        if first:
+            prompts.append(list(row["input_ids"][:first]))
+        if len(prompts) >= limit:
+            break
+    return prompts
+
+
+def prompts_from_file(path: Path, tokenizer_dir: Path, *, limit: int) -> list[list[int]]:
+    """Prompts from a chat file in any dataset format: each conversation up to its first reply
+    (or whole, when it ends with a user turn), rendered with the generation prompt."""
+    from workers.stages.prepare import load_tokenizer, read_conversations
+
+    tokenizer = load_tokenizer(Path(tokenizer_dir))
+    prompts = []
+    for conv in read_conversations(Path(path)):
+        first_reply = next((j for j, t in enumerate(conv.messages) if t["role"] == "assistant" and j > 0), None)
+        head = conv.messages[:first_reply] if first_reply is not None else conv.messages
+        if not head or head[-1]["role"] == "assistant":
+            continue
+        out = tokenizer.apply_chat_template(head, tokenize=True, add_generation_prompt=True, return_dict=True)
+        prompts.append(list(out["input_ids"]))
+        if len(prompts) >= limit:
+            break
+    if not prompts:
+        raise EvaluationInputError(f"{path}: no conversation with a user turn to prompt from")
+    return prompts
+
+
+def validation_rows(checkpoints_dir: Path) -> list[int]:
+    """Row indices of the held-out split the train stage wrote beside its checkpoints."""
+    path = Path(checkpoints_dir) / "split.json"
+    try:
+        rows = json.loads(path.read_text())["val_rows"]
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise EvaluationInputError(f"{path}: no validation split recorded ({exc}); give a prompts file") from None
+    return [int(i) for i in rows]
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+def load_draft(checkpoint_dir: Path, target_model, device: torch.device, dtype: torch.dtype):
+    """The draft from its speculators checkpoint, attention run eagerly with our own masks."""
+    from safetensors import safe_open
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    checkpoint_dir = Path(checkpoint_dir)
+    if not (checkpoint_dir / "config.json").exists():
+        raise EvaluationInputError(f"{checkpoint_dir}: no config.json; not a speculators checkpoint")
+    try:
+        draft = Eagle3DraftModel.from_pretrained(str(checkpoint_dir))
+    except Exception as exc:  # noqa: BLE001 - speculators' reason is the user's answer
+        raise EvaluationInputError(f"{checkpoint_dir}: Eagle3DraftModel.from_pretrained failed: {exc}") from None
+    with safe_open(str(checkpoint_dir / "model.safetensors"), "pt") as fh:
+        saved = set(fh.keys())
+    if "embed_tokens.weight" not in saved:
+        # speculators may leave the verifier's embeddings out of the file; vLLM takes them from the target.
+        draft.embed_tokens.weight.data.copy_(target_model.get_input_embeddings().weight.data.to(torch.float32))
+    for layer in draft.layers:
+        layer.self_attn.config._attn_implementation = "eager"  # noqa: SLF001
+    return draft.to(device=device, dtype=dtype).eval()
+
+
+class DraftRunner:
+    """The draft's KV cache over context entries, plus the chain entries of the current proposal."""
+
+    def __init__(self, draft):
+        from transformers import DynamicCache
+
+        self.draft = draft
+        self.cache = DynamicCache()
+        self.context = 0  # context entries in the cache
+        self.chain = 0  # chain entries after them
+        self.window = getattr(draft, "sliding_window", None) if draft.uses_sliding_window_attn else None
+        self.d2t = draft.d2t.to(torch.long)
+
+    def _mask(self, query_pos: torch.Tensor, chain_query: bool) -> torch.Tensor:
+        kv_len = self.context + self.chain + len(query_pos)
+        kv_pos = torch.arange(self.context, device=query_pos.device)
+        allowed = kv_pos[None, :] <= query_pos[:, None]
+        if self.window is not None:
+            allowed &= kv_pos[None, :] > query_pos[:, None] - self.window
+        extra = kv_len - self.context
+        tail = torch.zeros((len(query_pos), extra), dtype=torch.bool, device=query_pos.device)
+        if chain_query:
+            tail[:] = True  # its earlier chain entries and itself
+        else:
+            tail = torch.tril(torch.ones((len(query_pos), extra), dtype=torch.bool, device=query_pos.device))
+        allowed = torch.cat([allowed, tail], dim=1)
+        mask = torch.zeros(allowed.shape, dtype=self.draft.fc.weight.dtype, device=query_pos.device)
+        return mask.masked_fill_(~allowed, float("-inf"))[None, None]
+
+    def _layers(self, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        draft = self.draft
+        position_ids = (positions + 1)[None]  # speculators' positions start at 1 after the shift
+        position_embeddings = draft.rotary_emb(hidden, position_ids)
+        start = self.context + self.chain
+        cache_position = torch.arange(start, start + hidden.shape[1], device=hidden.device)
+        for layer in draft.layers:
+            hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache,
+                           cache_position=cache_position, position_embeddings=position_embeddings)
+        if draft.config.norm_output:
+            hidden = draft.norm(hidden)
+            logits = draft.lm_head(hidden)
+        else:
+            logits = draft.lm_head(draft.norm(hidden))
+        return hidden, logits
+
+    def to_target(self, logits: torch.Tensor) -> int:
+        idx = int(torch.argmax(logits))
+        return idx + int(self.d2t[idx])
+
+    def extend(self, aux: torch.Tensor, next_tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add context entries for the target positions behind `aux` ([n, L*H]); returns their
+        output hidden states and draft-vocabulary logits ([1, n, ...])."""
+        self.drop_chain()
+        draft = self.draft
+        device = aux.device
+        hidden = aux[None].to(draft.fc.weight.dtype)
+        if draft.input_norm is not None:
+            hidden = draft.input_norm(hidden)
+        if draft.fc_norm is not None:
+            chunks = hidden.chunk(len(draft.fc_norm), dim=-1)
+            hidden = torch.cat([norm(c) for norm, c in zip(draft.fc_norm, chunks)], dim=-1)
+        hidden = draft.fc(hidden)
+        embeds = draft.embed_tokens(torch.tensor([next_tokens], device=device))
+        positions = torch.arange(self.context, self.context + len(next_tokens), device=device)
+        mask = self._mask(positions, chain_query=False)
+        out, logits = self._layers(torch.cat([embeds, hidden], dim=-1), positions, mask)
+        self.context += len(next_tokens)
+        return out, logits
+
+    def chain_step(self, token: int, hidden: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chain step `step` (>= 1) at the last context position, fed `token` and the previous step's
+        output hidden state ([1, 1, H])."""
+        device = hidden.device
+        embeds = self.draft.embed_tokens(torch.tensor([[token]], device=device))
+        last = torch.tensor([self.context - 1], device=device)
+        mask = self._mask(last, chain_query=True)
+        out, logits = self._layers(torch.cat([embeds, hidden], dim=-1), last + step, mask)
+        self.chain += 1
+        return out, logits
+
+    def drop_chain(self) -> None:
+        if self.chain:
+            self.cache.crop(-self.chain)
+            self.chain = 0
+
+
+class TargetRunner:
+    """The target with a KV cache and hooks that keep its inputs to the draft's aux layers."""
+
+    def __init__(self, model, aux_layer_ids: list[int]):
+        from workers.stages.extract import LayerCapture
+
+        self.model = model
+        self.capture = LayerCapture(model, aux_layer_ids)
+
+    def forward(self, token_ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [n, V], aux features [n, L*H]) for the new tokens."""
+        ids = torch.tensor([token_ids], device=self.model.device)
+        logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]
+        aux = self.capture.stacked()[0]
+        return logits, aux.flatten(1)
+
+    def close(self) -> None:
+        self.capture.remove()
+
+
+def _eos_ids(model) -> set[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None) or model.config.eos_token_id
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def _finish(tokens: list[int], max_new: int, eos: set[int]) -> list[int]:
+    tokens = tokens[:max_new]
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+@torch.inference_mode()
+def greedy_decode(model, prompt: list[int], *, max_new_tokens: int, eos: set[int]) -> list[int]:
+    """Plain greedy decoding of the target, one token per forward, with a KV cache."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    ids = torch.tensor([prompt], device=model.device)
+    out: list[int] = []
+    while True:
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
+        token = int(torch.argmax(logits))
+        out.append(token)
+        if token in eos or len(out) >= max_new_tokens:
+            return out
+        ids = torch.tensor([[token]], device=model.device)
+
+
+@torch.inference_mode()
+def speculative_decode(target: TargetRunner, draft, prompt: list[int], *, k: int, max_new_tokens: int,
+                       eos: set[int]) -> tuple[list[int], list[int]]:
+    """Greedy speculative decoding with a chain of k draft tokens; (tokens, accepted per forward)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    runner = DraftRunner(draft)
+    logits, aux = target.forward(prompt, cache)
+    out = [int(torch.argmax(logits[-1]))]
+    hidden, draft_logits = runner.extend(aux, prompt[1:] + out)
+    accepted_counts: list[int] = []
+    while len(out) < max_new_tokens and not eos.intersection(out):
+        hidden = hidden[:, -1:]
+        drafts = [runner.to_target(draft_logits[0, -1])]
+        for step in range(1, k):
+            hidden, draft_logits = runner.chain_step(drafts[-1], hidden, step)
+            drafts.append(runner.to_target(draft_logits[0, -1]))
+        logits, aux = target.forward([out[-1], *drafts], cache)
+        choices = torch.argmax(logits, dim=-1).tolist()
+        accepted = 0
+        while accepted < k and drafts[accepted] == choices[accepted]:
+            accepted += 1
+        new = drafts[:accepted] + [choices[accepted]]
+        accepted_counts.append(accepted)
+        if accepted < k:
+            cache.crop(-(k - accepted))  # the target's entries for rejected drafts
+        hidden, draft_logits = runner.extend(aux[: accepted + 1], new)
+        out.extend(new)
+    return _finish(out, max_new_tokens, eos), accepted_counts
+
+
+def evaluate(
+    *,
+    target_dir: Path,
+    checkpoint_dir: Path,
+    prompts: list[list[int]],
+    prompt_source: str,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    num_speculative_tokens: int | None = None,
+    device: str = "auto",
+    on_progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> EvaluationResult:
+    """Decode every prompt with and without the draft; tau, acceptance per position, speeds and
+    whether the texts are equal."""
+    from workers.stages.device import device_label, resolve_device
+    from workers.stages.extract import load_target
+
+    started = time.monotonic()
+    target_dir, checkpoint_dir = Path(target_dir), Path(checkpoint_dir)
+    if not prompts:
+        raise EvaluationInputError("no prompts to evaluate on")
+    if max_new_tokens < 1:
+        raise EvaluationInputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    target_cfg = read_target_config(target_dir)
+    dev = resolve_device(device)
+    model = load_target(target_dir, dev)
+    dtype = next(model.parameters()).dtype
+    draft = load_draft(checkpoint_dir, model, dev, dtype)
+    if draft.hidden_size != target_cfg.hidden_size:
+        raise EvaluationInputError(
+            f"{checkpoint_dir}: draft hidden size {draft.hidden_size}, target {target_dir} has {target_cfg.hidden_size}")
+    if draft.t2d is not None and draft.t2d.shape[0] != target_cfg.vocab_size:
+        raise EvaluationInputError(
+            f"{checkpoint_dir}: t2d covers {draft.t2d.shape[0]} tokens, the target's vocabulary has {target_cfg.vocab_size}")
+    aux_ids = list(draft.target_layer_ids)
+    if any(not 0 <= i < target_cfg.num_layers for i in aux_ids):
+        raise EvaluationInputError(f"{checkpoint_dir}: aux layer ids {aux_ids} are outside the target's 0..{target_cfg.num_layers - 1}")
+    proposals = draft.config.speculators_config.proposal_methods
+    k = num_speculative_tokens or (proposals[0].speculative_tokens if proposals else 3)
+    if not 1 <= k <= 16:
+        raise EvaluationInputError(f"num_speculative_tokens must be between 1 and 16, got {k}")
+    max_len = getattr(model.config, "max_position_embeddings", None)
+    too_long = [i for i, p in enumerate(prompts) if max_len and len(p) + max_new_tokens + k > max_len]
+    if too_long:
+        raise EvaluationInputError(
+            f"{len(too_long)} prompt(s) (first: #{too_long[0]}, {len(prompts[too_long[0]])} tokens) plus "
+            f"{max_new_tokens} new tokens exceed the target's {max_len} positions; lower max_new_tokens")
+    eos = _eos_ids(model)
+    target = TargetRunner(model, aux_ids)
+    results, spec_s, greedy_s = [], 0.0, 0.0
+    try:
+        for n, prompt in enumerate(prompts):
+            if should_stop is not None and should_stop():
+                raise EvaluationStopped(f"evaluation stopped on request after {n} prompts")
+            t0 = time.perf_counter()
+            reference = greedy_decode(model, prompt, max_new_tokens=max_new_tokens, eos=eos)
+            t1 = time.perf_counter()
+            tokens, accepted = speculative_decode(target, draft, prompt, k=k, max_new_tokens=max_new_tokens, eos=eos)
+            t2 = time.perf_counter()
+            greedy_s, spec_s = greedy_s + (t1 - t0), spec_s + (t2 - t1)
+            results.append(PromptResult(prompt_tokens=len(prompt), new_tokens=len(tokens),
+                                        verify_forwards=len(accepted), accepted=accepted,
+                                        matches_greedy=tokens == reference))
+            if on_progress is not None:
+                on_progress(n + 1, len(prompts))
+    finally:
+        target.close()
+    accepted_all = [a for r in results for a in r.accepted]
+    forwards = len(accepted_all)
+    tau, per_position = tau_from_accepted(accepted_all, k)
+    new_tokens = sum(r.new_tokens for r in results)
+    mismatched = [i for i, r in enumerate(results) if not r.matches_greedy]
+    result = EvaluationResult(
+        checkpoint_dir=checkpoint_dir, target_dir=target_dir, num_speculative_tokens=k,
+        max_new_tokens=max_new_tokens, num_prompts=len(results), prompt_source=prompt_source,
+        tau=tau, acceptance_per_position=per_position, new_tokens=new_tokens, verify_forwards=forwards,
+        output_matches_greedy=not mismatched, mismatched_prompts=mismatched,
+        spec_seconds=spec_s, greedy_seconds=greedy_s,
+        spec_tokens_per_s=new_tokens / spec_s if spec_s else 0.0,
+        greedy_tokens_per_s=new_tokens / greedy_s if greedy_s else 0.0,
+        speedup=greedy_s / spec_s if spec_s else 0.0,
+        device=device_label(dev), seconds=time.monotonic() - started, prompts=results,
+    )
+    log.info("evaluated %s on %d prompts: tau %.3f (k=%d), acceptance %s, %s greedy output",
+             checkpoint_dir, len(results), tau, k, [round(p, 3) for p in per_position],
+             "same" if not mismatched else f"DIFFERENT on {len(mismatched)} prompt(s) from")
+    return result
