@@ -6,8 +6,9 @@ from django.shortcuts import get_object_or_404
 
 from runs import selectors
 from runs.models import PipelineRun
-from runs.paths import PathNotAllowed, check_under_data_roots
-from workers.stages.target import TargetConfigError, default_layer_ids, read_target_config
+from runs.paths import check_under_data_roots
+from workers.stages.errors import InputError
+from workers.stages.target import default_layer_ids, read_target_config
 
 
 def run_status(request: HttpRequest, pk: int) -> JsonResponse:
@@ -31,6 +32,6 @@ def target_inspect(request: HttpRequest) -> JsonResponse:
         path = check_under_data_roots(request.GET.get("path", ""), kind="target directory")
         cfg = read_target_config(path)
         layers = default_layer_ids(cfg.num_layers)
-    except (PathNotAllowed, TargetConfigError) as exc:
+    except InputError as exc:
         return JsonResponse({"error": str(exc)}, status=400)
     return JsonResponse({**cfg.as_dict(), "path": str(path), "default_layer_ids": layers})

@@ -8,10 +8,11 @@ from django.contrib.auth.models import AbstractBaseUser
 from runs.models import Checkpoint
 from runs.paths import check_under_data_roots
 from runs.roles import require
+from workers.stages.errors import InputError
 from workers.stages.jsonfile import read_json_object
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     pass
 
 

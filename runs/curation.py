@@ -6,7 +6,8 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from runs.models import CurationAction, Dataset, DatasetSample
-from workers.stages.prepare import read_conversations
+from workers.stages.chats import read_conversations
+from workers.stages.errors import InputError
 
 
 @transaction.atomic
@@ -47,7 +48,7 @@ def samples_set_excluded(*, samples: QuerySet[DatasetSample], excluded: bool, us
 def samples_tag(*, samples: QuerySet[DatasetSample], tag: str, user: AbstractBaseUser) -> int:
     tag = tag.strip().replace(",", " ")
     if not tag:
-        raise ValueError("the tag is empty")
+        raise InputError("the tag is empty")
     by_dataset: dict[int, list[str]] = {}
     for sample in samples:
         tags = [t for t in sample.tags.split(",") if t]

@@ -10,13 +10,15 @@ from django.db import transaction
 
 from runs.models import Checkpoint, Evaluation
 from runs.paths import check_under_data_roots
+from runs.queue import evaluation_enqueue
 from runs.roles import require
+from workers.stages.errors import InputError
 
 MAX_PROMPTS_LIMIT = 1000
 MAX_NEW_TOKENS_LIMIT = 4096
 
 
-class EvaluationRequestError(ValueError):
+class EvaluationRequestError(InputError):
     pass
 
 
@@ -48,6 +50,7 @@ def evaluation_plan(*, evaluation: Evaluation) -> EvaluationPlan:
             "training_run__run__target").first()
         if checkpoint is None:
             raise EvaluationRequestError(f"{run} has no best checkpoint to evaluate: did training finish?")
+        Evaluation.objects.filter(pk=evaluation.pk).update(checkpoint=checkpoint)
     target_dir = _target_dir(checkpoint)
     limit = evaluation.max_prompts
     if evaluation.prompts_path:
@@ -98,8 +101,6 @@ def evaluation_request(
         checkpoint=checkpoint, requested_by=user, prompts_path=prompts, max_new_tokens=max_new_tokens,
         max_prompts=max_prompts, num_speculative_tokens=num_speculative_tokens)
     if enqueue:
-        from workers.tasks import evaluation_enqueue
-
         evaluation_id = evaluation.pk
         transaction.on_commit(lambda: evaluation_enqueue(evaluation_id=evaluation_id))
     return evaluation

@@ -10,6 +10,7 @@ from runs.models import Extraction, Manifest, StageStatus, TargetModel, Verifica
 from runs.paths import PathNotAllowed, check_under_data_roots
 from runs.roles import require
 from runs.services import target_register
+from workers.stages.errors import InputError
 from workers.stages.verify import detect_layout, read_manifest, verify_extraction
 
 
@@ -19,7 +20,7 @@ def _target_for(*, target_path: str | Path | None, model_path: str | None) -> Ta
     if model_path:
         try:
             return target_register(path=model_path)
-        except (PathNotAllowed, ValueError) as exc:
+        except InputError as exc:
             raise PathNotAllowed(
                 f"the manifest names the target {model_path!r}, which cannot be used here ({exc}); "
                 f"pass --target DIR with the target's config.json"
@@ -123,9 +124,9 @@ def verification_override(*, extraction: Extraction, user: AbstractBaseUser, rea
     require(user, "review")
     verification = extraction.latest_verification
     if verification is None or verification.passed:
-        raise ValueError("nothing to override: the latest verification of this extraction did not fail")
+        raise InputError("nothing to override: the latest verification of this extraction did not fail")
     if not reason.strip():
-        raise ValueError("an override needs a written reason")
+        raise InputError("an override needs a written reason")
     return VerificationOverride.objects.create(verification=verification, reviewer=user, reason=reason.strip())
 
 

@@ -217,9 +217,10 @@ class Extraction(StageRecord):
 
     @property
     def floor_bytes_per_token(self) -> int | None:
-        if not self.hidden_size or not self.layer_ids:
-            return None
-        return len(self.layer_ids) * self.hidden_size * 2
+        """L x H elements of the stored dtype per token (bfloat16, the layouts' default, when unrecorded)."""
+        from workers.stages.dtypes import floor_bytes_per_token
+
+        return floor_bytes_per_token(len(self.layer_ids or []), self.hidden_size, self.dtype or "bfloat16")
 
 
 class Manifest(models.Model):

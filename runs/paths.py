@@ -5,8 +5,10 @@ from pathlib import Path
 
 from django.conf import settings
 
+from workers.stages.errors import InputError
 
-class PathNotAllowed(ValueError):
+
+class PathNotAllowed(InputError):
     pass
 
 

@@ -6,6 +6,7 @@ from django.db.models import Model
 
 from runs.models import Checkpoint, Extraction, PipelineRun, Review
 from runs.roles import require
+from workers.stages.errors import InputError
 
 SUBJECTS = {"run": PipelineRun, "extraction": Extraction, "checkpoint": Checkpoint}
 
@@ -13,9 +14,9 @@ SUBJECTS = {"run": PipelineRun, "extraction": Extraction, "checkpoint": Checkpoi
 def review_add(*, user: AbstractBaseUser, subject: Model, decision: str, text: str) -> Review:
     text = text.strip()
     if decision not in Review.Decision.values:
-        raise ValueError(f"unknown decision {decision!r}: use one of {', '.join(Review.Decision.values)}")
+        raise InputError(f"unknown decision {decision!r}: use one of {', '.join(Review.Decision.values)}")
     if not text:
-        raise ValueError("write a comment: a review needs its reason in words")
+        raise InputError("write a comment: a review needs its reason in words")
     if decision != Review.Decision.COMMENT:
         require(user, "review")
     field = next(name for name, model in SUBJECTS.items() if isinstance(subject, model))

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from workers.stages.errors import InputError
 
-class RunConfigError(ValueError):
+
+class RunConfigError(InputError):
     pass
 
 

@@ -12,7 +12,7 @@ from runs.models import (
     StageRecord,
     StageStatus,
 )
-from runs.stages import STAGES
+from runs.pipeline import STAGES
 
 
 def run_list() -> QuerySet[PipelineRun]:

@@ -23,9 +23,10 @@ from runs.models import (
     VocabMapping,
 )
 from runs.paths import check_under_data_roots
+from runs.queue import pipeline_enqueue
 from runs.roles import require
 from runs.run_config import RunConfig, RunConfigError
-from runs.stages import STAGES
+from runs.pipeline import STAGES
 from workers.stages.target import read_target_config, validate_layer_ids
 
 
@@ -105,8 +106,6 @@ def run_launch(
     Evaluation.objects.create(run=run, requested_by=user, max_prompts=config.eval_prompts,
                               max_new_tokens=config.eval_max_new_tokens)
     if enqueue:
-        from workers.tasks import pipeline_enqueue
-
         run_id = run.pk
         transaction.on_commit(lambda: pipeline_enqueue(run_id=run_id))
     return run
@@ -135,8 +134,6 @@ def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
             status=StageStatus.QUEUED, error="", started_at=None, finished_at=None, progress_done=0, progress_total=0
         )
     if reset:
-        from workers.tasks import pipeline_enqueue
-
         run_id = run.pk
         transaction.on_commit(lambda: pipeline_enqueue(run_id=run_id))
     return reset

@@ -1,14 +1,40 @@
-"""Writes that workers make while a stage runs: start, progress, success, failure, metrics."""
+"""Writes that workers make while a stage runs: start, progress, the typed result of each stage,
+failure, metrics; and the pipeline's rules between stages (what gates training, what follows an
+extraction)."""
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.utils import timezone
 
-from runs.models import Checkpoint, Extraction, Manifest, MetricPoint, StageRecord, StageStatus
-from runs.stages import STAGES, STAGES_BY_NAME
+from runs.extraction_services import extraction_training_gate, extraction_verify
+from runs.models import (
+    Checkpoint,
+    Evaluation,
+    Extraction,
+    Manifest,
+    MetricPoint,
+    Preparation,
+    StageRecord,
+    StageStatus,
+    TrainingRun,
+    VocabMapping,
+)
+from runs.pipeline import STAGES, STAGES_BY_NAME
+
+if TYPE_CHECKING:  # the stages import torch; these services only read their dataclasses
+    from workers.stages.evaluate import EvaluationResult
+    from workers.stages.extract import ExtractionResult
+    from workers.stages.prepare import PrepareResult
+    from workers.stages.train import TrainResult
+    from workers.stages.vocab import VocabResult
+
+logger = logging.getLogger(__name__)
 
 
 class StageCancelled(Exception):
@@ -26,10 +52,17 @@ def stage_record_id(*, stage_name: str, run_id: int) -> int:
 
 @transaction.atomic
 def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRecord | None:
-    """Mark a queued stage running. None if it was cancelled or already ran (a redelivered task)."""
+    """Mark a queued stage running. None if it was cancelled or already ran (a redelivered task), or
+    if the pipeline's rules refuse to start it (then it is failed with the reason)."""
     stage = _stage_qs(stage_name, record_id).select_for_update().get()
     if stage.status != StageStatus.QUEUED:
         return None
+    if stage_name == "train":
+        # Nobody trains on hidden states that disagree with their manifest, unless a reviewer said why.
+        blocked = extraction_training_gate(extraction=Extraction.objects.get(run_id=stage.run_id))
+        if blocked:
+            stage_fail(stage_name=stage_name, record_id=record_id, error=blocked, log_tail="")
+            return None
     stage.status = StageStatus.RUNNING
     stage.started_at = timezone.now()
     stage.worker = worker[:200]
@@ -71,8 +104,60 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
         )
 
 
-def manifest_record(*, run_id: int, path: Path) -> Manifest:
-    extraction = Extraction.objects.get(run_id=run_id)
+def _columns(model: type[StageRecord], result) -> dict:
+    """Every field of a stage's result dataclass that its row has a column of the same name for, so
+    that nothing the stage counted is lost on the way to the page."""
+    columns = {f.name for f in model._meta.concrete_fields} - {"id", "run", "status", "error", "log_tail"}
+    values = {}
+    for f in dataclass_fields(result):
+        if f.name in columns:
+            value = getattr(result, f.name)
+            values[f.name] = str(value) if isinstance(value, Path) else value
+    return values
+
+
+def preparation_record(*, record_id: int, result: PrepareResult, log_tail: str) -> None:
+    stage_succeed(stage_name="prepare", record_id=record_id, fields=_columns(Preparation, result), log_tail=log_tail)
+
+
+def extraction_record(*, record_id: int, result: ExtractionResult, log_tail: str) -> None:
+    """The extraction's numbers and manifest, then its verification, which gates training."""
+    extraction = Extraction.objects.select_related("target", "run__preparation").get(pk=record_id)
+    manifest_record(extraction=extraction, path=Path(result.manifest_path))
+    extraction.out_dir = str(result.out_dir)
+    verification = extraction_verify(extraction=extraction)
+    logger.info("extraction %s verification %s: %d checks in %.2f s", record_id,
+                "passed" if verification.passed else "FAILED", len(verification.checks), verification.seconds)
+    stage_succeed(stage_name="extract", record_id=record_id, fields=_columns(Extraction, result), log_tail=log_tail)
+
+
+def vocab_mapping_record(*, record_id: int, result: VocabResult, log_tail: str) -> None:
+    stage_succeed(stage_name="vocab", record_id=record_id, fields=_columns(VocabMapping, result), log_tail=log_tail)
+
+
+def training_record(*, record_id: int, result: TrainResult, log_tail: str) -> None:
+    """The training's counts and split, and its checkpoints with the best one marked."""
+    from dataclasses import asdict
+
+    checkpoints_register(training_run_id=record_id, checkpoints=[asdict(c) for c in result.checkpoints])
+    fields = {**_columns(TrainingRun, result), "split": result.split.as_dict()}
+    stage_succeed(stage_name="train", record_id=record_id, fields=fields, log_tail=log_tail)
+
+
+def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str) -> None:
+    stage_succeed(stage_name="evaluate", record_id=record_id, fields=_columns(Evaluation, result), log_tail=log_tail)
+
+
+STAGE_RECORDERS = {
+    "prepare": preparation_record,
+    "extract": extraction_record,
+    "vocab": vocab_mapping_record,
+    "train": training_record,
+    "evaluate": evaluation_record,
+}
+
+
+def manifest_record(*, extraction: Extraction, path: Path) -> Manifest:
     data = json.loads(Path(path).read_text())
     version = str(data.get("data_format_version", data.get("version", "")))
     manifest, _ = Manifest.objects.update_or_create(

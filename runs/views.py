@@ -15,9 +15,8 @@ from runs.demo import demo_paths
 from runs.forms import LaunchForm
 from runs.models import Checkpoint, Dataset, Extraction, PipelineRun, TargetModel
 from runs.roles import user_can
+from workers.stages.errors import InputError
 
-# What a launch can fail on: every one of these names the problem in its message.
-LAUNCH_ERRORS = (ValueError,)
 
 
 def run_list(request: HttpRequest) -> HttpResponse:
@@ -38,7 +37,7 @@ def run_launch(request: HttpRequest) -> HttpResponse:
                     config=form.run_config(),
                     name=form.cleaned_data["name"],
                 )
-            except LAUNCH_ERRORS as exc:
+            except InputError as exc:
                 form.add_error(None, str(exc))
             else:
                 messages.success(request, f"Launched {run}: the stages are queued.")
@@ -138,7 +137,7 @@ def review_create(request: HttpRequest, subject: str, pk: int) -> HttpResponse:
     try:
         reviews.review_add(user=request.user, subject=obj, decision=request.POST.get("decision", "comment"),
                            text=request.POST.get("text", ""))
-    except ValueError as exc:
+    except InputError as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, "Review recorded.")
@@ -154,7 +153,7 @@ def extraction_import(request: HttpRequest) -> HttpResponse:
                 path=request.POST.get("path", ""), target_path=request.POST.get("target_path") or None,
                 user=request.user,
             )
-        except ValueError as exc:
+        except InputError as exc:
             error = str(exc)
         else:
             verb = "Imported" if created else "Already imported:"
@@ -170,7 +169,7 @@ def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
         verification = extraction_services.extraction_verify(
             extraction=extraction, full=request.POST.get("full") == "on", user=request.user
         )
-    except ValueError as exc:
+    except InputError as exc:
         messages.error(request, str(exc))
     else:
         outcome = "passed" if verification.passed else f"failed {len(verification.failures)} check(s)"
@@ -193,7 +192,7 @@ def extraction_override(request: HttpRequest, pk: int) -> HttpResponse:
         extraction_services.verification_override(
             extraction=extraction, user=request.user, reason=request.POST.get("reason", "")
         )
-    except ValueError as exc:
+    except InputError as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, "Override recorded: training may use this extraction.")
@@ -235,7 +234,7 @@ def checkpoint_evaluate(request: HttpRequest, pk: int) -> HttpResponse:
             max_prompts=_optional_int(request.POST.get("max_prompts"), "prompts", 32),
             num_speculative_tokens=_optional_int(request.POST.get("num_speculative_tokens"), "draft tokens per step"),
         )
-    except ValueError as exc:
+    except InputError as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Evaluation {evaluation.pk} queued: a worker decodes the prompts with and without the draft.")

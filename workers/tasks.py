@@ -11,29 +11,28 @@ import logging
 import shutil
 import time
 import traceback
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from celery import chain, shared_task
+from celery import shared_task
 from django.conf import settings
 
 from runs.curation import dataset_excluded_ids
 from runs.evaluation_services import evaluation_plan
-from runs.extraction_services import extraction_training_gate, extraction_verify
 from runs.models import Evaluation, StageRecord
 from runs.stage_services import (
+    STAGE_RECORDERS,
     StageCancelled,
     checkpoints_register,
-    manifest_record,
     metrics_record,
     stage_fail,
     stage_progress,
     stage_record_id,
     stage_start,
-    stage_succeed,
 )
-from runs.stages import STAGES, STAGES_BY_NAME
+from runs.pipeline import STAGES, STAGES_BY_NAME
+from workers.stages.errors import StopRequested
 
 logger = logging.getLogger(__name__)
 
@@ -80,23 +79,11 @@ def _fresh_dir(path: Path) -> Path:
     return path
 
 
-def _record_fields(record: StageRecord, result) -> dict:
-    """Every field of the stage's result dataclass that the stage's row has a column of the same
-    name for, so that nothing the stage counted is lost on the way to the page."""
-    columns = {f.name for f in record._meta.concrete_fields} - {"id", "run", "status", "error", "log_tail"}
-    values = {}
-    for f in fields(result):
-        if f.name in columns:
-            value = getattr(result, f.name)
-            values[f.name] = str(value) if isinstance(value, Path) else value
-    return values
-
-
-def _prepare(record, reporter: StageReporter) -> dict:
+def _prepare(record, reporter: StageReporter):
     from workers.stages.prepare import prepare
 
     run = record.run
-    result = prepare(
+    return prepare(
         tokenizer_dir=Path(run.target.path),
         dataset_path=Path(run.dataset.path),
         out_dir=_fresh_dir(Path(run.output_dir) / "prepared"),
@@ -105,52 +92,39 @@ def _prepare(record, reporter: StageReporter) -> dict:
         exclude_ids=dataset_excluded_ids(dataset=run.dataset),
         on_progress=reporter.progress,
     )
-    return _record_fields(record, result)
 
 
-def _extract(record, reporter: StageReporter) -> dict:
+def _extract(record, reporter: StageReporter):
     from workers.stages.extract import extract
 
     run = record.run
-    result = extract(
+    return extract(
         target_dir=Path(run.target.path),
         prepared_dir=Path(run.preparation.out_dir),
         out_dir=_fresh_dir(Path(run.output_dir) / "extraction"),
         layer_ids=record.layer_ids,
         on_progress=reporter.progress,
     )
-    manifest_record(run_id=run.pk, path=Path(result.manifest_path))
-    # Nobody trains on hidden states that disagree with their manifest: verify before train runs.
-    record.out_dir = str(result.out_dir)
-    verification = extraction_verify(extraction=record)
-    logger.info("extraction verification %s: %d checks in %.2f s", "passed" if verification.passed else "FAILED",
-                len(verification.checks), verification.seconds)
-    return _record_fields(record, result)
 
 
-def _vocab(record, reporter: StageReporter) -> dict:
+def _vocab(record, reporter: StageReporter):
     from workers.stages.vocab import build_vocab
 
     run = record.run
-    result = build_vocab(
+    return build_vocab(
         token_freq_path=Path(run.preparation.token_freq_path),
         out_dir=Path(run.output_dir) / "vocab",
         draft_vocab_size=record.draft_vocab_size,
         target_vocab_size=record.target_vocab_size,
         on_progress=reporter.progress,
     )
-    return _record_fields(record, result)
 
 
-def _train(record, reporter: StageReporter) -> dict:
+def _train(record, reporter: StageReporter):
     from workers.stages.train import train
 
     run = record.run
-    # Nobody trains on hidden states that disagree with their manifest, unless a reviewer said why.
-    blocked = extraction_training_gate(extraction=run.extraction)
-    if blocked:
-        raise ValueError(blocked)
-    result = train(
+    return train(
         target_dir=Path(run.target.path),
         prepared_dir=Path(run.preparation.out_dir),
         hidden_states_dir=Path(run.extraction.out_dir) / "hidden_states",
@@ -170,35 +144,26 @@ def _train(record, reporter: StageReporter) -> dict:
         should_stop=reporter.cancelled,
         on_checkpoint=lambda c: checkpoints_register(training_run_id=record.pk, checkpoints=[asdict(c)]),
     )
-    checkpoints_register(training_run_id=record.pk, checkpoints=[asdict(c) for c in result.checkpoints])
-    values = _record_fields(record, result)
-    values["split"] = result.split.as_dict()
-    return values
 
 
-def _evaluate(record: Evaluation, reporter: StageReporter) -> dict:
-    from workers.stages.evaluate import EvaluationStopped, evaluate
+def _evaluate(record: Evaluation, reporter: StageReporter):
+    from workers.stages.evaluate import evaluate
 
     plan = evaluation_plan(evaluation=record)
-    try:
-        result = evaluate(
-            target_dir=plan.target_dir,
-            checkpoint_dir=plan.checkpoint_dir,
-            prompts=plan.prompts(),
-            prompt_source=plan.prompt_source,
-            max_new_tokens=record.max_new_tokens,
-            num_speculative_tokens=record.num_speculative_tokens,
-            on_progress=reporter.progress,
-            should_stop=reporter.cancelled,
-        )
-    except EvaluationStopped as exc:
-        raise StageCancelled(str(exc)) from None
-    values = _record_fields(record, result)
-    values["checkpoint_id"] = plan.checkpoint_id
-    return values
+    return evaluate(
+        target_dir=plan.target_dir,
+        checkpoint_dir=plan.checkpoint_dir,
+        prompts=plan.prompts(),
+        prompt_source=plan.prompt_source,
+        max_new_tokens=record.max_new_tokens,
+        num_speculative_tokens=record.num_speculative_tokens,
+        on_progress=reporter.progress,
+        should_stop=reporter.cancelled,
+    )
 
 
-STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], dict]] = {
+# Each runs one stage for its row and returns the stage's result dataclass.
+STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
     "prepare": _prepare,
     "extract": _extract,
     "vocab": _vocab,
@@ -224,11 +189,11 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
         model = STAGES_BY_NAME[stage_name].model
         record = model.objects.select_related("run__target", "run__dataset").get(pk=record_id)
         logger.info("%s %s started on %s", stage_name, record_id, worker)
-        fields = STAGE_BODIES[stage_name](record, reporter)
+        result = STAGE_BODIES[stage_name](record, reporter)
         logger.info("%s %s finished", stage_name, record_id)
-        stage_succeed(stage_name=stage_name, record_id=record_id, fields=fields, log_tail=reporter.tail)
+        STAGE_RECORDERS[stage_name](record_id=record_id, result=result, log_tail=reporter.tail)
         return True
-    except StageCancelled as exc:
+    except (StageCancelled, StopRequested) as exc:  # a user's cancel: no traceback, not a failure
         logger.info("%s", exc)
         stage_fail(stage_name=stage_name, record_id=record_id, error=str(exc), log_tail=reporter.tail, cancelled=True)
         return False
@@ -253,16 +218,7 @@ def evaluation_task(self, evaluation_id: int) -> bool:
     return stage_execute(stage_name="evaluate", record_id=evaluation_id, worker=self.request.hostname or "celery")
 
 
-def pipeline_enqueue(*, run_id: int) -> None:
-    """One chain per run; each stage goes to its own queue (cpu or gpu)."""
-    chain(*[stage_task.si(stage.name, run_id).set(queue=stage.queue) for stage in STAGES]).apply_async()
-
-
 def pipeline_run_inline(*, run_id: int) -> None:
     for stage in STAGES:
         stage_execute(stage_name=stage.name, record_id=stage_record_id(stage_name=stage.name, run_id=run_id),
                       worker="inline")
-
-
-def evaluation_enqueue(*, evaluation_id: int) -> None:
-    evaluation_task.apply_async(args=[evaluation_id], queue=STAGES_BY_NAME["evaluate"].queue)

@@ -147,3 +147,13 @@ def test_retry_requeues_failed_and_cancelled_stages_only(roots, user, django_cap
     assert run.evaluation.status == StageStatus.QUEUED
     assert run.preparation.status == StageStatus.SUCCEEDED
     assert len(callbacks) == 1
+
+
+def test_training_does_not_start_on_an_unverified_extraction_and_says_why(roots, user, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+    assert stage_start(stage_name="train", record_id=rid(run, "train"), worker="w1") is None
+    run = PipelineRun.objects.get(pk=run.pk)
+    assert run.training_run.status == StageStatus.FAILED
+    assert run.training_run.error == f"extraction {run.extraction.pk} has not been verified; verify it first"
+    assert run.evaluation.status == StageStatus.CANCELLED

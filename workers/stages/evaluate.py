@@ -36,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from workers.stages.acceptance import tau_from_accepted  # noqa: E402
+from workers.stages.errors import InputError, StopRequested  # noqa: E402
 from workers.stages.target import read_target_config  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -44,11 +45,11 @@ DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_MAX_PROMPTS = 32
 
 
-class EvaluationInputError(ValueError):
+class EvaluationInputError(InputError):
     """The checkpoint, the target or the prompts cannot be evaluated together; the message says why."""
 
 
-class EvaluationStopped(Exception):
+class EvaluationStopped(StopRequested):
     """should_stop() asked the evaluation to end."""
 
 

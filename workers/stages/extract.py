@@ -39,6 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
+from workers.stages.dtypes import floor_bytes_per_token  # noqa: E402
 from workers.stages.target import read_target_config, validate_layer_ids  # noqa: E402
 
 if TYPE_CHECKING:
@@ -371,7 +372,7 @@ def extract(
         torch.cuda.empty_cache()
 
     num_layers_captured, hidden_size = len(layer_ids), target.hidden_size
-    floor = num_layers_captured * hidden_size * torch.finfo(STORE_DTYPE).bits // 8
+    floor = floor_bytes_per_token(num_layers_captured, hidden_size, str(STORE_DTYPE).removeprefix("torch."))
     total_time = time.perf_counter() - started
     tps = total_tokens / forward_seconds if forward_seconds > 0 else 0.0
     manifest = {

@@ -28,7 +28,7 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -38,35 +38,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from workers.stages.chats import (  # noqa: E402,F401 - re-exported for callers of prepare
+    ROLE_ALIASES,
+    Conversation,
+    DatasetFormatError,
+    _parse_turn,
+    parse_row,
+    read_conversations,
+)
+from workers.stages.errors import InputError  # noqa: E402
+
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int], None]
 
-ROLE_ALIASES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "system": "system",
-}
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 HISTOGRAM_BINS = 20
 WRITE_CHUNK_ROWS = 512
 
 
-class DatasetFormatError(ValueError):
-    """A row of the chat file cannot be read; the message names file, line and problem."""
-
-
-class ChatTemplateError(ValueError):
+class ChatTemplateError(InputError):
     """The target tokenizer cannot render conversations into training rows."""
-
-
-@dataclass(frozen=True)
-class Conversation:
-    source_id: str
-    line: int  # 1-based, for messages
-    messages: list[dict]
 
 
 @dataclass(frozen=True)
@@ -91,59 +83,6 @@ class PrepareResult:
         d = asdict(self)
         d["out_dir"], d["token_freq_path"] = str(self.out_dir), str(self.token_freq_path)
         return d
-
-
-def parse_row(raw: str, *, path: Path, line: int) -> Conversation:
-    """One JSONL line -> Conversation with roles normalised to system/user/assistant."""
-    where = f"{path}, line {line}"
-    try:
-        row = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise DatasetFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(row, dict):
-        raise DatasetFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    if "conversations" in row:
-        key, turns = "conversations", row["conversations"]
-    elif "messages" in row:
-        key, turns = "messages", row["messages"]
-    else:
-        raise DatasetFormatError(
-            f"{where}: no 'conversations' (ShareGPT) or 'messages' (OpenAI) list; keys are {sorted(row)}"
-        )
-    if not isinstance(turns, list):
-        raise DatasetFormatError(f"{where}: '{key}' must be a list, got {type(turns).__name__}")
-    raw_id = row.get("id", line - 1)
-    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
-        raise DatasetFormatError(f"{where}: 'id' must be a string or integer, got {raw_id!r}")
-    messages = [_parse_turn(turn, where=f"{where}, {key}[{i}]") for i, turn in enumerate(turns)]
-    return Conversation(source_id=str(raw_id), line=line, messages=messages)
-
-
-def _parse_turn(turn: object, *, where: str) -> dict:
-    if not isinstance(turn, dict):
-        raise DatasetFormatError(f"{where}: a turn must be an object, got {type(turn).__name__}")
-    role = turn.get("from", turn.get("role"))
-    if role is None:
-        raise DatasetFormatError(f"{where}: turn has no 'from' or 'role'")
-    if role not in ROLE_ALIASES:
-        raise DatasetFormatError(
-            f"{where}: unknown role {role!r}; expected one of {sorted(ROLE_ALIASES)}"
-        )
-    content = turn["value"] if "value" in turn else turn.get("content")
-    if not isinstance(content, str):
-        raise DatasetFormatError(
-            f"{where}: content must be a string, got {type(content).__name__} "
-            "(multimodal or tool-call turns are not supported)"
-        )
-    return {"role": ROLE_ALIASES[role], "content": content}
-
-
-def read_conversations(path: Path) -> Iterator[Conversation]:
-    """Yield each non-blank line's conversation; a bad line raises DatasetFormatError."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if raw.strip():
-                yield parse_row(raw, path=path, line=lineno)
 
 
 class _BoundaryUnstable(ValueError):

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from workers.stages.errors import InputError
+
 SPLIT_FILENAME = "split.json"
 
 
-class SplitError(ValueError):
+class SplitError(InputError):
     """The rows cannot be split into a non-empty train and validation side."""
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from workers.stages.errors import InputError
 from workers.stages.jsonfile import read_json_object
 
 
-class TargetConfigError(ValueError):
+class TargetConfigError(InputError):
     """The target directory has no usable config.json."""
 
 

@@ -48,6 +48,7 @@ from speculators.train.utils import normalize_counted_metrics  # noqa: E402
 from transformers import get_linear_schedule_with_warmup  # noqa: E402
 
 from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
+from workers.stages.errors import StopRequested  # noqa: E402
 from workers.stages.split import SplitError, SplitInfo, split_record, split_train_val, write_split  # noqa: E402,F401
 from workers.stages.target import read_target_config, validate_layer_ids  # noqa: E402
 from workers.stages.train_data import (  # noqa: E402,F401  (re-exported: tests and bench use them from here)
@@ -69,7 +70,7 @@ METRICS_FLUSH_STEPS = 50
 _METRIC_KEY = re.compile(r"^(loss|loss_\d+|full_acc_\d+|cond_acc_\d+)$")
 
 
-class TrainingStopped(Exception):
+class TrainingStopped(StopRequested):
     """should_stop() asked the loop to end; nothing after the last finished epoch was saved."""
 
     def __init__(self, steps_done: int):

@@ -29,13 +29,14 @@ from speculators.data_generation.offline import check_hidden_states  # noqa: E40
 from speculators.models.eagle3.data import shift_batch  # noqa: E402
 from speculators.train.data import CollateFn  # noqa: E402
 from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2  # noqa: E402
+from workers.stages.errors import InputError  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOKENS_PER_STEP = 512  # raised to the longest prepared row; see plan_batches for CPU timings
 
 
-class TrainInputError(ValueError):
+class TrainInputError(InputError):
     """An input file disagrees with the others or with the target."""
 
 

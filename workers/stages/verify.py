@@ -1,74 +1,44 @@
 """Verify a hidden-state extraction a user already has, in any of the layouts users bring.
 
 Pure: no Django. A manifest is a claim, not a proof, so every claim is checked against the files.
-Fast mode reads headers only (safetensors' `safe_open` validates the header and the byte coverage
-without reading tensor data, as speculators' `find_corrupt_hidden_state_indices` relies on; a
-`.pt` is memory-mapped by `torch.load(mmap=True)`); full mode also scans values for NaN/inf.
-A `.pt` is a pickle: it is only ever loaded with `weights_only=True`, which refuses code.
+Fast mode reads headers only: a safetensors header is checked the way the safetensors library
+checks it (offsets cover every byte; speculators' `find_corrupt_hidden_state_indices` relies on the
+same), a `.pt` archive's pickle is followed through an allowlist and its storages are sized. Full
+mode also scans values for NaN/inf. Neither imports torch for safetensors files (the web tier runs
+both: import from the browser, "Verify now"); a `.pt` file's values, and any `.pt` the header
+reader cannot follow, go to torch.load(weights_only=True). Layouts and manifests:
+`extraction_layout`; one file: `extraction_samples`; the byte formats: `tensor_headers`.
 """
 from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-from safetensors import safe_open
-
+from workers.stages.dtypes import floor_bytes_per_token
+from workers.stages.extraction_layout import (
+    SAMPLE_RE,
+    Layout,
+    LayoutError,
+    ManifestClaims,
+    ManifestError,
+    detect_layout,
+    read_manifest,
+    resolve_layer_convention,
+)
+from workers.stages.extraction_samples import SampleInfo, read_sample
 from workers.stages.target import TargetConfig, default_layer_ids, read_target_config
 
+__all__ = ["Check", "Layout", "LayoutError", "ManifestClaims", "ManifestError", "VerificationReport", "detect_layout",
+           "read_manifest", "verify_extraction"]
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int], None]
-MANIFEST_NAME = "data_config.json"
-SAMPLE_RE = re.compile(r"^(hs|data)_(\d+)\.(safetensors|pt)$")
 MAX_OFFENDERS = 10
-# safetensors dtype names -> torch names, for reports people read.
-ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn"}
-
-HF_INDEX, LAST_N_MINUS_1, SPECFORGE = "hf_hidden_states_index", "last_is_n_minus_1", "specforge_layer_outputs"
-RECORDED = "recorded in the manifest"
-
-
-class LayoutError(ValueError):
-    """The directory holds no extraction layout we recognise."""
-
-
-class ManifestError(ValueError):
-    """A manifest file is malformed, incomplete or of an unknown version."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    name: str  # "flat_v1" | "speculators_v04" | "speculators_09"
-    root: Path
-    manifest_path: Path | None
-    sample_kind: str  # "safetensors" | "pt"
-    files: tuple[Path, ...]
-
-
-@dataclass
-class ManifestClaims:
-    model_path: str | None
-    layer_ids: list[int] | None
-    hidden_size: int | None
-    num_layers_captured: int | None
-    total_samples: int | None
-    total_tokens: int | None
-    max_seq_len: int | None
-    dtype: str | None
-    layer_id_convention: str
-    layer_id_convention_reason: str
-    source_format: str
-    synthesised: bool
-    manifest_path: Path | None
-    raw: dict
-    sample_lengths: dict[int, int] | None = None
 
 
 @dataclass
@@ -79,21 +49,6 @@ class Check:
     measured: object
     message: str
     offending_files: list[str] = field(default_factory=list)
-
-
-@dataclass
-class SampleInfo:
-    index: int
-    path: Path
-    nbytes: int
-    tokens: int | None = None
-    layers: int | None = None
-    width: int | None = None
-    dtype: str | None = None
-    ids_len: int | None = None
-    token_ids: list[int] | None = None
-    finite: bool | None = None
-    error: str | None = None
 
 
 @dataclass
@@ -132,209 +87,19 @@ class VerificationReport:
         return json.loads(json.dumps(d, default=str))
 
 
-def _sample_files(root: Path) -> list[Path]:
-    found = []
-    for d in (root, root / "hidden_states"):
-        if d.is_dir():
-            found += [p for p in d.iterdir() if SAMPLE_RE.match(p.name)]
-    return sorted(found, key=str)  # str keys: sorting 10k Paths by their parts costs more than reading headers
+def prepared_input_ids(prepared_dir: Path) -> list[list[int]]:
+    """The `input_ids` column of a dataset saved by `datasets.save_to_disk`, read with pyarrow.
 
+    `datasets.load_from_disk` would do, but it applies the saved format ("torch", which speculators
+    needs), importing torch into whichever process verifies."""
+    import pyarrow as pa
 
-def _load_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
-    except OSError as exc:
-        raise ManifestError(f"{path}: cannot read ({exc})") from None
-
-
-def detect_layout(extraction_dir: Path) -> Layout:
-    root = Path(extraction_dir)
-    if not root.is_dir():
-        raise LayoutError(f"{root}: not a directory")
-    files = _sample_files(root)
-    manifest = root / MANIFEST_NAME
-    kinds = {p.suffix.lstrip(".") for p in files}
-    kind = "pt" if kinds == {"pt"} else "safetensors"
-    if len(kinds) > 1:
-        raise LayoutError(f"{root}: mixes .pt and .safetensors sample files; keep one kind per extraction")
-    if manifest.exists():
-        raw = _load_json(manifest)
-        if not isinstance(raw, dict):
-            raise ManifestError(f"{manifest}: expected a JSON object, got {type(raw).__name__}")
-        if "data_format_version" in raw:
-            if raw["data_format_version"] != 1:
-                raise ManifestError(f"{manifest}: field 'data_format_version' is {raw['data_format_version']!r}; "
-                                    "only flat version 1 is known")
-            return Layout("flat_v1", root, manifest, kind, tuple(files))
-        if "version" in raw:
-            if raw["version"] != "2.0":
-                raise ManifestError(f"{manifest}: field 'version' is {raw['version']!r}; only speculators "
-                                    "v0.4's nested version \"2.0\" is known")
-            return Layout("speculators_v04", root, manifest, "pt", tuple(files))
-        raise ManifestError(f"{manifest}: field 'data_format_version' (flat) or 'version' (nested) is missing")
-    if files and kind == "safetensors":
-        return Layout("speculators_09", root, None, kind, tuple(files))
-    seen = sorted(p.name for p in root.iterdir())[:10]
-    what = f"{len(files)} data_*.pt files but no {MANIFEST_NAME}" if files else f"entries {seen}"
-    raise LayoutError(f"{root}: not a known extraction layout (found {what}); expected {MANIFEST_NAME} with "
-                      "sample files, or hidden_states/hs_{idx}.safetensors")
-
-
-def _field(raw: dict, dotted: str, path: Path, kind, optional: bool = False):
-    node = raw
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            if optional:
-                return None
-            raise ManifestError(f"{path}: field '{dotted}' is missing")
-        node = node[part]
-    if node is None and optional:
-        return None
-    ok = (isinstance(node, kind) and not isinstance(node, bool)) if kind is not list else (
-        isinstance(node, list) and node and all(isinstance(i, int) and not isinstance(i, bool) for i in node))
-    if not ok:
-        want = "a non-empty list of integers" if kind is list else kind.__name__
-        raise ManifestError(f"{path}: field '{dotted}' must be {want}, got {node!r}")
-    return node
-
-
-def _first_header(files: tuple[Path, ...]) -> SampleInfo | None:
-    for idx, p in sorted((int(SAMPLE_RE.match(p.name).group(2)), str(p)) for p in files):
-        info = _read_sample(idx, Path(p), want_ids=False, full=False)
-        if info.error is None:
-            return info
-    return None
-
-
-def read_manifest(extraction_dir: Path, layout: Layout) -> ManifestClaims:
-    path = layout.manifest_path
-    if layout.name == "flat_v1":
-        raw = _load_json(path)
-        convention = raw.get("layer_id_convention")
-        return ManifestClaims(
-            model_path=_field(raw, "model_path", path, str),
-            layer_ids=_field(raw, "layer_ids", path, list),
-            hidden_size=_field(raw, "hidden_size", path, int),
-            num_layers_captured=_field(raw, "num_layers_captured", path, int),
-            total_samples=_field(raw, "total_samples", path, int),
-            total_tokens=_field(raw, "total_tokens", path, int),
-            max_seq_len=_field(raw, "max_seq_len", path, int),
-            dtype=_field(raw, "dtype", path, str, optional=True),
-            layer_id_convention=convention if isinstance(convention, str) else "unknown",
-            layer_id_convention_reason=(RECORDED if isinstance(convention, str)
-                                        else "not recorded; decided against the target's layer count"),
-            source_format="flat data_config.json (data_format_version 1)",
-            synthesised=False, manifest_path=path, raw=raw)
-    if layout.name == "speculators_v04":
-        raw = _load_json(path)
-        lengths_path = layout.root / "sample_lengths.json"
-        lengths_raw = _load_json(lengths_path)
-        if not isinstance(lengths_raw, dict):
-            raise ManifestError(f"{lengths_path}: expected a JSON object of index -> length")
-        lengths = {}
-        for k, v in lengths_raw.items():
-            if not str(k).isdigit() or not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ManifestError(f"{lengths_path}: entry {k!r}: {v!r} is not index -> token count")
-            lengths[int(k)] = v
-        layer_ids = _field(raw, "hidden_states.layer_ids", path, list)
-        return ManifestClaims(
-            model_path=_field(raw, "model.target_model_path", path, str),
-            layer_ids=layer_ids,
-            hidden_size=_field(raw, "model.hidden_size", path, int),
-            num_layers_captured=len(layer_ids),
-            total_samples=_field(raw, "data.num_samples", path, int),
-            total_tokens=sum(lengths.values()),
-            max_seq_len=_field(raw, "data.seq_length", path, int),
-            dtype=None,
-            layer_id_convention=LAST_N_MINUS_1,
-            layer_id_convention_reason="speculators v0.4 selects [2, N//2, N-3, N-1] and bounds ids by N-1",
-            source_format="speculators v0.4 nested data_config.json (version 2.0) + sample_lengths.json",
-            synthesised=False, manifest_path=path, raw=raw, sample_lengths=lengths)
-    first = _first_header(layout.files)
-    return ManifestClaims(
-        model_path=None, layer_ids=None,
-        hidden_size=first.width if first else None,
-        num_layers_captured=first.layers if first else None,
-        total_samples=len(layout.files), total_tokens=None, max_seq_len=None,
-        dtype=first.dtype if first else None,
-        layer_id_convention=HF_INDEX,
-        layer_id_convention_reason="no manifest; speculators 0.9 resolves [2, N//2, N-3] and its vLLM launcher "
-                                   "appends N (hidden_states index)",
-        source_format="speculators 0.9 hidden_states/hs_{idx}.safetensors (no manifest; claims synthesised "
-                      "from the lowest-index readable file)",
-        synthesised=True, manifest_path=None, raw={})
-
-
-def resolve_layer_convention(layer_ids: list[int], num_layers: int, claims: ManifestClaims) -> tuple[str, str, int]:
-    """(convention, why, highest valid id) for these ids on an N-layer target."""
-    n, last = num_layers, layer_ids[-1]
-    if claims.layer_id_convention_reason == RECORDED:
-        conv, why = claims.layer_id_convention, claims.layer_id_convention_reason
-    elif layer_ids[:3] == [1, n // 2 - 1, n - 4]:
-        conv, why = SPECFORGE, f"ids start [1, {n // 2 - 1}, {n - 4}]: SpecForge's layer outputs [1, N//2-1, N-4]"
-    elif last == n:
-        conv, why = HF_INDEX, f"last id equals N={n}: speculators 0.9's hidden_states index"
-    elif last == n - 1:
-        conv, why = LAST_N_MINUS_1, (f"last id equals N-1={n - 1}: field scripts and speculators v0.4 "
-                                     "record the last layer as N-1")
-    elif claims.layer_id_convention != "unknown":
-        conv, why = claims.layer_id_convention, claims.layer_id_convention_reason
-    else:
-        conv, why = HF_INDEX, "no id matches a known pattern; assumed the hidden_states index (widest range)"
-    return conv, why, (n if conv == HF_INDEX else n - 1)
-
-
-def _read_sample(index: int, path: Path, *, want_ids: bool, full: bool) -> SampleInfo:
-    info = SampleInfo(index=index, path=path, nbytes=path.stat().st_size)
-    try:
-        if path.suffix == ".safetensors":
-            with safe_open(str(path), framework="pt") as f:
-                keys = set(f.keys())
-                if "hidden_states" not in keys or "token_ids" not in keys:
-                    raise ValueError(f"needs token_ids and hidden_states, has {sorted(keys)}")
-                hs = f.get_slice("hidden_states")
-                shape = hs.get_shape()
-                if len(shape) != 3:
-                    raise ValueError(f"hidden_states has shape {shape}, expected [T, L, H]")
-                info.tokens, info.layers, info.width = shape
-                info.dtype = ST_DTYPES.get(hs.get_dtype(), hs.get_dtype())
-                info.ids_len = f.get_slice("token_ids").get_shape()[0]
-                if want_ids:
-                    info.token_ids = f.get_tensor("token_ids").tolist()
-                if full:
-                    info.finite = _all_finite([f.get_tensor("hidden_states")])
-        else:
-            try:
-                obj = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
-            except RuntimeError as exc:
-                if "mmap" not in str(exc):
-                    raise
-                obj = torch.load(str(path), map_location="cpu", weights_only=True)  # legacy, non-zip .pt
-            if not isinstance(obj, dict) or "hidden_states" not in obj:
-                raise ValueError("expected a dict with hidden_states")
-            hs, ids = obj["hidden_states"], obj.get("input_ids", obj.get("token_ids"))
-            tensors = list(hs) if isinstance(hs, (list, tuple)) else [hs[:, i] for i in range(hs.shape[1])]
-            if not tensors or any(t.dim() != 2 or t.shape != tensors[0].shape for t in tensors):
-                raise ValueError("hidden_states must be L tensors of one shape [T, H] or one [T, L, H]")
-            (info.tokens, info.width), info.layers = tensors[0].shape, len(tensors)
-            info.dtype = str(tensors[0].dtype).removeprefix("torch.")
-            info.ids_len = None if ids is None else int(ids.shape[0])
-            if want_ids and ids is not None:
-                info.token_ids = ids.tolist()
-            if full:
-                info.finite = _all_finite(tensors)
-    except Exception as exc:  # noqa: BLE001 - any failure to read is a finding, not a crash
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-            msg = "refused: its pickle would run code or build non-tensor objects (loaded with weights_only=True)"
-        info.error = f"{path.name}: {msg}"
-    return info
-
-
-def _all_finite(tensors: list[torch.Tensor]) -> bool:
-    return all(bool(torch.isfinite(t.float()).all()) for t in tensors)
+    state = json.loads((prepared_dir / "state.json").read_text())
+    rows: list[list[int]] = []
+    for shard in state["_data_files"]:
+        with pa.memory_map(str(prepared_dir / shard["filename"])) as source:
+            rows += pa.ipc.open_stream(source).read_all().column("input_ids").to_pylist()
+    return rows
 
 
 def _histogram(lengths: list[int]) -> list[dict]:
@@ -368,18 +133,14 @@ def verify_extraction(extraction_dir: Path, *, target_dir: Path | None, prepared
     src = str(claims.manifest_path.name) if claims.manifest_path else "the first sample file"
     checks: list[Check] = []
 
-    rows = None
-    if prepared_dir is not None:
-        from datasets import load_from_disk
-
-        rows = load_from_disk(str(prepared_dir)).with_format(None)["input_ids"]
+    rows = prepared_input_ids(Path(prepared_dir)) if prepared_dir is not None else None
 
     by_index: dict[int, list[Path]] = {}
     for p in layout.files:
         by_index.setdefault(int(SAMPLE_RE.match(p.name).group(2)), []).append(p)
     infos, total, step = [], len(by_index), max(1, len(by_index) // 100)
     for n, idx in enumerate(sorted(by_index), 1):
-        infos.append(_read_sample(idx, by_index[idx][0], want_ids=rows is not None, full=full))
+        infos.append(read_sample(idx, by_index[idx][0], want_ids=rows is not None, full=full))
         if on_progress is not None and (n % step == 0 or n == total):
             on_progress(n, total)
     bad = [i for i in infos if i.error]
@@ -482,12 +243,13 @@ def verify_extraction(extraction_dir: Path, *, target_dir: Path | None, prepared
     nbytes = sum(i.nbytes for i in infos)
     layers = claims.num_layers_captured or (good[0].layers if good else None)
     width = claims.hidden_size or (good[0].width if good else None)
+    floor_dtype = good[0].dtype if good else (claims.dtype or "bfloat16")  # the bytes on disk are the files'
     seconds = time.perf_counter() - started
     report = VerificationReport(
         extraction_dir=root, layout=layout.name, claims=claims, target=target, full=full, checks=checks,
         num_files=len(infos), total_tokens=measured_tokens, bytes_on_disk=nbytes,
         bytes_per_token=nbytes / measured_tokens if measured_tokens else 0.0,
-        floor_bytes_per_token=layers * width * 2 if layers and width else None,
+        floor_bytes_per_token=floor_bytes_per_token(layers, width, floor_dtype),
         length_histogram=_histogram([i.tokens for i in good]), seconds=seconds,
         samples_per_s=len(infos) / seconds if seconds > 0 else 0.0)
     log.info("verified %s (%s): %d files, %d tokens, %s", root, layout.name, len(infos), measured_tokens,

@@ -21,12 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workers.stages.errors import InputError
+
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int], None]
 
 
-class VocabError(ValueError):
+class VocabError(InputError):
     """The sizes or the token frequency file cannot make a draft vocabulary."""
 
 

@@ -12,6 +12,7 @@ from runs.checkpoint_services import checkpoint_import
 from runs.evaluation_services import evaluation_request
 from runs.management.command_user import command_user
 from runs.models import Checkpoint, Evaluation, StageStatus
+from workers.stages.errors import InputError
 
 
 class Command(BaseCommand):
@@ -37,7 +38,7 @@ class Command(BaseCommand):
             evaluation = evaluation_request(
                 checkpoint=ckpt, user=account, prompts_path=opts["prompts"], max_new_tokens=opts["max_new_tokens"],
                 max_prompts=opts["max_prompts"], num_speculative_tokens=opts["num_speculative_tokens"], enqueue=False)
-        except (ValueError, PermissionDenied) as exc:
+        except (InputError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         stage_execute(stage_name="evaluate", record_id=evaluation.pk, worker="cli")
         evaluation = Evaluation.objects.select_related("checkpoint").get(pk=evaluation.pk)

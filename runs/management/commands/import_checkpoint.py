@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runs.management.command_user import command_user
 from runs.checkpoint_services import checkpoint_import
+from workers.stages.errors import InputError
 
 
 class Command(BaseCommand):
@@ -21,7 +22,7 @@ class Command(BaseCommand):
     def handle(self, *args, directory: str, as_json: bool, user: str, **opts):
         try:
             ckpt, created = checkpoint_import(path=directory, user=command_user(user))
-        except (ValueError, PermissionDenied) as exc:
+        except (InputError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         summary = {"checkpoint_id": ckpt.pk, "created": created, "path": ckpt.path, "epoch": ckpt.epoch,
                    "verifier": ckpt.verifier_path, "aux_layer_ids": ckpt.aux_layer_ids,

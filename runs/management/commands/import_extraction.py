@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from runs.management.command_user import command_user
 from runs.extraction_services import extraction_import
 from runs.selectors import extraction_summary
+from workers.stages.errors import InputError
 
 
 class Command(BaseCommand):
@@ -23,7 +24,7 @@ class Command(BaseCommand):
     def handle(self, *args, directory: str, target: str | None, as_json: bool, user: str, **opts):
         try:
             extraction, created = extraction_import(path=directory, target_path=target, user=command_user(user))
-        except (ValueError, PermissionDenied) as exc:
+        except (InputError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         summary = {**extraction_summary(extraction), "created": created}
         self.stdout.write(json.dumps(summary) if as_json else

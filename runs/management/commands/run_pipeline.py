@@ -11,6 +11,7 @@ from runs import selectors, services
 from runs.management.command_user import command_user
 from runs.models import PipelineRun, StageStatus
 from runs.run_config import RunConfig, parse_layer_ids
+from workers.stages.errors import InputError
 
 
 class Command(BaseCommand):
@@ -63,7 +64,7 @@ class Command(BaseCommand):
                 user=user, target_path=opts["target"], dataset_path=opts["dataset"], config=config,
                 name=opts["name"], enqueue=not opts["inline"],
             )
-        except (ValueError, PermissionDenied) as exc:
+        except (InputError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         if opts["inline"]:
             from workers.tasks import pipeline_run_inline

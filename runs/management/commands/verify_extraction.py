@@ -9,6 +9,7 @@ from runs.management.command_user import command_user
 from runs.extraction_services import extraction_verify
 from runs.models import Extraction
 from runs.selectors import extraction_summary
+from workers.stages.errors import InputError
 
 
 class Command(BaseCommand):
@@ -27,7 +28,7 @@ class Command(BaseCommand):
             raise CommandError(f"no extraction with id {extraction_id}") from None
         try:
             extraction_verify(extraction=extraction, full=full, user=command_user(user))
-        except (ValueError, PermissionDenied) as exc:
+        except (InputError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         summary = extraction_summary(extraction)
         if as_json:

@@ -1,4 +1,4 @@
-"""The five stages of a pipeline run, in order, with the model that records each."""
+"""The five stages of a pipeline run, in order, with the model that records each and the queue it runs on."""
 from __future__ import annotations
 
 from dataclasses import dataclass

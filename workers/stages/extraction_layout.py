@@ -1,0 +1,213 @@
+"""Which extraction layout a directory holds, and what its manifest claims.
+
+Pure: no Django, no torch. Three layouts: our flat `data_config.json` (data_format_version 1)
+with `hidden_states/hs_{i}.safetensors`, speculators v0.4's nested manifest (version "2.0") with
+`data_{i}.pt` and `sample_lengths.json`, and speculators 0.9's manifest-less
+`hidden_states/hs_{i}.safetensors`, whose claims are synthesised from the lowest-index readable
+file. A manifest is a claim, not a proof: `verify` checks every claim against the files.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.stages.errors import InputError
+from workers.stages.extraction_samples import SampleInfo, read_sample
+
+MANIFEST_NAME = "data_config.json"
+SAMPLE_RE = re.compile(r"^(hs|data)_(\d+)\.(safetensors|pt)$")
+
+HF_INDEX, LAST_N_MINUS_1, SPECFORGE = "hf_hidden_states_index", "last_is_n_minus_1", "specforge_layer_outputs"
+RECORDED = "recorded in the manifest"
+
+
+class LayoutError(InputError):
+    """The directory holds no extraction layout we recognise."""
+
+
+class ManifestError(InputError):
+    """A manifest file is malformed, incomplete or of an unknown version."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str  # "flat_v1" | "speculators_v04" | "speculators_09"
+    root: Path
+    manifest_path: Path | None
+    sample_kind: str  # "safetensors" | "pt"
+    files: tuple[Path, ...]
+
+
+@dataclass
+class ManifestClaims:
+    model_path: str | None
+    layer_ids: list[int] | None
+    hidden_size: int | None
+    num_layers_captured: int | None
+    total_samples: int | None
+    total_tokens: int | None
+    max_seq_len: int | None
+    dtype: str | None
+    layer_id_convention: str
+    layer_id_convention_reason: str
+    source_format: str
+    synthesised: bool
+    manifest_path: Path | None
+    raw: dict
+    sample_lengths: dict[int, int] | None = None
+
+
+def _sample_files(root: Path) -> list[Path]:
+    found = []
+    for d in (root, root / "hidden_states"):
+        if d.is_dir():
+            found += [p for p in d.iterdir() if SAMPLE_RE.match(p.name)]
+    return sorted(found, key=str)  # str keys: sorting 10k Paths by their parts costs more than reading headers
+
+
+def _load_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read ({exc})") from None
+
+
+def detect_layout(extraction_dir: Path) -> Layout:
+    root = Path(extraction_dir)
+    if not root.is_dir():
+        raise LayoutError(f"{root}: not a directory")
+    files = _sample_files(root)
+    manifest = root / MANIFEST_NAME
+    kinds = {p.suffix.lstrip(".") for p in files}
+    kind = "pt" if kinds == {"pt"} else "safetensors"
+    if len(kinds) > 1:
+        raise LayoutError(f"{root}: mixes .pt and .safetensors sample files; keep one kind per extraction")
+    if manifest.exists():
+        raw = _load_json(manifest)
+        if not isinstance(raw, dict):
+            raise ManifestError(f"{manifest}: expected a JSON object, got {type(raw).__name__}")
+        if "data_format_version" in raw:
+            if raw["data_format_version"] != 1:
+                raise ManifestError(f"{manifest}: field 'data_format_version' is {raw['data_format_version']!r}; "
+                                    "only flat version 1 is known")
+            return Layout("flat_v1", root, manifest, kind, tuple(files))
+        if "version" in raw:
+            if raw["version"] != "2.0":
+                raise ManifestError(f"{manifest}: field 'version' is {raw['version']!r}; only speculators "
+                                    "v0.4's nested version \"2.0\" is known")
+            return Layout("speculators_v04", root, manifest, "pt", tuple(files))
+        raise ManifestError(f"{manifest}: field 'data_format_version' (flat) or 'version' (nested) is missing")
+    if files and kind == "safetensors":
+        return Layout("speculators_09", root, None, kind, tuple(files))
+    seen = sorted(p.name for p in root.iterdir())[:10]
+    what = f"{len(files)} data_*.pt files but no {MANIFEST_NAME}" if files else f"entries {seen}"
+    raise LayoutError(f"{root}: not a known extraction layout (found {what}); expected {MANIFEST_NAME} with "
+                      "sample files, or hidden_states/hs_{idx}.safetensors")
+
+
+def _field(raw: dict, dotted: str, path: Path, kind, optional: bool = False):
+    node = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            if optional:
+                return None
+            raise ManifestError(f"{path}: field '{dotted}' is missing")
+        node = node[part]
+    if node is None and optional:
+        return None
+    ok = (isinstance(node, kind) and not isinstance(node, bool)) if kind is not list else (
+        isinstance(node, list) and node and all(isinstance(i, int) and not isinstance(i, bool) for i in node))
+    if not ok:
+        want = "a non-empty list of integers" if kind is list else kind.__name__
+        raise ManifestError(f"{path}: field '{dotted}' must be {want}, got {node!r}")
+    return node
+
+
+def _first_header(files: tuple[Path, ...]) -> SampleInfo | None:
+    for idx, p in sorted((int(SAMPLE_RE.match(p.name).group(2)), str(p)) for p in files):
+        info = read_sample(idx, Path(p), want_ids=False, full=False)
+        if info.error is None:
+            return info
+    return None
+
+
+def read_manifest(extraction_dir: Path, layout: Layout) -> ManifestClaims:
+    path = layout.manifest_path
+    if layout.name == "flat_v1":
+        raw = _load_json(path)
+        convention = raw.get("layer_id_convention")
+        return ManifestClaims(
+            model_path=_field(raw, "model_path", path, str),
+            layer_ids=_field(raw, "layer_ids", path, list),
+            hidden_size=_field(raw, "hidden_size", path, int),
+            num_layers_captured=_field(raw, "num_layers_captured", path, int),
+            total_samples=_field(raw, "total_samples", path, int),
+            total_tokens=_field(raw, "total_tokens", path, int),
+            max_seq_len=_field(raw, "max_seq_len", path, int),
+            dtype=_field(raw, "dtype", path, str, optional=True),
+            layer_id_convention=convention if isinstance(convention, str) else "unknown",
+            layer_id_convention_reason=(RECORDED if isinstance(convention, str)
+                                        else "not recorded; decided against the target's layer count"),
+            source_format="flat data_config.json (data_format_version 1)",
+            synthesised=False, manifest_path=path, raw=raw)
+    if layout.name == "speculators_v04":
+        raw = _load_json(path)
+        lengths_path = layout.root / "sample_lengths.json"
+        lengths_raw = _load_json(lengths_path)
+        if not isinstance(lengths_raw, dict):
+            raise ManifestError(f"{lengths_path}: expected a JSON object of index -> length")
+        lengths = {}
+        for k, v in lengths_raw.items():
+            if not str(k).isdigit() or not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ManifestError(f"{lengths_path}: entry {k!r}: {v!r} is not index -> token count")
+            lengths[int(k)] = v
+        layer_ids = _field(raw, "hidden_states.layer_ids", path, list)
+        return ManifestClaims(
+            model_path=_field(raw, "model.target_model_path", path, str),
+            layer_ids=layer_ids,
+            hidden_size=_field(raw, "model.hidden_size", path, int),
+            num_layers_captured=len(layer_ids),
+            total_samples=_field(raw, "data.num_samples", path, int),
+            total_tokens=sum(lengths.values()),
+            max_seq_len=_field(raw, "data.seq_length", path, int),
+            dtype=None,
+            layer_id_convention=LAST_N_MINUS_1,
+            layer_id_convention_reason="speculators v0.4 selects [2, N//2, N-3, N-1] and bounds ids by N-1",
+            source_format="speculators v0.4 nested data_config.json (version 2.0) + sample_lengths.json",
+            synthesised=False, manifest_path=path, raw=raw, sample_lengths=lengths)
+    first = _first_header(layout.files)
+    return ManifestClaims(
+        model_path=None, layer_ids=None,
+        hidden_size=first.width if first else None,
+        num_layers_captured=first.layers if first else None,
+        total_samples=len(layout.files), total_tokens=None, max_seq_len=None,
+        dtype=first.dtype if first else None,
+        layer_id_convention=HF_INDEX,
+        layer_id_convention_reason="no manifest; speculators 0.9 resolves [2, N//2, N-3] and its vLLM launcher "
+                                   "appends N (hidden_states index)",
+        source_format="speculators 0.9 hidden_states/hs_{idx}.safetensors (no manifest; claims synthesised "
+                      "from the lowest-index readable file)",
+        synthesised=True, manifest_path=None, raw={})
+
+
+def resolve_layer_convention(layer_ids: list[int], num_layers: int, claims: ManifestClaims) -> tuple[str, str, int]:
+    """(convention, why, highest valid id) for these ids on an N-layer target."""
+    n, last = num_layers, layer_ids[-1]
+    if claims.layer_id_convention_reason == RECORDED:
+        conv, why = claims.layer_id_convention, claims.layer_id_convention_reason
+    elif layer_ids[:3] == [1, n // 2 - 1, n - 4]:
+        conv, why = SPECFORGE, f"ids start [1, {n // 2 - 1}, {n - 4}]: SpecForge's layer outputs [1, N//2-1, N-4]"
+    elif last == n:
+        conv, why = HF_INDEX, f"last id equals N={n}: speculators 0.9's hidden_states index"
+    elif last == n - 1:
+        conv, why = LAST_N_MINUS_1, (f"last id equals N-1={n - 1}: field scripts and speculators v0.4 "
+                                     "record the last layer as N-1")
+    elif claims.layer_id_convention != "unknown":
+        conv, why = claims.layer_id_convention, claims.layer_id_convention_reason
+    else:
+        conv, why = HF_INDEX, "no id matches a known pattern; assumed the hidden_states index (widest range)"
+    return conv, why, (n if conv == HF_INDEX else n - 1)
