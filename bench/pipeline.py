@@ -10,7 +10,7 @@ stage run writes into a fresh output directory, none removed) and reporting each
          writes hs_{i}.safetensors (temp file + rename) and counts its bytes, reports progress and
          writes data_config.json. Timed as its total_time_seconds minus its model_load_seconds.
   bare   `iter_hidden_states()` over the same loaded rows: the stage's own generator, so the same
-         rows in the same order, the same plan_batches batches and _pad padding, the base model
+         rows in the same order, the same plan_forward_batches batches and _pad padding, the base model
          (no lm_head) with the same LayerCapture hooks and the same .to(bf16).cpu() of the
          captured layers; nothing checked, nothing written.
 `extract_vs_bare` = stage tokens/s / bare tokens/s: what the stage's own work (checks, files,
@@ -103,7 +103,7 @@ def bare_train_tokens_per_s(*, target_dir, prepared_dir, hs_dir, vocab, layer_id
     train_idx, _, _ = train_stage.split_train_val(samples.source_ids, val_fraction=0.1, seed=seed,
                                                   num_rows=len(samples))
     max_tokens = train_stage.token_budget(None, samples.lengths)  # the stage's default budget
-    plan = train_stage.plan_batches(samples.lengths, train_idx, max_tokens=max_tokens, seed=seed, epoch=0)
+    plan = train_stage.plan_training_steps(samples.lengths, train_idx, max_tokens=max_tokens, seed=seed, epoch=0)
     model = train_stage.build_draft_model(target_dir=target_dir, layer_ids=layer_ids, d2t_path=vocab.d2t_path,
                                           t2d_path=vocab.t2d_path, draft_vocab_size=vocab.draft_vocab_size,
                                           ttt_steps=ttt_steps, seed=seed)

@@ -17,7 +17,7 @@ from workers.stages.extract import (
     iter_hidden_states,
     load_target,
     open_prepared,
-    plan_batches,
+    plan_forward_batches,
 )
 from workers.stages.prepare import prepare
 from workers.stages.target import TargetConfigError, default_layer_ids
@@ -156,7 +156,7 @@ def test_one_row_per_forward_matches_batched_forward(extracted, tiny_target, pre
 
 def test_batches_respect_the_token_budget():
     lengths = [5, 40, 12, 39, 7, 100]
-    batches = plan_batches(lengths, batch_tokens=80)
+    batches = plan_forward_batches(lengths, batch_tokens=80)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     assert all(len(b) * max(lengths[i] for i in b) <= 80 or len(b) == 1 for b in batches)
 
@@ -207,7 +207,7 @@ def test_iter_hidden_states_yields_exactly_what_extract_writes(extracted, prepar
             assert stored["token_ids"].tolist() == row
             assert torch.equal(stored["hidden_states"], batch.hidden[b, : len(row)])
         seen.append(batch.indices)
-    assert seen == plan_batches(lengths, budget)
+    assert seen == plan_forward_batches(lengths, budget)
     assert not any(m._forward_pre_hooks for m in model.modules()), "hooks left on the model"
 
 

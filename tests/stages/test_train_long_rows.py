@@ -11,7 +11,7 @@ import torch
 
 from tests.long_chats import build_training_inputs, write_long_chats
 from workers.stages import train as train_stage
-from workers.stages.train import device_label, iter_batches, plan_batches, resolve_device, train
+from workers.stages.train import device_label, iter_batches, plan_training_steps, resolve_device, train
 
 MAX_SEQ_LEN = 640  # the demo target takes 2048 positions
 DRAFT_VOCAB = 512
@@ -107,7 +107,7 @@ def test_a_row_longer_than_the_budget_is_refused_not_cut(long_inputs):
                                              layer_ids=long_inputs.layer_ids, hidden_size=128)
     longest = max(range(len(samples)), key=samples.lengths.__getitem__)
     with pytest.raises(ValueError, match="longer than max_tokens=256"):
-        plan_batches(samples.lengths, [longest], max_tokens=256, seed=0, epoch=0)
+        plan_training_steps(samples.lengths, [longest], max_tokens=256, seed=0, epoch=0)
     with pytest.raises(ValueError, match="over max_tokens=256"):
         next(iter_batches(samples, [[longest]], max_tokens=256))
     batch = next(iter_batches(samples, [[longest]], max_tokens=samples.lengths[longest]))

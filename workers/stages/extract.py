@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import asdict, dataclass
@@ -40,6 +40,7 @@ import torch  # noqa: E402
 
 from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
 from workers.stages.dtypes import floor_bytes_per_token  # noqa: E402
+from workers.stages.progress import ProgressFn  # noqa: E402
 from workers.stages.target import read_target_config, validate_layer_ids  # noqa: E402
 
 if TYPE_CHECKING:
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int, int], None]
 
 HIDDEN_STATES_DIRNAME = "hidden_states"
 FILE_PATTERN = "hidden_states/hs_{idx}.safetensors"
@@ -141,7 +141,7 @@ class LayerCapture:
             handle.remove()
 
 
-def plan_batches(lengths: list[int], batch_tokens: int, max_rows: int = MAX_BATCH_ROWS) -> list[list[int]]:
+def plan_forward_batches(lengths: list[int], batch_tokens: int, max_rows: int = MAX_BATCH_ROWS) -> list[list[int]]:
     """Row indices grouped by similar length so padded size B * max_len stays <= batch_tokens."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches, current = [], []
@@ -212,7 +212,7 @@ class HiddenBatch(NamedTuple):
 
 def iter_hidden_states(model, data, lengths: list[int], batch_tokens: int, layer_ids: list[int],
                        device: torch.device) -> Iterator[HiddenBatch]:
-    """The captured layers for every row, batch by batch in plan_batches' order.
+    """The captured layers for every row, batch by batch in plan_forward_batches' order.
 
     extract()'s forwards without its checks, files or progress: the benchmark's bare loop drives
     this same generator, so the two differ only by the stage's own work.
@@ -222,7 +222,7 @@ def iter_hidden_states(model, data, lengths: list[int], batch_tokens: int, layer
     input_ids = data.data.table.column("input_ids")
     capture = LayerCapture(model, layer_ids)
     try:
-        for batch in plan_batches(lengths, batch_tokens):
+        for batch in plan_forward_batches(lengths, batch_tokens):
             # One arrow gather per batch: data[i] per row would build a dict of every column.
             rows = input_ids.take(batch).to_pylist()
             ids, mask = _pad(rows, pad_id, device)

@@ -28,7 +28,6 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -47,10 +46,10 @@ from workers.stages.chats import (  # noqa: E402,F401 - re-exported for callers 
     read_conversations,
 )
 from workers.stages.errors import InputError  # noqa: E402
+from workers.stages.progress import ProgressFn  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int, int], None]
 
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 HISTOGRAM_BINS = 20

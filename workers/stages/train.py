@@ -58,7 +58,7 @@ from workers.stages.train_data import (  # noqa: E402,F401  (re-exported: tests 
     batch_dtype,
     compute_context,
     iter_batches,
-    plan_batches,
+    plan_training_steps,
     to_device,
     token_budget,
 )
@@ -258,8 +258,8 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
     budget = token_budget(max_tokens_per_step, samples.lengths)
     rows_unusable = sum(1 for i in train_idx if samples.lengths[i] < 2)
     available = sum(samples.trainable_loss_tokens[i] for i in train_idx)
-    plans = [plan_batches(samples.lengths, train_idx, max_tokens=budget, seed=seed, epoch=e) for e in range(epochs)]
-    val_plan = plan_batches(samples.lengths, val_idx, max_tokens=budget, seed=0, epoch=0)
+    plans = [plan_training_steps(samples.lengths, train_idx, max_tokens=budget, seed=seed, epoch=e) for e in range(epochs)]
+    val_plan = plan_training_steps(samples.lengths, val_idx, max_tokens=budget, seed=0, epoch=0)
     total_steps = sum(len(p) for p in plans)
     model = build_draft_model(target_dir=target_dir, layer_ids=layer_ids, d2t_path=d2t_path, t2d_path=t2d_path,
                               draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, seed=seed)

@@ -6,7 +6,7 @@ speculators' `MultipackDistributedBatchSamplerV2` clips a row longer than its bu
 `CollateFn.__call__` copies only the first max_len tokens of a batch into its buffers and cuts the
 last document's length to fit. A prepared row holds its reply at its end, so a cut row loses
 exactly its supervised tokens. Here the budget is at least the longest row (`token_budget`),
-`plan_batches` refuses a longer row, and `iter_batches` collates each batch at exactly its own
+`plan_training_steps` refuses a longer row, and `iter_batches` collates each batch at exactly its own
 token count and checks that every token arrived.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from workers.stages.errors import InputError  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TOKENS_PER_STEP = 512  # raised to the longest prepared row; see plan_batches for CPU timings
+DEFAULT_TOKENS_PER_STEP = 512  # raised to the longest prepared row; see plan_training_steps for CPU timings
 
 
 class TrainInputError(InputError):
@@ -117,8 +117,8 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def plan_batches(lengths: list[int], indices: list[int], *, max_tokens: int, seed: int, epoch: int,
-                 pack: bool = True) -> list[list[int]]:
+def plan_training_steps(lengths: list[int], indices: list[int], *, max_tokens: int, seed: int, epoch: int,
+                        pack: bool = True) -> list[list[int]]:
     """Row indices per step: multipack bins of <= max_tokens, or one shuffled row per step.
 
     Measured on 2 CPU cores with the demo target (hidden 128, rows of ~48 tokens), CPU time per

@@ -15,7 +15,6 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,13 +30,13 @@ from workers.stages.extraction_layout import (
     resolve_layer_convention,
 )
 from workers.stages.extraction_samples import SampleInfo, read_sample
+from workers.stages.progress import ProgressFn
 from workers.stages.target import TargetConfig, default_layer_ids, read_target_config
 
 __all__ = ["Check", "Layout", "LayoutError", "ManifestClaims", "ManifestError", "VerificationReport", "detect_layout",
            "read_manifest", "verify_extraction"]
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int, int], None]
 MAX_OFFENDERS = 10
 
 

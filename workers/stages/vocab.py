@@ -14,7 +14,6 @@ chosen (0, 1, 2, ...), so the mapping always has exactly N entries.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,10 +21,10 @@ import numpy as np
 import torch
 
 from workers.stages.errors import InputError
+from workers.stages.progress import ProgressFn
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int, int], None]
 
 
 class VocabError(InputError):
