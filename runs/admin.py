@@ -12,6 +12,7 @@ from runs.models import (
     PipelineRun,
     Preparation,
     Review,
+    StageAttempt,
     TargetModel,
     TrainingRun,
     Verification,
@@ -102,6 +103,13 @@ class VocabMappingAdmin(StageAdmin):
 class TrainingRunAdmin(StageAdmin):
     list_display = ("id", "run", *STAGE_FIELDS[:3], "epochs", "lr", "ttt_steps", "steps", "best_epoch",
                     "loss_tokens_trained", "loss_tokens_available")
+
+
+@admin.register(StageAttempt)
+class StageAttemptAdmin(admin.ModelAdmin):
+    list_display = ("id", "run", "stage", "number", "outcome", "worker", "started_at", "finished_at")
+    list_filter = ("stage", "outcome")
+    readonly_fields = ("log_tail", "error")
 
 
 @admin.register(Evaluation)

@@ -161,6 +161,33 @@ class StageRecord(models.Model):
         return min(1.0, self.progress_done / self.progress_total)
 
 
+class StageAttempt(models.Model):
+    """One execution of a stage's row: where and when it ran, how it ended, its log. The stage's row
+    holds the latest state; a retry adds an attempt and keeps the earlier ones."""
+
+    run = models.ForeignKey(PipelineRun, on_delete=models.CASCADE, null=True, blank=True, related_name="attempts")
+    stage = models.CharField(max_length=20)
+    record_id = models.PositiveIntegerField(help_text="the stage row's id (Preparation, Extraction, ...)")
+    number = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=StageStatus.choices, default=StageStatus.RUNNING)
+    error = models.TextField(blank=True)
+    log_tail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["stage", "record_id", "number"], name="unique_attempt_number")]
+        indexes = [models.Index(fields=["stage", "record_id"], name="attempt_stage_record")]
+
+    @property
+    def seconds(self) -> float | None:
+        from django.utils import timezone
+
+        return ((self.finished_at or timezone.now()) - self.started_at).total_seconds()
+
+
 class Preparation(StageRecord):
     """Tokenized chats with loss masks, in speculators 0.9's prepared layout."""
 

@@ -9,6 +9,7 @@ from runs.models import (
     Extraction,
     MetricPoint,
     PipelineRun,
+    StageAttempt,
     StageRecord,
     StageStatus,
 )
@@ -115,6 +116,20 @@ def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
     return entry
 
 
+def attempt_dict(attempt: StageAttempt) -> dict:
+    return {
+        "stage": attempt.stage,
+        "number": attempt.number,
+        "worker": attempt.worker,
+        "started_at": attempt.started_at.isoformat(),
+        "finished_at": attempt.finished_at.isoformat() if attempt.finished_at else None,
+        "seconds": round(attempt.seconds, 2),
+        "outcome": attempt.outcome,
+        "error": attempt.error,
+        "log_tail": attempt.log_tail,
+    }
+
+
 def evaluation_dict(evaluation: Evaluation | None, simulated_tau: float | None = None) -> dict:
     fields = ("tau", "acceptance_per_position", "output_matches_greedy", "mismatched_prompts", "num_prompts",
               "new_tokens", "verify_forwards", "num_speculative_tokens", "max_new_tokens", "spec_tokens_per_s",
@@ -172,6 +187,7 @@ def run_summary(run: PipelineRun) -> dict:
                      "best_epoch": training.best_epoch, "split": training.split,
                      "loss_tokens_available": training.loss_tokens_available,
                      "loss_tokens_trained": training.loss_tokens_trained},
+        "attempts": [attempt_dict(a) for a in run.attempts.all()],
         "acceptance": evaluation_dict(evaluation, evaluated.simulated_tau if evaluated else None),
         "checkpoints": [
             {"id": c.pk, "url": c.get_absolute_url(), "epoch": c.epoch, "path": c.path,

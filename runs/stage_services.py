@@ -20,6 +20,7 @@ from runs.models import (
     Manifest,
     MetricPoint,
     Preparation,
+    StageAttempt,
     StageRecord,
     StageStatus,
     TrainingRun,
@@ -67,7 +68,15 @@ def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRe
     stage.started_at = timezone.now()
     stage.worker = worker[:200]
     stage.save(update_fields=["status", "started_at", "worker"])
+    earlier = StageAttempt.objects.filter(stage=stage_name, record_id=record_id).count()
+    StageAttempt.objects.create(run_id=stage.run_id, stage=stage_name, record_id=record_id, number=earlier + 1,
+                                worker=stage.worker, started_at=stage.started_at)
     return stage
+
+
+def _attempt_close(*, stage_name: str, record_id: int, outcome: str, log_tail: str, error: str = "") -> None:
+    StageAttempt.objects.filter(stage=stage_name, record_id=record_id, outcome=StageStatus.RUNNING).update(
+        outcome=outcome, finished_at=timezone.now(), log_tail=log_tail, error=error)
 
 
 def stage_progress(*, stage_name: str, record_id: int, done: int, total: int, log_tail: str) -> None:
@@ -78,12 +87,14 @@ def stage_progress(*, stage_name: str, record_id: int, done: int, total: int, lo
         raise StageCancelled(f"{stage_name} {record_id} is no longer running")
 
 
+@transaction.atomic
 def stage_succeed(*, stage_name: str, record_id: int, fields: dict, log_tail: str) -> None:
     updated = _stage_qs(stage_name, record_id).filter(status=StageStatus.RUNNING).update(
         status=StageStatus.SUCCEEDED, finished_at=timezone.now(), log_tail=log_tail, **fields
     )
     if not updated:
         raise StageCancelled(f"{stage_name} {record_id} was cancelled before it could finish")
+    _attempt_close(stage_name=stage_name, record_id=record_id, outcome=StageStatus.SUCCEEDED, log_tail=log_tail)
 
 
 @transaction.atomic
@@ -94,6 +105,7 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
     _stage_qs(stage_name, record_id).filter(status__in=[StageStatus.RUNNING, StageStatus.QUEUED]).update(
         status=status, finished_at=now, error=error[-20000:], log_tail=log_tail
     )
+    _attempt_close(stage_name=stage_name, record_id=record_id, outcome=status, log_tail=log_tail, error=error[-20000:])
     run_id = _stage_qs(stage_name, record_id).values_list("run_id", flat=True).first()
     if run_id is None:
         return

@@ -72,6 +72,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "layers": layers,
             "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
             "checkpoints": selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
+            "attempts": run.attempts.all(),
         },
     )
 

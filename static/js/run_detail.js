@@ -68,6 +68,19 @@
     renderTimeline(summary.stages);
     renderCheckpoints(summary.checkpoints);
     renderAcceptance(summary.acceptance);
+    renderAttempts(summary.attempts);
+  }
+
+  function renderAttempts(attempts) {
+    if (!attempts.length) return;
+    const rows = attempts.map((a) => `<tr data-attempt="${esc(a.stage)}-${a.number}"><td>${esc(a.stage)}</td><td>${a.number}</td>` +
+      `<td><span class="status ${esc(a.outcome)}">${esc(a.outcome)}</span></td>` +
+      `<td title="${esc(a.started_at)}">${esc(new Date(a.started_at).toLocaleString())}</td>` +
+      `<td>${a.seconds.toFixed(1)} s</td><td>${esc(a.worker)}</td>` +
+      `<td>${a.error ? '<pre class="error">' + esc(a.error.slice(0, 2000)) + "</pre>" : ""}` +
+      `${a.log_tail ? "<details><summary>Log</summary><pre class=\"log\">" + esc(a.log_tail) + "</pre></details>" : ""}</td></tr>`).join("");
+    document.getElementById("attempts").innerHTML = '<table class="list" id="attempt-table"><thead><tr><th>Stage</th><th>#</th>' +
+      "<th>Outcome</th><th>Started</th><th>Duration</th><th>Worker</th><th>Error and log</th></tr></thead><tbody>" + rows + "</tbody></table>";
   }
 
   function setToken(key, text) {

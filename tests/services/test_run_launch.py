@@ -157,3 +157,28 @@ def test_training_does_not_start_on_an_unverified_extraction_and_says_why(roots,
     assert run.training_run.status == StageStatus.FAILED
     assert run.training_run.error == f"extraction {run.extraction.pk} has not been verified; verify it first"
     assert run.evaluation.status == StageStatus.CANCELLED
+
+
+def test_each_execution_is_an_attempt_and_a_retry_keeps_the_earlier_one(roots, user, django_capture_on_commit_callbacks,
+                                                                       client):
+    from runs import selectors
+    from runs.models import StageAttempt
+
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+        stage_start(stage_name="prepare", record_id=rid(run, "prepare"), worker="w1")
+        stage_fail(stage_name="prepare", record_id=rid(run, "prepare"), error="DatasetFormatError: line 3",
+                   log_tail="reading chats")
+        services.run_retry(run=run, user=user)
+        stage_start(stage_name="prepare", record_id=rid(run, "prepare"), worker="w2")
+        stage_succeed(stage_name="prepare", record_id=rid(run, "prepare"), fields={}, log_tail="prepared")
+    attempts = list(StageAttempt.objects.filter(run=run).order_by("number"))
+    assert [(a.number, a.worker, a.outcome) for a in attempts] == [(1, "w1", "failed"), (2, "w2", "succeeded")]
+    assert attempts[0].error == "DatasetFormatError: line 3" and attempts[0].log_tail == "reading chats"
+    summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))
+    assert [(a["stage"], a["number"], a["outcome"]) for a in summary["attempts"]] == [
+        ("prepare", 1, "failed"), ("prepare", 2, "succeeded")]
+    client.login(username=user.username, password=user.raw_password)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert 'data-attempt="prepare-1"' in page and 'data-attempt="prepare-2"' in page
+    assert "DatasetFormatError: line 3" in page
