@@ -38,13 +38,14 @@ def extraction_import(
 ) -> tuple[Extraction, bool]:
     """Register an extraction directory (flat v1, speculators v0.4 or 0.9) and verify its headers.
 
-    Importing the same directory again returns the existing row (created is False). A directory
+    Importing a directory already known, whether imported before or written by a run here, returns
+    that row (created is False), so a run's own extraction stays linked to its run. A directory
     whose layout or manifest cannot be read raises an error naming the file; nothing is stored.
     """
     if user is not None:
         require(user, "import")
     resolved = check_under_data_roots(path, kind="extraction directory")
-    existing = Extraction.objects.filter(out_dir=str(resolved), imported=True).first()
+    existing = Extraction.objects.filter(out_dir=str(resolved)).order_by("imported", "pk").first()
     if existing:
         return existing, False
     layout = detect_layout(resolved)

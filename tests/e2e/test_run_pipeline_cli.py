@@ -216,3 +216,20 @@ def test_a_bad_evaluation_request_names_the_problem_and_stores_nothing(inline_ru
         page = client.post(f"/checkpoints/{ckpt.pk}/evaluate/", data, follow=True).content.decode()
         assert message in page
     assert Evaluation.objects.count() == before
+
+
+def test_importing_what_a_run_wrote_links_to_the_run_instead_of_duplicating_it(inline_run):
+    from runs.models import Checkpoint, Extraction
+
+    summary, _ = inline_run
+    out = io.StringIO()
+    call_command("import_extraction", summary["extraction"]["hidden_states_dir"].rsplit("/", 1)[0], "--json", stdout=out)
+    imported = json.loads(out.getvalue())
+    extraction = Extraction.objects.get(pk=imported["extraction_id"])
+    assert extraction.run_id == summary["run_id"] and not extraction.imported
+    assert Extraction.objects.count() == 1
+    out = io.StringIO()
+    call_command("import_checkpoint", summary["checkpoints"][0]["path"], "--json", stdout=out)
+    result = json.loads(out.getvalue())
+    assert result["created"] is False and result["checkpoint_id"] == summary["checkpoints"][0]["id"]
+    assert Checkpoint.objects.get(pk=result["checkpoint_id"]).training_run.run_id == summary["run_id"]
