@@ -64,6 +64,10 @@ def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRe
         if blocked:
             stage_fail(stage_name=stage_name, record_id=record_id, error=blocked, log_tail="")
             return None
+        # Training starts over from step 0 (its files too): an earlier attempt's curves and
+        # checkpoints would otherwise stand beside the new ones with the same steps and epochs.
+        MetricPoint.objects.filter(training_run_id=record_id).delete()
+        Checkpoint.objects.filter(training_run_id=record_id).delete()
     stage.status = StageStatus.RUNNING
     stage.started_at = timezone.now()
     stage.worker = worker[:200]

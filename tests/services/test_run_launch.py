@@ -182,3 +182,22 @@ def test_each_execution_is_an_attempt_and_a_retry_keeps_the_earlier_one(roots, u
     page = client.get(run.get_absolute_url()).content.decode()
     assert 'data-attempt="prepare-1"' in page and 'data-attempt="prepare-2"' in page
     assert "DatasetFormatError: line 3" in page
+
+
+def test_a_retried_training_starts_its_curves_and_checkpoints_afresh(roots, user, django_capture_on_commit_callbacks):
+    from runs.models import Checkpoint, MetricPoint, Verification
+    from runs.stage_services import checkpoints_register, metrics_record
+
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+    Verification.objects.create(extraction=run.extraction, passed=True, layout="flat_v1", seconds=0.1)
+    train_id = rid(run, "train")
+    stage_start(stage_name="train", record_id=train_id, worker="w1")
+    metrics_record(training_run_id=train_id, points=[{"split": "train", "key": "loss", "step": s, "epoch": 0.1,
+                                                      "value": 1.0} for s in (1, 2, 3)])
+    checkpoints_register(training_run_id=train_id, checkpoints=[{"epoch": 0, "path": "/gone/0"}])
+    stage_fail(stage_name="train", record_id=train_id, error="RuntimeError: worker lost", log_tail="")
+    services.run_retry(run=run, user=user)
+    assert stage_start(stage_name="train", record_id=train_id, worker="w2") is not None
+    assert not MetricPoint.objects.filter(training_run_id=train_id).exists()
+    assert not Checkpoint.objects.filter(training_run_id=train_id).exists()
