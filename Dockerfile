@@ -5,3 +5,6 @@ COPY requirements.txt constraints.txt ./
 RUN pip install --no-cache-dir -c constraints.txt -r requirements.txt \
  && pip uninstall -y torchvision torchaudio
 COPY . .
+EXPOSE 8000
+# docker-compose.yml runs collectstatic and migrate first; see .env.example for the variables.
+CMD ["gunicorn", "eagle3web.wsgi", "--bind", "0.0.0.0:8000", "--no-control-socket", "--access-logfile", "-"]

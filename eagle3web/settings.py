@@ -7,15 +7,46 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from eagle3web.env import env_bool, env_int, env_list, env_paths, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("EAGLE3WEB_DATA_DIR", str(BASE_DIR / "data"))).resolve()
 
+# Two modes, told apart by DJANGO_DEBUG alone:
+# - DJANGO_DEBUG unset (`make demo`, `make test`, a shell): local. DEBUG is off, the built-in
+#   insecure key is used unless DJANGO_SECRET_KEY is set, and the HTTPS settings below are off
+#   (runserver speaks plain HTTP).
+# - DJANGO_DEBUG set to a false word (0/false/no/off): deployed. DJANGO_SECRET_KEY must be set
+#   (start-up stops otherwise) and the HTTPS settings below default on, each overridable.
+# DJANGO_DEBUG=1 is local development with Django's debug pages; never on a reachable host.
 DEBUG = env_bool("DJANGO_DEBUG", False)
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "eagle3web-insecure-local-key-set-DJANGO_SECRET_KEY-in-production")
+DEPLOYED = os.environ.get("DJANGO_DEBUG") is not None and not DEBUG
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if DEPLOYED:
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is not set: with DJANGO_DEBUG=0 the app needs a secret key of its own "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+        )
+    SECRET_KEY = "eagle3web-insecure-local-key-set-DJANGO_SECRET_KEY-in-production"
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+# Origins (scheme included, e.g. https://eagle3.example.com) allowed to POST forms from another
+# host or port than the one the request names, e.g. behind a proxy that rewrites Host.
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+# HTTPS: on by default when deployed, off locally; each can be set either way.
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", DEPLOYED)
+CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", DEPLOYED)
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", DEPLOYED)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 31536000 if DEPLOYED else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", DEPLOYED)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", DEPLOYED)
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto (and strips it from clients), Django
+# must trust that header to know a request came over HTTPS; otherwise SECURE_SSL_REDIRECT loops.
+if env_bool("DJANGO_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -83,9 +114,15 @@ USE_THOUSAND_SEPARATOR = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # WhiteNoise serves straight from the app's static folders (no collectstatic step for the demo);
-# deployments that collect set DJANGO_STATIC_ROOT.
+# deployments that collect set DJANGO_STATIC_ROOT, and then serve the collected files with hashed,
+# compressed names (cached for good by browsers). Pages fail until collectstatic ran there.
 STATIC_ROOT = env_str("DJANGO_STATIC_ROOT", "") or None
-WHITENOISE_USE_FINDERS = True
+WHITENOISE_USE_FINDERS = STATIC_ROOT is None
+if STATIC_ROOT is not None:
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
 
 # Every path a user types must resolve under one of these.
 EAGLE3WEB_DATA_ROOTS = env_paths("EAGLE3WEB_DATA_ROOTS", [DATA_DIR])
@@ -96,6 +133,9 @@ EAGLE3WEB_PROGRESS_INTERVAL = env_int("EAGLE3WEB_PROGRESS_INTERVAL", 2)
 # Threads torch may use in a worker's stage; set explicitly because torch's default oversubscribes
 # a machine shared with the web process and other workers.
 EAGLE3WEB_TORCH_THREADS = env_int("EAGLE3WEB_TORCH_THREADS", os.cpu_count() or 1)
+# A running stage's worker renews its lease every third of this; a stage whose lease lapsed lost its
+# worker and is queued again (at most 3 attempts) by the reconciler every worker runs.
+EAGLE3WEB_STAGE_LEASE_SECONDS = env_int("EAGLE3WEB_STAGE_LEASE_SECONDS", 60)
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
