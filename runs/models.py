@@ -135,6 +135,8 @@ class StageRecord(models.Model):
     error = models.TextField(blank=True)
     log_tail = models.TextField(blank=True)
     out_dir = models.CharField(max_length=1000, blank=True)
+    # Renewed by the running worker's heartbeat; a running stage whose lease lapsed has lost its worker.
+    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         abstract = True

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import fields as dataclass_fields
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from runs.extraction_services import extraction_training_gate, extraction_verify
@@ -42,8 +45,19 @@ class StageCancelled(Exception):
     """The stage's row is no longer running (a user cancelled it); the worker must stop."""
 
 
-def _stage_qs(stage_name: str, record_id: int):
-    return STAGES_BY_NAME[stage_name].model.objects.filter(pk=record_id)
+# A stage whose worker was lost this many times is failed with the reason instead of queued again.
+MAX_ATTEMPTS = 3
+
+
+def _stage_qs(stage_name: str, record_id: int, started_at: datetime | None = None):
+    """The stage's row; with `started_at`, only while it is still the attempt that began then, so a
+    worker that lost its lease (and was replaced) can no longer write to the row."""
+    qs = STAGES_BY_NAME[stage_name].model.objects.filter(pk=record_id)
+    return qs if started_at is None else qs.filter(started_at=started_at)
+
+
+def _lease_end() -> datetime:
+    return timezone.now() + timedelta(seconds=settings.EAGLE3WEB_STAGE_LEASE_SECONDS)
 
 
 def stage_record_id(*, stage_name: str, run_id: int) -> int:
@@ -71,7 +85,8 @@ def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRe
     stage.status = StageStatus.RUNNING
     stage.started_at = timezone.now()
     stage.worker = worker[:200]
-    stage.save(update_fields=["status", "started_at", "worker"])
+    stage.lease_expires_at = _lease_end()
+    stage.save(update_fields=["status", "started_at", "worker", "lease_expires_at"])
     earlier = StageAttempt.objects.filter(stage=stage_name, record_id=record_id).count()
     StageAttempt.objects.create(run_id=stage.run_id, stage=stage_name, record_id=record_id, number=earlier + 1,
                                 worker=stage.worker, started_at=stage.started_at)
@@ -83,18 +98,69 @@ def _attempt_close(*, stage_name: str, record_id: int, outcome: str, log_tail: s
         outcome=outcome, finished_at=timezone.now(), log_tail=log_tail, error=error)
 
 
-def stage_progress(*, stage_name: str, record_id: int, done: int, total: int, log_tail: str) -> None:
-    updated = _stage_qs(stage_name, record_id).filter(status=StageStatus.RUNNING).update(
-        progress_done=done, progress_total=total, log_tail=log_tail
+def stage_progress(*, stage_name: str, record_id: int, done: int, total: int, log_tail: str,
+                   started_at: datetime | None = None) -> None:
+    updated = _stage_qs(stage_name, record_id, started_at).filter(status=StageStatus.RUNNING).update(
+        progress_done=done, progress_total=total, log_tail=log_tail, lease_expires_at=_lease_end()
     )
     if not updated:
         raise StageCancelled(f"{stage_name} {record_id} is no longer running")
 
 
+def stage_heartbeat(*, stage_name: str, record_id: int, started_at: datetime) -> bool:
+    """Renew the running stage's lease; False once it is no longer this attempt's to run."""
+    return bool(_stage_qs(stage_name, record_id, started_at).filter(status=StageStatus.RUNNING).update(
+        lease_expires_at=_lease_end()))
+
+
+def stages_reconcile() -> list[str]:
+    """Running stages whose worker stopped renewing the lease (killed, host gone, cut off): queue
+    them again and hand them to the workers, or after MAX_ATTEMPTS fail them saying why. Safe to
+    run from every worker at once. Returns what it did, in words."""
+    from runs.queue import evaluation_enqueue, pipeline_enqueue
+
+    now = timezone.now()
+    legacy = now - timedelta(seconds=settings.EAGLE3WEB_STAGE_LEASE_SECONDS)
+    lapsed = Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, started_at__lt=legacy)
+    done = []
+    for kind in STAGES:
+        for pk in kind.model.objects.filter(lapsed, status=StageStatus.RUNNING).values_list("pk", flat=True):
+            with transaction.atomic():
+                row = kind.model.objects.select_for_update(skip_locked=True).filter(
+                    lapsed, pk=pk, status=StageStatus.RUNNING).first()
+                if row is None:
+                    continue
+                attempts = StageAttempt.objects.filter(stage=kind.name, record_id=pk).count()
+                lost = (f"worker {row.worker or '?'} stopped renewing its lease "
+                        f"(expired {timezone.localtime(row.lease_expires_at or now):%Y-%m-%d %H:%M:%S}): it was "
+                        "killed, its host went away, or it lost the database")
+                if attempts >= MAX_ATTEMPTS:
+                    stage_fail(stage_name=kind.name, record_id=pk, log_tail=row.log_tail,
+                               error=f"{lost}; gave up after {attempts} attempts")
+                    done.append(f"{kind.name} {pk} failed after {attempts} lost attempts")
+                    continue
+                _attempt_close(stage_name=kind.name, record_id=pk, outcome=StageStatus.FAILED,
+                               log_tail=row.log_tail, error=f"{lost}; queued again")
+                kind.model.objects.filter(pk=pk).update(
+                    status=StageStatus.QUEUED, started_at=None, finished_at=None, lease_expires_at=None,
+                    progress_done=0, progress_total=0, worker="")
+                if row.run_id is not None:
+                    # Stages after it were left queued by the lost chain; one new chain runs them all.
+                    run_id = row.run_id
+                    transaction.on_commit(lambda: pipeline_enqueue(run_id=run_id))
+                else:
+                    transaction.on_commit(lambda: evaluation_enqueue(evaluation_id=pk))
+                done.append(f"{kind.name} {pk} queued again (attempt {attempts + 1} of {MAX_ATTEMPTS})")
+    for line in done:
+        logger.warning("reconciled: %s", line)
+    return done
+
+
 @transaction.atomic
-def stage_succeed(*, stage_name: str, record_id: int, fields: dict, log_tail: str) -> None:
-    updated = _stage_qs(stage_name, record_id).filter(status=StageStatus.RUNNING).update(
-        status=StageStatus.SUCCEEDED, finished_at=timezone.now(), log_tail=log_tail, **fields
+def stage_succeed(*, stage_name: str, record_id: int, fields: dict, log_tail: str,
+                  started_at: datetime | None = None) -> None:
+    updated = _stage_qs(stage_name, record_id, started_at).filter(status=StageStatus.RUNNING).update(
+        status=StageStatus.SUCCEEDED, finished_at=timezone.now(), log_tail=log_tail, lease_expires_at=None, **fields
     )
     if not updated:
         raise StageCancelled(f"{stage_name} {record_id} was cancelled before it could finish")
@@ -102,13 +168,17 @@ def stage_succeed(*, stage_name: str, record_id: int, fields: dict, log_tail: st
 
 
 @transaction.atomic
-def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, cancelled: bool = False) -> None:
+def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, cancelled: bool = False,
+               started_at: datetime | None = None) -> None:
     """Record the failure and, for a pipeline stage, cancel the stages after it, saying why."""
     now = timezone.now()
     status = StageStatus.CANCELLED if cancelled else StageStatus.FAILED
-    _stage_qs(stage_name, record_id).filter(status__in=[StageStatus.RUNNING, StageStatus.QUEUED]).update(
-        status=status, finished_at=now, error=error[-20000:], log_tail=log_tail
+    updated = _stage_qs(stage_name, record_id, started_at).filter(
+        status__in=[StageStatus.RUNNING, StageStatus.QUEUED]).update(
+        status=status, finished_at=now, error=error[-20000:], log_tail=log_tail, lease_expires_at=None
     )
+    if started_at is not None and not updated and not _stage_qs(stage_name, record_id, started_at).exists():
+        return  # this attempt was replaced after its lease lapsed: the row is the new attempt's
     _attempt_close(stage_name=stage_name, record_id=record_id, outcome=status, log_tail=log_tail, error=error[-20000:])
     run_id = _stage_qs(stage_name, record_id).values_list("run_id", flat=True).first()
     if run_id is None:
@@ -132,11 +202,14 @@ def _columns(model: type[StageRecord], result) -> dict:
     return values
 
 
-def preparation_record(*, record_id: int, result: PrepareResult, log_tail: str) -> None:
-    stage_succeed(stage_name="prepare", record_id=record_id, fields=_columns(Preparation, result), log_tail=log_tail)
+def preparation_record(*, record_id: int, result: PrepareResult, log_tail: str,
+                       started_at: datetime | None = None) -> None:
+    stage_succeed(stage_name="prepare", record_id=record_id, fields=_columns(Preparation, result), log_tail=log_tail,
+                  started_at=started_at)
 
 
-def extraction_record(*, record_id: int, result: ExtractionResult, log_tail: str) -> None:
+def extraction_record(*, record_id: int, result: ExtractionResult, log_tail: str,
+                      started_at: datetime | None = None) -> None:
     """The extraction's numbers and manifest, then its verification, which gates training."""
     extraction = Extraction.objects.select_related("target", "run__preparation").get(pk=record_id)
     manifest_record(extraction=extraction, path=Path(result.manifest_path))
@@ -144,24 +217,31 @@ def extraction_record(*, record_id: int, result: ExtractionResult, log_tail: str
     verification = extraction_verify(extraction=extraction)
     logger.info("extraction %s verification %s: %d checks in %.2f s", record_id,
                 "passed" if verification.passed else "FAILED", len(verification.checks), verification.seconds)
-    stage_succeed(stage_name="extract", record_id=record_id, fields=_columns(Extraction, result), log_tail=log_tail)
+    stage_succeed(stage_name="extract", record_id=record_id, fields=_columns(Extraction, result), log_tail=log_tail,
+                  started_at=started_at)
 
 
-def vocab_mapping_record(*, record_id: int, result: VocabResult, log_tail: str) -> None:
-    stage_succeed(stage_name="vocab", record_id=record_id, fields=_columns(VocabMapping, result), log_tail=log_tail)
+def vocab_mapping_record(*, record_id: int, result: VocabResult, log_tail: str,
+                         started_at: datetime | None = None) -> None:
+    stage_succeed(stage_name="vocab", record_id=record_id, fields=_columns(VocabMapping, result), log_tail=log_tail,
+                  started_at=started_at)
 
 
-def training_record(*, record_id: int, result: TrainResult, log_tail: str) -> None:
+def training_record(*, record_id: int, result: TrainResult, log_tail: str,
+                    started_at: datetime | None = None) -> None:
     """The training's counts and split, and its checkpoints with the best one marked."""
     from dataclasses import asdict
 
     checkpoints_register(training_run_id=record_id, checkpoints=[asdict(c) for c in result.checkpoints])
     fields = {**_columns(TrainingRun, result), "split": result.split.as_dict()}
-    stage_succeed(stage_name="train", record_id=record_id, fields=fields, log_tail=log_tail)
+    stage_succeed(stage_name="train", record_id=record_id, fields=fields, log_tail=log_tail,
+                  started_at=started_at)
 
 
-def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str) -> None:
-    stage_succeed(stage_name="evaluate", record_id=record_id, fields=_columns(Evaluation, result), log_tail=log_tail)
+def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str,
+                      started_at: datetime | None = None) -> None:
+    stage_succeed(stage_name="evaluate", record_id=record_id, fields=_columns(Evaluation, result), log_tail=log_tail,
+                  started_at=started_at)
 
 
 STAGE_RECORDERS = {

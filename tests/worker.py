@@ -26,7 +26,8 @@ def test_database_url() -> str:
 
 
 @contextmanager
-def celery_worker(*, data_root: Path, log_path: Path, ready_timeout: float = 90) -> Iterator[subprocess.Popen]:
+def celery_worker(*, data_root: Path, log_path: Path, ready_timeout: float = 90,
+                  extra_env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     broker = settings.CELERY_BROKER_URL
     if not broker.startswith("redis://"):
         raise RuntimeError(f"end-to-end tests need Redis as the broker (CELERY_BROKER_URL), got {broker!r}")
@@ -40,6 +41,7 @@ def celery_worker(*, data_root: Path, log_path: Path, ready_timeout: float = 90)
         "EAGLE3WEB_PROGRESS_INTERVAL": "1",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        **(extra_env or {}),
     }
     celery = [sys.executable, "-m", "celery", "-A", "eagle3web"]
     # Messages left by an earlier, interrupted session would name runs this database never had.
@@ -50,6 +52,7 @@ def celery_worker(*, data_root: Path, log_path: Path, ready_timeout: float = 90)
         [*celery, "worker", "-Q", "cpu,gpu", "--concurrency", "1", "-n", f"test-worker-{os.getpid()}@%h",
          "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
         env=env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, so that a test can kill it with its pool children
     )
     try:
         deadline = time.monotonic() + ready_timeout
@@ -65,6 +68,14 @@ def celery_worker(*, data_root: Path, log_path: Path, ready_timeout: float = 90)
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def kill_worker_hard(proc: subprocess.Popen) -> None:
+    """SIGKILL the worker and its pool processes at once, as an OOM killer or a lost host would."""
+    import signal
+
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
 def wait_for_run(run_id: int, *, timeout: float, log_path: Path | None = None):

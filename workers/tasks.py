@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import shutil
+import threading
 import time
 import traceback
 from dataclasses import asdict
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Callable
 
 from celery import shared_task
+from celery.signals import worker_ready
 from django.conf import settings
+from django.db import close_old_connections, connection
 
 from runs.curation import dataset_excluded_ids
 from runs.evaluation_services import evaluation_plan
@@ -28,8 +31,10 @@ from runs.stage_services import (
     metrics_record,
     stage_fail,
     stage_progress,
+    stage_heartbeat,
     stage_record_id,
     stage_start,
+    stages_reconcile,
 )
 from runs.pipeline import STAGES, STAGES_BY_NAME
 from workers.stages.errors import StopRequested
@@ -40,9 +45,10 @@ logger = logging.getLogger(__name__)
 class StageReporter(logging.Handler):
     """Collects the stage's log lines and writes progress at most every few seconds."""
 
-    def __init__(self, *, stage_name: str, record_id: int, interval: float):
+    def __init__(self, *, stage_name: str, record_id: int, interval: float, started_at=None):
         super().__init__(level=logging.INFO)
         self.stage_name, self.record_id, self.interval = stage_name, record_id, interval
+        self.started_at = started_at  # which attempt this is: a replaced attempt can no longer write
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         self._last_write = 0.0
@@ -62,7 +68,7 @@ class StageReporter(logging.Handler):
         if now - self._last_write >= self.interval or done >= total:
             self._last_write = now
             stage_progress(stage_name=self.stage_name, record_id=self.record_id, done=done, total=total,
-                           log_tail=self.tail)
+                           log_tail=self.tail, started_at=self.started_at)
 
     def cancelled(self) -> bool:
         try:
@@ -70,6 +76,30 @@ class StageReporter(logging.Handler):
         except StageCancelled:
             return True
         return False
+
+
+class Heartbeat(threading.Thread):
+    """Renews the running stage's lease while the stage works, even through long steps that report
+    no progress (loading a model, one slow batch); stops when the stage ends or is no longer its."""
+
+    def __init__(self, *, stage_name: str, record_id: int, started_at):
+        super().__init__(name=f"heartbeat-{stage_name}-{record_id}", daemon=True)
+        self.args = {"stage_name": stage_name, "record_id": record_id, "started_at": started_at}
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        period = max(0.5, settings.EAGLE3WEB_STAGE_LEASE_SECONDS / 3)
+        try:
+            while not self.stopped.wait(period):
+                try:
+                    if not stage_heartbeat(**self.args):
+                        return  # cancelled, or the stage went to another attempt: progress reports say so
+                except Exception:  # noqa: BLE001 - the database may be away for a while; keep trying
+                    logger.warning("heartbeat of %s %s could not renew its lease", self.args["stage_name"],
+                                   self.args["record_id"], exc_info=True)
+                    close_old_connections()
+        finally:
+            connection.close()
 
 
 def _fresh_dir(path: Path) -> Path:
@@ -174,13 +204,18 @@ STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
 
 def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
     """Run one stage row; True if it succeeded. Failures are recorded, not raised."""
-    if stage_start(stage_name=stage_name, record_id=record_id, worker=worker) is None:
+    started = stage_start(stage_name=stage_name, record_id=record_id, worker=worker)
+    if started is None:
         logger.info("%s %s is not queued any more; skipping", stage_name, record_id)
         return False
     import torch
 
     torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
-    reporter = StageReporter(stage_name=stage_name, record_id=record_id, interval=settings.EAGLE3WEB_PROGRESS_INTERVAL)
+    fence = started.started_at
+    reporter = StageReporter(stage_name=stage_name, record_id=record_id, interval=settings.EAGLE3WEB_PROGRESS_INTERVAL,
+                             started_at=fence)
+    heartbeat = Heartbeat(stage_name=stage_name, record_id=record_id, started_at=fence)
+    heartbeat.start()
     watched = [logging.getLogger("workers"), logging.getLogger("speculators")]
     for log in watched:
         log.addHandler(reporter)
@@ -191,18 +226,20 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
         logger.info("%s %s started on %s", stage_name, record_id, worker)
         result = STAGE_BODIES[stage_name](record, reporter)
         logger.info("%s %s finished", stage_name, record_id)
-        STAGE_RECORDERS[stage_name](record_id=record_id, result=result, log_tail=reporter.tail)
+        STAGE_RECORDERS[stage_name](record_id=record_id, result=result, log_tail=reporter.tail, started_at=fence)
         return True
     except (StageCancelled, StopRequested) as exc:  # a user's cancel: no traceback, not a failure
         logger.info("%s", exc)
-        stage_fail(stage_name=stage_name, record_id=record_id, error=str(exc), log_tail=reporter.tail, cancelled=True)
+        stage_fail(stage_name=stage_name, record_id=record_id, error=str(exc), log_tail=reporter.tail, cancelled=True,
+                   started_at=fence)
         return False
     except Exception as exc:  # noqa: BLE001 - every failure must reach the page
         logger.exception("%s %s failed", stage_name, record_id)
         error = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
-        stage_fail(stage_name=stage_name, record_id=record_id, error=error, log_tail=reporter.tail)
+        stage_fail(stage_name=stage_name, record_id=record_id, error=error, log_tail=reporter.tail, started_at=fence)
         return False
     finally:
+        heartbeat.stopped.set()
         for log in watched:
             log.removeHandler(reporter)
 
@@ -222,3 +259,26 @@ def pipeline_run_inline(*, run_id: int) -> None:
     for stage in STAGES:
         stage_execute(stage_name=stage.name, record_id=stage_record_id(stage_name=stage.name, run_id=run_id),
                       worker="inline")
+
+
+class Reconciler(threading.Thread):
+    """Every few seconds, hands stages whose worker was lost back to the queue (see stages_reconcile).
+    Each worker runs one, from its start, so lost work is found within about a lease."""
+
+    def __init__(self):
+        super().__init__(name="stage-reconciler", daemon=True)
+
+    def run(self) -> None:
+        period = max(1.0, settings.EAGLE3WEB_STAGE_LEASE_SECONDS / 2)
+        while True:
+            try:
+                close_old_connections()
+                stages_reconcile()
+            except Exception:  # noqa: BLE001 - a database or broker away for a while: try again later
+                logger.warning("reconciling stages failed; trying again in %.0f s", period, exc_info=True)
+            time.sleep(period)
+
+
+@worker_ready.connect
+def _start_reconciler(**_kwargs) -> None:
+    Reconciler().start()

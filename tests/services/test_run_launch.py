@@ -201,3 +201,60 @@ def test_a_retried_training_starts_its_curves_and_checkpoints_afresh(roots, user
     assert stage_start(stage_name="train", record_id=train_id, worker="w2") is not None
     assert not MetricPoint.objects.filter(training_run_id=train_id).exists()
     assert not Checkpoint.objects.filter(training_run_id=train_id).exists()
+
+
+def test_a_stage_whose_worker_stopped_renewing_its_lease_is_queued_again_then_failed(
+        roots, user, django_capture_on_commit_callbacks, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs.models import Preparation, StageAttempt
+    from runs.stage_services import MAX_ATTEMPTS, stages_reconcile
+
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+    prep = rid(run, "prepare")
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        stage_start(stage_name="prepare", record_id=prep, worker=f"w{attempt}")
+        assert stages_reconcile() == []  # the lease is live
+        Preparation.objects.filter(pk=prep).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+            done = stages_reconcile()
+        row = Preparation.objects.get(pk=prep)
+        if attempt < MAX_ATTEMPTS:
+            assert done == [f"prepare {prep} queued again (attempt {attempt + 1} of {MAX_ATTEMPTS})"]
+            assert row.status == StageStatus.QUEUED and len(callbacks) == 1
+        else:
+            assert done == [f"prepare {prep} failed after {MAX_ATTEMPTS} lost attempts"]
+            assert row.status == StageStatus.FAILED and f"gave up after {MAX_ATTEMPTS} attempts" in row.error
+            assert f"worker w{attempt} stopped renewing its lease" in row.error
+    outcomes = list(StageAttempt.objects.filter(stage="prepare", record_id=prep).values_list("outcome", "error"))
+    assert [o for o, _ in outcomes] == ["failed"] * MAX_ATTEMPTS
+    assert "queued again" in outcomes[0][1]
+    assert PipelineRun.objects.get(pk=run.pk).evaluation.status == StageStatus.CANCELLED
+
+
+def test_a_replaced_attempt_can_no_longer_write_to_the_stage(roots, user, django_capture_on_commit_callbacks):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs.models import Preparation
+    from runs.stage_services import StageCancelled, stage_progress, stages_reconcile
+
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+    prep = rid(run, "prepare")
+    old = stage_start(stage_name="prepare", record_id=prep, worker="slow").started_at
+    Preparation.objects.filter(pk=prep).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=False):
+        stages_reconcile()
+    stage_start(stage_name="prepare", record_id=prep, worker="fresh")
+    with pytest.raises(StageCancelled):
+        stage_progress(stage_name="prepare", record_id=prep, done=1, total=2, log_tail="", started_at=old)
+    with pytest.raises(StageCancelled):
+        stage_succeed(stage_name="prepare", record_id=prep, fields={}, log_tail="", started_at=old)
+    stage_fail(stage_name="prepare", record_id=prep, error="late", log_tail="", started_at=old)
+    row = Preparation.objects.get(pk=prep)
+    assert row.status == StageStatus.RUNNING and row.worker == "fresh" and row.error == ""
