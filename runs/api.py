@@ -1,4 +1,6 @@
-"""JSON endpoints the pages poll. Same rules as views: parse, call a selector, answer."""
+"""JSON endpoints the pages poll. Same rules as views: parse, call a selector, answer.
+
+Every parameter is checked here; a bad one is a 400 with {"error": "..."} naming it, never a 500."""
 from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
@@ -11,17 +13,41 @@ from workers.stages.errors import InputError
 from workers.stages.target import default_layer_ids, read_target_config
 
 
+MAX_ID = 2**63 - 1  # ids are 64-bit columns
+MAX_PARAM_CHARS = 32  # an integer parameter's text
+
+
+def _int_param(request: HttpRequest, name: str, default: int) -> int:
+    text = request.GET.get(name)
+    if text is None or text == "":
+        return default
+    if len(text) > MAX_PARAM_CHARS or not (text.isascii() and text.isdigit()):
+        raise InputError(f"{name} must be an integer id between 0 and {MAX_ID}, got {text[:40]!r}")
+    value = int(text)
+    if value > MAX_ID:
+        raise InputError(f"{name} must be an integer id between 0 and {MAX_ID}, got {text[:40]!r}")
+    return value
+
+
+def _bad(exc: InputError) -> JsonResponse:
+    return JsonResponse({"error": str(exc)}, status=400)
+
+
 def run_status(request: HttpRequest, pk: int) -> JsonResponse:
+    if pk > MAX_ID:
+        return JsonResponse({"error": f"no run {pk}"}, status=404)
     run = get_object_or_404(selectors.run_list(), pk=pk)
     return JsonResponse(selectors.run_summary(run))
 
 
 def run_metrics(request: HttpRequest, pk: int) -> JsonResponse:
+    if pk > MAX_ID:
+        return JsonResponse({"error": f"no run {pk}"}, status=404)
     run = get_object_or_404(PipelineRun, pk=pk)
     try:
-        after = int(request.GET.get("after", "0"))
-    except ValueError:
-        return JsonResponse({"error": "after must be an integer metric-point id"}, status=400)
+        after = _int_param(request, "after", 0)
+    except InputError as exc:
+        return _bad(exc)
     points = selectors.curve_points(run=run, after_id=after)
     return JsonResponse({"points": points, "last_id": points[-1]["id"] if points else after})
 
@@ -30,8 +56,10 @@ def target_inspect(request: HttpRequest) -> JsonResponse:
     """What the launch form needs to prefill layer ids for a typed target path."""
     try:
         path = check_under_data_roots(request.GET.get("path", ""), kind="target directory")
+        if not path.is_dir():
+            raise InputError(f"target directory {path} is not a directory")
         cfg = read_target_config(path)
         layers = default_layer_ids(cfg.num_layers)
     except InputError as exc:
-        return JsonResponse({"error": str(exc)}, status=400)
+        return _bad(exc)
     return JsonResponse({**cfg.as_dict(), "path": str(path), "default_layer_ids": layers})

@@ -1,18 +1,38 @@
 from __future__ import annotations
 
+import unicodedata
+
 from django import forms
 
-from runs.run_config import RunConfig, RunConfigError, parse_layer_ids
+from runs.paths import MAX_PATH_CHARS
+from runs.run_config import (
+    MAX_DRAFT_VOCAB,
+    MAX_EPOCHS,
+    MAX_EVAL_NEW_TOKENS,
+    MAX_EVAL_PROMPTS,
+    MAX_NAME_CHARS,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_SEQ_LEN,
+    MAX_TOKENS_PER_STEP,
+    MAX_TTT_STEPS,
+    MIN_SEQ_LEN,
+    MIN_TOKENS_PER_STEP,
+    RunConfig,
+    RunConfigError,
+    check_run_name,
+    parse_layer_ids,
+)
 
 
 class LaunchForm(forms.Form):
-    name = forms.CharField(max_length=200, required=False, help_text="Optional; shown in the runs list.")
+    name = forms.CharField(max_length=MAX_NAME_CHARS, required=False, help_text="Optional; shown in the runs list.")
     target_path = forms.CharField(
-        max_length=1000, label="Target model directory",
+        max_length=MAX_PATH_CHARS, label="Target model directory",
         help_text="A Hugging Face model directory (config.json, weights, tokenizer) under the data roots.",
     )
     dataset_path = forms.CharField(
-        max_length=1000, label="Chat dataset (JSONL)",
+        max_length=MAX_PATH_CHARS, label="Chat dataset (JSONL)",
         help_text="ShareGPT `conversations` or OpenAI-style `messages`, one conversation per line.",
     )
     layer_ids = forms.CharField(
@@ -20,26 +40,40 @@ class LaunchForm(forms.Form):
         help_text="Hidden-state indices to capture (0 = embeddings). The final hidden state N is "
         "always added last. Empty: EAGLE-3's default [2, N//2, N-3] + N.",
     )
-    max_seq_len = forms.IntegerField(min_value=16, max_value=131072, initial=512)
-    max_samples = forms.IntegerField(min_value=2, required=False, help_text="Empty: every conversation.")
-    draft_vocab_size = forms.IntegerField(min_value=2, max_value=1_000_000, initial=1024)
-    epochs = forms.IntegerField(min_value=1, max_value=1000, initial=2)
+    max_seq_len = forms.IntegerField(min_value=MIN_SEQ_LEN, max_value=MAX_SEQ_LEN, initial=512)
+    max_samples = forms.IntegerField(min_value=2, max_value=MAX_SAMPLES, required=False, help_text="Empty: every conversation.")
+    draft_vocab_size = forms.IntegerField(min_value=2, max_value=MAX_DRAFT_VOCAB, initial=1024)
+    epochs = forms.IntegerField(min_value=1, max_value=MAX_EPOCHS, initial=2)
     lr = forms.FloatField(min_value=1e-7, max_value=0.5, initial=3e-4, label="Learning rate")
-    ttt_steps = forms.IntegerField(min_value=1, max_value=10, initial=3, label="TTT steps")
+    ttt_steps = forms.IntegerField(min_value=1, max_value=MAX_TTT_STEPS, initial=3, label="TTT steps")
     max_tokens_per_step = forms.IntegerField(
-        min_value=16, max_value=1_048_576, required=False, label="Tokens per training step",
+        min_value=MIN_TOKENS_PER_STEP, max_value=MAX_TOKENS_PER_STEP, required=False, label="Tokens per training step",
         help_text="Rows are packed up to this many tokens per step. Never shorter than the longest "
         "prepared row (raised to it, so no row is cut). Empty: 512 or the longest row.")
     val_fraction = forms.FloatField(
         min_value=0.01, max_value=0.49, initial=0.1, required=False, label="Validation fraction",
         help_text="Share of rows held out, whole conversations at a time.")
-    seed = forms.IntegerField(min_value=0, max_value=2**32 - 1, initial=0, required=False,
+    seed = forms.IntegerField(min_value=0, max_value=MAX_SEED, initial=0, required=False,
                               help_text="Fixes the train/validation split and the draft's initialisation.")
     eval_prompts = forms.IntegerField(
-        min_value=1, max_value=1000, initial=32, required=False, label="Acceptance prompts",
+        min_value=1, max_value=MAX_EVAL_PROMPTS, initial=32, required=False, label="Acceptance prompts",
         help_text="Held-out conversations decoded with the draft to measure acceptance length.")
-    eval_max_new_tokens = forms.IntegerField(min_value=1, max_value=4096, initial=64, required=False,
+    eval_max_new_tokens = forms.IntegerField(min_value=1, max_value=MAX_EVAL_NEW_TOKENS, initial=64, required=False,
                                              label="New tokens per prompt")
+
+    def clean_name(self) -> str:
+        try:
+            return check_run_name(self.cleaned_data.get("name") or "")
+        except RunConfigError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        for name in ("target_path", "dataset_path"):
+            value = cleaned.get(name)
+            if isinstance(value, str) and any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+                self.add_error(name, "a path may not hold control characters (NUL, newlines, tabs)")
+        return cleaned
 
     def clean_layer_ids(self) -> list[int]:
         try:

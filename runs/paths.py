@@ -1,15 +1,56 @@
-"""Paths that users type are confined to EAGLE3WEB_DATA_ROOTS, symlinks resolved first."""
+"""Paths that users type are confined to EAGLE3WEB_DATA_ROOTS, symlinks resolved first.
+
+Bounded input, checked before the file system is touched:
+
+* MAX_PATH_CHARS (1000): the whole path, as typed and as resolved. Resolved paths are stored in
+  1000-character columns (TargetModel.path, Dataset.path, Extraction.out_dir, ...), well under
+  Linux's PATH_MAX of 4096.
+* MAX_COMPONENT_BYTES (255): one component (file or directory name) in UTF-8 bytes, the limit of
+  ext4, XFS, btrfs and most other file systems (NAME_MAX).
+* No NUL or other control characters, and no text that is not encodable as UTF-8.
+* Any OSError the operating system raises while resolving (ENAMETOOLONG, ELOOP, EACCES, ...)
+  becomes PathNotAllowed naming the path.
+"""
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 from django.conf import settings
 
 from workers.stages.errors import InputError
 
+MAX_PATH_CHARS = 1000
+MAX_COMPONENT_BYTES = 255
+SHOWN_CHARS = 300  # how much of a refused path a message repeats
+
 
 class PathNotAllowed(InputError):
     pass
+
+
+def shown_path(text: str, limit: int = SHOWN_CHARS) -> str:
+    """The path for a message: control characters escaped, cut to `limit` characters."""
+    text = str(text)
+    head = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return head + "..." if len(text) > limit else head
+
+
+def _check_text(text: str, kind: str) -> None:
+    shown = shown_path(text)
+    if len(text) > MAX_PATH_CHARS:
+        raise PathNotAllowed(f"{kind} is {len(text)} characters long; the limit is {MAX_PATH_CHARS} ({shown})")
+    bad = next((c for c in text if unicodedata.category(c) in ("Cc", "Cs")), None)
+    if bad is not None:
+        name = "a NUL byte" if bad == "\x00" else f"the control character {bad!r}"
+        raise PathNotAllowed(f"{kind} {shown} contains {name}; paths may not hold control characters")
+    for part in text.split("/"):
+        size = len(part.encode("utf-8"))
+        if size > MAX_COMPONENT_BYTES:
+            raise PathNotAllowed(
+                f"{kind} {shown}: the name {shown_path(part, 40)} is {size} bytes long; file systems allow "
+                f"at most {MAX_COMPONENT_BYTES} bytes per name"
+            )
 
 
 def check_under_data_roots(raw: str | Path, *, must_exist: bool = True, kind: str = "path") -> Path:
@@ -17,18 +58,35 @@ def check_under_data_roots(raw: str | Path, *, must_exist: bool = True, kind: st
     text = str(raw).strip()
     if not text:
         raise PathNotAllowed(f"the {kind} is empty")
-    path = Path(text).expanduser()
+    _check_text(text, kind)
+    shown = shown_path(text)
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # "~someone" whose home cannot be found
+        raise PathNotAllowed(f"{kind} {shown}: cannot expand '~' here; give an absolute path") from None
     if not path.is_absolute():
-        raise PathNotAllowed(f"{kind} {text!r} must be an absolute path")
-    resolved = path.resolve()
+        raise PathNotAllowed(f"{kind} {shown} must be an absolute path")
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop on Python < 3.13
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise PathNotAllowed(f"{kind} {shown} cannot be resolved ({reason})") from None
+    if len(str(resolved)) > MAX_PATH_CHARS:
+        raise PathNotAllowed(f"{kind} {shown} resolves to a path longer than {MAX_PATH_CHARS} characters "
+                             f"({shown_path(str(resolved))})")
     roots = settings.EAGLE3WEB_DATA_ROOTS
     if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
-        via = f" (it resolves to {resolved} through a symlink)" if resolved != path else ""
+        via = f" (it resolves to {shown_path(str(resolved))} through a symlink)" if resolved != path else ""
         allowed = ", ".join(str(r) for r in roots)
         raise PathNotAllowed(
-            f"{kind} {text} is outside the allowed data roots{via}; allowed: {allowed} "
+            f"{kind} {shown} is outside the allowed data roots{via}; allowed: {allowed} "
             f"(set EAGLE3WEB_DATA_ROOTS to change them)"
         )
-    if must_exist and not resolved.exists():
-        raise PathNotAllowed(f"{kind} {text} does not exist")
+    if must_exist:
+        try:
+            exists = resolved.exists()
+        except OSError as exc:
+            raise PathNotAllowed(f"{kind} {shown} cannot be checked ({exc.strerror or exc})") from None
+        if not exists:
+            raise PathNotAllowed(f"{kind} {shown} does not exist")
     return resolved

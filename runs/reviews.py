@@ -1,6 +1,8 @@
 """Team review: comments by anyone signed in, approvals and change requests by reviewers."""
 from __future__ import annotations
 
+import unicodedata
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Model
 
@@ -9,14 +11,22 @@ from runs.roles import require
 from workers.stages.errors import InputError
 
 SUBJECTS = {"run": PipelineRun, "extraction": Extraction, "checkpoint": Checkpoint}
+MAX_REVIEW_CHARS = 10_000  # a review is a paragraph or a few, not a document
+ALLOWED_CONTROL = "\n\r\t"  # line breaks and tabs; other control characters (NUL above all) are refused
 
 
 def review_add(*, user: AbstractBaseUser, subject: Model, decision: str, text: str) -> Review:
+    if not isinstance(decision, str) or decision not in Review.Decision.values:
+        raise InputError(f"unknown decision {str(decision)[:40]!r}: use one of {', '.join(Review.Decision.values)}")
+    if not isinstance(text, str):
+        raise InputError(f"the review text must be text, got {type(text).__name__}")
     text = text.strip()
-    if decision not in Review.Decision.values:
-        raise InputError(f"unknown decision {decision!r}: use one of {', '.join(Review.Decision.values)}")
     if not text:
         raise InputError("write a comment: a review needs its reason in words")
+    if len(text) > MAX_REVIEW_CHARS:
+        raise InputError(f"the review text is {len(text)} characters long; at most {MAX_REVIEW_CHARS} are allowed")
+    if any(unicodedata.category(c) in ("Cc", "Cs") and c not in ALLOWED_CONTROL for c in text):
+        raise InputError("the review text holds control characters (such as NUL); only line breaks and tabs are allowed")
     if decision != Review.Decision.COMMENT:
         require(user, "review")
     field = next(name for name, model in SUBJECTS.items() if isinstance(subject, model))

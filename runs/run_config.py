@@ -1,13 +1,60 @@
 """The knobs of one pipeline run, validated the same way for the form, the CLI and the API."""
 from __future__ import annotations
 
+import math
+import unicodedata
 from dataclasses import asdict, dataclass, field
 
 from workers.stages.errors import InputError
+from workers.stages.target import MAX_NUM_LAYERS
+
+# Bounds shared by the form, the CLI and the API (the form's fields use the same numbers).
+MAX_NAME_CHARS = 200  # PipelineRun.name's column
+MAX_LAYER_IDS = MAX_NUM_LAYERS + 1  # ids 0..N of the largest target a registration accepts
+MAX_LAYER_IDS_TEXT = 10_000  # characters of a typed layer-id list
+MIN_SEQ_LEN, MAX_SEQ_LEN = 16, 131_072  # tokens per prepared row; long-context targets top out at 128k
+MAX_SAMPLES = 2**31 - 1  # conversations taken from a dataset (a 32-bit count)
+MAX_DRAFT_VOCAB = 1_000_000  # never more than the target's own vocabulary either
+MAX_EPOCHS = 1000
+MAX_TTT_STEPS = 10
+MIN_TOKENS_PER_STEP, MAX_TOKENS_PER_STEP = 16, 1_048_576
+MAX_SEED = 2**32 - 1
+MAX_EVAL_PROMPTS = 1000
+MAX_EVAL_NEW_TOKENS = 4096
+
+INT_FIELDS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "seed",
+              "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens")
+FLOAT_FIELDS = ("lr", "val_fraction")
 
 
 class RunConfigError(InputError):
     pass
+
+
+def check_run_name(name: object) -> str:
+    """A run's display name: a string of at most MAX_NAME_CHARS printable characters (stripped)."""
+    if not isinstance(name, str):
+        raise RunConfigError(f"name must be text, got {type(name).__name__}")
+    name = name.strip()
+    if len(name) > MAX_NAME_CHARS:
+        raise RunConfigError(f"name is {len(name)} characters long; at most {MAX_NAME_CHARS} are allowed")
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
+        raise RunConfigError("name may not hold control characters (newlines, tabs, NUL)")
+    return name
+
+
+def check_layer_ids(layer_ids: object) -> list[int]:
+    """A list of at most MAX_LAYER_IDS integers 0..MAX_NUM_LAYERS (the target checks its own range later)."""
+    if not isinstance(layer_ids, (list, tuple)):
+        raise RunConfigError(f"layer_ids must be a list of integers, got {type(layer_ids).__name__}")
+    if len(layer_ids) > MAX_LAYER_IDS:
+        raise RunConfigError(f"layer_ids lists {len(layer_ids)} ids; at most {MAX_LAYER_IDS} are allowed")
+    for i in layer_ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise RunConfigError(f"layer_ids must be integers, got {str(i)[:40]!r}")
+        if not 0 <= i <= MAX_NUM_LAYERS:
+            raise RunConfigError(f"layer_ids must lie between 0 and {MAX_NUM_LAYERS}, got {str(i)[:40]}")
+    return list(layer_ids)
 
 
 @dataclass(frozen=True)
@@ -26,10 +73,26 @@ class RunConfig:
     eval_max_new_tokens: int = 64
 
     def __post_init__(self) -> None:
+        for name in INT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise RunConfigError(f"{name} must be a whole number, got {str(value)[:40]!r}")
+        for name in FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise RunConfigError(f"{name} must be a finite number, got {str(value)[:40]!r}")
+        for name in ("max_seq_len", "draft_vocab_size", "epochs", "lr", "ttt_steps", "val_fraction", "seed",
+                     "eval_prompts", "eval_max_new_tokens"):
+            if getattr(self, name) is None:
+                raise RunConfigError(f"{name} is required")
+        object.__setattr__(self, "layer_ids", check_layer_ids(self.layer_ids))
         checks = [
-            (self.max_seq_len >= 16, f"max_seq_len must be at least 16, got {self.max_seq_len}"),
-            (self.max_samples is None or self.max_samples >= 2, f"max_samples must be at least 2, got {self.max_samples}"),
-            (self.draft_vocab_size >= 2, f"draft_vocab_size must be at least 2, got {self.draft_vocab_size}"),
+            (MIN_SEQ_LEN <= self.max_seq_len <= MAX_SEQ_LEN,
+             f"max_seq_len must be between {MIN_SEQ_LEN} and {MAX_SEQ_LEN}, got {self.max_seq_len}"),
+            (self.max_samples is None or 2 <= self.max_samples <= MAX_SAMPLES,
+             f"max_samples must be between 2 and {MAX_SAMPLES}, got {self.max_samples}"),
+            (2 <= self.draft_vocab_size <= MAX_DRAFT_VOCAB,
+             f"draft_vocab_size must be between 2 and {MAX_DRAFT_VOCAB}, got {self.draft_vocab_size}"),
             (1 <= self.epochs <= 1000, f"epochs must be between 1 and 1000, got {self.epochs}"),
             (0 < self.lr < 1, f"lr must be between 0 and 1, got {self.lr}"),
             (1 <= self.ttt_steps <= 10, f"ttt_steps must be between 1 and 10, got {self.ttt_steps}"),
@@ -51,8 +114,15 @@ class RunConfig:
 
 def parse_layer_ids(text: str) -> list[int]:
     """'2, 4,5' -> [2, 4, 5]; empty text -> [] (use the target's default)."""
+    if len(text) > MAX_LAYER_IDS_TEXT:
+        raise RunConfigError(f"layer ids: {len(text)} characters is too long (at most {MAX_LAYER_IDS_TEXT})")
     parts = [p.strip() for p in text.replace(" ", ",").split(",") if p.strip()]
+    if len(parts) > MAX_LAYER_IDS:
+        raise RunConfigError(f"layer ids: {len(parts)} given; at most {MAX_LAYER_IDS} are allowed")
     try:
-        return [int(p) for p in parts]
+        ids = [int(p) for p in parts if len(p) <= 12]
     except ValueError:
-        raise RunConfigError(f"layer ids must be integers separated by commas, got {text!r}") from None
+        ids = None
+    if ids is None or len(ids) != len(parts):
+        raise RunConfigError(f"layer ids must be integers separated by commas, got {text[:100]!r}") from None
+    return check_layer_ids(ids)

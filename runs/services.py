@@ -1,7 +1,6 @@
 """Writes that users start: registering targets and datasets, launching and cancelling runs."""
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,9 +24,9 @@ from runs.models import (
 from runs.paths import check_under_data_roots
 from runs.queue import pipeline_enqueue
 from runs.roles import require
-from runs.run_config import RunConfig, RunConfigError
+from runs.run_config import RunConfig, RunConfigError, check_run_name
 from runs.pipeline import STAGES
-from workers.stages.target import read_target_config, validate_layer_ids
+from workers.stages.target import read_target_json, target_config_from, validate_layer_ids
 
 
 def target_register(*, path: str | Path) -> TargetModel:
@@ -35,8 +34,8 @@ def target_register(*, path: str | Path) -> TargetModel:
     resolved = check_under_data_roots(path, kind="target directory")
     if not resolved.is_dir():
         raise RunConfigError(f"target directory {resolved} is not a directory")
-    cfg = read_target_config(resolved)
-    raw = (resolved / "config.json").read_text()
+    raw = read_target_json(resolved)  # read once: what is checked is what is stored
+    cfg = target_config_from(raw, path=resolved / "config.json")
     target, _ = TargetModel.objects.update_or_create(
         path=str(resolved),
         defaults={
@@ -47,7 +46,7 @@ def target_register(*, path: str | Path) -> TargetModel:
             "hidden_size": cfg.hidden_size,
             "vocab_size": cfg.vocab_size,
             "nested_text_config": cfg.nested_text_config,
-            "config": json.loads(raw),
+            "config": raw,
         },
     )
     return target
@@ -80,6 +79,7 @@ def run_launch(
 ) -> PipelineRun:
     """Create a run and its five stage rows; after commit, hand the run's id to the workers."""
     require(user, "launch")
+    name = check_run_name(name)
     target = target_register(path=target_path)
     dataset = dataset_register(path=dataset_path)
     layer_ids = list(config.layer_ids or target.default_layer_ids)
@@ -93,7 +93,7 @@ def run_launch(
         )
     config = replace(config, layer_ids=layer_ids)
     run = PipelineRun.objects.create(
-        owner=user, name=name.strip(), target=target, dataset=dataset, config=config.as_dict()
+        owner=user, name=name, target=target, dataset=dataset, config=config.as_dict()
     )
     run.output_dir = str(settings.EAGLE3WEB_RUNS_DIR / f"run-{run.pk}")
     run.save(update_fields=["output_dir"])

@@ -51,7 +51,10 @@ def run_launch(request: HttpRequest) -> HttpResponse:
         form = LaunchForm(initial=initial)
     targets = TargetModel.objects.all()[:100]
     datasets = Dataset.objects.all()[:100]
-    return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets})
+    # A refused launch is the user's to fix: 400, with the form and its messages.
+    status = 400 if request.method == "POST" else 200
+    return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets},
+                  status=status)
 
 
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
@@ -160,7 +163,8 @@ def extraction_import(request: HttpRequest) -> HttpResponse:
             verb = "Imported" if created else "Already imported:"
             messages.success(request, f"{verb} extraction {extraction.pk} ({extraction.layout}).")
             return redirect(extraction)
-    return render(request, "runs/extraction_import.html", {"error": error, "values": request.POST})
+    return render(request, "runs/extraction_import.html", {"error": error, "values": request.POST},
+                  status=400 if error else 200)
 
 
 @require_POST

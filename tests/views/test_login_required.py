@@ -37,7 +37,7 @@ def test_launch_form_names_a_path_outside_the_roots(client, tmp_path, settings, 
         "target_path": "/etc", "dataset_path": "/etc/passwd", "layer_ids": "", "max_seq_len": 512,
         "draft_vocab_size": 1024, "epochs": 1, "lr": 0.0003, "ttt_steps": 3,
     })
-    assert response.status_code == 200
+    assert response.status_code == 400
     assert b"target directory /etc is outside the allowed data roots" in response.content
 
 

@@ -21,8 +21,33 @@ ROLE_ALIASES = {
 }
 
 
+# Bounded input. A line is read in READ_CHUNK_BYTES pieces and refused as soon as it passes
+# MAX_LINE_BYTES, so at most about that much of one line is ever held, however long the line is.
+MAX_LINE_BYTES = 16 * 1024 * 1024  # one conversation, newline included (~4M tokens of text)
+READ_CHUNK_BYTES = 1024 * 1024
+MAX_TURNS = 10_000  # turns in one conversation
+MAX_ID_CHARS = 200  # a row's "id": DatasetSample.sample_id's column
+MAX_ROLE_CHARS = 50
+
+
 class DatasetFormatError(InputError):
     """A row of the chat file cannot be read; the message names file, line and problem."""
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_text(text: str, *, where: str, what: str) -> None:
+    """Text the catalogue stores: no NUL (PostgreSQL text cannot hold it), no lone surrogates."""
+    if "\x00" in text:
+        raise DatasetFormatError(f"{where}: {what} holds a NUL character (\\u0000); remove it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DatasetFormatError(f"{where}: {what} holds a lone surrogate escape (e.g. \\ud800), "
+                                 "which is not valid text") from None
 
 
 @dataclass(frozen=True)
@@ -36,9 +61,13 @@ def parse_row(raw: str, *, path: Path, line: int) -> Conversation:
     """One JSONL line -> Conversation with roles normalised to system/user/assistant."""
     where = f"{path}, line {line}"
     try:
-        row = json.loads(raw)
+        row = json.loads(raw, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise DatasetFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise DatasetFormatError(f"{where}: not usable JSON (nested too deeply)") from None
+    except ValueError as exc:  # NaN/Infinity, integers too long to convert
+        raise DatasetFormatError(f"{where}: not usable JSON ({exc})") from None
     if not isinstance(row, dict):
         raise DatasetFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
     if "conversations" in row:
@@ -51,11 +80,17 @@ def parse_row(raw: str, *, path: Path, line: int) -> Conversation:
         )
     if not isinstance(turns, list):
         raise DatasetFormatError(f"{where}: '{key}' must be a list, got {type(turns).__name__}")
+    if len(turns) > MAX_TURNS:
+        raise DatasetFormatError(f"{where}: '{key}' has {len(turns)} turns; at most {MAX_TURNS} per conversation")
     raw_id = row.get("id", line - 1)
     if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
-        raise DatasetFormatError(f"{where}: 'id' must be a string or integer, got {raw_id!r}")
+        raise DatasetFormatError(f"{where}: 'id' must be a string or integer, got {_shown(raw_id)}")
+    source_id = str(raw_id)
+    if not source_id or len(source_id) > MAX_ID_CHARS:
+        raise DatasetFormatError(f"{where}: 'id' must be 1..{MAX_ID_CHARS} characters, got {_shown(raw_id)}")
+    _check_text(source_id, where=where, what="'id'")
     messages = [_parse_turn(turn, where=f"{where}, {key}[{i}]") for i, turn in enumerate(turns)]
-    return Conversation(source_id=str(raw_id), line=line, messages=messages)
+    return Conversation(source_id=source_id, line=line, messages=messages)
 
 
 def _parse_turn(turn: object, *, where: str) -> dict:
@@ -64,9 +99,9 @@ def _parse_turn(turn: object, *, where: str) -> dict:
     role = turn.get("from", turn.get("role"))
     if role is None:
         raise DatasetFormatError(f"{where}: turn has no 'from' or 'role'")
-    if role not in ROLE_ALIASES:
+    if not isinstance(role, str) or role not in ROLE_ALIASES:
         raise DatasetFormatError(
-            f"{where}: unknown role {role!r}; expected one of {sorted(ROLE_ALIASES)}"
+            f"{where}: unknown role {_shown(role)}; expected one of {sorted(ROLE_ALIASES)}"
         )
     content = turn["value"] if "value" in turn else turn.get("content")
     if not isinstance(content, str):
@@ -74,12 +109,48 @@ def _parse_turn(turn: object, *, where: str) -> dict:
             f"{where}: content must be a string, got {type(content).__name__} "
             "(multimodal or tool-call turns are not supported)"
         )
+    _check_text(content, where=where, what="content")
     return {"role": ROLE_ALIASES[role], "content": content}
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _read_line(fh, *, path: Path, lineno: int) -> bytearray:
+    """The next line's bytes (b"" at the end), never holding more than MAX_LINE_BYTES + a chunk."""
+    buf = bytearray()
+    while True:
+        piece = fh.readline(READ_CHUNK_BYTES)
+        if not piece:
+            return buf
+        buf += piece
+        if len(buf) > MAX_LINE_BYTES:
+            raise DatasetFormatError(
+                f"{path}, line {lineno}: longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB, the limit for "
+                "one conversation; split or drop it"
+            )
+        if piece.endswith(b"\n"):
+            return buf
+
+
 def read_conversations(path: Path) -> Iterator[Conversation]:
-    """Yield each non-blank line's conversation; a bad line raises DatasetFormatError."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+    """Yield each non-blank line's conversation; a bad line raises DatasetFormatError.
+
+    Lines are read as bytes with a size limit, so a huge line costs at most about MAX_LINE_BYTES."""
+    with open(path, "rb") as fh:
+        lineno = 0
+        while True:
+            lineno += 1
+            blob = _read_line(fh, path=path, lineno=lineno)
+            if not blob:
+                return
+            try:
+                raw = blob.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetFormatError(
+                    f"{path}, line {lineno}: not UTF-8 text (byte {exc.start} of the line); save the file as UTF-8"
+                ) from None
+            del blob
             if raw.strip():
                 yield parse_row(raw, path=path, line=lineno)

@@ -16,6 +16,20 @@ class TargetConfigError(InputError):
     """The target directory has no usable config.json."""
 
 
+# Bounds on what a target's config.json may claim, checked before the target is registered: every
+# page and stage that walks the layers or sizes a tensor by these numbers relies on them.
+# The largest public decoder stacks have ~128 layers (Kimi-K2.5: 61), widths ~16-25k and
+# vocabularies ~260k; the bounds leave an order of magnitude of headroom and no more.
+MAX_NUM_LAYERS = 1024
+MAX_HIDDEN_SIZE = 65_536
+MAX_VOCAB_SIZE = 4_194_304
+MAX_ARCHITECTURES = 64  # entries in the `architectures` list
+MAX_ARCHITECTURE_CHARS = 200  # TargetModel.architecture's column
+MAX_MODEL_TYPE_CHARS = 100  # TargetModel.model_type's column
+
+INT_BOUNDS = {"num_hidden_layers": MAX_NUM_LAYERS, "hidden_size": MAX_HIDDEN_SIZE, "vocab_size": MAX_VOCAB_SIZE}
+
+
 @dataclass(frozen=True)
 class TargetConfig:
     architecture: str
@@ -29,23 +43,72 @@ class TargetConfig:
         return asdict(self)
 
 
+def _shown(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _bounded_int(value: object, *, path: Path, where: str, upper: int) -> int:
+    """An integer 1..upper; bools and floats (3e9, 32.0) are refused, as HF configs hold integers."""
+    if value is None:
+        raise TargetConfigError(f"{path}: {where} must be a positive integer (at most {upper}), but it is missing")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TargetConfigError(f"{path}: {where} must be a positive integer, got {_shown(value)} "
+                                f"(a {type(value).__name__}; at most {upper})")
+    if not 1 <= value <= upper:
+        raise TargetConfigError(f"{path}: {where} must be a positive integer no larger than {upper}, "
+                                f"got {_shown(value)}")
+    return value
+
+
+def _bounded_str(value: object, *, path: Path, where: str, limit: int) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise TargetConfigError(f"{path}: {where} must be a non-empty string, got {_shown(value)}")
+    if len(value) > limit or not value.isprintable():
+        raise TargetConfigError(f"{path}: {where} must be at most {limit} printable characters, got {_shown(value)}")
+    return value
+
+
+def _architectures(value: object, *, path: Path, where: str) -> list[str]:
+    if not isinstance(value, list) or not value or len(value) > MAX_ARCHITECTURES:
+        raise TargetConfigError(f"{path}: {where} must be a list of 1..{MAX_ARCHITECTURES} strings, got {_shown(value)}")
+    return [_bounded_str(v, path=path, where=f"{where}[{i}]", limit=MAX_ARCHITECTURE_CHARS) for i, v in enumerate(value)]
+
+
 def read_target_config(target_dir: Path) -> TargetConfig:
-    path = Path(target_dir) / "config.json"
-    raw = read_json_object(path, TargetConfigError)
+    return target_config_from(read_target_json(target_dir), path=Path(target_dir) / "config.json")
+
+
+def read_target_json(target_dir: Path) -> dict:
+    """The target's config.json as a JSON object, size and depth bounded."""
+    return read_json_object(Path(target_dir) / "config.json", TargetConfigError)
+
+
+def target_config_from(raw: dict, *, path: Path) -> TargetConfig:
+    """What pages and stages need from a config.json already read (`path` is for messages)."""
     text = raw.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise TargetConfigError(f"{path}: text_config must be an object when present, got {_shown(text)}")
     nested = isinstance(text, dict)
     cfg = text if nested else raw
-    values = {}
-    for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
-        value = cfg.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            where = "text_config." + key if nested else key
-            raise TargetConfigError(f"{path}: {where} must be a positive integer, got {value!r}")
-        values[key] = value
-    architectures = raw.get("architectures") or cfg.get("architectures") or ["unknown"]
+    prefix = "text_config." if nested else ""
+    values = {
+        key: _bounded_int(cfg.get(key), path=path, where=prefix + key, upper=upper)
+        for key, upper in INT_BOUNDS.items()
+    }
+    architectures = ["unknown"]
+    for source, where in ((raw, "architectures"), (cfg, prefix + "architectures")):
+        if source.get("architectures") not in (None, []):
+            architectures = _architectures(source["architectures"], path=path, where=where)
+            break
+    model_type = "unknown"
+    for source, where in ((cfg, prefix + "model_type"), (raw, "model_type")):
+        if source.get("model_type") not in (None, ""):
+            model_type = _bounded_str(source["model_type"], path=path, where=where, limit=MAX_MODEL_TYPE_CHARS)
+            break
     return TargetConfig(
-        architecture=str(architectures[0]),
-        model_type=str(cfg.get("model_type") or raw.get("model_type") or "unknown"),
+        architecture=architectures[0],
+        model_type=model_type,
         num_layers=values["num_hidden_layers"],
         hidden_size=values["hidden_size"],
         vocab_size=values["vocab_size"],
