@@ -93,9 +93,13 @@ def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRe
     return stage
 
 
-def _attempt_close(*, stage_name: str, record_id: int, outcome: str, log_tail: str, error: str = "") -> None:
-    StageAttempt.objects.filter(stage=stage_name, record_id=record_id, outcome=StageStatus.RUNNING).update(
-        outcome=outcome, finished_at=timezone.now(), log_tail=log_tail, error=error)
+def _attempt_close(*, stage_name: str, record_id: int, outcome: str, log_tail: str, error: str = "",
+                   started_at: datetime | None = None) -> None:
+    """End the attempt that began at `started_at` (any running one of the row when not given)."""
+    attempts = StageAttempt.objects.filter(stage=stage_name, record_id=record_id, outcome=StageStatus.RUNNING)
+    if started_at is not None:
+        attempts = attempts.filter(started_at=started_at)
+    attempts.update(outcome=outcome, finished_at=timezone.now(), log_tail=log_tail, error=error)
 
 
 def stage_progress(*, stage_name: str, record_id: int, done: int, total: int, log_tail: str,
@@ -140,7 +144,7 @@ def stages_reconcile() -> list[str]:
                     done.append(f"{kind.name} {pk} failed after {attempts} lost attempts")
                     continue
                 _attempt_close(stage_name=kind.name, record_id=pk, outcome=StageStatus.FAILED,
-                               log_tail=row.log_tail, error=f"{lost}; queued again")
+                               log_tail=row.log_tail, error=f"{lost}; queued again", started_at=row.started_at)
                 kind.model.objects.filter(pk=pk).update(
                     status=StageStatus.QUEUED, started_at=None, finished_at=None, lease_expires_at=None,
                     progress_done=0, progress_total=0, worker="")
@@ -164,7 +168,8 @@ def stage_succeed(*, stage_name: str, record_id: int, fields: dict, log_tail: st
     )
     if not updated:
         raise StageCancelled(f"{stage_name} {record_id} was cancelled before it could finish")
-    _attempt_close(stage_name=stage_name, record_id=record_id, outcome=StageStatus.SUCCEEDED, log_tail=log_tail)
+    _attempt_close(stage_name=stage_name, record_id=record_id, outcome=StageStatus.SUCCEEDED, log_tail=log_tail,
+                   started_at=started_at)
 
 
 @transaction.atomic
@@ -177,9 +182,10 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
         status__in=[StageStatus.RUNNING, StageStatus.QUEUED]).update(
         status=status, finished_at=now, error=error[-20000:], log_tail=log_tail, lease_expires_at=None
     )
+    _attempt_close(stage_name=stage_name, record_id=record_id, outcome=status, log_tail=log_tail, error=error[-20000:],
+                   started_at=started_at)
     if started_at is not None and not updated and not _stage_qs(stage_name, record_id, started_at).exists():
-        return  # this attempt was replaced after its lease lapsed: the row is the new attempt's
-    _attempt_close(stage_name=stage_name, record_id=record_id, outcome=status, log_tail=log_tail, error=error[-20000:])
+        return  # the row went on without this attempt (queued again, retried): later stages are not its to cancel
     run_id = _stage_qs(stage_name, record_id).values_list("run_id", flat=True).first()
     if run_id is None:
         return

@@ -43,6 +43,7 @@
       const error = detail.querySelector('[data-field="error"]');
       error.textContent = stage.error;
       error.hidden = !stage.error;
+      error.className = stage.status === "failed" ? "error" : "note";  // a cancel is the user's, not a fault
       detail.querySelector('[data-field="log"]').textContent = stage.log_tail;
     }
     const t = summary.tokens;

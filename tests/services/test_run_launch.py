@@ -258,3 +258,28 @@ def test_a_replaced_attempt_can_no_longer_write_to_the_stage(roots, user, django
     stage_fail(stage_name="prepare", record_id=prep, error="late", log_tail="", started_at=old)
     row = Preparation.objects.get(pk=prep)
     assert row.status == StageStatus.RUNNING and row.worker == "fresh" and row.error == ""
+
+
+def test_cancel_then_retry_at_once_is_not_undone_by_the_stopping_worker(roots, user, django_capture_on_commit_callbacks):
+    from runs.models import StageAttempt
+    from runs.stage_services import StageCancelled, stage_progress
+
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+        prep = rid(run, "prepare")
+        fence = stage_start(stage_name="prepare", record_id=prep, worker="w1").started_at
+        services.run_cancel(run=run, user=user)
+        services.run_retry(run=run, user=user)
+    # The first worker notices only now, at its next progress report, and stops.
+    with pytest.raises(StageCancelled):
+        stage_progress(stage_name="prepare", record_id=prep, done=1, total=9, log_tail="", started_at=fence)
+    stage_fail(stage_name="prepare", record_id=prep, error="stopped", log_tail="", cancelled=True, started_at=fence)
+    run = PipelineRun.objects.get(pk=run.pk)
+    assert run.preparation.status == StageStatus.QUEUED and run.evaluation.status == StageStatus.QUEUED
+    assert list(StageAttempt.objects.filter(record_id=prep, stage="prepare").values_list("outcome", flat=True)) == [
+        "cancelled"]
+    stage_start(stage_name="prepare", record_id=prep, worker="w2")
+    stage_succeed(stage_name="prepare", record_id=prep, fields={}, log_tail="",
+                  started_at=run.preparation.__class__.objects.get(pk=prep).started_at)
+    assert list(StageAttempt.objects.filter(record_id=prep, stage="prepare").order_by("number")
+                .values_list("outcome", flat=True)) == ["cancelled", "succeeded"]
