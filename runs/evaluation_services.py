@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -29,6 +29,9 @@ class EvaluationPlan:
     target_dir: Path
     prompt_source: str
     prompts: Callable[[], list[list[int]]]  # loaded on the worker, where torch lives
+    # The pipeline's stage also measures the run's other checkpoints on the same prompts, so that
+    # every checkpoint a run registers shows a measured tau.
+    also: list[tuple[int, Path]] = field(default_factory=list)
 
 
 def _target_dir(checkpoint: Checkpoint) -> Path:
@@ -44,6 +47,10 @@ def evaluation_plan(*, evaluation: Evaluation) -> EvaluationPlan:
     from workers.stages.evaluate import prompts_from_file, prompts_from_prepared, validation_rows
 
     checkpoint = evaluation.checkpoint
+    also = []
+    if evaluation.run_id is not None:
+        also = [(c.pk, Path(c.path)) for c in Checkpoint.objects.filter(training_run__run_id=evaluation.run_id,
+                                                                          is_best=False).order_by("epoch")]
     if checkpoint is None:
         run = evaluation.run
         checkpoint = Checkpoint.objects.filter(training_run__run=run, is_best=True).select_related(
@@ -65,7 +72,7 @@ def evaluation_plan(*, evaluation: Evaluation) -> EvaluationPlan:
     rows = validation_rows(Path(checkpoint.path).parent)
     source = f"validation conversations of {run} ({prepared})"
     return EvaluationPlan(checkpoint.pk, Path(checkpoint.path), target_dir, source,
-                          lambda: prompts_from_prepared(prepared, rows, limit=limit))
+                          lambda: prompts_from_prepared(prepared, rows, limit=limit), also)
 
 
 @transaction.atomic

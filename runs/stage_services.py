@@ -250,6 +250,12 @@ def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str
                   started_at=started_at)
 
 
+def checkpoint_evaluation_record(*, checkpoint_id: int, result: EvaluationResult) -> Evaluation:
+    """A measurement the pipeline's evaluate stage made of one of the run's other checkpoints."""
+    return Evaluation.objects.create(checkpoint_id=checkpoint_id, status=StageStatus.SUCCEEDED,
+                                     finished_at=timezone.now(), **_columns(Evaluation, result))
+
+
 STAGE_RECORDERS = {
     "prepare": preparation_record,
     "extract": extraction_record,

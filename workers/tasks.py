@@ -27,6 +27,7 @@ from runs.models import Evaluation, StageRecord
 from runs.stage_services import (
     STAGE_RECORDERS,
     StageCancelled,
+    checkpoint_evaluation_record,
     checkpoints_register,
     metrics_record,
     stage_fail,
@@ -180,16 +181,12 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
     from workers.stages.evaluate import evaluate
 
     plan = evaluation_plan(evaluation=record)
-    return evaluate(
-        target_dir=plan.target_dir,
-        checkpoint_dir=plan.checkpoint_dir,
-        prompts=plan.prompts(),
-        prompt_source=plan.prompt_source,
-        max_new_tokens=record.max_new_tokens,
-        num_speculative_tokens=record.num_speculative_tokens,
-        on_progress=reporter.progress,
-        should_stop=reporter.cancelled,
-    )
+    common = dict(target_dir=plan.target_dir, prompts=plan.prompts(), prompt_source=plan.prompt_source,
+                  max_new_tokens=record.max_new_tokens, num_speculative_tokens=record.num_speculative_tokens,
+                  should_stop=reporter.cancelled)
+    for checkpoint_id, path in plan.also:
+        checkpoint_evaluation_record(checkpoint_id=checkpoint_id, result=evaluate(checkpoint_dir=path, **common))
+    return evaluate(checkpoint_dir=plan.checkpoint_dir, on_progress=reporter.progress, **common)
 
 
 # Each runs one stage for its row and returns the stage's result dataclass.

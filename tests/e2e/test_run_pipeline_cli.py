@@ -141,6 +141,8 @@ def test_the_run_measures_acceptance_of_its_best_checkpoint_with_greedy_equal_ou
     assert acceptance["tau"] == pytest.approx(1 + sum(acceptance["acceptance_per_position"]))
     assert best["tau"] == acceptance["tau"] and best["simulated_tau"] == acceptance["simulated_tau"] > 1.0
     assert acceptance["prompt_source"].startswith("validation conversations of")
+    # The run's other checkpoint is measured too, on the same prompts.
+    assert all(c["tau"] is not None and 1.0 <= c["tau"] <= k + 1 for c in summary["checkpoints"])
 
 
 def test_the_train_stage_says_every_supervised_token_was_trained(inline_run):
