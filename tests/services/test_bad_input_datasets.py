@@ -52,7 +52,7 @@ def test_a_17_mb_line_is_refused_with_bounded_memory(tmp_path):
         (json.dumps({"messages": [{"role": "user", "content": {"type": "image"}}]}), "content must be a string"),
         ('{"messages": [], "score": NaN}', "NaN is not a JSON number"),
         ('{"id": ' + "9" * 5000 + ', "messages": []}', "not usable JSON"),
-        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ("[" * 100_000 + "]" * 100_000, "nested deeper than 64 levels"),
     ],
     ids=["10001-turns", "role-list", "role-dict", "id-300-chars", "id-nul", "content-nul", "content-surrogate",
          "content-object", "nan", "5000-digit-id", "depth-100000"],

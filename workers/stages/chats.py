@@ -5,12 +5,12 @@ what it yields.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from workers.stages.errors import InputError
+from workers.stages.jsonfile import parse_json
 
 ROLE_ALIASES = {
     "human": "user",
@@ -60,14 +60,7 @@ class Conversation:
 def parse_row(raw: str, *, path: Path, line: int) -> Conversation:
     """One JSONL line -> Conversation with roles normalised to system/user/assistant."""
     where = f"{path}, line {line}"
-    try:
-        row = json.loads(raw, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        raise DatasetFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    except RecursionError:
-        raise DatasetFormatError(f"{where}: not usable JSON (nested too deeply)") from None
-    except ValueError as exc:  # NaN/Infinity, integers too long to convert
-        raise DatasetFormatError(f"{where}: not usable JSON ({exc})") from None
+    row = parse_json(raw, where=where, error=DatasetFormatError)
     if not isinstance(row, dict):
         raise DatasetFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
     if "conversations" in row:
@@ -111,10 +104,6 @@ def _parse_turn(turn: object, *, where: str) -> dict:
         )
     _check_text(content, where=where, what="content")
     return {"role": ROLE_ALIASES[role], "content": content}
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def _read_line(fh, *, path: Path, lineno: int) -> bytearray:

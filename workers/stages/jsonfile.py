@@ -67,16 +67,21 @@ def read_json_value(path: Path, error: type[Exception] = ValueError, *, max_byte
         text = blob.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON") from None
-    try:
-        data = json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        raise error(f"{path}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise error(f"{path}: nested deeper than {max_depth} levels") from None
-    except ValueError as exc:  # NaN/Infinity, integers too long to convert
-        raise error(f"{path}: not usable JSON ({exc})") from None
+    data = parse_json(text, where=str(path), error=error, max_depth=max_depth)
     check_json_value(data, where=str(path), error=error, max_depth=max_depth)
     return data
+
+
+def parse_json(text: str, *, where: str, error: type[Exception], max_depth: int = MAX_JSON_DEPTH) -> object:
+    """json.loads, with every way a user's text can fail turned into `error` naming `where`."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise error(f"{where}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise error(f"{where}: nested deeper than {max_depth} levels") from None
+    except ValueError as exc:  # NaN/Infinity, integers too long to convert
+        raise error(f"{where}: not usable JSON ({exc})") from None
 
 
 def read_json_object(path: Path, error: type[Exception] = ValueError, *, max_bytes: int = MAX_JSON_BYTES) -> dict:
