@@ -9,6 +9,7 @@ from runs.models import (
     Extraction,
     Manifest,
     MetricPoint,
+    PendingEnqueue,
     PipelineRun,
     Preparation,
     Review,
@@ -103,6 +104,12 @@ class VocabMappingAdmin(StageAdmin):
 class TrainingRunAdmin(StageAdmin):
     list_display = ("id", "run", *STAGE_FIELDS[:3], "epochs", "lr", "ttt_steps", "steps", "best_epoch",
                     "loss_tokens_trained", "loss_tokens_available")
+
+
+@admin.register(PendingEnqueue)
+class PendingEnqueueAdmin(admin.ModelAdmin):
+    list_display = ("id", "kind", "object_id", "created_at", "attempts", "last_error")
+    list_filter = ("kind",)
 
 
 @admin.register(StageAttempt)

@@ -108,6 +108,5 @@ def evaluation_request(
         checkpoint=checkpoint, requested_by=user, prompts_path=prompts, max_new_tokens=max_new_tokens,
         max_prompts=max_prompts, num_speculative_tokens=num_speculative_tokens)
     if enqueue:
-        evaluation_id = evaluation.pk
-        transaction.on_commit(lambda: evaluation_enqueue(evaluation_id=evaluation_id))
+        evaluation_enqueue(evaluation_id=evaluation.pk)
     return evaluation

@@ -163,6 +163,24 @@ class StageRecord(models.Model):
         return min(1.0, self.progress_done / self.progress_total)
 
 
+class PendingEnqueue(models.Model):
+    """Work written to the database but not yet handed to the broker (an outbox): created in the
+    same transaction as the run, deleted once the broker took the message, retried while it is down."""
+
+    class Kind(models.TextChoices):
+        PIPELINE = "pipeline"
+        EVALUATION = "evaluation"
+
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    object_id = models.PositiveIntegerField(help_text="the run's or the evaluation's id")
+    created_at = models.DateTimeField(auto_now_add=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+
 class StageAttempt(models.Model):
     """One execution of a stage's row: where and when it ran, how it ended, its log. The stage's row
     holds the latest state; a retry adds an attempt and keeps the earlier ones."""

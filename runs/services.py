@@ -106,8 +106,7 @@ def run_launch(
     Evaluation.objects.create(run=run, requested_by=user, max_prompts=config.eval_prompts,
                               max_new_tokens=config.eval_max_new_tokens)
     if enqueue:
-        run_id = run.pk
-        transaction.on_commit(lambda: pipeline_enqueue(run_id=run_id))
+        pipeline_enqueue(run_id=run.pk)
     return run
 
 
@@ -134,6 +133,5 @@ def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
             status=StageStatus.QUEUED, error="", started_at=None, finished_at=None, progress_done=0, progress_total=0
         )
     if reset:
-        run_id = run.pk
-        transaction.on_commit(lambda: pipeline_enqueue(run_id=run_id))
+        pipeline_enqueue(run_id=run.pk)
     return reset

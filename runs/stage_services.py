@@ -150,10 +150,9 @@ def stages_reconcile() -> list[str]:
                     progress_done=0, progress_total=0, worker="")
                 if row.run_id is not None:
                     # Stages after it were left queued by the lost chain; one new chain runs them all.
-                    run_id = row.run_id
-                    transaction.on_commit(lambda: pipeline_enqueue(run_id=run_id))
+                    pipeline_enqueue(run_id=row.run_id)
                 else:
-                    transaction.on_commit(lambda: evaluation_enqueue(evaluation_id=pk))
+                    evaluation_enqueue(evaluation_id=pk)
                 done.append(f"{kind.name} {pk} queued again (attempt {attempts + 1} of {MAX_ATTEMPTS})")
     for line in done:
         logger.warning("reconciled: %s", line)

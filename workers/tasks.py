@@ -38,6 +38,7 @@ from runs.stage_services import (
     stages_reconcile,
 )
 from runs.pipeline import STAGES, STAGES_BY_NAME
+from runs.queue import outbox_flush
 from workers.stages.errors import StopRequested
 
 logger = logging.getLogger(__name__)
@@ -271,6 +272,7 @@ class Reconciler(threading.Thread):
             try:
                 close_old_connections()
                 stages_reconcile()
+                outbox_flush()  # what a broker outage kept from the queue
             except Exception:  # noqa: BLE001 - a database or broker away for a while: try again later
                 logger.warning("reconciling stages failed; trying again in %.0f s", period, exc_info=True)
             time.sleep(period)

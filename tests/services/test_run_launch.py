@@ -283,3 +283,26 @@ def test_cancel_then_retry_at_once_is_not_undone_by_the_stopping_worker(roots, u
                   started_at=run.preparation.__class__.objects.get(pk=prep).started_at)
     assert list(StageAttempt.objects.filter(record_id=prep, stage="prepare").order_by("number")
                 .values_list("outcome", flat=True)) == ["cancelled", "succeeded"]
+
+
+def test_a_launch_while_the_broker_is_down_mocked_is_kept_in_the_outbox_and_sent_later(
+        roots, user, django_capture_on_commit_callbacks, monkeypatch):
+    from datetime import timedelta
+
+    from runs import queue
+    from runs.models import PendingEnqueue
+
+    sent = []
+
+    def broker_down(kind, object_id):
+        raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(queue, "_send", broker_down)
+    with django_capture_on_commit_callbacks(execute=True):
+        run = launch(roots, user)  # no exception reaches the user
+    row = PendingEnqueue.objects.get(kind="pipeline", object_id=run.pk)
+    assert row.attempts == 1 and "Connection refused" in row.last_error
+    monkeypatch.setattr(queue, "_send", lambda kind, object_id: sent.append((kind, object_id)))
+    PendingEnqueue.objects.filter(pk=row.pk).update(created_at=row.created_at - timedelta(seconds=10))
+    assert queue.outbox_flush() == 1
+    assert sent == [("pipeline", run.pk)] and not PendingEnqueue.objects.exists()

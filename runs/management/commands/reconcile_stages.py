@@ -5,6 +5,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
+from runs.queue import outbox_flush
 from runs.stage_services import stages_reconcile
 
 
@@ -17,4 +18,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, as_json: bool, **opts):
         done = stages_reconcile()
+        sent = outbox_flush()
+        if sent:
+            done.append(f"{sent} message(s) kept back by a broker outage handed to the broker")
         self.stdout.write(json.dumps({"reconciled": done}) if as_json else ("\n".join(done) or "nothing to reconcile"))
