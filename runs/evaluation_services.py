@@ -24,7 +24,6 @@ class EvaluationRequestError(InputError):
 
 @dataclass(frozen=True)
 class EvaluationPlan:
-    checkpoint_id: int
     checkpoint_dir: Path
     target_dir: Path
     prompt_source: str
@@ -62,7 +61,7 @@ def evaluation_plan(*, evaluation: Evaluation) -> EvaluationPlan:
     limit = evaluation.max_prompts
     if evaluation.prompts_path:
         path = Path(evaluation.prompts_path)
-        return EvaluationPlan(checkpoint.pk, Path(checkpoint.path), target_dir, str(path),
+        return EvaluationPlan(Path(checkpoint.path), target_dir, str(path),
                               lambda: prompts_from_file(path, target_dir, limit=limit))
     if checkpoint.training_run_id is None:
         raise EvaluationRequestError(
@@ -71,7 +70,7 @@ def evaluation_plan(*, evaluation: Evaluation) -> EvaluationPlan:
     prepared = Path(run.preparation.out_dir)
     rows = validation_rows(Path(checkpoint.path).parent)
     source = f"validation conversations of {run} ({prepared})"
-    return EvaluationPlan(checkpoint.pk, Path(checkpoint.path), target_dir, source,
+    return EvaluationPlan(Path(checkpoint.path), target_dir, source,
                           lambda: prompts_from_prepared(prepared, rows, limit=limit), also)
 
 
