@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Sequence
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Model
+from django.db.models import Model, OuterRef, Subquery
 
 from runs.models import Checkpoint, Extraction, PipelineRun, Review
 from runs.roles import require
@@ -33,6 +34,18 @@ def review_add(*, user: AbstractBaseUser, subject: Model, decision: str, text: s
     return Review.objects.create(author=user, decision=decision, text=text, **{field: subject})
 
 
+def review_states(*, subjects: Sequence[Model]) -> dict[int, Review]:
+    """Each subject's latest approval or change request, by the subject's id, in one query whatever
+    the number of subjects: a list page asks once for all its rows, never once per row."""
+    if not subjects:
+        return {}
+    field = next(name for name, model in SUBJECTS.items() if isinstance(subjects[0], model))
+    decisions = Review.objects.exclude(decision=Review.Decision.COMMENT)
+    latest = decisions.filter(**{field: OuterRef(field)}).order_by("-created_at", "-id").values("id")[:1]
+    rows = decisions.filter(**{f"{field}__in": [s.pk for s in subjects]}, id=Subquery(latest))
+    return {getattr(r, f"{field}_id"): r for r in rows.select_related("author")}
+
+
 def review_state(subject: Model) -> Review | None:
-    """The latest approval or change request: what the lists show."""
-    return subject.reviews.exclude(decision=Review.Decision.COMMENT).select_related("author").order_by("-created_at", "-id").first()
+    """The latest approval or change request of one subject."""
+    return review_states(subjects=[subject]).get(subject.pk)

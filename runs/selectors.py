@@ -1,7 +1,7 @@
 """Reads for pages, the API and the CLI."""
 from __future__ import annotations
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 
 from runs.models import (
     Checkpoint,
@@ -9,9 +9,11 @@ from runs.models import (
     Extraction,
     MetricPoint,
     PipelineRun,
+    Review,
     StageAttempt,
     StageRecord,
     StageStatus,
+    Verification,
 )
 from runs.pipeline import STAGES
 
@@ -20,6 +22,12 @@ def run_list() -> QuerySet[PipelineRun]:
     return PipelineRun.objects.select_related(
         "owner", "target", "dataset", "preparation", "extraction", "vocab_mapping", "training_run", "evaluation"
     )
+
+
+def with_reviews(queryset: QuerySet) -> QuerySet:
+    """Subjects with their reviews and each review's author: the review section of a page in one query,
+    not one per review."""
+    return queryset.prefetch_related(Prefetch("reviews", queryset=Review.objects.select_related("author")))
 
 
 def checkpoints_with_tau(queryset: QuerySet[Checkpoint]) -> QuerySet[Checkpoint]:
@@ -229,6 +237,13 @@ def target_layers(*, target, layer_ids: list[int]) -> list[dict]:
 
 def extraction_list() -> QuerySet[Extraction]:
     return Extraction.objects.select_related("target", "run", "manifest").order_by("-id")
+
+
+def extraction_list_verified() -> QuerySet[Extraction]:
+    """extraction_list() with `verified`: the latest verification's verdict (None when never verified),
+    read in the list's own query rather than one query per row."""
+    latest = Verification.objects.filter(extraction=OuterRef("pk")).order_by("-created_at", "-id")
+    return extraction_list().annotate(verified=Subquery(latest.values("passed")[:1]))
 
 
 def extraction_summary(extraction: Extraction) -> dict:

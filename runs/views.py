@@ -21,7 +21,8 @@ from workers.stages.errors import InputError
 
 def run_list(request: HttpRequest) -> HttpResponse:
     runs = list(selectors.run_list()[:200])
-    rows = [(run, selectors.run_status(run), reviews.review_state(run)) for run in runs]
+    states = reviews.review_states(subjects=runs)
+    rows = [(run, selectors.run_status(run), states.get(run.pk)) for run in runs]
     return render(request, "runs/run_list.html", {"rows": rows})
 
 
@@ -58,7 +59,7 @@ def run_launch(request: HttpRequest) -> HttpResponse:
 
 
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    run = get_object_or_404(selectors.run_list(), pk=pk)
+    run = get_object_or_404(selectors.with_reviews(selectors.run_list()), pk=pk)
     summary = selectors.run_summary(run)
     target = run.target
     layers = selectors.target_layers(target=target, layer_ids=run.extraction.layer_ids)
@@ -106,7 +107,7 @@ def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    extraction = get_object_or_404(selectors.extraction_list(), pk=pk)
+    extraction = get_object_or_404(selectors.with_reviews(selectors.extraction_list()), pk=pk)
     manifest = getattr(extraction, "manifest", None)
     layers = selectors.target_layers(target=extraction.target, layer_ids=extraction.layer_ids)
     return render(
@@ -124,7 +125,9 @@ def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def extraction_list(request: HttpRequest) -> HttpResponse:
-    rows = [(e, reviews.review_state(e)) for e in selectors.extraction_list()[:200]]
+    extractions = list(selectors.extraction_list_verified()[:200])
+    states = reviews.review_states(subjects=extractions)
+    rows = [(e, states.get(e.pk)) for e in extractions]
     return render(request, "runs/extraction_list.html", {"rows": rows})
 
 
@@ -205,7 +208,7 @@ def extraction_override(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    checkpoint = get_object_or_404(Checkpoint.objects.select_related("training_run__run"), pk=pk)
+    checkpoint = get_object_or_404(selectors.with_reviews(Checkpoint.objects.select_related("training_run__run")), pk=pk)
     config_path = Path(checkpoint.path) / "config.json"
     config = config_path.read_text() if config_path.exists() else None
     evaluations = list(checkpoint.evaluations.select_related("requested_by")[:20])

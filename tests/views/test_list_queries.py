@@ -1,0 +1,101 @@
+"""The list pages and the run page ask the database a fixed number of questions, whatever the number
+of rows: 3 runs and 30 runs cost the same queries (issue 8, "no query per row")."""
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from runs import services
+from runs.models import Checkpoint, Evaluation, Review, StageStatus, Verification
+from runs.reviews import review_add, review_state, review_states
+from runs.run_config import RunConfig
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def roots(tmp_path, settings):
+    data = tmp_path / "data"
+    data.mkdir()
+    settings.EAGLE3WEB_DATA_ROOTS = [data.resolve()]
+    settings.EAGLE3WEB_RUNS_DIR = data.resolve() / "runs"
+    (data / "target").mkdir()
+    (data / "target" / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
+        "hidden_size": 64, "vocab_size": 5000}))
+    (data / "chats.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+    return data
+
+
+@pytest.fixture
+def reviewer():
+    account = get_user_model().objects.create_user("rita", password="pw-rita-1")
+    account.groups.add(Group.objects.get_or_create(name="reviewer")[0])
+    return account
+
+
+def add_runs(count, *, roots, user, reviewer):
+    """Runs as a team leaves them: reviewed (a comment, then a decision), extraction verified, one checkpoint."""
+    for i in range(count):
+        run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                                  config=RunConfig(), enqueue=False)
+        review_add(user=user, subject=run, decision="comment", text=f"looks fine {i}")
+        review_add(user=reviewer, subject=run, decision=("approve", "request_changes")[i % 2], text=f"verdict {i}")
+        review_add(user=reviewer, subject=run.extraction, decision="approve", text="shapes match")
+        Verification.objects.create(extraction=run.extraction, passed=i % 3 != 0, layout="flat_v1", seconds=0.1)
+        Checkpoint.objects.create(training_run=run.training_run, epoch=0, path=f"{run.output_dir}/checkpoints/0")
+
+
+def count_queries(client, url) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(url)
+    assert response.status_code == 200, response.content[:500]
+    return len(ctx)
+
+
+@pytest.mark.parametrize("url", ["/", "/extractions/"])
+def test_a_list_page_costs_the_same_queries_for_3_rows_and_30(client, user, reviewer, roots, url,
+                                                            django_assert_max_num_queries):
+    client.force_login(user)
+    add_runs(3, roots=roots, user=user, reviewer=reviewer)
+    few = count_queries(client, url)
+    add_runs(27, roots=roots, user=user, reviewer=reviewer)
+    with django_assert_max_num_queries(few):
+        page = client.get(url).content.decode()
+    # All 30 rows are on the page, each with its own decision.
+    assert page.count("by rita") == 30
+    changes = Review.objects.filter(decision="request_changes").count() if url == "/" else 0
+    assert changes and page.count(">request changes<") == changes if url == "/" else changes == 0
+
+
+def test_the_run_page_and_its_status_cost_the_same_queries_for_1_checkpoint_and_10(
+        client, user, reviewer, roots, django_assert_max_num_queries):
+    client.force_login(user)
+    add_runs(1, roots=roots, user=user, reviewer=reviewer)
+    run = user.pipeline_runs.get()
+    urls = [run.get_absolute_url(), f"/api/runs/{run.pk}/", f"/api/runs/{run.pk}/metrics/"]
+    few = {url: count_queries(client, url) for url in urls}
+    for epoch in range(1, 10):
+        checkpoint = Checkpoint.objects.create(training_run=run.training_run, epoch=epoch, path=f"/x/{epoch}")
+        Evaluation.objects.create(checkpoint=checkpoint, status=StageStatus.SUCCEEDED, tau=1.5 + epoch / 10)
+        review_add(user=reviewer, subject=run, decision="comment", text=f"epoch {epoch} looks better")
+    for url in urls:
+        with django_assert_max_num_queries(few[url]):
+            assert client.get(url).status_code == 200
+    assert client.get(run.get_absolute_url()).content.decode().count('class="review comment"') == 10
+
+
+def test_review_states_is_the_latest_decision_of_each_subject_and_ignores_comments(user, reviewer, roots):
+    add_runs(2, roots=roots, user=user, reviewer=reviewer)
+    first, second = user.pipeline_runs.order_by("id")
+    review_add(user=reviewer, subject=first, decision="request_changes", text="newer verdict")
+    review_add(user=user, subject=first, decision="comment", text="a comment after it")
+    states = review_states(subjects=[first, second])
+    assert (states[first.pk].text, states[second.pk].text) == ("newer verdict", "verdict 1")
+    assert review_state(first) == states[first.pk]
+    assert review_states(subjects=[]) == {}
+    assert Review.objects.filter(run=first).count() == 4
