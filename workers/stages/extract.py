@@ -27,12 +27,12 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -40,6 +40,14 @@ import torch  # noqa: E402
 
 from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
 from workers.stages.dtypes import floor_bytes_per_token  # noqa: E402
+from workers.stages.extract_files import HiddenBatch, _check_batch, _write_batch, _writer  # noqa: E402,F401
+from workers.stages.extract_resume import (  # noqa: E402
+    ReusedSamples,
+    extraction_fingerprint,
+    open_for_resume,
+    reusable_samples,
+    write_json_atomic,
+)
 from workers.stages.progress import ProgressFn  # noqa: E402
 from workers.stages.target import read_target_config, validate_layer_ids  # noqa: E402
 
@@ -79,6 +87,11 @@ class ExtractionResult:
     bytes_per_token: float
     floor_bytes_per_token: int
     device: str  # where the forwards ran, e.g. "cpu" or "cuda:0 (NVIDIA H200)"
+    # A resumed attempt keeps the samples an earlier one wrote whole: num_samples and total_tokens
+    # count every sample; the timings and tokens_per_second only what this attempt extracted.
+    num_samples_reused: int = 0
+    num_samples_extracted: int = 0
+    tokens_extracted: int = 0
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -203,16 +216,9 @@ def open_prepared(prepared_dir: Path) -> tuple[Dataset, list[int]]:
     return data, lengths.tolist()
 
 
-class HiddenBatch(NamedTuple):
-    indices: list[int]  # dataset row indices, which are also the file indices
-    rows: list[list[int]]  # their input_ids, unpadded
-    hidden: torch.Tensor  # [B, T, L, H] STORE_DTYPE on the CPU, T the longest row's length
-    forward_seconds: float  # forward plus the copy to the CPU, which waits for the device
-
-
 def iter_hidden_states(model, data, lengths: list[int], batch_tokens: int, layer_ids: list[int],
-                       device: torch.device) -> Iterator[HiddenBatch]:
-    """The captured layers for every row, batch by batch in plan_forward_batches' order.
+                       device: torch.device, only: list[int] | None = None) -> Iterator[HiddenBatch]:
+    """The captured layers for every row (or the rows in `only`), batch by batch in plan_forward_batches' order.
 
     extract()'s forwards without its checks, files or progress: the benchmark's bare loop drives
     this same generator, so the two differ only by the stage's own work.
@@ -221,8 +227,10 @@ def iter_hidden_states(model, data, lengths: list[int], batch_tokens: int, layer
     pad_id = model.config.pad_token_id if isinstance(model.config.pad_token_id, int) else 0
     input_ids = data.data.table.column("input_ids")
     capture = LayerCapture(model, layer_ids)
+    todo = list(range(len(lengths))) if only is None else only
     try:
-        for batch in plan_forward_batches(lengths, batch_tokens):
+        for planned in plan_forward_batches([lengths[i] for i in todo], batch_tokens):
+            batch = [todo[j] for j in planned]
             # One arrow gather per batch: data[i] per row would build a dict of every column.
             rows = input_ids.take(batch).to_pylist()
             ids, mask = _pad(rows, pad_id, device)
@@ -244,65 +252,6 @@ def _prepared_max_seq_len(prepared_dir: Path, lengths: list[int]) -> int:
         return max(lengths)
 
 
-def _check_batch(batch: HiddenBatch) -> None:
-    """speculators' check_hidden_states for every row of the batch, run row by row only when the
-    batch as a whole (padding included) is not all finite: the rows' token ids and shapes hold by
-    construction, and one pass over the batch costs far less than a list and two passes per row."""
-    lo, hi = torch.aminmax(batch.hidden)  # NaN propagates; several times faster than isfinite().all()
-    if bool(torch.isfinite(torch.stack((lo, hi))).all()):
-        return
-    from speculators.data_generation.offline import check_hidden_states
-
-    for b, (i, row) in enumerate(zip(batch.indices, batch.rows)):
-        payload = {"token_ids": torch.tensor(row, dtype=torch.long), "hidden_states": batch.hidden[b, : len(row)]}
-        try:
-            check_hidden_states(payload, row)
-        except ValueError as exc:
-            raise ValueError(f"hs_{i}.safetensors: {exc}") from None
-
-
-class _InlineWriter:
-    """The executor interface, writing at once in the caller's thread."""
-
-    def submit(self, fn, *args) -> Future:
-        future = Future()
-        future.set_result(fn(*args))
-        return future
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
-def _writer(device: torch.device):
-    """Where files are written. On the CPU the forward already keeps every core busy and a writer
-    thread only slows it down (demo target on 2 cores: forwards 0.65 s -> 0.95 s, more than the
-    writes it hid); an accelerator idles while the host writes, so there one thread overlaps them."""
-    if device.type == "cpu":
-        return _InlineWriter()
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-writer")
-
-
-def _write_batch(hs_dir: Path, batch: HiddenBatch) -> int:
-    """Bytes written: one hs_{i}.safetensors per row, each complete or absent (temp file + rename)."""
-    from safetensors.torch import save_file
-
-    written = 0
-    for b, (i, row) in enumerate(zip(batch.indices, batch.rows)):
-        path = hs_dir / f"hs_{i}.safetensors"
-        tmp = path.with_name(path.name + ".tmp")
-        payload = {
-            "token_ids": torch.tensor(row, dtype=torch.long),
-            "hidden_states": batch.hidden[b, : len(row)].contiguous(),  # a view already: no copy
-        }
-        save_file(payload, str(tmp))
-        os.replace(tmp, path)
-        written += path.stat().st_size
-    return written
-
-
 def extract(
     *,
     target_dir: Path,
@@ -313,68 +262,88 @@ def extract(
     batch_tokens: int | None = None,
     on_progress: ProgressFn | None = None,
 ) -> ExtractionResult:
-    """Run the target over every prepared row and write hidden states plus data_config.json."""
+    """Run the target over every prepared row and write hidden states plus data_config.json.
+
+    out_dir must be absent, empty, or an earlier attempt of this same extraction (see
+    workers.stages.extract_resume): then the samples it wrote whole are kept, not extracted again."""
     import pyarrow.compute as pc
 
     started = time.perf_counter()
     target_dir, prepared_dir, out_dir = Path(target_dir), Path(prepared_dir), Path(out_dir)
     target = read_target_config(target_dir)
     layer_ids = validate_layer_ids(list(layer_ids), target.num_layers)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise FileExistsError(f"{out_dir}: output directory is not empty; choose a new one")
     data, lengths = open_prepared(prepared_dir)
     num_rows = len(lengths)
-    max_id = pc.max(pc.list_flatten(data.data.table.column("input_ids"))).as_py()
+    input_ids = data.data.table.column("input_ids")
+    max_id = pc.max(pc.list_flatten(input_ids)).as_py()
     if max_id is not None and max_id >= target.vocab_size:
         raise ValueError(
             f"{prepared_dir}: token id {max_id} is outside the target's vocabulary "
             f"({target.vocab_size}); was it prepared with another tokenizer?"
         )
-
-    dev = resolve_device(device)
-    t0 = time.perf_counter()
-    model = load_target(target_dir, dev)
-    model_load_seconds = time.perf_counter() - t0
-    _, layers, _ = decoder_parts(model)
-    if len(layers) != target.num_layers:
-        raise ValueError(f"{target_dir}: config says {target.num_layers} layers, model has {len(layers)}")
-
+    store_dtype = str(STORE_DTYPE).removeprefix("torch.")
+    fingerprint = extraction_fingerprint(target_dir=target_dir, prepared_dir=prepared_dir, layer_ids=layer_ids,
+                                         dtype=store_dtype, num_rows=num_rows)
+    resumable = open_for_resume(out_dir=out_dir, fingerprint=fingerprint, hs_dirname=HIDDEN_STATES_DIRNAME,
+                                manifest_name=MANIFEST_NAME)
     hs_dir = out_dir / HIDDEN_STATES_DIRNAME
     hs_dir.mkdir(parents=True, exist_ok=True)
-    forward_seconds, bytes_on_disk, total_tokens, done = 0.0, 0, 0, 0
+    reused = (reusable_samples(hs_dir=hs_dir, input_ids=input_ids, num_layers=len(layer_ids),
+                               hidden_size=target.hidden_size)
+              if resumable else ReusedSamples(indices=[], tokens=0, nbytes=0, redone=0))
+    kept = set(reused.indices)
+    todo = [i for i in range(num_rows) if i not in kept]
+    if resumable:
+        log.info("resuming %s: %d of %d samples already written whole are kept, %d incomplete redone",
+                 out_dir, len(kept), num_rows, reused.redone)
+
+    dev = resolve_device(device)
+    forward_seconds, model_load_seconds = 0.0, 0.0
+    bytes_on_disk, extracted_tokens, done = reused.nbytes, 0, len(kept)
     step = max(1, num_rows // 100)
+    if on_progress is not None and done:
+        on_progress(done, num_rows)
 
     def settle(batch: HiddenBatch, write: Future) -> None:
-        nonlocal bytes_on_disk, total_tokens, done
+        nonlocal bytes_on_disk, extracted_tokens, done
         bytes_on_disk += write.result()
-        total_tokens += sum(len(row) for row in batch.rows)
+        extracted_tokens += sum(len(row) for row in batch.rows)
         prev, done = done, done + len(batch.indices)
         if on_progress is not None and (done // step != prev // step or done == num_rows):
             on_progress(done, num_rows)
 
-    budget = batch_token_budget(dev, batch_tokens)
-    # closing(): a failed write must still take the hooks off the model. Batch k is written after
-    # batch k+1 has been computed, so that a background writer overlaps the two.
-    with (
-        closing(iter_hidden_states(model, data, lengths, budget, layer_ids, dev)) as batches,
-        _writer(dev) as writer,
-    ):
-        pending: tuple[HiddenBatch, Future] | None = None
-        for batch in batches:
-            forward_seconds += batch.forward_seconds
-            _check_batch(batch)
-            if pending is not None:
-                settle(*pending)
-            pending = (batch, writer.submit(_write_batch, hs_dir, batch))
-        settle(*pending)
-    del model, layers, batch, pending
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    if todo:  # a resumed extraction with nothing left to do never loads the model
+        t0 = time.perf_counter()
+        model = load_target(target_dir, dev)
+        model_load_seconds = time.perf_counter() - t0
+        _, layers, _ = decoder_parts(model)
+        if len(layers) != target.num_layers:
+            raise ValueError(f"{target_dir}: config says {target.num_layers} layers, model has {len(layers)}")
+        budget = batch_token_budget(dev, batch_tokens)
+        # closing(): a failed write must still take the hooks off the model. Batch k is written after
+        # batch k+1 has been computed, so that a background writer overlaps the two.
+        with (
+            closing(iter_hidden_states(model, data, lengths, budget, layer_ids, dev, only=todo)) as batches,
+            _writer(dev) as writer,
+        ):
+            pending: tuple[HiddenBatch, Future] | None = None
+            for batch in batches:
+                forward_seconds += batch.forward_seconds
+                _check_batch(batch)
+                if pending is not None:
+                    settle(*pending)
+                pending = (batch, writer.submit(_write_batch, hs_dir, batch))
+            settle(*pending)
+        del model, layers, batch, pending
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
 
     num_layers_captured, hidden_size = len(layer_ids), target.hidden_size
-    floor = floor_bytes_per_token(num_layers_captured, hidden_size, str(STORE_DTYPE).removeprefix("torch."))
+    floor = floor_bytes_per_token(num_layers_captured, hidden_size, store_dtype)
+    total_tokens = reused.tokens + extracted_tokens
     total_time = time.perf_counter() - started
-    tps = total_tokens / forward_seconds if forward_seconds > 0 else 0.0
+    # This attempt's speed: tokens it ran through the target over its own forward time.
+    tps = extracted_tokens / forward_seconds if forward_seconds > 0 else 0.0
     manifest = {
         "model_path": str(target_dir),
         "layer_ids": layer_ids,
@@ -386,7 +355,7 @@ def extract(
         "data_format_version": 1,
         "hidden_size": hidden_size,
         "num_layers_captured": num_layers_captured,
-        "dtype": "bfloat16",
+        "dtype": store_dtype,
         "layer_id_convention": "hf_hidden_states_index",
         "last_layer": "pre_final_norm",
         "file_pattern": FILE_PATTERN,
@@ -394,19 +363,21 @@ def extract(
         "model_load_seconds": round(model_load_seconds, 3),
         "forward_seconds": round(forward_seconds, 3),
         "tokens_per_second": round(tps, 1),
+        "samples_reused": len(kept),  # kept from an earlier attempt; the timings above are this attempt's
+        "tokens_extracted": extracted_tokens,
         "device": device_label(dev),
         "bytes_on_disk": bytes_on_disk,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     manifest_path = out_dir / MANIFEST_NAME
-    # Written last: a manifest on disk means every file it counts is complete.
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    # Written last, whole (temp + rename): a manifest on disk means every file it counts is complete.
+    write_json_atomic(manifest_path, manifest)
     bytes_per_token = bytes_on_disk / total_tokens
     if bytes_per_token > floor * 1.10:
         log.warning("%.0f bytes per token on disk, floor %d: many tiny rows?", bytes_per_token, floor)
     log.info(
-        "extracted %d rows, %d tokens, layers %s in %.1f s (%.0f tok/s on %s)",
-        num_rows, total_tokens, layer_ids, total_time, tps, manifest["device"],
+        "extracted %d rows (%d kept from an earlier attempt), %d tokens, layers %s in %.1f s (%.0f tok/s on %s)",
+        num_rows - len(kept), len(kept), extracted_tokens, layer_ids, total_time, tps, manifest["device"],
     )
     return ExtractionResult(
         out_dir=out_dir,
@@ -417,7 +388,7 @@ def extract(
         layer_ids=layer_ids,
         hidden_size=hidden_size,
         num_layers_captured=num_layers_captured,
-        dtype="bfloat16",
+        dtype=store_dtype,
         model_load_seconds=model_load_seconds,
         forward_seconds=forward_seconds,
         total_time_seconds=total_time,
@@ -426,4 +397,7 @@ def extract(
         bytes_per_token=bytes_per_token,
         floor_bytes_per_token=floor,
         device=manifest["device"],
+        num_samples_reused=len(kept),
+        num_samples_extracted=num_rows - len(kept),
+        tokens_extracted=extracted_tokens,
     )
