@@ -20,7 +20,7 @@ from workers.stages.errors import InputError
 
 
 def run_list(request: HttpRequest) -> HttpResponse:
-    runs = list(selectors.run_list()[:200])
+    runs = list(selectors.run_rows()[:200])
     states = reviews.review_states(subjects=runs)
     rows = [(run, selectors.run_status(run), states.get(run.pk)) for run in runs]
     return render(request, "runs/run_list.html", {"rows": rows})
