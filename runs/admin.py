@@ -6,6 +6,7 @@ from runs.models import (
     Dataset,
     DatasetSample,
     Evaluation,
+    ExtractStage,
     Extraction,
     Manifest,
     MetricPoint,
@@ -48,9 +49,8 @@ class PreparationInline(StageInline):
     model = Preparation
 
 
-class ExtractionInline(StageInline):
-    model = Extraction
-    fk_name = "run"
+class ExtractStageInline(StageInline):
+    model = ExtractStage
 
 
 class VocabMappingInline(StageInline):
@@ -67,7 +67,7 @@ class PipelineRunAdmin(admin.ModelAdmin):
     list_filter = ("target", "owner", "created_at")
     search_fields = ("name", "target__name", "dataset__name", "owner__username")
     date_hierarchy = "created_at"
-    inlines = [PreparationInline, ExtractionInline, VocabMappingInline, TrainingRunInline]
+    inlines = [PreparationInline, ExtractStageInline, VocabMappingInline, TrainingRunInline]
 
 
 class StageAdmin(admin.ModelAdmin):
@@ -81,11 +81,19 @@ class PreparationAdmin(StageAdmin):
     search_fields = ("dataset__name", "run__name")
 
 
-@admin.register(Extraction)
-class ExtractionAdmin(StageAdmin):
-    list_display = ("id", "run", "target", *STAGE_FIELDS[:3], "layer_ids", "num_samples", "total_tokens", "dtype")
-    list_filter = ("status", "target", "dtype", "layer_id_convention")
+@admin.register(ExtractStage)
+class ExtractStageAdmin(StageAdmin):
+    list_display = ("id", "run", "target", *STAGE_FIELDS[:3], "layer_ids", "device", "tokens_per_second")
     search_fields = ("target__name", "out_dir", "run__name")
+
+
+@admin.register(Extraction)
+class ExtractionAdmin(admin.ModelAdmin):
+    list_display = ("id", "produced_by", "imported_by", "imported_at", "target", "layer_ids", "num_samples",
+                    "total_tokens", "dtype", "path")
+    list_filter = ("target", "dtype", "layer_id_convention", "layout")
+    list_select_related = ("produced_by", "imported_by", "target")
+    search_fields = ("target__name", "path", "produced_by__run__name", "imported_from")
 
 
 @admin.register(Manifest)
@@ -127,8 +135,9 @@ class EvaluationAdmin(StageAdmin):
 
 @admin.register(Checkpoint)
 class CheckpointAdmin(admin.ModelAdmin):
-    list_display = ("id", "training_run", "epoch", "val_loss", "train_loss", "is_best", "imported", "path")
-    list_filter = ("is_best", "imported")
+    list_display = ("id", "training_run", "epoch", "val_loss", "train_loss", "is_best", "imported_by", "imported_at",
+                    "path")
+    list_filter = ("is_best", ("training_run", admin.EmptyFieldListFilter))
     search_fields = ("path",)
 
 
@@ -143,7 +152,7 @@ class MetricPointAdmin(admin.ModelAdmin):
 class VerificationAdmin(admin.ModelAdmin):
     list_display = ("id", "extraction", "passed", "full", "layout", "seconds", "created_by", "created_at")
     list_filter = ("passed", "full", "layout")
-    search_fields = ("extraction__out_dir",)
+    search_fields = ("extraction__path",)
     readonly_fields = ("checks", "report")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
 
 from runs.models import Checkpoint
 from runs.paths import check_under_data_roots
@@ -41,7 +42,8 @@ def checkpoint_import(*, path: str | Path, user: AbstractBaseUser | None = None)
     verifier = (config.get("speculators_config") or {}).get("verifier") or {}
     checkpoint = Checkpoint.objects.create(
         training_run=None,
-        imported=True,
+        imported_by=user,
+        imported_at=timezone.now(),
         epoch=int(state.get("epoch", resolved.name if resolved.name.isdigit() else 0)),
         path=str(resolved),
         val_loss=val.get("loss_epoch"),

@@ -5,8 +5,10 @@ from pathlib import Path
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
 
-from runs.models import Extraction, Manifest, StageStatus, TargetModel, Verification, VerificationOverride
+from runs.models import Extraction, Manifest, TargetModel, Verification, VerificationOverride
 from runs.paths import PathNotAllowed, check_under_data_roots
 from runs.roles import require
 from runs.services import target_register
@@ -39,13 +41,15 @@ def extraction_import(
     """Register an extraction directory (flat v1, speculators v0.4 or 0.9) and verify its headers.
 
     Importing a directory already known, whether imported before or written by a run here, returns
-    that row (created is False), so a run's own extraction stays linked to its run. A directory
+    that extraction (created is False), so a run's own extraction stays linked to its run. A new one
+    records who imported it, when, and from which path; no stage row is made up for it. A directory
     whose layout or manifest cannot be read raises an error naming the file; nothing is stored.
     """
     if user is not None:
         require(user, "import")
     resolved = check_under_data_roots(path, kind="extraction directory")
-    existing = Extraction.objects.filter(out_dir=str(resolved)).order_by("imported", "pk").first()
+    existing = (Extraction.objects.filter(path=str(resolved))
+                .order_by(F("produced_by").asc(nulls_last=True), "pk").first())
     if existing:
         return existing, False
     layout = detect_layout(resolved)
@@ -54,10 +58,11 @@ def extraction_import(
     with transaction.atomic():
         extraction = Extraction.objects.create(
             target=target,
-            status=StageStatus.SUCCEEDED,
-            imported=True,
+            imported_by=user,
+            imported_at=timezone.now(),
+            imported_from=str(path)[:1000],
             layout=layout.name,
-            out_dir=str(resolved),
+            path=str(resolved),
             layer_ids=list(claims.layer_ids or []),
             layer_id_convention=claims.layer_id_convention or "",
             num_samples=claims.total_samples,
@@ -84,11 +89,12 @@ def extraction_verify(
     `user` is None for the pipeline's own check and for the import's first check."""
     if user is not None:
         require(user, "verify")
-    if prepared_dir is None and extraction.run_id and extraction.run.preparation.out_dir:
+    run = extraction.run
+    if prepared_dir is None and run is not None and run.preparation.out_dir:
         # A run's own extraction is checked token by token against the rows it was made from.
-        prepared_dir = Path(extraction.run.preparation.out_dir)
+        prepared_dir = Path(run.preparation.out_dir)
     report = verify_extraction(
-        Path(extraction.out_dir), target_dir=Path(extraction.target.path), prepared_dir=prepared_dir, full=full
+        Path(extraction.path), target_dir=Path(extraction.target.path), prepared_dir=prepared_dir, full=full
     )
     data = report.as_dict()
     with transaction.atomic():
@@ -109,7 +115,7 @@ def extraction_verify(
             extraction.layer_ids = list(report.claims.layer_ids)
             extraction.layer_id_convention = report.claims.layer_id_convention or ""
             changed += ["layer_ids", "layer_id_convention"]
-        if extraction.imported:
+        if extraction.produced_by_id is None:  # a run's stage measured its own
             extraction.bytes_on_disk = report.bytes_on_disk
             changed.append("bytes_on_disk")
             if extraction.total_tokens is None:

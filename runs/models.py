@@ -187,7 +187,7 @@ class StageAttempt(models.Model):
 
     run = models.ForeignKey(PipelineRun, on_delete=models.CASCADE, null=True, blank=True, related_name="attempts")
     stage = models.CharField(max_length=20)
-    record_id = models.PositiveIntegerField(help_text="the stage row's id (Preparation, Extraction, ...)")
+    record_id = models.PositiveIntegerField(help_text="the stage row's id (Preparation, ExtractStage, ...)")
     number = models.PositiveIntegerField()
     worker = models.CharField(max_length=200, blank=True)
     started_at = models.DateTimeField()
@@ -230,27 +230,65 @@ class Preparation(StageRecord):
     mask_source = models.CharField(max_length=30, blank=True)
 
 
-class Extraction(StageRecord):
-    """Hidden states of the target at chosen layers. `run` is empty for imported extractions."""
+class ExtractStage(StageRecord):
+    """The extract stage of a run: what it plans to capture, and what its execution measured. The
+    hidden states it wrote are its Extraction (`extraction`), created when it succeeds."""
 
-    run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, null=True, blank=True, related_name="extraction")
+    run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, related_name="extract_stage")
+    target = models.ForeignKey(TargetModel, on_delete=models.PROTECT, related_name="extract_stages")
+    layer_ids = models.JSONField(default=list, help_text="the hidden-state ids the stage captures")
+    device = models.CharField(max_length=100, blank=True)
+    model_load_seconds = models.FloatField(null=True, blank=True)
+    forward_seconds = models.FloatField(null=True, blank=True)
+    tokens_per_second = models.FloatField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"extract stage of run {self.run_id}"
+
+
+class Extraction(models.Model):
+    """Hidden states of the target at chosen layers, on disk: written by a run's extract stage
+    (`produced_by`) or imported by a user (`imported_at`, `imported_by`, `imported_from`), never both."""
+
     target = models.ForeignKey(TargetModel, on_delete=models.PROTECT, related_name="extractions")
+    path = models.CharField(max_length=1000, help_text="the extraction's directory")
     layer_ids = models.JSONField(default=list)
     layer_id_convention = models.CharField(max_length=50, default="hf_hidden_states_index")
     num_samples = models.PositiveIntegerField(null=True, blank=True)
     total_tokens = models.BigIntegerField(null=True, blank=True)
     hidden_size = models.PositiveIntegerField(null=True, blank=True)
     dtype = models.CharField(max_length=30, blank=True)
-    device = models.CharField(max_length=100, blank=True)
-    model_load_seconds = models.FloatField(null=True, blank=True)
-    forward_seconds = models.FloatField(null=True, blank=True)
-    tokens_per_second = models.FloatField(null=True, blank=True)
     bytes_on_disk = models.BigIntegerField(null=True, blank=True)
     layout = models.CharField(max_length=30, blank=True, help_text="flat_v1, speculators_v04 or speculators_09")
-    imported = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    produced_by = models.OneToOneField(ExtractStage, on_delete=models.CASCADE, null=True, blank=True,
+                                       related_name="extraction")
+    imported_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                    related_name="imported_extractions")
+    imported_at = models.DateTimeField(null=True, blank=True)
+    imported_from = models.CharField(max_length=1000, blank=True, help_text="the path the user gave")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    models.Q(produced_by__isnull=False, imported_at__isnull=True, imported_by__isnull=True)
+                    | models.Q(produced_by__isnull=True, imported_at__isnull=False)
+                ),
+                name="extraction_produced_or_imported",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"extraction {self.pk}"
 
     def get_absolute_url(self) -> str:
         return reverse("runs:extraction_detail", args=[self.pk])
+
+    @property
+    def run(self) -> PipelineRun | None:
+        """The run whose extract stage wrote it; None when imported."""
+        return self.produced_by.run if self.produced_by_id else None
 
     @property
     def latest_verification(self) -> "Verification | None":
@@ -345,14 +383,17 @@ class TrainingRun(StageRecord):
 
 
 class Checkpoint(models.Model):
-    """A draft in speculators' format: trained by a run here, or imported (training_run empty)."""
+    """A draft in speculators' format: trained by a run here (`training_run`), or imported
+    (`training_run` empty, `imported_at` and `imported_by` set), never both."""
 
     training_run = models.ForeignKey(
         TrainingRun, on_delete=models.CASCADE, null=True, blank=True, related_name="checkpoints"
     )
     epoch = models.PositiveIntegerField()
     path = models.CharField(max_length=1000)
-    imported = models.BooleanField(default=False)
+    imported_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                    related_name="imported_checkpoints")
+    imported_at = models.DateTimeField(null=True, blank=True)
     verifier_path = models.CharField(max_length=1000, blank=True)
     aux_layer_ids = models.JSONField(default=list, blank=True)
     draft_vocab_size = models.PositiveIntegerField(null=True, blank=True)
@@ -364,7 +405,16 @@ class Checkpoint(models.Model):
 
     class Meta:
         ordering = ["epoch"]
-        constraints = [models.UniqueConstraint(fields=["training_run", "epoch"], name="unique_checkpoint_epoch")]
+        constraints = [
+            models.UniqueConstraint(fields=["training_run", "epoch"], name="unique_checkpoint_epoch"),
+            models.CheckConstraint(
+                condition=(
+                    models.Q(training_run__isnull=False, imported_at__isnull=True, imported_by__isnull=True)
+                    | models.Q(training_run__isnull=True, imported_at__isnull=False)
+                ),
+                name="checkpoint_trained_or_imported",
+            ),
+        ]
 
     def get_absolute_url(self) -> str:
         return reverse("runs:checkpoint_detail", args=[self.pk])

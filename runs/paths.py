@@ -3,7 +3,7 @@
 Bounded input, checked before the file system is touched:
 
 * MAX_PATH_CHARS (1000): the whole path, as typed and as resolved. Resolved paths are stored in
-  1000-character columns (TargetModel.path, Dataset.path, Extraction.out_dir, ...), well under
+  1000-character columns (TargetModel.path, Dataset.path, Extraction.path, ...), well under
   Linux's PATH_MAX of 4096.
 * MAX_COMPONENT_BYTES (255): one component (file or directory name) in UTF-8 bytes, the limit of
   ext4, XFS, btrfs and most other file systems (NAME_MAX).

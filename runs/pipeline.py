@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runs.models import Evaluation, Extraction, Preparation, StageRecord, TrainingRun, VocabMapping
+from runs.models import Evaluation, ExtractStage, Preparation, StageRecord, TrainingRun, VocabMapping
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class StageKind:
 
 STAGES = (
     StageKind("prepare", "Prepare dataset", Preparation, "preparation", "cpu"),
-    StageKind("extract", "Extract hidden states", Extraction, "extraction", "gpu"),
+    StageKind("extract", "Extract hidden states", ExtractStage, "extract_stage", "gpu"),
     StageKind("vocab", "Build draft vocabulary", VocabMapping, "vocab_mapping", "cpu"),
     StageKind("train", "Train draft", TrainingRun, "training_run", "gpu"),
     StageKind("evaluate", "Measure acceptance", Evaluation, "evaluation", "gpu"),

@@ -13,7 +13,7 @@ from runs.models import (
     FINISHED_STATUSES,
     Dataset,
     Evaluation,
-    Extraction,
+    ExtractStage,
     PipelineRun,
     Preparation,
     StageStatus,
@@ -98,7 +98,7 @@ def run_launch(
     run.output_dir = str(settings.EAGLE3WEB_RUNS_DIR / f"run-{run.pk}")
     run.save(update_fields=["output_dir"])
     Preparation.objects.create(run=run, dataset=dataset, max_seq_len=config.max_seq_len)
-    Extraction.objects.create(run=run, target=target, layer_ids=layer_ids)
+    ExtractStage.objects.create(run=run, target=target, layer_ids=layer_ids)
     VocabMapping.objects.create(
         run=run, draft_vocab_size=config.draft_vocab_size, target_vocab_size=target.vocab_size
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -19,6 +19,7 @@ from runs.extraction_services import extraction_training_gate, extraction_verify
 from runs.models import (
     Checkpoint,
     Evaluation,
+    ExtractStage,
     Extraction,
     Manifest,
     MetricPoint,
@@ -74,7 +75,9 @@ def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRe
         return None
     if stage_name == "train":
         # Nobody trains on hidden states that disagree with their manifest, unless a reviewer said why.
-        blocked = extraction_training_gate(extraction=Extraction.objects.get(run_id=stage.run_id))
+        extraction = Extraction.objects.filter(produced_by__run_id=stage.run_id).first()
+        blocked = (extraction_training_gate(extraction=extraction) if extraction else
+                   f"run {stage.run_id} has no extraction to train on: its extract stage did not succeed")
         if blocked:
             stage_fail(stage_name=stage_name, record_id=record_id, error=blocked, log_tail="")
             return None
@@ -195,9 +198,9 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
         )
 
 
-def _columns(model: type[StageRecord], result) -> dict:
-    """Every field of a stage's result dataclass that its row has a column of the same name for, so
-    that nothing the stage counted is lost on the way to the page."""
+def _columns(model: type[models.Model], result) -> dict:
+    """Every field of a stage's result dataclass that a row (the stage's, or the artifact it wrote)
+    has a column of the same name for, so that nothing the stage counted is lost on the way to the page."""
     columns = {f.name for f in model._meta.concrete_fields} - {"id", "run", "status", "error", "log_tail"}
     values = {}
     for f in dataclass_fields(result):
@@ -213,17 +216,27 @@ def preparation_record(*, record_id: int, result: PrepareResult, log_tail: str,
                   started_at=started_at)
 
 
+@transaction.atomic
 def extraction_record(*, record_id: int, result: ExtractionResult, log_tail: str,
-                      started_at: datetime | None = None) -> None:
-    """The extraction's numbers and manifest, then its verification, which gates training."""
-    extraction = Extraction.objects.select_related("target", "run__preparation").get(pk=record_id)
+                      started_at: datetime | None = None) -> Extraction:
+    """The stage's measurements on its row; the files it wrote as its Extraction (the same one again
+    when the stage is retried), with their manifest and verification, which gates training. All or
+    nothing: a stage cancelled meanwhile leaves no artifact behind."""
+    stage = ExtractStage.objects.select_related("run__preparation").get(pk=record_id)
+    extraction, _ = Extraction.objects.update_or_create(
+        produced_by=stage,
+        defaults={"target_id": stage.target_id, "path": str(result.out_dir), **_columns(Extraction, result)},
+    )
     manifest_record(extraction=extraction, path=Path(result.manifest_path))
-    extraction.out_dir = str(result.out_dir)
     verification = extraction_verify(extraction=extraction)
-    logger.info("extraction %s verification %s: %d checks in %.2f s", record_id,
+    if not extraction.layout:
+        extraction.layout = verification.layout
+        extraction.save(update_fields=["layout"])
+    logger.info("extraction %s verification %s: %d checks in %.2f s", extraction.pk,
                 "passed" if verification.passed else "FAILED", len(verification.checks), verification.seconds)
-    stage_succeed(stage_name="extract", record_id=record_id, fields=_columns(Extraction, result), log_tail=log_tail,
-                  started_at=started_at)
+    stage_succeed(stage_name="extract", record_id=record_id, fields=_columns(ExtractStage, result),
+                  log_tail=log_tail, started_at=started_at)
+    return extraction
 
 
 def vocab_mapping_record(*, record_id: int, result: VocabResult, log_tail: str,

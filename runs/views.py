@@ -5,15 +5,14 @@ import json
 from pathlib import Path
 
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from runs import evaluation_services, extraction_services, reviews, selectors, services
 from runs.evaluation_services import EvaluationRequestError
 from runs.demo import demo_paths
 from runs.forms import LaunchForm
-from runs.models import Checkpoint, Dataset, Extraction, PipelineRun, TargetModel
 from runs.roles import user_can
 from workers.stages.errors import InputError
 
@@ -46,12 +45,12 @@ def run_launch(request: HttpRequest) -> HttpResponse:
     else:
         initial = dict(demo_paths())
         if initial:
-            target = TargetModel.objects.filter(path=initial["target_path"]).first()
+            target = selectors.target_by_path(initial["target_path"])
             if target:
                 initial["layer_ids"] = ", ".join(str(i) for i in target.default_layer_ids)
         form = LaunchForm(initial=initial)
-    targets = TargetModel.objects.all()[:100]
-    datasets = Dataset.objects.all()[:100]
+    targets = selectors.target_list()[:100]
+    datasets = selectors.dataset_list()[:100]
     # A refused launch is the user's to fix: 400, with the form and its messages.
     status = 400 if request.method == "POST" else 200
     return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets},
@@ -59,17 +58,18 @@ def run_launch(request: HttpRequest) -> HttpResponse:
 
 
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    run = get_object_or_404(selectors.with_reviews(selectors.run_list()), pk=pk)
+    run = selectors.run_get(pk=pk, reviews=True)
     summary = selectors.run_summary(run)
-    target = run.target
-    layers = selectors.target_layers(target=target, layer_ids=run.extraction.layer_ids)
-    manifest = getattr(run.extraction, "manifest", None)
+    extraction = selectors.run_extraction(run)
+    layers = selectors.target_layers(target=run.target, layer_ids=summary["extraction"]["layer_ids"])
+    manifest = getattr(extraction, "manifest", None)
     return render(
         request,
         "runs/run_detail.html",
         {
             "run": run,
             "summary": summary,
+            "extraction": extraction,
             "stages": [(name, label, record, selectors.stage_warnings(name, record))
                        for name, label, record in selectors.run_stages(run)],
             "status": summary["status"],
@@ -83,15 +83,15 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    run = get_object_or_404(PipelineRun, pk=pk)
+    run = selectors.run_get(pk=pk, stages=False)
     count = services.run_cancel(run=run, user=request.user)
     messages.info(request, f"Cancelled {count} unfinished stage(s) of {run}.")
     return redirect(run)
 
 
 def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    dataset = get_object_or_404(Dataset, pk=pk)
-    preparations = list(dataset.preparations.select_related("run").order_by("-id")[:50])
+    dataset = selectors.dataset_get(pk=pk)
+    preparations = selectors.dataset_preparations(dataset)
     latest = next((p.length_histogram for p in preparations if p.length_histogram.get("counts")), None)
     return render(
         request,
@@ -107,7 +107,7 @@ def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    extraction = get_object_or_404(selectors.with_reviews(selectors.extraction_list()), pk=pk)
+    extraction = selectors.extraction_get(pk=pk, reviews=True)
     manifest = getattr(extraction, "manifest", None)
     layers = selectors.target_layers(target=extraction.target, layer_ids=extraction.layer_ids)
     return render(
@@ -132,15 +132,12 @@ def extraction_list(request: HttpRequest) -> HttpResponse:
 
 
 def dataset_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "runs/dataset_list.html", {"datasets": Dataset.objects.all()})
+    return render(request, "runs/dataset_list.html", {"datasets": selectors.dataset_list()})
 
 
 @require_POST
 def review_create(request: HttpRequest, subject: str, pk: int) -> HttpResponse:
-    model = reviews.SUBJECTS.get(subject)
-    if model is None:
-        raise Http404(f"nothing to review called {subject!r}")
-    obj = get_object_or_404(model, pk=pk)
+    obj = selectors.review_subject_get(subject=subject, pk=pk)
     try:
         reviews.review_add(user=request.user, subject=obj, decision=request.POST.get("decision", "comment"),
                            text=request.POST.get("text", ""))
@@ -172,7 +169,7 @@ def extraction_import(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
-    extraction = get_object_or_404(selectors.extraction_list(), pk=pk)
+    extraction = selectors.extraction_get(pk=pk)
     try:
         verification = extraction_services.extraction_verify(
             extraction=extraction, full=request.POST.get("full") == "on", user=request.user
@@ -187,7 +184,7 @@ def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
-    run = get_object_or_404(PipelineRun, pk=pk)
+    run = selectors.run_get(pk=pk, stages=False)
     count = services.run_retry(run=run, user=request.user)
     messages.info(request, f"Queued {count} stage(s) of {run} again." if count else "Nothing to retry.")
     return redirect(run)
@@ -195,7 +192,7 @@ def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def extraction_override(request: HttpRequest, pk: int) -> HttpResponse:
-    extraction = get_object_or_404(Extraction, pk=pk)
+    extraction = selectors.extraction_get(pk=pk)
     try:
         extraction_services.verification_override(
             extraction=extraction, user=request.user, reason=request.POST.get("reason", "")
@@ -208,7 +205,7 @@ def extraction_override(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    checkpoint = get_object_or_404(selectors.with_reviews(Checkpoint.objects.select_related("training_run__run")), pk=pk)
+    checkpoint = selectors.checkpoint_get(pk=pk, reviews=True)
     config_path = Path(checkpoint.path) / "config.json"
     config = config_path.read_text() if config_path.exists() else None
     evaluations = list(checkpoint.evaluations.select_related("requested_by")[:20])
@@ -233,7 +230,7 @@ def _optional_int(value: str | None, name: str, default: int | None = None) -> i
 @require_POST
 def checkpoint_evaluate(request: HttpRequest, pk: int) -> HttpResponse:
     """Measure a checkpoint's acceptance length on a GPU worker."""
-    checkpoint = get_object_or_404(Checkpoint.objects.select_related("training_run__run__target"), pk=pk)
+    checkpoint = selectors.checkpoint_get(pk=pk)
     try:
         evaluation = evaluation_services.evaluation_request(
             checkpoint=checkpoint, user=request.user,

@@ -159,11 +159,11 @@ def _train(record, reporter: StageReporter):
     return train(
         target_dir=Path(run.target.path),
         prepared_dir=Path(run.preparation.out_dir),
-        hidden_states_dir=Path(run.extraction.out_dir) / "hidden_states",
+        hidden_states_dir=Path(run.extract_stage.extraction.path) / "hidden_states",
         d2t_path=Path(run.vocab_mapping.d2t_path),
         t2d_path=Path(run.vocab_mapping.t2d_path),
         out_dir=Path(run.output_dir) / "checkpoints",
-        layer_ids=run.extraction.layer_ids,
+        layer_ids=run.extract_stage.extraction.layer_ids,
         epochs=record.epochs,
         lr=record.lr,
         ttt_steps=record.ttt_steps,

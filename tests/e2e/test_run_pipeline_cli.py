@@ -228,7 +228,8 @@ def test_importing_what_a_run_wrote_links_to_the_run_instead_of_duplicating_it(i
     call_command("import_extraction", summary["extraction"]["hidden_states_dir"].rsplit("/", 1)[0], "--json", stdout=out)
     imported = json.loads(out.getvalue())
     extraction = Extraction.objects.get(pk=imported["extraction_id"])
-    assert extraction.run_id == summary["run_id"] and not extraction.imported
+    assert extraction.produced_by.run_id == summary["run_id"] and extraction.imported_at is None
+    assert extraction.pk == summary["ids"]["extraction"] == summary["extraction"]["id"]
     assert Extraction.objects.count() == 1
     out = io.StringIO()
     call_command("import_checkpoint", summary["checkpoints"][0]["path"], "--json", stdout=out)

@@ -44,7 +44,7 @@ def test_launch_creates_five_queued_stages_and_enqueues_after_commit(roots, user
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         run = launch(roots, user)
     assert len(callbacks) == 1
-    stages = [run.preparation, run.extraction, run.vocab_mapping, run.training_run, run.evaluation]
+    stages = [run.preparation, run.extract_stage, run.vocab_mapping, run.training_run, run.evaluation]
     assert [s.status for s in stages] == [StageStatus.QUEUED] * 5
     assert (run.evaluation.max_prompts, run.evaluation.max_new_tokens) == (32, 64)
     assert run.output_dir.endswith(f"run-{run.pk}")
@@ -53,14 +53,14 @@ def test_launch_creates_five_queued_stages_and_enqueues_after_commit(roots, user
 def test_launch_uses_eagle3_default_layers_for_the_target(roots, user, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
-    assert run.extraction.layer_ids == [2, 4, 5, 8]
+    assert run.extract_stage.layer_ids == [2, 4, 5, 8]
     assert run.config["layer_ids"] == [2, 4, 5, 8]
 
 
 def test_launch_appends_the_final_layer_to_aux_ids(roots, user, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user, layer_ids=[1, 3, 6])
-    assert run.extraction.layer_ids == [1, 3, 6, 8]
+    assert run.extract_stage.layer_ids == [1, 3, 6, 8]
 
 
 def test_launch_reads_nested_text_config(roots, user, django_capture_on_commit_callbacks):
@@ -70,7 +70,7 @@ def test_launch_reads_nested_text_config(roots, user, django_capture_on_commit_c
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
     assert (run.target.num_layers, run.target.hidden_size) == (61, 7168)
-    assert run.extraction.layer_ids == [2, 30, 58, 61]
+    assert run.extract_stage.layer_ids == [2, 30, 58, 61]
 
 
 def test_launch_refuses_layer_ids_outside_the_target_and_stores_nothing(roots, user):
@@ -155,7 +155,7 @@ def test_training_does_not_start_on_an_unverified_extraction_and_says_why(roots,
     assert stage_start(stage_name="train", record_id=rid(run, "train"), worker="w1") is None
     run = PipelineRun.objects.get(pk=run.pk)
     assert run.training_run.status == StageStatus.FAILED
-    assert run.training_run.error == f"extraction {run.extraction.pk} has not been verified; verify it first"
+    assert run.training_run.error == f"run {run.pk} has no extraction to train on: its extract stage did not succeed"
     assert run.evaluation.status == StageStatus.CANCELLED
 
 
@@ -190,7 +190,10 @@ def test_a_retried_training_starts_its_curves_and_checkpoints_afresh(roots, user
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
-    Verification.objects.create(extraction=run.extraction, passed=True, layout="flat_v1", seconds=0.1)
+    from tests.artifacts import extraction_written
+
+    extraction = extraction_written(run, path=f"{run.output_dir}/extraction")
+    Verification.objects.create(extraction=extraction, passed=True, layout="flat_v1", seconds=0.1)
     train_id = rid(run, "train")
     stage_start(stage_name="train", record_id=train_id, worker="w1")
     metrics_record(training_run_id=train_id, points=[{"split": "train", "key": "loss", "step": s, "epoch": 0.1,

@@ -12,6 +12,7 @@ from runs import services
 from runs.models import Checkpoint, Evaluation, Review, StageStatus, Verification
 from runs.reviews import review_add, review_state, review_states
 from runs.run_config import RunConfig
+from tests.artifacts import extraction_written
 
 pytestmark = pytest.mark.django_db
 
@@ -45,8 +46,9 @@ def add_runs(count, *, roots, user, reviewer):
                                   config=RunConfig(), enqueue=False)
         review_add(user=user, subject=run, decision="comment", text=f"looks fine {i}")
         review_add(user=reviewer, subject=run, decision=("approve", "request_changes")[i % 2], text=f"verdict {i}")
-        review_add(user=reviewer, subject=run.extraction, decision="approve", text="shapes match")
-        Verification.objects.create(extraction=run.extraction, passed=i % 3 != 0, layout="flat_v1", seconds=0.1)
+        extraction = extraction_written(run, path=f"{run.output_dir}/extraction")
+        review_add(user=reviewer, subject=extraction, decision="approve", text="shapes match")
+        Verification.objects.create(extraction=extraction, passed=i % 3 != 0, layout="flat_v1", seconds=0.1)
         Checkpoint.objects.create(training_run=run.training_run, epoch=0, path=f"{run.output_dir}/checkpoints/0")
 
 

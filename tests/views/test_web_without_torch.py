@@ -34,6 +34,7 @@ from django.test import Client  # noqa: E402
 from django.urls import reverse  # noqa: E402
 
 from runs.models import Checkpoint, Dataset, Extraction, PipelineRun, Verification  # noqa: E402
+from tests.artifacts import extraction_written  # noqa: E402
 
 call_command("migrate", verbosity=0)
 paths = json.loads(os.environ["WEB_TEST_PATHS"])
@@ -54,16 +55,14 @@ launched = visit("launch POST", "/runs/new/", {
     "draft_vocab_size": 32, "epochs": 1, "lr": 0.0003, "ttt_steps": 3})
 run = PipelineRun.objects.first()
 assert run is not None, launched.content.decode()[-3000:]
-extraction = run.extraction
-# The run's own extraction, pointed at files with their prepared rows: "Verify now" compares token ids.
-extraction.out_dir = paths["flat_run"]
-extraction.save(update_fields=["out_dir"])
+# The run's own extraction, of files with their prepared rows: "Verify now" compares token ids.
+extraction = extraction_written(run, path=paths["flat_run"], layout="flat_v1")
 preparation = run.preparation
 preparation.out_dir = paths["prepared"]
 preparation.save(update_fields=["out_dir"])
 for name in ("flat", "v04", "s09", "miscounted"):
     visit(f"import {name} POST", "/extractions/import/", {"path": paths[name], "target_path": paths["target"]})
-imported = list(Extraction.objects.filter(imported=True).order_by("pk"))
+imported = list(Extraction.objects.filter(produced_by=None).order_by("pk"))
 miscounted = imported.pop()
 checkpoint = Checkpoint.objects.create(training_run=run.training_run, epoch=0, path=paths["checkpoint"],
                                        val_metrics={"cond_acc_0": 0.5, "cond_acc_1": 0.4}, is_best=True)
@@ -139,7 +138,7 @@ def test_pages_and_their_forms_never_import_torch(tmp_path, files):
     assert set(posts.values()) == {302}, posts  # each form redirects to the page it changed
     assert set(gets.values()) == {200}, gets
     assert result["verified"] == [True]  # the three layouts, and the run's rows token by token, all pass
-    assert result["full"] == ["", "flat_v1", "speculators_09"]  # values scanned without torch too
+    assert result["full"] == ["flat_v1", "flat_v1", "speculators_09"]  # values scanned without torch too
     assert "sample_count" in result["miscounted"]
     assert not any(result["modules"].values()), result["modules"]
     assert result["urls_seconds"] < 1.5

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from runs.management.command_user import command_user
 from runs.extraction_services import extraction_verify
 from runs.models import Extraction
-from runs.selectors import extraction_summary
+from runs.selectors import extraction_list, extraction_summary
 from workers.stages.errors import InputError
 
 
@@ -23,7 +23,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, extraction_id: int, full: bool, as_json: bool, user: str, **opts):
         try:
-            extraction = Extraction.objects.select_related("target", "run__preparation").get(pk=extraction_id)
+            extraction = extraction_list().get(pk=extraction_id)
         except Extraction.DoesNotExist:
             raise CommandError(f"no extraction with id {extraction_id}") from None
         try:
