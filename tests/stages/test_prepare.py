@@ -8,7 +8,7 @@ import torch
 
 from tests.long_chats import long_chat_rows
 from workers.stages.chats import DatasetFormatError
-from workers.stages.prepare import GENERATION_TAG, prepare
+from workers.stages.prepare import prepare
 
 SUBSET = 24  # conversations; enough for multi-turn rows, fast on 2 cores
 
@@ -78,7 +78,9 @@ def test_each_assistant_turn_after_the_first_message_becomes_its_own_row(prepare
     assert all(b[: len(a)] == a for a, b in zip(own, own[1:]))
 
 
-def test_loss_mask_is_one_exactly_on_the_rows_last_reply_and_its_end_token(prepared, chats, tokenizer):
+def test_loss_mask_is_one_exactly_on_the_rows_last_reply_its_end_token_and_the_newline_after_it(
+    prepared, chats, tokenizer
+):
     ds = _rows(prepared.out_dir).with_format(None)
     convs = {json.loads(line)["id"]: _messages(json.loads(line)) for line in chats.read_text().splitlines()}
     seen = Counter()
@@ -88,14 +90,16 @@ def test_loss_mask_is_one_exactly_on_the_rows_last_reply_and_its_end_token(prepa
         reply = replies[seen[row["source_id"]]]
         seen[row["source_id"]] += 1
         masked = [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m]
-        assert tokenizer.decode(masked) == reply + tokenizer.eos_token
-        start = row["loss_mask"].index(1)
-        assert all(row["loss_mask"][start : start + len(masked)])  # one contiguous span
-    assert prepared.mask_source == "generation_tags"
+        # speculators' prepare-data supervises everything after the generation prompt, the
+        # template's newline after the end token included, although this template's
+        # {% generation %} block stops at the end token.
+        assert tokenizer.decode(masked) == reply + tokenizer.eos_token + "\n"
+        assert row["loss_mask"][-len(masked):] == [1] * len(masked)  # one span, ending the row
+    assert prepared.mask_source == "render_boundary"
 
 
-def test_template_without_generation_tags_masks_from_the_render_boundary(
-    tiny_target, chats, tmp_path, tokenizer
+def test_template_without_generation_tags_gives_the_same_rows(
+    tiny_target, chats, prepared, tmp_path, tokenizer
 ):
     tok_dir = tmp_path / "tok"
     tok_dir.mkdir()
@@ -103,7 +107,7 @@ def test_template_without_generation_tags_masks_from_the_render_boundary(
         shutil.copy(tiny_target.target_dir / name, tok_dir / name)
     cfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
     plain = cfg["chat_template"].replace("{% generation %}", "").replace("{% endgeneration %}", "")
-    assert not GENERATION_TAG.search(plain)
+    assert "generation" not in plain.replace("add_generation_prompt", "")
     cfg["chat_template"] = plain
     (tok_dir / "tokenizer_config.json").write_text(json.dumps(cfg))
     result = prepare(tokenizer_dir=tok_dir, dataset_path=chats, out_dir=tmp_path / "out", max_seq_len=256)
@@ -115,6 +119,10 @@ def test_template_without_generation_tags_masks_from_the_render_boundary(
     # its end token and the template's trailing newline.
     assert tokenizer.decode(masked) == reply + tokenizer.eos_token + "\n"
     assert row["loss_mask"][-len(masked):] == [1] * len(masked)
+    # The tags change nothing: the mask comes from the render boundary either way.
+    tagged = _rows(prepared.out_dir).with_format(None)
+    plain_rows = _rows(result.out_dir).with_format(None)
+    assert plain_rows["input_ids"] == tagged["input_ids"] and plain_rows["loss_mask"] == tagged["loss_mask"]
 
 
 def test_token_freq_matches_what_speculators_counts_on_the_same_rows(prepared, tmp_path):
@@ -141,8 +149,10 @@ def test_rows_are_truncated_to_max_seq_len(tiny_target, chats, tmp_path):
 def test_a_truncated_row_counts_exactly_the_supervised_tokens_cut_off(tiny_target, tokenizer, tmp_path):
     reply = "The river carries stone and water past the old castle 🙂 你好世界. " * 8
     messages = [{"role": "user", "content": "Tell me about the river."}, {"role": "assistant", "content": reply}]
-    enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-    ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
+    ids = list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+    prompt = tokenizer.apply_chat_template(messages[:1], tokenize=True, return_dict=True, add_generation_prompt=True)
+    boundary = len(prompt["input_ids"])
+    mask = [0] * boundary + [1] * (len(ids) - boundary)  # speculators' render-boundary rule
     max_seq_len = mask.index(1) + 10  # the row keeps its context and the first 10 reply tokens
     assert len(ids) > max_seq_len
     result = prepare(tokenizer_dir=tiny_target.target_dir, dataset_path=_write(tmp_path, [{"messages": messages}]),
@@ -167,7 +177,7 @@ def test_long_unicode_chats_in_both_formats_keep_every_reply_whole_or_count_the_
     for row in _rows(full.out_dir).with_format(None):
         replies = [t["content"] for j, t in enumerate(convs[row["source_id"]]) if t["role"] == "assistant" and j > 0]
         masked = [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m]
-        assert tokenizer.decode(masked) == replies[seen[row["source_id"]]] + tokenizer.eos_token
+        assert tokenizer.decode(masked) == replies[seen[row["source_id"]]] + tokenizer.eos_token + "\n"
         seen[row["source_id"]] += 1
     assert max(_rows(full.out_dir).with_format(None)["seq_len"]) > 300
     # Clipped at 300 tokens: what the rows keep plus what the result says was cut is every

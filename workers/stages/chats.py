@@ -103,7 +103,18 @@ def _parse_turn(turn: object, *, where: str) -> dict:
             "(multimodal or tool-call turns are not supported)"
         )
     _check_text(content, where=where, what="content")
-    return {"role": ROLE_ALIASES[role], "content": content}
+    parsed = {"role": ROLE_ALIASES[role], "content": content}
+    # speculators' _normalize_conversation hands recorded reasoning to the chat template under
+    # both names (preprocessing.py:145-148); templates such as Qwen3's render it, so the tokens
+    # and the render boundary depend on it.
+    thinking = turn.get("thinking") or turn.get("reasoning_content")
+    if thinking:
+        if not isinstance(thinking, str):
+            raise DatasetFormatError(f"{where}: 'thinking'/'reasoning_content' must be a string, "
+                                     f"got {type(thinking).__name__}")
+        _check_text(thinking, where=where, what="reasoning")
+        parsed["thinking"] = parsed["reasoning_content"] = thinking
+    return parsed
 
 
 def _read_line(fh, *, path: Path, lineno: int) -> bytearray:

@@ -1,12 +1,22 @@
 """Prepare stage: a JSONL chat file -> speculators 0.9 prepared dataset + token_freq.pt.
 
-Mirrors speculators 0.9 `data_generation/preprocessing.py`, which renders through a vLLM
-`/render` endpoint; we render with the target tokenizer's own chat template (the template vLLM
-would apply) so no server is needed:
-- `_render_boundary_rows`: every assistant turn j > 0 becomes its own row holding the
-  conversation through turn j; the boundary is where the full render of conv[:j+1] extends the
-  generation-prompt render of conv[:j]; earlier tokens are context (mask 0). A turn whose
-  context alone fills max_seq_len is skipped; trailing non-assistant turns produce nothing.
+Mirrors speculators 0.9 `data_generation/preprocessing.py` (what `speculators prepare-data`
+runs), which renders through a vLLM `/render` endpoint; we render with the target tokenizer's
+own chat template (the template vLLM would apply) so no server is needed. The loss mask is
+upstream's, token for token (tests/stages/test_prepare_upstream_parity.py runs upstream's code
+on the same rows):
+- `_render_boundary_rows` (preprocessing.py:244-321): every assistant turn j > 0 becomes its
+  own row holding the conversation through turn j; the boundary is where the full render of
+  conv[:j+1] extends the generation-prompt render of conv[:j]; earlier tokens are context
+  (mask 0), every later token is 1 (preprocessing.py:316): the reply, its end-of-turn token and
+  whatever the template writes after it (the demo template's newline). Templates that mark
+  assistant text with `{% generation %}` are not narrowed to those blocks: upstream ignores the
+  tags, and narrowing made our token counts and draft vocabularies differ from upstream's on
+  the same chats. A turn whose context alone fills max_seq_len is skipped; trailing
+  non-assistant turns produce nothing.
+- A conversation whose renders diverge inside the history (`BoundaryUnstableError`) loses all
+  its rows, as upstream's `_render_conversation_rows` catches the error for the whole
+  conversation (preprocessing.py:363-376); its assistant turns count as dropped.
 - `_append_row`: clip to max_seq_len, drop rows with no supervised token, input_ids/loss_mask
   as int64 and seq_len as int. A clipped row keeps its head, so the reply at its end is what is
   lost; the result counts those supervised tokens (`truncated_loss_tokens`) next to the rows.
@@ -15,16 +25,15 @@ would apply) so no server is needed:
   against the row's input_ids), so we save the same way.
 - `train/vocab_mapping.py:save_token_frequency_distribution`: `torch.save` of a plain
   dict[int, int] counted over loss-masked tokens of the final rows.
-Where the template marks assistant text with `{% generation %}`, the mask is additionally
-narrowed to the generation blocks (template-declared assistant tokens); otherwise everything
-after the boundary (the reply plus its end-of-turn tokens, which the model generates) is 1.
+Where we differ on purpose: a row with an unknown role or non-text content is refused with its
+line (upstream maps unknown roles to assistant), and rows of both `conversations` and
+`messages` files are read (upstream's prepare-data reads only `conversations`).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections import Counter
@@ -51,7 +60,7 @@ from workers.stages.progress import ProgressFn  # noqa: E402
 log = logging.getLogger(__name__)
 
 
-GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+MASK_SOURCE = "render_boundary"  # speculators prepare-data's rule; Preparation.mask_source records it
 HISTOGRAM_BINS = 20
 WRITE_CHUNK_ROWS = 512
 
@@ -75,7 +84,7 @@ class PrepareResult:
     total_tokens: int
     loss_tokens: int
     max_seq_len: int
-    mask_source: str  # "generation_tags" or "render_boundary"
+    mask_source: str  # MASK_SOURCE; earlier runs may have recorded "generation_tags"
     length_histogram: dict
 
     def as_dict(self) -> dict:
@@ -98,17 +107,13 @@ class Row(NamedTuple):
 class ChatRenderer:
     """Renders conversations with a tokenizer's chat template into per-turn training rows."""
 
-    def __init__(self, tokenizer, *, use_generation_tags: bool | None = None):
+    def __init__(self, tokenizer):
         template = getattr(tokenizer, "chat_template", None)
         if not isinstance(template, str) or not template:
             raise ChatTemplateError(
                 f"tokenizer {getattr(tokenizer, 'name_or_path', '?')} has no chat_template; "
                 "add one to tokenizer_config.json (or chat_template.jinja)"
             )
-        has_tags = bool(GENERATION_TAG.search(template))
-        self.use_generation_tags = has_tags if use_generation_tags is None else use_generation_tags
-        if self.use_generation_tags and not has_tags:
-            raise ChatTemplateError("the chat template has no {% generation %} block")
         self.tokenizer = tokenizer
 
     def _ids(self, messages: list[dict], *, add_generation_prompt: bool) -> list[int]:
@@ -116,12 +121,6 @@ class ChatRenderer:
             messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=True
         )
         return list(out["input_ids"])
-
-    def _ids_and_tags(self, messages: list[dict]) -> tuple[list[int], list[int]]:
-        out = self.tokenizer.apply_chat_template(
-            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
-        return list(out["input_ids"]), list(out["assistant_masks"])
 
     def _boundary(self, history: list[dict], prompt_ids: list[int], full_ids: list[int]) -> int:
         # speculators _render_boundary_rows: the prompt render is usually a prefix of the full
@@ -149,17 +148,13 @@ class ChatRenderer:
             if len(prompt_ids) >= max_seq_len:
                 dropped += 1  # a later turn may fit again (templates that strip history)
                 continue
-            if self.use_generation_tags:
-                full_ids, tags = self._ids_and_tags(messages[: j + 1])
-            else:
-                full_ids, tags = self._ids(messages[: j + 1], add_generation_prompt=False), None
+            full_ids = self._ids(messages[: j + 1], add_generation_prompt=False)
             try:
                 boundary = self._boundary(messages[:j], prompt_ids, full_ids)
             except _BoundaryUnstable:
-                dropped += 1
-                continue
-            tail = tags[boundary:] if tags is not None else [1] * (len(full_ids) - boundary)
-            mask = [0] * boundary + tail
+                # Upstream drops the whole conversation here, rows already built included.
+                return [], sum(1 for i, t in enumerate(messages) if t["role"] == "assistant" and i > 0)
+            mask = [0] * boundary + [1] * (len(full_ids) - boundary)
             truncated = len(full_ids) > max_seq_len
             cut_loss = sum(mask[max_seq_len:])
             full_ids, mask = full_ids[:max_seq_len], mask[:max_seq_len]
@@ -300,7 +295,7 @@ def prepare(
             total_tokens=sum(lengths),
             loss_tokens=stats["loss_tokens"],
             max_seq_len=max_seq_len,
-            mask_source="generation_tags" if renderer.use_generation_tags else "render_boundary",
+            mask_source=MASK_SOURCE,
             length_histogram=length_histogram(lengths, max_seq_len),
         )
         (final / "prepare_summary.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
