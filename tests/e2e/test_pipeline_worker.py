@@ -20,7 +20,7 @@ def test_pipeline_finishes_every_stage_in_a_celery_worker(tiny_target, worker, u
         config=RunConfig(max_samples=40, max_seq_len=256, draft_vocab_size=256, epochs=2, ttt_steps=2),
     )
     summary = wait_for_run(run.pk, timeout=600, log_path=worker.log_path)
-    assert Verification.objects.get(extraction__run=run).passed
+    assert Verification.objects.get(extraction__produced_by__run=run).passed
 
     assert [s["status"] for s in summary["stages"]] == [StageStatus.SUCCEEDED] * 5, summary["stages"]
     assert all(s["worker"].startswith("test-worker-") for s in summary["stages"])
