@@ -145,12 +145,13 @@
       "<th>Train loss</th><th>τ measured</th><th>τ simulated</th><th>Path</th><th>Serve with vLLM</th></tr></thead><tbody>" + rows + "</tbody></table>";
   }
 
-  function addPoints(points) {
-    for (const p of points) {
-      const id = p.split + ":" + p.key;
-      (series[id] = series[id] || {x: [], y: []});
-      series[id].x.push(p.step);
-      series[id].y.push(p.value);
+  function addPoints(newSeries) {
+    for (const [id, curve] of Object.entries(newSeries)) {
+      const s = (series[id] = series[id] || {x: [], y: []});
+      for (let i = 0; i < curve.step.length; i++) {
+        s.x.push(curve.step[i]);
+        s.y.push(curve.value[i]);
+      }
     }
   }
 
@@ -188,12 +189,12 @@
       const summary = await statusResp.json();
       const metrics = await metricsResp.json();
       renderStages(summary);
-      if (metrics.points.length) {
-        addPoints(metrics.points);
+      if (metrics.count) {
+        addPoints(metrics.series);
         lastMetricId = metrics.last_id;
         renderCurves();
       }
-      finished = summary.finished && metrics.points.length === 0;
+      finished = summary.finished && metrics.count === 0;
     } catch (err) {
       document.getElementById("curve-status").textContent = "Lost contact with the server (" + err + "); retrying.";
     }
