@@ -4,10 +4,8 @@ Every parameter is checked here; a bad one is a 400 with {"error": "..."} naming
 from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
-from django.shortcuts import get_object_or_404
 
 from runs import selectors
-from runs.models import PipelineRun
 from runs.paths import check_under_data_roots
 from workers.stages.errors import InputError
 from workers.stages.target import default_layer_ids, read_target_config
@@ -36,14 +34,14 @@ def _bad(exc: InputError) -> JsonResponse:
 def run_status(request: HttpRequest, pk: int) -> JsonResponse:
     if pk > MAX_ID:
         return JsonResponse({"error": f"no run {pk}"}, status=404)
-    run = get_object_or_404(selectors.run_list(), pk=pk)
+    run = selectors.run_get(pk=pk)
     return JsonResponse(selectors.run_summary(run))
 
 
 def run_metrics(request: HttpRequest, pk: int) -> JsonResponse:
     if pk > MAX_ID:
         return JsonResponse({"error": f"no run {pk}"}, status=404)
-    run = get_object_or_404(PipelineRun, pk=pk)
+    run = selectors.run_get(pk=pk, stages=False)
     try:
         after = _int_param(request, "after", 0)
     except InputError as exc:

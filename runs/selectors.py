@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
+from django.http import Http404
+from django.shortcuts import get_object_or_404
 
 from runs.models import (
     Checkpoint,
+    Dataset,
     Evaluation,
     Extraction,
     MetricPoint,
@@ -13,15 +16,30 @@ from runs.models import (
     StageAttempt,
     StageRecord,
     StageStatus,
+    TargetModel,
     Verification,
 )
 from runs.pipeline import STAGES
+from runs.reviews import SUBJECTS
 
 
 def run_list() -> QuerySet[PipelineRun]:
     return PipelineRun.objects.select_related(
-        "owner", "target", "dataset", "preparation", "extraction", "vocab_mapping", "training_run", "evaluation"
+        "owner", "target", "dataset", "preparation", "extract_stage__extraction__manifest", "vocab_mapping",
+        "training_run", "evaluation"
     )
+
+
+def run_get(*, pk: int, stages: bool = True, reviews: bool = False) -> PipelineRun:
+    """One run, with its stages joined unless `stages` is False (and its reviews when asked); 404 when
+    there is none."""
+    runs = run_list() if stages else PipelineRun.objects.all()
+    return get_object_or_404(with_reviews(runs) if reviews else runs, pk=pk)
+
+
+def run_extraction(run: PipelineRun) -> Extraction | None:
+    """The hidden states the run's extract stage wrote; None until it succeeded."""
+    return getattr(run.extract_stage, "extraction", None)
 
 
 def run_rows() -> QuerySet[PipelineRun]:
@@ -163,7 +181,8 @@ def run_summary(run: PipelineRun) -> dict:
     """What the CLI prints and the run page polls: ids, stage states, totals, paths.
 
     `run` should come from run_list(), which joins every stage in one query."""
-    prep, extraction, vocab, training, evaluation = (record for _, _, record in run_stages(run))
+    prep, extract, vocab, training, evaluation = (record for _, _, record in run_stages(run))
+    extraction = run_extraction(run)
     manifest = getattr(extraction, "manifest", None)
     checkpoints = list(checkpoints_with_tau(training.checkpoints.all()))
     evaluated = next((c for c in checkpoints if c.pk == evaluation.checkpoint_id), None)
@@ -180,7 +199,9 @@ def run_summary(run: PipelineRun) -> dict:
         "dataset": {"id": run.dataset_id, "path": run.dataset.path},
         "config": run.config,
         "output_dir": run.output_dir,
-        "ids": {"preparation": prep.pk, "extraction": extraction.pk, "vocab_mapping": vocab.pk,
+        # "extraction" is the artifact (None until the extract stage succeeded), "extract_stage" its execution.
+        "ids": {"preparation": prep.pk, "extract_stage": extract.pk,
+                "extraction": extraction.pk if extraction else None, "vocab_mapping": vocab.pk,
                 "training_run": training.pk, "evaluation": evaluation.pk},
         "stages": [_stage_dict(name, label, record) for name, label, record in run_stages(run)],
         "tokens": {
@@ -189,17 +210,19 @@ def run_summary(run: PipelineRun) -> dict:
             "total_tokens": prep.total_tokens,
             "loss_tokens": prep.loss_tokens,
             "length_histogram": prep.length_histogram,
-            "extracted_tokens": extraction.total_tokens,
+            "extracted_tokens": extraction.total_tokens if extraction else None,
             "vocab_coverage": vocab.coverage,
             "train_tokens": training.train_tokens,
         },
         "extraction": {
-            "layer_ids": extraction.layer_ids,
-            "hidden_states_dir": f"{extraction.out_dir}/hidden_states" if extraction.out_dir else None,
-            "tokens_per_second": extraction.tokens_per_second,
-            "model_load_seconds": extraction.model_load_seconds,
-            "bytes_per_token": extraction.bytes_per_token,
-            "floor_bytes_per_token": extraction.floor_bytes_per_token,
+            "id": extraction.pk if extraction else None,
+            "url": extraction.get_absolute_url() if extraction else None,
+            "layer_ids": extraction.layer_ids if extraction else extract.layer_ids,
+            "hidden_states_dir": f"{extraction.path}/hidden_states" if extraction else None,
+            "tokens_per_second": extract.tokens_per_second,
+            "model_load_seconds": extract.model_load_seconds,
+            "bytes_per_token": extraction.bytes_per_token if extraction else None,
+            "floor_bytes_per_token": extraction.floor_bytes_per_token if extraction else None,
         },
         "manifest_path": manifest.path if manifest else None,
         "vocab": {"d2t_path": vocab.d2t_path or None, "t2d_path": vocab.t2d_path or None},
@@ -260,7 +283,14 @@ def target_layers(*, target, layer_ids: list[int]) -> list[dict]:
 
 
 def extraction_list() -> QuerySet[Extraction]:
-    return Extraction.objects.select_related("target", "run", "manifest").order_by("-id")
+    return Extraction.objects.select_related(
+        "target", "produced_by__run__preparation", "imported_by", "manifest").order_by("-id")
+
+
+def extraction_get(*, pk: int, reviews: bool = False) -> Extraction:
+    """One extraction with its target, provenance and manifest (and reviews when asked); 404 when none."""
+    extractions = extraction_list()
+    return get_object_or_404(with_reviews(extractions) if reviews else extractions, pk=pk)
 
 
 def extraction_list_verified() -> QuerySet[Extraction]:
@@ -275,8 +305,11 @@ def extraction_summary(extraction: Extraction) -> dict:
     verification = extraction.latest_verification
     return {
         "extraction_id": extraction.pk,
-        "directory": extraction.out_dir,
+        "directory": extraction.path,
         "layout": extraction.layout,
+        "produced_by_run": extraction.produced_by.run_id if extraction.produced_by_id else None,
+        "imported_by": extraction.imported_by.get_username() if extraction.imported_by_id else None,
+        "imported_at": extraction.imported_at.isoformat() if extraction.imported_at else None,
         "target": {"id": extraction.target_id, "config_path": f"{extraction.target.path}/config.json"},
         "layer_ids": extraction.layer_ids,
         "layer_id_convention": extraction.layer_id_convention,
@@ -295,9 +328,12 @@ def extraction_summary(extraction: Extraction) -> dict:
 
 
 def extraction_forecast(extraction: Extraction, token_counts=(10**6, 10**8, 10**9)) -> dict | None:
-    """Time and disk that N tokens would take, from this extraction's measured load time, per-token
-    time and bytes per token; None until all three are known."""
-    load, tps, bpt = extraction.model_load_seconds, extraction.tokens_per_second, extraction.bytes_per_token
+    """Time and disk that N tokens would take, from the load time and per-token time its extract stage
+    measured and its bytes per token; None until all three are known (never for an import)."""
+    stage = extraction.produced_by
+    if stage is None:
+        return None
+    load, tps, bpt = stage.model_load_seconds, stage.tokens_per_second, extraction.bytes_per_token
     if load is None or not tps or not bpt:
         return None
     rows = [
@@ -310,3 +346,37 @@ def extraction_forecast(extraction: Extraction, token_counts=(10**6, 10**8, 10**
         for n in token_counts
     ]
     return {"model_load_seconds": load, "tokens_per_second": tps, "bytes_per_token": bpt, "rows": rows}
+
+
+def checkpoint_get(*, pk: int, reviews: bool = False) -> Checkpoint:
+    """One checkpoint with its run and target (and reviews when asked); 404 when none."""
+    checkpoints = Checkpoint.objects.select_related("training_run__run__target", "imported_by")
+    return get_object_or_404(with_reviews(checkpoints) if reviews else checkpoints, pk=pk)
+
+
+def dataset_get(*, pk: int) -> Dataset:
+    return get_object_or_404(Dataset, pk=pk)
+
+
+def dataset_list() -> QuerySet[Dataset]:
+    return Dataset.objects.all()
+
+
+def dataset_preparations(dataset: Dataset, limit: int = 50) -> list:
+    return list(dataset.preparations.select_related("run").order_by("-id")[:limit])
+
+
+def target_list() -> QuerySet[TargetModel]:
+    return TargetModel.objects.all()
+
+
+def target_by_path(path: str) -> TargetModel | None:
+    return TargetModel.objects.filter(path=path).first()
+
+
+def review_subject_get(*, subject: str, pk: int):
+    """The run, extraction or checkpoint a review is about; 404 for an unknown kind or id."""
+    model = SUBJECTS.get(subject)
+    if model is None:
+        raise Http404(f"nothing to review called {subject!r}")
+    return get_object_or_404(model, pk=pk)
