@@ -184,6 +184,23 @@ def _check_claims(claims: "ManifestClaims", source: str, names: dict[str, str]) 
     return claims
 
 
+def prepared_beside(layout: Layout) -> Path | None:
+    """The prepared dataset a speculators 0.9 directory was generated from, where upstream puts it.
+
+    `speculators generate-offline-data` reads a `save_to_disk` dataset and, unless told
+    otherwise, writes `hidden_states/hs_{i}.safetensors` inside it (cli/generate_offline_data.py:
+    265-270), file i holding row i's token ids (its check: data_generation/offline.py:16-18; the
+    trainer's: train/data.py ArrowDataset._get_raw_data). So the dataset is the folder holding the
+    sample files' folder, recognised by the `state.json` and `dataset_info.json` save_to_disk writes.
+    """
+    if layout.name != "speculators_09" or not layout.files:
+        return None
+    candidate = layout.files[0].parent.parent
+    if (candidate / "state.json").is_file() and (candidate / "dataset_info.json").is_file():
+        return candidate
+    return None
+
+
 def _first_header(files: tuple[Path, ...]) -> SampleInfo | None:
     for idx, p in sorted((int(SAMPLE_RE.match(p.name).group(2)), str(p)) for p in files):
         info = read_sample(idx, Path(p), want_ids=False, full=False)

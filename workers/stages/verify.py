@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from workers.stages.dtypes import floor_bytes_per_token
+from workers.stages.errors import InputError
 from workers.stages.extraction_layout import (
     SAMPLE_RE,
     Layout,
@@ -26,6 +27,7 @@ from workers.stages.extraction_layout import (
     ManifestClaims,
     ManifestError,
     detect_layout,
+    prepared_beside,
     read_manifest,
     resolve_layer_convention,
 )
@@ -66,6 +68,8 @@ class VerificationReport:
     length_histogram: list[dict]
     seconds: float
     samples_per_s: float
+    prepared_dir: Path | None = None  # the dataset the token ids were checked against
+    prepared_source: str = ""  # "given" or "beside the hidden states" (speculators 0.9)
 
     @property
     def passed(self) -> bool:
@@ -86,6 +90,10 @@ class VerificationReport:
         return json.loads(json.dumps(d, default=str))
 
 
+class PreparedDatasetError(InputError):
+    """The prepared dataset to check token ids against cannot be read; the message names the file."""
+
+
 def prepared_input_ids(prepared_dir: Path) -> list[list[int]]:
     """The `input_ids` column of a dataset saved by `datasets.save_to_disk`, read with pyarrow.
 
@@ -93,11 +101,20 @@ def prepared_input_ids(prepared_dir: Path) -> list[list[int]]:
     needs), importing torch into whichever process verifies."""
     import pyarrow as pa
 
-    state = json.loads((prepared_dir / "state.json").read_text())
+    state_path = prepared_dir / "state.json"
+    try:
+        state = json.loads(state_path.read_text())
+        shards = [shard["filename"] for shard in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PreparedDatasetError(f"{state_path}: not a datasets save_to_disk state ({exc})") from None
     rows: list[list[int]] = []
-    for shard in state["_data_files"]:
-        with pa.memory_map(str(prepared_dir / shard["filename"])) as source:
-            rows += pa.ipc.open_stream(source).read_all().column("input_ids").to_pylist()
+    for name in shards:
+        shard = prepared_dir / str(name)
+        try:
+            with pa.memory_map(str(shard)) as source:
+                rows += pa.ipc.open_stream(source).read_all().column("input_ids").to_pylist()
+        except (OSError, KeyError, pa.ArrowException) as exc:
+            raise PreparedDatasetError(f"{shard}: cannot read its input_ids column ({exc})") from None
     return rows
 
 
@@ -132,7 +149,17 @@ def verify_extraction(extraction_dir: Path, *, target_dir: Path | None, prepared
     src = str(claims.manifest_path.name) if claims.manifest_path else "the first sample file"
     checks: list[Check] = []
 
-    rows = prepared_input_ids(Path(prepared_dir)) if prepared_dir is not None else None
+    # A speculators 0.9 directory carries the dataset its files were made from (upstream writes
+    # hidden_states/ inside it), so its token ids are checked even when no run names a dataset.
+    source = "given"
+    if prepared_dir is None:
+        prepared_dir, source = prepared_beside(layout), "beside the hidden states"
+    rows, rows_error = None, None
+    if prepared_dir is not None:
+        try:
+            rows = prepared_input_ids(Path(prepared_dir))
+        except PreparedDatasetError as exc:
+            rows_error = str(exc)
 
     by_index: dict[int, list[Path]] = {}
     for p in layout.files:
@@ -219,17 +246,7 @@ def verify_extraction(extraction_dir: Path, *, target_dir: Path | None, prepared
                             f"{long[0].path.name}: {long[0].tokens} tokens, longer than max_seq_len "
                             f"{claims.max_seq_len}" if long else "no file exceeds max_seq_len", _names(long)))
 
-    if rows is None:
-        checks.append(Check("prepared_tokens", "skip", None, None, "no prepared dataset given"))
-    else:
-        diff = [i for i in good if i.index >= len(rows) or i.token_ids != list(rows[i.index])]
-        n_ok = len(rows) == len(infos)
-        msg = (f"{diff[0].path.name}: token ids differ from prepared row {diff[0].index}" if diff else
-               "every file's token ids equal its prepared row")
-        if not n_ok:
-            msg = f"prepared dataset has {len(rows)} rows, {len(infos)} sample files; " + msg
-        checks.append(Check("prepared_tokens", "fail" if diff or not n_ok else "pass", len(rows), len(infos), msg,
-                            _names(diff)))
+    checks.append(_prepared_tokens_check(rows, rows_error, prepared_dir, source, infos, good))
 
     if not full:
         checks.append(Check("finite", "skip", None, None, "header-only mode; run with full=True to scan values"))
@@ -250,10 +267,37 @@ def verify_extraction(extraction_dir: Path, *, target_dir: Path | None, prepared
         bytes_per_token=nbytes / measured_tokens if measured_tokens else 0.0,
         floor_bytes_per_token=floor_bytes_per_token(layers, width, floor_dtype),
         length_histogram=_histogram([i.tokens for i in good]), seconds=seconds,
-        samples_per_s=len(infos) / seconds if seconds > 0 else 0.0)
+        samples_per_s=len(infos) / seconds if seconds > 0 else 0.0,
+        prepared_dir=Path(prepared_dir) if prepared_dir is not None else None,
+        prepared_source=source if prepared_dir is not None else "")
     log.info("verified %s (%s): %d files, %d tokens, %s", root, layout.name, len(infos), measured_tokens,
              "passed" if report.passed else f"{len(report.failures)} failing checks")
     return report
+
+
+def _prepared_tokens_check(rows, rows_error, prepared_dir, source, infos, good) -> Check:
+    if prepared_dir is None:
+        return Check("prepared_tokens", "skip", None, None, "no prepared dataset given, and none beside the "
+                     "hidden states (speculators 0.9 keeps hidden_states/ inside its prepared dataset)")
+    where = f"the prepared dataset {prepared_dir} ({source})"
+    if rows_error is not None:
+        return Check("prepared_tokens", "fail", None, None, f"cannot check token ids against {where}: {rows_error}")
+    diff = [i for i in good if i.index >= len(rows) or i.token_ids != list(rows[i.index])]
+    if diff:
+        first = diff[0]
+        what = (f"index {first.index} has no row ({len(rows)} rows)" if first.index >= len(rows)
+                else f"token ids differ from row {first.index}")
+        return Check("prepared_tokens", "fail", len(rows), len(infos),
+                     f"{first.path.name}: {what} of {where} ({len(diff)} file(s) disagree)", _names(diff))
+    if len(rows) == len(infos):
+        return Check("prepared_tokens", "pass", len(rows), len(infos),
+                     f"every file's token ids equal its row of {where}")
+    # More rows than files: upstream generates a prefix (--max-samples) or resumes later; a run's
+    # own extraction must cover every row.
+    short = source != "given" and len(rows) > len(infos)
+    return Check("prepared_tokens", "warn" if short else "fail", len(rows), len(infos),
+                 f"{where} has {len(rows)} rows, {len(infos)} sample files"
+                 + ("; the files present match their rows" if short else ""))
 
 
 def _layer_ids_check(claims: ManifestClaims, target: TargetConfig | None, good: list[SampleInfo]) -> Check:
