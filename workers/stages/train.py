@@ -29,11 +29,9 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
-import shutil  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -51,6 +49,16 @@ from workers.stages.device import device_label, resolve_device  # noqa: E402,F40
 from workers.stages.errors import StopRequested  # noqa: E402
 from workers.stages.split import SplitError, SplitInfo, split_record, split_train_val, write_split  # noqa: E402,F401
 from workers.stages.target import read_target_config, validate_layer_ids  # noqa: E402
+from workers.stages.train_checkpoints import _clear_previous_run, save_epoch_checkpoint  # noqa: E402,F401
+from workers.stages.train_resume import (  # noqa: E402
+    Progress,
+    discard_state,
+    load_state,
+    remaining_plan,
+    restore,
+    save_state,
+    train_fingerprint,
+)
 from workers.stages.train_data import (  # noqa: E402,F401  (re-exported: tests and bench use them from here)
     DEFAULT_TOKENS_PER_STEP,
     HiddenStateSamples,
@@ -67,6 +75,9 @@ logger = logging.getLogger(__name__)
 
 METRICS_FLUSH_SECONDS = 2.0
 METRICS_FLUSH_STEPS = 50
+# Besides each epoch's end, a resume state is saved this often within an epoch, so that a lost worker
+# costs at most this much training (an epoch of a large dataset can take hours).
+RESUME_SAVE_SECONDS = 600.0
 _METRIC_KEY = re.compile(r"^(loss|loss_\d+|full_acc_\d+|cond_acc_\d+)$")
 
 
@@ -107,6 +118,10 @@ class TrainResult:
     rows_unusable: int  # train-split rows under 2 tokens: shift_batch leaves nothing to train on
     split: SplitInfo
     device: str  # e.g. "cpu" or "cuda:0 (NVIDIA H200)"
+    # A retried training continues from the resume state an earlier attempt saved (0: from the start).
+    # steps, train_tokens and the loss figures cover the whole training, earlier attempts included;
+    # tokens_per_second and seconds are this attempt's (the earlier attempts' when this one had no step left).
+    resumed_from_step: int = 0
 
 
 def build_draft_model(*, target_dir: Path, layer_ids: list[int], d2t_path: Path, t2d_path: Path,
@@ -207,41 +222,25 @@ class _MetricSink:
         self.pending, self.steps_since, self.last = [], 0, time.monotonic()
 
 
-def _clear_previous_run(out_dir: Path) -> None:
-    """Only speculators-layout entries go: numbered epochs and their symlinks."""
-    for child in out_dir.iterdir():
-        if child.is_symlink() and (child.name == "checkpoint_best" or re.fullmatch(r"epoch\d+_\w+", child.name)):
-            child.unlink()
-        elif child.is_dir() and not child.is_symlink() and child.name.isdigit():
-            shutil.rmtree(child)
-
-
-def save_epoch_checkpoint(checkpointer: SingleGPUCheckpointer, model, optimizer, scheduler, *, epoch: int,
-                          global_step: int, val_metrics: dict[str, float]) -> Path:
-    """Trainer.maybe_save_checkpoint + _save_training_state + save_val_metrics for one epoch."""
-    checkpointer.save_checkpoint(model, [optimizer], epoch)
-    checkpointer.save_scheduler_state_dict([scheduler], epoch)
-    epoch_dir = checkpointer.path / str(epoch)
-    (epoch_dir / "training_state.json").write_text(
-        json.dumps({"epoch": epoch, "local_step": 0, "global_step": global_step}))
-    link = checkpointer.path / f"epoch{epoch}_end"
-    if link.is_symlink():
-        link.unlink()
-    link.symlink_to(Path(str(epoch)))
-    checkpointer.save_val_metrics(epoch, {f"{k}_epoch": v for k, v in val_metrics.items()})
-    return epoch_dir
-
-
 def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_path: Path, t2d_path: Path,
           out_dir: Path, layer_ids: list[int], epochs: int, lr: float, ttt_steps: int, draft_vocab_size: int,
           val_fraction: float = 0.1, max_tokens_per_step: int | None = None, seed: int = 0, device: str = "auto",
           on_progress: Callable[[int, int], None] | None = None,
           on_metrics: Callable[[list[dict]], None] | None = None,
           should_stop: Callable[[], bool] | None = None,
-          on_checkpoint: Callable[[CheckpointInfo], None] | None = None) -> TrainResult:
+          on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
+          on_resume: Callable[[int, int], None] | None = None,
+          resume_every_steps: int | None = None,
+          resume_every_seconds: float | None = RESUME_SAVE_SECONDS) -> TrainResult:
     """Train the draft; `on_checkpoint` hears of each epoch's checkpoint as soon as it is on disk
     (is_best False until the end, when the returned result marks the best). The split (by
-    conversation, see workers.stages.split) is written to out_dir/split.json before training."""
+    conversation, see workers.stages.split) is written to out_dir/split.json before training.
+
+    A resume state (workers.stages.train_resume) is saved at each epoch's end and every
+    `resume_every_steps` steps or `resume_every_seconds`; a later call with the same inputs continues
+    from it. `on_resume(step, epochs_done)` is told where training continues (0, 0 when it starts
+    afresh) before any metric is reported, so that metrics and checkpoints an earlier attempt
+    reported past that point can be dropped."""
     started = time.monotonic()
     if epochs < 1 or ttt_steps < 1 or lr <= 0:
         raise ValueError(f"need epochs >= 1, ttt_steps >= 1, lr > 0; got {epochs}, {ttt_steps}, {lr}")
@@ -269,71 +268,110 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
     optimizer, scheduler = make_optimizer(model, lr=lr, total_steps=total_steps)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _clear_previous_run(out_dir)
+    fingerprint = train_fingerprint(
+        target_dir=target_dir, prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir, d2t_path=d2t_path,
+        t2d_path=t2d_path, train_rows=train_idx, val_rows=val_idx, plans=plans,
+        hyper={"layer_ids": list(layer_ids), "epochs": epochs, "lr": lr, "ttt_steps": ttt_steps, "seed": seed,
+               "draft_vocab_size": draft_vocab_size, "val_fraction": val_fraction, "tokens_per_step": budget})
+    state = load_state(out_dir, fingerprint=fingerprint)
+    if state is None:
+        discard_state(out_dir)
+        progress = Progress()
+    else:
+        progress = restore(state, model=model, optimizer=optimizer, scheduler=scheduler)
+        del state
+    resumed_from = progress.global_step
+    _clear_previous_run(out_dir, keep_epochs=progress.epoch)
+    if on_resume is not None:
+        on_resume(progress.global_step, progress.epoch)
     write_split(out_dir, split_record(train_idx, val_idx, split, samples.source_ids))
     checkpointer = SingleGPUCheckpointer(out_dir)
     sink = _MetricSink(on_metrics)
     logger.info("training on %s: %d train / %d val rows (split by %s: %d / %d conversations), %d tokens per step, "
                 "%d steps over %d epochs into %s", device_label(run_on), len(train_idx), len(val_idx), split.by,
                 split.train_conversations, split.val_conversations, budget, total_steps, epochs, out_dir)
+    if progress.global_step or progress.epoch:
+        logger.info("resumed from step %d (epoch %d, %d batches into it): %d of %d steps left", resumed_from,
+                    progress.epoch, progress.local_step, total_steps - resumed_from, total_steps)
     if rows_unusable:
         logger.warning("%d train rows have fewer than 2 tokens and cannot be trained on", rows_unusable)
 
-    step, train_tokens, train_seconds = 0, 0, 0.0
-    epoch_rows: list[tuple[int, Path, float, dict]] = []
-    loss_tokens_per_epoch: list[int] = []
+    def save_resume() -> None:
+        sink.flush()  # every metric up to this state's step is handed on before the state says so
+        if should_stop is not None and should_stop():  # a replaced attempt must not overwrite its successor's state
+            raise TrainingStopped(progress.global_step)
+        save_state(out_dir, fingerprint=fingerprint, model=model, optimizer=optimizer, scheduler=scheduler,
+                   progress=progress)
+
+    step, attempt_tokens, attempt_seconds, last_save = progress.global_step, 0, 0.0, time.monotonic()
     if on_progress is not None:
-        on_progress(0, total_steps)
+        on_progress(step, total_steps)
     try:
-        for epoch, plan in enumerate(plans):
-            losses: list[float] = []
-            loss_tokens = 0
-            batches = iter_batches(samples, plan, max_tokens=budget, dtype=batch_dtype(run_on))
+        for epoch in range(progress.epoch, epochs):
+            plan = plans[epoch]
+            todo = remaining_plan(plan, samples.lengths, progress.local_step)
+            batches = iter_batches(samples, todo, max_tokens=budget, dtype=batch_dtype(run_on))
             t0 = time.perf_counter()
-            for local_step, batch in enumerate(batches, 1):
+            for local_step, batch in enumerate(batches, progress.local_step + 1):
                 if should_stop is not None and should_stop():
                     raise TrainingStopped(step)
                 lr_now = optimizer.param_groups[0]["lr"]
                 tokens = int((batch["document_ids"] != -1).sum())
-                loss_tokens += int(batch["loss_mask"].sum())
+                progress.loss_tokens += int(batch["loss_mask"].sum())
                 loss, raw = train_step(model, batch, optimizer, scheduler, call_kwargs, device=run_on)
                 t1 = time.perf_counter()
-                step, train_tokens, train_seconds = step + 1, train_tokens + tokens, train_seconds + (t1 - t0)
+                step, attempt_tokens, attempt_seconds = step + 1, attempt_tokens + tokens, attempt_seconds + (t1 - t0)
+                progress.global_step, progress.local_step = step, local_step
+                progress.train_tokens += tokens
+                progress.train_seconds += t1 - t0
                 values = _public_metrics(raw)
-                losses.append(values["loss"])
+                progress.losses.append(values["loss"])
                 values.update(lr=lr_now, tokens_per_s=tokens / max(t1 - t0, 1e-9))
                 sink.add(step, epoch + local_step / len(plan), "train", values)
                 if on_progress is not None:
                     on_progress(step, total_steps)
+                if ((resume_every_steps and step % resume_every_steps == 0)
+                        or (resume_every_seconds is not None and time.monotonic() - last_save >= resume_every_seconds)):
+                    save_resume()
+                    last_save = time.monotonic()
                 t0 = time.perf_counter()
-            loss_tokens_per_epoch.append(loss_tokens)
+            loss_tokens = progress.loss_tokens
+            progress.loss_tokens_per_epoch.append(loss_tokens)
             if loss_tokens != available:
                 logger.warning("epoch %d: %d of %d supervised tokens reached the loss", epoch, loss_tokens, available)
             val = evaluate(model, samples, val_plan, max_tokens=budget, call_kwargs=call_kwargs,
                            should_stop=should_stop, steps_done=step, device=run_on)
-            val_public = {k: v for k, v in val.items() if _METRIC_KEY.match(k)}
+            val_public = {k: float(v) for k, v in val.items() if _METRIC_KEY.match(k)}
             sink.add(step, epoch + 1.0, "val", val_public)
             sink.flush()
             path = save_epoch_checkpoint(checkpointer, model, optimizer, scheduler, epoch=epoch, global_step=step,
                                          val_metrics=val)
-            epoch_rows.append((epoch, path, float(np.mean(losses)) if losses else math.nan, val_public))
+            train_loss = float(np.mean(progress.losses)) if progress.losses else math.nan
+            progress.epoch_rows.append([epoch, str(path), train_loss, val_public])
             logger.info("epoch %d: train loss %.4f, val loss %.4f, %d of %d supervised tokens trained, checkpoint %s",
-                        epoch, epoch_rows[-1][2], val_public.get("loss", math.nan), loss_tokens, available, path)
+                        epoch, train_loss, val_public.get("loss", math.nan), loss_tokens, available, path)
             if on_checkpoint is not None:
-                on_checkpoint(CheckpointInfo(epoch=epoch, path=path, train_loss=epoch_rows[-1][2],
+                on_checkpoint(CheckpointInfo(epoch=epoch, path=path, train_loss=train_loss,
                                              val_loss=val_public.get("loss", math.nan), val_metrics=val_public,
                                              is_best=False))
+            progress.epoch, progress.local_step, progress.losses, progress.loss_tokens = epoch + 1, 0, [], 0
+            save_resume()
+            last_save = time.monotonic()
     except TrainingStopped:
         sink.flush()
         logger.info("training stopped on request after %d steps", step)
         raise
 
+    epoch_rows = [(e, Path(p), tl, v) for e, p, tl, v in progress.epoch_rows]
     best_epoch = min(epoch_rows, key=lambda r: r[3].get("loss", math.inf))[0]
     checkpointer.update_best_symlink(best_epoch)
     checkpoints = [CheckpointInfo(epoch=e, path=p, train_loss=tl, val_loss=v.get("loss", math.nan), val_metrics=v,
                                   is_best=e == best_epoch) for e, p, tl, v in epoch_rows]
+    tokens_per_second = (attempt_tokens / max(attempt_seconds, 1e-9) if attempt_tokens
+                         else progress.train_tokens / max(progress.train_seconds, 1e-9))
     return TrainResult(out_dir=out_dir, checkpoints=checkpoints, best_epoch=best_epoch, steps=step,
-                       train_tokens=train_tokens, tokens_per_second=train_tokens / max(train_seconds, 1e-9),
+                       train_tokens=progress.train_tokens, tokens_per_second=tokens_per_second,
                        seconds=time.monotonic() - started, tokens_per_step=budget, loss_tokens_available=available,
-                       loss_tokens_trained=loss_tokens_per_epoch[-1], loss_tokens_per_epoch=loss_tokens_per_epoch,
-                       rows_unusable=rows_unusable, split=split, device=device_label(run_on))
+                       loss_tokens_trained=progress.loss_tokens_per_epoch[-1],
+                       loss_tokens_per_epoch=list(progress.loss_tokens_per_epoch), rows_unusable=rows_unusable,
+                       split=split, device=device_label(run_on), resumed_from_step=resumed_from)
