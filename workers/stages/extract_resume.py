@@ -28,7 +28,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 ID_CHUNK = 1024  # rows whose token ids are read from arrow at once
 
 
-def _files_signature(directory: Path, suffixes: tuple[str, ...] | None = None) -> list[list]:
+def files_signature(directory: Path, suffixes: tuple[str, ...] | None = None) -> list[list]:
     """[name, size, mtime_ns] of the directory's files: a rewrite (prepare run again, new weights)
     changes them, and reading them costs a stat per file, not a read of gigabytes."""
     rows = []
@@ -47,9 +47,9 @@ def extraction_fingerprint(*, target_dir: Path, prepared_dir: Path, layer_ids: l
         "format": RESUME_FORMAT,
         "target_path": str(target_dir),
         "target_config_sha256": hashlib.sha256((target_dir / "config.json").read_bytes()).hexdigest(),
-        "target_weights": _files_signature(target_dir, WEIGHT_SUFFIXES),
+        "target_weights": files_signature(target_dir, WEIGHT_SUFFIXES),
         "prepared_path": str(prepared_dir),
-        "prepared_files": _files_signature(prepared_dir),
+        "prepared_files": files_signature(prepared_dir),
         "num_rows": num_rows,
         "layer_ids": list(layer_ids),
         "dtype": dtype,
