@@ -13,7 +13,7 @@ from runs import evaluation_services, extraction_services, reviews, selectors, s
 from runs.evaluation_services import EvaluationRequestError
 from runs.demo import demo_paths
 from runs.forms import LaunchForm
-from runs.roles import user_can
+from runs.roles import require, user_can
 from workers.stages.errors import InputError
 
 
@@ -26,6 +26,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
 
 
 def run_launch(request: HttpRequest) -> HttpResponse:
+    # A form its user may not submit is refused up front, with the role to ask for (403.html).
+    require(request.user, "launch")
     if request.method == "POST":
         form = LaunchForm(request.POST)
         if form.is_valid():
@@ -150,6 +152,7 @@ def review_create(request: HttpRequest, subject: str, pk: int) -> HttpResponse:
 
 def extraction_import(request: HttpRequest) -> HttpResponse:
     """Register an extraction made elsewhere (any of the three layouts) and verify its headers."""
+    require(request.user, "import")
     error = None
     if request.method == "POST":
         try:

@@ -1,0 +1,340 @@
+"""Every URL of the URL map against every role, anonymous included.
+
+The URL map is walked recursively, so a URL added without an entry here fails
+`test_every_url_has_an_entry`. Each entry states, per role, what a GET answers and, for a URL that
+changes state, what a POST answers; a refused POST must leave the database as it was.
+
+Roles come from runs/roles.py: viewer reads; launcher launches, cancels, retries, imports, evaluates
+and verifies; reviewer verifies, reviews and overrides; admin (a staff superuser) does everything,
+and only staff reach the admin site.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import pytest
+from django.apps import apps
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.contrib.contenttypes.models import ContentType
+from django.db import connection
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, resolve
+
+from runs import services
+from runs.extraction_services import extraction_import
+from runs.models import (Checkpoint, CurationAction, Evaluation, MetricPoint, PendingEnqueue, PipelineRun, Review,
+                         StageAttempt, Verification, VerificationOverride)
+from runs.pipeline import STAGES
+from runs.run_config import RunConfig
+
+pytestmark = pytest.mark.django_db
+
+ROLES = ("anonymous", "viewer", "launcher", "reviewer", "admin")
+
+# Outcomes
+OK = "200"
+REDIRECT = "redirect"  # 302 somewhere other than a login page: the write happened (or was refused with a message)
+LOGIN = "login"  # 302 to /login/?next=
+ADMIN_LOGIN = "admin login"  # 302 to /admin/login/?next=
+ANY_LOGIN = "a login page"  # either: the admin sends anonymous users to its own login, some pages to the site's
+ADMIN_OK = "staff page"  # 200, or a 302 within the admin that is not its login page
+FORBIDDEN = "403"  # with the reason, naming the role to ask for
+NOT_ALLOWED = "405"
+NOT_FOUND = "404"
+NOT_TRIED = "not tried"  # a staff member's admin POST is Django's own business
+
+
+def by_role(anonymous: str, viewer: str, launcher: str, reviewer: str, admin: str) -> dict[str, str]:
+    return dict(zip(ROLES, (anonymous, viewer, launcher, reviewer, admin)))
+
+
+READ = by_role(LOGIN, OK, OK, OK, OK)
+POST_ONLY = by_role(LOGIN, NOT_ALLOWED, NOT_ALLOWED, NOT_ALLOWED, NOT_ALLOWED)
+LAUNCHERS = by_role(LOGIN, FORBIDDEN, REDIRECT, FORBIDDEN, REDIRECT)
+LAUNCHERS_PAGE = by_role(LOGIN, FORBIDDEN, OK, FORBIDDEN, OK)
+VERIFIERS = by_role(LOGIN, FORBIDDEN, REDIRECT, REDIRECT, REDIRECT)
+REVIEWERS = by_role(LOGIN, FORBIDDEN, FORBIDDEN, REDIRECT, REDIRECT)
+STAFF = by_role(ANY_LOGIN, ADMIN_LOGIN, ADMIN_LOGIN, ADMIN_LOGIN, ADMIN_OK)
+STAFF_WRITE = {**STAFF, "admin": NOT_TRIED}
+
+
+@dataclass
+class Entry:
+    url: str  # a sample URL for the pattern; {run}, {extraction}, ... are the world's ids
+    get: dict[str, str]
+    post: dict[str, str] | None = None  # None: the URL changes nothing, a POST is not tried
+    data: str = ""  # name of the World method giving the POST body
+    extra: dict = field(default_factory=dict)
+
+
+# The app's URLs, one entry per pattern of the URL map.
+APP = {
+    "login/": Entry("/login/", get=by_role(OK, OK, OK, OK, OK)),
+    # Logging out is a POST (Django 5); it lands on the login page.
+    "logout/": Entry("/logout/", get=by_role(LOGIN, NOT_ALLOWED, NOT_ALLOWED, NOT_ALLOWED, NOT_ALLOWED),
+                     post=by_role(LOGIN, LOGIN, LOGIN, LOGIN, LOGIN)),
+    "": Entry("/", get=READ),
+    "runs/new/": Entry("/runs/new/", get=LAUNCHERS_PAGE, post=LAUNCHERS, data="launch_form"),
+    "runs/<int:pk>/": Entry("/runs/{run}/", get=READ),
+    "runs/<int:pk>/cancel/": Entry("/runs/{run}/cancel/", get=POST_ONLY, post=LAUNCHERS),
+    "runs/<int:pk>/retry/": Entry("/runs/{run}/retry/", get=POST_ONLY, post=LAUNCHERS),
+    "datasets/": Entry("/datasets/", get=READ),
+    "datasets/<int:pk>/": Entry("/datasets/{dataset}/", get=READ),
+    "extractions/": Entry("/extractions/", get=READ),
+    "extractions/import/": Entry("/extractions/import/", get=LAUNCHERS_PAGE, post=LAUNCHERS, data="import_form"),
+    "extractions/<int:pk>/": Entry("/extractions/{extraction}/", get=READ),
+    "extractions/<int:pk>/verify/": Entry("/extractions/{extraction}/verify/", get=POST_ONLY, post=VERIFIERS),
+    "extractions/<int:pk>/override/": Entry("/extractions/{extraction}/override/", get=POST_ONLY, post=REVIEWERS,
+                                            data="override_form"),
+    "checkpoints/<int:pk>/": Entry("/checkpoints/{checkpoint}/", get=READ),
+    "checkpoints/<int:pk>/evaluate/": Entry("/checkpoints/{checkpoint}/evaluate/", get=POST_ONLY, post=LAUNCHERS,
+                                            data="evaluate_form"),
+    # Anyone signed in may comment (tests/views/test_reviews.py); the matrix tries an approval.
+    "reviews/<str:subject>/<int:pk>/": Entry("/reviews/extraction/{extraction}/", get=POST_ONLY, post=REVIEWERS,
+                                             data="approve_form"),
+    "api/runs/<int:pk>/": Entry("/api/runs/{run}/", get=READ),
+    "api/runs/<int:pk>/metrics/": Entry("/api/runs/{run}/metrics/?after=0", get=READ),
+    "api/targets/inspect/": Entry("/api/targets/inspect/?path={target_path}", get=READ),
+}
+
+# The admin site: its own login and logout, and everything else for staff only, whatever the model
+# (a model registered later is covered by the same rule). A POST (add, change, delete) by anyone
+# else goes to the admin's login and changes nothing.
+ADMIN = {
+    "admin/login/": Entry("/admin/login/", get=by_role(OK, OK, OK, OK, ADMIN_OK)),
+    "admin/logout/": Entry("/admin/logout/", get=by_role(ANY_LOGIN, REDIRECT, REDIRECT, REDIRECT, NOT_ALLOWED)),
+    "admin/r/<path:content_type_id>/<path:object_id>/": Entry("/admin/r/{run_content_type}/{run}/", get=STAFF),
+    "admin/(?P<app_label>auth|runs)/$": Entry("/admin/runs/", get=STAFF),
+    "admin/(?P<url>.*)$": Entry("/admin/no-such-page/", get={**STAFF, "admin": NOT_FOUND}),
+    # Without its query (app_label, model_name, field_name) the autocomplete refuses even staff.
+    "admin/autocomplete/": Entry("/admin/autocomplete/", get={**STAFF, "admin": FORBIDDEN}),
+    "admin/auth/user/<id>/password/": Entry("/admin/auth/user/{admin_user}/password/", get=STAFF,
+                                            post=STAFF_WRITE),
+}
+# The curation log is an audit trail: nobody adds or edits its rows, not even staff.
+AUDIT_LOGS = {"runs.curationaction"}
+# Other admin URLs by shape; <path:object_id> is the first row of the model (or a missing id).
+ADMIN_SHAPES = {
+    "": STAFF, "password_change/": STAFF, "password_change/done/": STAFF, "jsi18n/": STAFF,
+    "{model}/": STAFF, "{model}/add/": STAFF, "{model}/<path:object_id>/history/": STAFF,
+    "{model}/<path:object_id>/delete/": STAFF, "{model}/<path:object_id>/change/": STAFF,
+    "{model}/<path:object_id>/": STAFF,
+}
+ADMIN_WRITES = ("add/", "delete/", "change/", "password_change/")
+MODEL_ROUTE = re.compile(r"^admin/(?P<app>\w+)/(?P<model>\w+)/(?P<rest>.*)$")
+
+
+def walk(resolver: URLResolver, prefix: str = ""):
+    for pattern in resolver.url_patterns:
+        if isinstance(pattern, URLResolver):
+            yield from walk(pattern, prefix + str(pattern.pattern).lstrip("^"))
+        else:
+            assert isinstance(pattern, URLPattern)
+            # As resolve() spells a route: a nested regex loses its leading ^.
+            yield prefix + str(pattern.pattern).lstrip("^")
+
+
+ROUTES = list(dict.fromkeys(walk(get_resolver())))
+
+
+def entry_for(route: str, world: World) -> Entry | None:
+    if route in APP:
+        return APP[route]
+    if route in ADMIN:
+        return ADMIN[route]
+    match = MODEL_ROUTE.match(route)
+    if match:
+        try:
+            model = apps.get_model(match["app"], match["model"])
+        except LookupError:
+            model = None
+        rest = match["rest"]
+        if model is not None and "{model}/" + rest in ADMIN_SHAPES:
+            row = model._default_manager.order_by("pk").first()
+            url = f"/admin/{match['app']}/{match['model']}/" + rest.replace("<path:object_id>", str(row.pk if row else 10**9))
+            get, post = ADMIN_SHAPES["{model}/" + rest], STAFF_WRITE if rest.endswith(ADMIN_WRITES) else None
+            if model._meta.label_lower in AUDIT_LOGS and rest.endswith(("add/", "change/")):
+                get = {**get, "admin": FORBIDDEN} if rest.endswith("add/") else get  # change/ is read-only
+                post = {**STAFF, "admin": FORBIDDEN}
+            return Entry(url, get=get, post=post)
+    if route.startswith("admin/") and route[len("admin/"):] in ADMIN_SHAPES:
+        rest = route[len("admin/"):]
+        return Entry("/" + route, get=ADMIN_SHAPES[rest], post=STAFF_WRITE if rest.endswith(ADMIN_WRITES) else None)
+    return None
+
+
+class World:
+    """One of everything a URL can name, and a user per role."""
+
+    def __init__(self, tmp_path, config_only_target):
+        users = get_user_model()
+        self.users = {}
+        for role in ROLES[1:4]:
+            account = users.objects.create_user(f"matrix-{role}")
+            account.groups.add(Group.objects.get_or_create(name=role)[0])
+            self.users[role] = account
+        self.users["admin"] = users.objects.create_superuser("matrix-admin", password=None)
+        self.users["admin"].groups.add(Group.objects.get_or_create(name="admin")[0])
+        self.target = config_only_target
+        self.dataset_path = tmp_path / "chats.jsonl"
+        chat = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}
+        self.dataset_path.write_text(json.dumps(chat) + "\n")
+        self.run = services.run_launch(user=self.users["admin"], target_path=self.target,
+                                       dataset_path=self.dataset_path, config=RunConfig(draft_vocab_size=64))
+        from tests.stages.test_verify import write_flat
+
+        self.tmp_path = tmp_path
+        self.extraction, _ = extraction_import(path=write_flat(tmp_path / "matrix-ext"), target_path=self.target)
+        # A failed latest verification, so that an override has something to override.
+        Verification.objects.create(extraction=self.extraction, full=False, passed=False, layout="flat_v1",
+                                    checks=[], report={}, seconds=0.0)
+        training = self.run.training_run
+        self.checkpoint = Checkpoint.objects.create(training_run=training, epoch=0, path=str(tmp_path / "ckpt-0"))
+        MetricPoint.objects.create(training_run=training, split="train", key="loss", step=1, epoch=0.1, value=1.0)
+        StageAttempt.objects.create(run=self.run, stage="prepare", record_id=self.run.preparation.pk, number=1,
+                                    worker="w", started_at=self.run.created_at)
+        Review.objects.create(author=self.users["viewer"], decision="comment", text="a note", run=self.run)
+        CurationAction.objects.create(user=self.users["admin"], dataset=self.run.dataset, action="edit")
+        failed = Verification.objects.filter(passed=False).first()
+        VerificationOverride.objects.create(verification=failed, reviewer=self.users["admin"], reason="seed")
+        self.import_count = 0
+
+    def ids(self) -> dict:
+        return {"run": self.run.pk, "dataset": self.run.dataset_id, "extraction": self.extraction.pk,
+                "checkpoint": self.checkpoint.pk, "target_path": str(self.target),
+                "admin_user": self.users["admin"].pk,
+                "run_content_type": ContentType.objects.get_for_model(PipelineRun).pk}
+
+    def launch_form(self) -> dict:
+        return {"target_path": str(self.target), "dataset_path": str(self.dataset_path), "layer_ids": "",
+                "max_seq_len": 512, "draft_vocab_size": 64, "epochs": 1, "lr": 0.0003, "ttt_steps": 3}
+
+    def import_form(self) -> dict:
+        from tests.stages.test_verify import write_flat
+
+        self.import_count += 1
+        path = write_flat(self.tmp_path / f"matrix-import-{self.import_count}")
+        return {"path": str(path), "target_path": str(self.target)}
+
+    def override_form(self) -> dict:
+        return {"reason": "the failed check is a known false alarm"}
+
+    def evaluate_form(self) -> dict:
+        return {"max_new_tokens": 8, "max_prompts": 2}
+
+    def approve_form(self) -> dict:
+        return {"decision": "approve", "text": "Shapes and totals match."}
+
+    def client(self, role: str) -> Client:
+        client = Client()
+        if role != "anonymous":
+            client.force_login(self.users[role])
+        return client
+
+
+def fingerprint() -> tuple:
+    """What a refused request must leave as it was: the rows of every table of the app and the users,
+    counted in one query, and every stage's status."""
+    tables = [m._meta.db_table for m in apps.get_app_config("runs").get_models()] + [get_user_model()._meta.db_table]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(f'(SELECT count(*) FROM "{t}")' for t in tables))
+        counts = cursor.fetchone()
+    stages = [list(s.model.objects.order_by("pk").values_list("status", flat=True)) for s in STAGES]
+    return counts, stages
+
+
+def outcome(response) -> str:
+    code = response.status_code
+    if code in (301, 302):
+        location = response["Location"]
+        if location.startswith("/login/"):
+            return LOGIN
+        if location.startswith("/admin/login/"):
+            return ADMIN_LOGIN
+        return REDIRECT
+    return str(code)
+
+
+def matches(expected: str, got: str) -> bool:
+    if expected == ADMIN_OK:
+        return got in (OK, REDIRECT)
+    if expected == ANY_LOGIN:
+        return got in (LOGIN, ADMIN_LOGIN)
+    return expected == got
+
+
+@pytest.fixture
+def world(tmp_path, config_only_target):
+    return World(tmp_path, config_only_target)
+
+
+def test_every_url_has_an_entry(world):
+    missing = [route for route in ROUTES if entry_for(route, world) is None]
+    assert missing == [], f"URLs without an entry in the authorization matrix: {missing}"
+    stale = [route for route in [*APP, *ADMIN] if route not in ROUTES]
+    assert stale == [], f"entries for URLs the URL map no longer has: {stale}"
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_url_answers_each_role_as_the_matrix_says(route, world):
+    entry = entry_for(route, world)
+    if entry is None:
+        pytest.fail(f"{route!r} has no entry in the authorization matrix")
+    failures = []
+    for method, expected_by_role in (("GET", entry.get), ("POST", entry.post)):
+        if expected_by_role is None:
+            continue
+        for role in ROLES:
+            expected = expected_by_role[role]
+            if expected == NOT_TRIED:
+                continue
+            url = entry.url.format(**world.ids())
+            # The sample URL really is this pattern's (the catch-all would take a mistyped one).
+            if resolve(url.split("?")[0]).route != route:
+                failures.append(f"{url} does not resolve to {route}")
+                break
+            client = world.client(role)
+            before = fingerprint() if method == "POST" else None
+            if method == "GET":
+                response = client.get(url)
+            else:
+                response = client.post(url, getattr(world, entry.data)() if entry.data else {})
+            got = outcome(response)
+            if not matches(expected, got):
+                failures.append(f"{method} {url} as {role}: expected {expected}, got {got}")
+            if got == FORBIDDEN and route in APP:
+                if b"may not" not in response.content:
+                    failures.append(f"{method} {url} as {role}: the 403 page does not say why")
+            if method == "POST" and expected in (LOGIN, ADMIN_LOGIN, FORBIDDEN, NOT_ALLOWED):
+                if fingerprint() != before:
+                    failures.append(f"POST {url} as {role} was refused but changed the database")
+    assert failures == [], "\n".join(failures)
+
+
+def test_allowed_writes_are_stored(world):
+    """The matrix's REDIRECT for an allowed POST is the write itself, not a refusal with a message."""
+    launcher, reviewer = world.client("launcher"), world.client("reviewer")
+    runs = PipelineRun.objects.count()
+    launcher.post("/runs/new/", world.launch_form())
+    assert PipelineRun.objects.count() == runs + 1
+    evaluations = Evaluation.objects.count()
+    launcher.post(f"/checkpoints/{world.checkpoint.pk}/evaluate/", world.evaluate_form())
+    assert Evaluation.objects.count() == evaluations + 1
+    verifications = Verification.objects.count()
+    reviewer.post(f"/extractions/{world.extraction.pk}/verify/")
+    assert Verification.objects.count() == verifications + 1
+    Verification.objects.create(extraction=world.extraction, full=False, passed=False, layout="flat_v1", checks=[],
+                                report={}, seconds=0.0)
+    overrides = VerificationOverride.objects.count()
+    reviewer.post(f"/extractions/{world.extraction.pk}/override/", world.override_form())
+    assert VerificationOverride.objects.count() == overrides + 1
+    reviewer.post(f"/reviews/extraction/{world.extraction.pk}/", world.approve_form())
+    assert Review.objects.filter(decision="approve", author=world.users["reviewer"]).count() == 1
+    launcher.post(f"/runs/{world.run.pk}/cancel/")
+    assert world.run.preparation.__class__.objects.get(run=world.run).status == "cancelled"
+    assert PendingEnqueue.objects.filter(object_id=world.run.pk).count() == 1
+    launcher.post(f"/runs/{world.run.pk}/retry/")
+    assert PendingEnqueue.objects.filter(object_id=world.run.pk).count() == 2
