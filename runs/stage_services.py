@@ -81,10 +81,8 @@ def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRe
         if blocked:
             stage_fail(stage_name=stage_name, record_id=record_id, error=blocked, log_tail="")
             return None
-        # Training starts over from step 0 (its files too): an earlier attempt's curves and
-        # checkpoints would otherwise stand beside the new ones with the same steps and epochs.
-        MetricPoint.objects.filter(training_run_id=record_id).delete()
-        Checkpoint.objects.filter(training_run_id=record_id).delete()
+        # An earlier attempt's curves and checkpoints stay: the training resumes from its saved state
+        # and, once it knows from which step, drops what came after (training_resume).
     stage.status = StageStatus.RUNNING
     stage.started_at = timezone.now()
     stage.worker = worker[:200]
@@ -112,6 +110,24 @@ def stage_progress(*, stage_name: str, record_id: int, done: int, total: int, lo
     )
     if not updated:
         raise StageCancelled(f"{stage_name} {record_id} is no longer running")
+
+
+@transaction.atomic
+def training_resume(*, training_run_id: int, step: int, epochs_done: int, started_at: datetime | None = None) -> int:
+    """A training (re)starts at `step` with `epochs_done` epochs finished (0 and 0: from scratch).
+
+    Curves and checkpoints an earlier attempt reported up to there are the resumed training's own
+    and stay; what it reported later (steps past its last saved state, epochs it will train again)
+    goes, so that no step appears twice. Returns the metric points removed."""
+    if started_at is not None and not _stage_qs("train", training_run_id, started_at).filter(
+            status=StageStatus.RUNNING).exists():
+        raise StageCancelled(f"train {training_run_id} is no longer running")
+    removed, _ = MetricPoint.objects.filter(training_run_id=training_run_id, step__gt=step).delete()
+    Checkpoint.objects.filter(training_run_id=training_run_id, epoch__gte=epochs_done).delete()
+    if step:
+        logger.info("training %s resumes at step %d (%d epochs done); %d later metric points dropped",
+                    training_run_id, step, epochs_done, removed)
+    return removed
 
 
 def stage_heartbeat(*, stage_name: str, record_id: int, started_at: datetime) -> bool:

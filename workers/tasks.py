@@ -36,6 +36,7 @@ from runs.stage_services import (
     stage_record_id,
     stage_start,
     stages_reconcile,
+    training_resume,
 )
 from runs.pipeline import STAGES, STAGES_BY_NAME
 from runs.queue import outbox_flush
@@ -105,8 +106,17 @@ class Heartbeat(threading.Thread):
 
 
 def _fresh_dir(path: Path) -> Path:
-    """A retried stage starts over: what an earlier, failed attempt left in the run's folder goes."""
+    """A retried prepare starts over (it is cheap, and writes its folder at once): what an earlier,
+    failed attempt left in the run's folder goes."""
     if path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+def _resumable_dir(path: Path, *, marker: str) -> Path:
+    """A retried stage resumes in its folder when an earlier attempt marked it (the stage itself
+    judges what can be kept); a folder without the mark (an older version's) starts over."""
+    if path.exists() and not (path / marker).exists():
         shutil.rmtree(path)
     return path
 
@@ -128,13 +138,15 @@ def _prepare(record, reporter: StageReporter):
 
 def _extract(record, reporter: StageReporter):
     from workers.stages.extract import extract
+    from workers.stages.extract_resume import RESUME_NAME
 
     run = record.run
     return extract(
         target_dir=Path(run.target.path),
         prepared_dir=Path(run.preparation.out_dir),
-        out_dir=_fresh_dir(Path(run.output_dir) / "extraction"),
+        out_dir=_resumable_dir(Path(run.output_dir) / "extraction", marker=RESUME_NAME),
         layer_ids=record.layer_ids,
+        batch_tokens=settings.EAGLE3WEB_EXTRACT_BATCH_TOKENS or None,
         on_progress=reporter.progress,
     )
 
@@ -175,6 +187,9 @@ def _train(record, reporter: StageReporter):
         on_metrics=lambda points: metrics_record(training_run_id=record.pk, points=points),
         should_stop=reporter.cancelled,
         on_checkpoint=lambda c: checkpoints_register(training_run_id=record.pk, checkpoints=[asdict(c)]),
+        # resumes from the state an earlier attempt saved in out_dir; what it reported later goes
+        on_resume=lambda step, epochs_done: training_resume(training_run_id=record.pk, step=step,
+                                                            epochs_done=epochs_done, started_at=reporter.started_at),
     )
 
 

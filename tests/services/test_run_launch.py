@@ -184,9 +184,10 @@ def test_each_execution_is_an_attempt_and_a_retry_keeps_the_earlier_one(roots, u
     assert "DatasetFormatError: line 3" in page
 
 
-def test_a_retried_training_starts_its_curves_and_checkpoints_afresh(roots, user, django_capture_on_commit_callbacks):
+def test_a_retried_training_keeps_its_curves_and_checkpoints_up_to_where_it_resumes(
+        roots, user, django_capture_on_commit_callbacks):
     from runs.models import Checkpoint, MetricPoint, Verification
-    from runs.stage_services import checkpoints_register, metrics_record
+    from runs.stage_services import StageCancelled, checkpoints_register, metrics_record, training_resume
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
@@ -195,13 +196,24 @@ def test_a_retried_training_starts_its_curves_and_checkpoints_afresh(roots, user
     extraction = extraction_written(run, path=f"{run.output_dir}/extraction")
     Verification.objects.create(extraction=extraction, passed=True, layout="flat_v1", seconds=0.1)
     train_id = rid(run, "train")
-    stage_start(stage_name="train", record_id=train_id, worker="w1")
-    metrics_record(training_run_id=train_id, points=[{"split": "train", "key": "loss", "step": s, "epoch": 0.1,
-                                                      "value": 1.0} for s in (1, 2, 3)])
-    checkpoints_register(training_run_id=train_id, checkpoints=[{"epoch": 0, "path": "/gone/0"}])
+    first = stage_start(stage_name="train", record_id=train_id, worker="w1").started_at
+    assert training_resume(training_run_id=train_id, step=0, epochs_done=0, started_at=first) == 0
+    metrics_record(training_run_id=train_id, points=[{"split": split, "key": "loss", "step": s, "epoch": 0.1,
+                                                      "value": 1.0} for s in (1, 2, 3, 4) for split in ("train", "val")])
+    checkpoints_register(training_run_id=train_id, checkpoints=[{"epoch": 0, "path": "/run/0"},
+                                                                {"epoch": 1, "path": "/run/1"}])
     stage_fail(stage_name="train", record_id=train_id, error="RuntimeError: worker lost", log_tail="")
     services.run_retry(run=run, user=user)
-    assert stage_start(stage_name="train", record_id=train_id, worker="w2") is not None
+    second = stage_start(stage_name="train", record_id=train_id, worker="w2").started_at
+    # starting keeps everything: only the training knows where its saved state lets it resume
+    assert MetricPoint.objects.filter(training_run_id=train_id).count() == 8
+    with pytest.raises(StageCancelled):  # the replaced attempt can no longer drop anything
+        training_resume(training_run_id=train_id, step=0, epochs_done=0, started_at=first)
+    assert training_resume(training_run_id=train_id, step=2, epochs_done=1, started_at=second) == 4
+    assert sorted(MetricPoint.objects.filter(training_run_id=train_id).values_list("split", "step")) == [
+        ("train", 1), ("train", 2), ("val", 1), ("val", 2)]
+    assert list(Checkpoint.objects.filter(training_run_id=train_id).values_list("epoch", flat=True)) == [0]
+    training_resume(training_run_id=train_id, step=0, epochs_done=0, started_at=second)  # its state was unusable
     assert not MetricPoint.objects.filter(training_run_id=train_id).exists()
     assert not Checkpoint.objects.filter(training_run_id=train_id).exists()
 
