@@ -237,14 +237,10 @@ def request(port: int, method: str, path: str, *, cookies: dict | None = None, b
     """One request on a fresh connection (gunicorn's sync workers close each one); returns
     (status, body bytes, Set-Cookie values)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    headers = {"Host": "127.0.0.1"}
-    if cookies:
-        headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
-    data = None
+    headers = {"Host": "127.0.0.1", "Cookie": "; ".join(f"{k}={v}" for k, v in (cookies or {}).items())}
+    data = None if body is None else urlencode(body)
     if body is not None:
-        data = urlencode(body)
-        headers.update({"Content-Type": "application/x-www-form-urlencoded",
-                        "Referer": f"http://127.0.0.1:{port}/login/"})
+        headers.update({"Content-Type": "application/x-www-form-urlencoded", "Referer": f"http://127.0.0.1:{port}/login/"})
     try:
         conn.request(method, path, body=data, headers=headers)
         response = conn.getresponse()
@@ -324,7 +320,8 @@ def main() -> None:
     args = parse_args()
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     tmp = Path(tempfile.mkdtemp(prefix="eagle3web-bench-load-"))
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "eagle3web.settings", "DATABASE_URL": args.database_url,
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "eagle3web.settings"),
+           "DATABASE_URL": args.database_url,
            "CELERY_BROKER_URL": args.broker_url, "EAGLE3WEB_DATA_DIR": str(tmp),
            "EAGLE3WEB_DATA_ROOTS": f"{tmp}:{REPO / 'data'}", "EAGLE3WEB_RUNS_DIR": str(tmp / "runs"),
            # Two cores are shared by gunicorn, PostgreSQL, the clients and the trainer: one torch thread.
@@ -376,12 +373,13 @@ def main() -> None:
         cleanup.callback(stop, gunicorn)
         wait_for_http(args.port, gunicorn, tmp / "gunicorn.log")
         sessions: list[dict] = []
-        run_all([lambda: sessions.append(login(args.port, "bench"))] * args.clients)
+        for first in range(0, args.clients, args.gunicorn_workers):  # a login hashes a password for 0.5 s: a few at once
+            run_all([lambda: sessions.append(login(args.port, "bench"))] * min(args.gunicorn_workers, args.clients - first))
         if len(sessions) != args.clients:
             raise SystemExit(f"only {len(sessions)} of {args.clients} clients logged in")
         points_before = count_points()
         samples: list = []
-        began = time.monotonic()
+        load_before, began = os.getloadavg()[0], time.monotonic()
         run_all([lambda c=cookies: client(args.port, c, run.pk, began + args.seconds, samples) for cookies in sessions])
         elapsed = time.monotonic() - began
         result = {**summarize(samples, elapsed), "clients": args.clients, "seconds": round(elapsed, 1),
@@ -389,7 +387,9 @@ def main() -> None:
                   "training_status": TrainingRun.objects.get(run=run).status,
                   "metric_points_written_while_measuring": count_points() - points_before,
                   "curve_points_at_end": count_points(), "database": "postgresql",
-                  "cores": os.cpu_count(), "date": datetime.date.today().isoformat()}
+                  "cores": os.cpu_count(), "date": datetime.date.today().isoformat(),
+                  # Other work on the machine shows here: the figures above are only this app's on a quiet one.
+                  "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
     print(json.dumps(result, indent=None if args.json else 2))
 
 
