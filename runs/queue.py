@@ -73,3 +73,8 @@ def outbox_flush() -> int:
 
 def pending_enqueue(*, kind: str, object_id: int) -> PendingEnqueue | None:
     return PendingEnqueue.objects.filter(kind=kind, object_id=object_id).first()
+
+
+def run_waiting_for_queue(*, run_id: int) -> PendingEnqueue | None:
+    """The run's hand-over the broker refused (kept for the workers to retry), or None."""
+    return PendingEnqueue.objects.filter(kind=PendingEnqueue.Kind.PIPELINE, object_id=run_id, attempts__gt=0).first()

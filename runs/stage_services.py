@@ -66,6 +66,20 @@ def stage_record_id(*, stage_name: str, run_id: int) -> int:
     return STAGES_BY_NAME[stage_name].model.objects.values_list("pk", flat=True).get(run_id=run_id)
 
 
+def stage_waits_for_previous(*, stage_name: str, run_id: int) -> str | None:
+    """The earlier stage of the run that has not succeeded (so this one may not start), or None.
+
+    A chain whose stage was handed to another attempt (lease lapsed, queued again) goes on with
+    its next task regardless; that task must leave its stage queued for the chain that runs the
+    stages in order."""
+    names = [stage.name for stage in STAGES]
+    if names.index(stage_name) == 0:
+        return None
+    previous = names[names.index(stage_name) - 1]
+    unfinished = STAGES_BY_NAME[previous].model.objects.filter(run_id=run_id).exclude(status=StageStatus.SUCCEEDED)
+    return previous if unfinished.exists() else None
+
+
 @transaction.atomic
 def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRecord | None:
     """Mark a queued stage running. None if it was cancelled or already ran (a redelivered task), or

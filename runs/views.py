@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from runs import evaluation_services, extraction_services, reviews, selectors, services
+from runs import evaluation_services, extraction_services, queue, reviews, selectors, services
 from runs.evaluation_services import EvaluationRequestError
 from runs.demo import demo_paths
 from runs.forms import LaunchForm
@@ -42,7 +42,12 @@ def run_launch(request: HttpRequest) -> HttpResponse:
             except InputError as exc:
                 form.add_error(None, str(exc))
             else:
-                messages.success(request, f"Launched {run}: the stages are queued.")
+                if queue.run_waiting_for_queue(run_id=run.pk):
+                    # The broker refused the hand-over: the outbox keeps it and the workers retry.
+                    messages.warning(request, f"Launched {run}; it is waiting for the queue (Redis is not "
+                                              "answering) and starts by itself once the queue is back.")
+                else:
+                    messages.success(request, f"Launched {run}: the stages are queued.")
                 return redirect(run)
     else:
         initial = dict(demo_paths())
@@ -79,6 +84,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
             "checkpoints": selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
             "attempts": run.attempts.all(),
+            "waiting_for_queue": queue.run_waiting_for_queue(run_id=run.pk),
         },
     )
 

@@ -35,6 +35,7 @@ from runs.stage_services import (
     stage_heartbeat,
     stage_record_id,
     stage_start,
+    stage_waits_for_previous,
     stages_reconcile,
     training_resume,
 )
@@ -221,14 +222,16 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
     if started is None:
         logger.info("%s %s is not queued any more; skipping", stage_name, record_id)
         return False
-    import torch
-
-    torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
     fence = started.started_at
     reporter = StageReporter(stage_name=stage_name, record_id=record_id, interval=settings.EAGLE3WEB_PROGRESS_INTERVAL,
                              started_at=fence)
+    # The lease is renewed from here on: importing torch in a fresh pool process can take longer
+    # than a short lease, and a lapsed lease hands the stage to another attempt.
     heartbeat = Heartbeat(stage_name=stage_name, record_id=record_id, started_at=fence)
     heartbeat.start()
+    import torch
+
+    torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
     watched = [logging.getLogger("workers"), logging.getLogger("speculators")]
     for log in watched:
         log.addHandler(reporter)
@@ -259,6 +262,10 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
 
 @shared_task(bind=True, name="eagle3web.stage", acks_late=True)
 def stage_task(self, stage_name: str, run_id: int) -> bool:
+    waiting_for = stage_waits_for_previous(stage_name=stage_name, run_id=run_id)
+    if waiting_for:
+        logger.info("%s of run %s waits for %s to succeed; skipping", stage_name, run_id, waiting_for)
+        return False
     record_id = stage_record_id(stage_name=stage_name, run_id=run_id)
     return stage_execute(stage_name=stage_name, record_id=record_id, worker=self.request.hostname or "celery")
 
