@@ -25,12 +25,12 @@ migrate: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput -v 0
 
 demo: setup
-	$(PY) manage.py build_demo_assets $(DEMO_DIR) --json
-	$(PY) manage.py demo_login
-	@echo "Dashboard: http://127.0.0.1:$(PORT)/  (Ctrl-C stops the web server and the worker)"
+	@# The build says how far it is on stderr; the login comes last, once the server answers.
+	$(PY) manage.py build_demo_assets $(DEMO_DIR) > /dev/null
 	trap 'kill 0' EXIT; \
 	$(PY) -m celery -A eagle3web worker -Q cpu,gpu --concurrency 1 --loglevel INFO & \
-	$(PY) manage.py runserver 127.0.0.1:$(PORT) --noreload
+	$(PY) manage.py runserver 127.0.0.1:$(PORT) --noreload & \
+	$(PY) manage.py demo_login --wait-for http://127.0.0.1:$(PORT)/ && wait
 
 worker: setup
 	$(PY) -m celery -A eagle3web worker -Q cpu,gpu --concurrency 1 --loglevel INFO

@@ -12,7 +12,7 @@ What each side does:
   on the CPU with one torch thread, for up to 1,000 epochs; measuring starts once its training has
   written curves, and the run is cancelled at the end. --trainer writer has no worker: the run's
   train stage is RUNNING and a thread appends metric points through the workers' own write path
-  (`runs.stage_services.metrics_record`, `stage_progress`) as the train stage does: a batch every
+  (`runs.metric_services.metrics_record`, `stage_progress`) as the train stage does: a batch every
   2 s, 12 curves per step, --steps-per-second steps, on top of --history-steps steps already there
   (a longer curve and more writes than this CPU's real training makes).
 - Web: gunicorn (eagle3web.wsgi, static files by WhiteNoise, as docker-compose.yml runs it) on
@@ -131,7 +131,7 @@ def seed(*, runs: int, target_dir: Path, chats: Path) -> tuple[object, object]:
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group
 
-    from runs import reviews, services, stage_services
+    from runs import metric_services, reviews, services, stage_services
     from runs.run_config import RunConfig
 
     user = get_user_model().objects.create_user("bench", password=PASSWORD, is_superuser=True)
@@ -142,7 +142,7 @@ def seed(*, runs: int, target_dir: Path, chats: Path) -> tuple[object, object]:
     for run in launched[:-1]:
         _finish(run, statuses={}, log=log)
         training_id = run.training_run.pk
-        stage_services.metrics_record(training_run_id=training_id, points=_points(range(1, 101), 50))
+        metric_services.metrics_record(training_run_id=training_id, points=_points(range(1, 101), 50))
         stage_services.checkpoints_register(training_run_id=training_id, checkpoints=[
             {"epoch": e, "path": f"{run.output_dir}/checkpoints/{e}", "train_loss": 1.0, "val_loss": 1.1,
              "is_best": e == 1, "val_metrics": {"full_acc_0": 0.5, "cond_acc_0": 0.5}} for e in range(2)])
@@ -155,23 +155,25 @@ class Writer(threading.Thread):
 
     def __init__(self, *, run, steps_per_second: float, history_steps: int):
         super().__init__(daemon=True)
-        from runs import stage_services
+        from runs import metric_services, stage_services
         from runs.models import TrainingRun
 
         _finish(run, statuses={"train": "running", "evaluate": "queued"}, log="")
         self.services, self.rate, self.step = stage_services, steps_per_second, history_steps
         self.record_id, self.total = run.training_run.pk, history_steps * 20
         self.started_at = TrainingRun.objects.get(pk=self.record_id).started_at
-        stage_services.metrics_record(training_run_id=self.record_id, points=_points(range(1, history_steps + 1), 250))
+        metric_services.metrics_record(training_run_id=self.record_id, points=_points(range(1, history_steps + 1), 250))
         self.stop = threading.Event()
 
     def run(self) -> None:
         from django.db import connection
 
+        from runs.metric_services import metrics_record as metric_services_record
+
         try:
             while not self.stop.wait(FLUSH_SECONDS):
                 steps = range(self.step + 1, self.step + 1 + round(self.rate * FLUSH_SECONDS))
-                self.services.metrics_record(training_run_id=self.record_id, points=_points(steps, 250))
+                metric_services_record(training_run_id=self.record_id, points=_points(steps, 250))
                 self.step = steps[-1]
                 self.services.stage_progress(stage_name="train", record_id=self.record_id, done=self.step,
                                              total=self.total, log_tail=f"step {self.step}", started_at=self.started_at)
@@ -209,10 +211,10 @@ def demo_assets(env: dict) -> tuple[Path, Path]:
 
 
 def wait_for_training(run, *, proc: subprocess.Popen, log: Path, timeout: float) -> None:
-    from runs.models import MetricPoint, TrainingRun
+    from runs.models import MetricSeries, TrainingRun
 
     deadline = time.monotonic() + timeout
-    while not MetricPoint.objects.filter(training_run__run=run).exists():
+    while not MetricSeries.objects.filter(training_run__run=run).exists():
         status = TrainingRun.objects.get(run=run).status
         if proc.poll() is not None or status in ("failed", "cancelled") or time.monotonic() > deadline:
             raise SystemExit(f"training did not start (train stage {status}):\n{log.read_text()[-3000:]}")
@@ -266,10 +268,10 @@ def login(port: int, username: str) -> dict:
 
 
 def client(port: int, cookies: dict, run_id: int, deadline: float, samples: list) -> None:
-    last_id = 0
+    since = 0  # as the run page polls: each time, only the steps after the last one it has
     pages = [("runs_list", lambda: "/"), ("run_page", lambda: f"/runs/{run_id}/"),
-             ("curve_full", lambda: f"/api/runs/{run_id}/metrics/?after=0"),
-             ("curve_poll", lambda: f"/api/runs/{run_id}/metrics/?after={last_id}")]
+             ("curve_full", lambda: f"/api/runs/{run_id}/metrics/?points=2000"),
+             ("curve_poll", lambda: f"/api/runs/{run_id}/metrics/?start={since}")]
     while time.monotonic() < deadline:
         for name, path in pages:
             started = time.perf_counter()
@@ -280,7 +282,8 @@ def client(port: int, cookies: dict, run_id: int, deadline: float, samples: list
             ms = (time.perf_counter() - started) * 1000
             samples.append((name, ms, status == 200, len(body)))
             if status == 200 and name.startswith("curve"):
-                last_id = json.loads(body)["last_id"]
+                steps = [series["last_step"] for series in json.loads(body)["series"] if series["last_step"] is not None]
+                since = min(steps) + 1 if steps else since
             if time.monotonic() >= deadline:
                 return
 
@@ -343,10 +346,10 @@ def main() -> None:
             (chats := tmp / "chats.jsonl").write_text(json.dumps({"messages": [
                 {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n")
         user, run = seed(runs=args.runs, target_dir=target, chats=chats)
-        from runs.models import MetricPoint, TrainingRun
+        from runs.models import MetricSeries, TrainingRun
 
         def count_points() -> int:
-            return MetricPoint.objects.filter(training_run__run=run).count()
+            return sum(MetricSeries.objects.filter(training_run__run=run).values_list("num_points", flat=True))
 
         if args.trainer == "worker":
             import redis

@@ -9,7 +9,9 @@ from runs.models import (
     ExtractStage,
     Extraction,
     Manifest,
-    MetricPoint,
+    MetricChunk,
+    MetricSeries,
+    RunTag,
     PendingEnqueue,
     PipelineRun,
     Preparation,
@@ -141,11 +143,27 @@ class CheckpointAdmin(admin.ModelAdmin):
     search_fields = ("path",)
 
 
-@admin.register(MetricPoint)
-class MetricPointAdmin(admin.ModelAdmin):
-    list_display = ("training_run", "split", "key", "step", "epoch", "value")
-    list_filter = ("split", "key")
+@admin.register(MetricSeries)
+class MetricSeriesAdmin(admin.ModelAdmin):
+    list_display = ("training_run", "split", "key", "num_points", "last_step", "last_value", "min_value", "min_step",
+                    "num_refused")
+    list_filter = ("split",)
     search_fields = ("key",)
+    # The points are binary chunks: the run page's curve export gives them as CSV or JSON.
+    readonly_fields = [f.name for f in MetricSeries._meta.fields]
+
+
+@admin.register(RunTag)
+class RunTagAdmin(admin.ModelAdmin):
+    list_display = ("name",)
+    search_fields = ("name",)
+    filter_horizontal = ("runs",)
+
+
+@admin.register(MetricChunk)
+class MetricChunkAdmin(admin.ModelAdmin):
+    list_display = ("series", "first_step", "last_step", "num_points")
+    fields = readonly_fields = ("series", "first_step", "last_step", "num_points")  # the arrays are binary
 
 
 @admin.register(Verification)

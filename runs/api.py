@@ -38,17 +38,6 @@ def run_status(request: HttpRequest, pk: int) -> JsonResponse:
     return JsonResponse(selectors.run_summary(run))
 
 
-def run_metrics(request: HttpRequest, pk: int) -> JsonResponse:
-    if pk > MAX_ID:
-        return JsonResponse({"error": f"no run {pk}"}, status=404)
-    run = selectors.run_get(pk=pk, stages=False)
-    try:
-        after = _int_param(request, "after", 0)
-    except InputError as exc:
-        return _bad(exc)
-    return JsonResponse(selectors.curve_points(run=run, after_id=after))
-
-
 def target_inspect(request: HttpRequest) -> JsonResponse:
     """What the launch form needs to prefill layer ids for a typed target path."""
     try:

@@ -363,7 +363,7 @@ class VocabMapping(StageRecord):
 
 
 class TrainingRun(StageRecord):
-    """Training of the EAGLE-3 draft; its curves are MetricPoints, its outputs Checkpoints."""
+    """Training of the EAGLE-3 draft; its curves are MetricSeries, its outputs Checkpoints."""
 
     run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, related_name="training_run")
     epochs = models.PositiveIntegerField()
@@ -463,20 +463,6 @@ class Evaluation(StageRecord):
         ordering = ["-id"]
 
 
-class MetricPoint(models.Model):
-    """One value of one curve at one step; read by (training run, key, step)."""
-
-    training_run = models.ForeignKey(TrainingRun, on_delete=models.CASCADE, related_name="metric_points")
-    split = models.CharField(max_length=10)
-    key = models.CharField(max_length=50)
-    step = models.PositiveIntegerField()
-    epoch = models.FloatField()
-    value = models.FloatField()
-
-    class Meta:
-        indexes = [models.Index(fields=["training_run", "key", "step"], name="metric_run_key_step")]
-
-
 class Review(models.Model):
     """A comment, approval or change request on a run, an extraction or a checkpoint."""
 
@@ -505,3 +491,8 @@ class Review(models.Model):
                 name="review_has_exactly_one_subject",
             )
         ]
+
+
+# Curves live in their own module (chunked series); imported here so that Django registers them.
+from runs.metric_models import MetricChunk, MetricSeries  # noqa: E402,F401
+from runs.tag_models import RunTag  # noqa: E402,F401

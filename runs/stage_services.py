@@ -22,7 +22,6 @@ from runs.models import (
     ExtractStage,
     Extraction,
     Manifest,
-    MetricPoint,
     Preparation,
     StageAttempt,
     StageRecord,
@@ -30,6 +29,7 @@ from runs.models import (
     TrainingRun,
     VocabMapping,
 )
+from runs.metric_services import metrics_record, metrics_truncate  # noqa: F401 - the workers' write path
 from runs.pipeline import STAGES, STAGES_BY_NAME
 
 if TYPE_CHECKING:  # the stages import torch; these services only read their dataclasses
@@ -136,7 +136,7 @@ def training_resume(*, training_run_id: int, step: int, epochs_done: int, starte
     if started_at is not None and not _stage_qs("train", training_run_id, started_at).filter(
             status=StageStatus.RUNNING).exists():
         raise StageCancelled(f"train {training_run_id} is no longer running")
-    removed, _ = MetricPoint.objects.filter(training_run_id=training_run_id, step__gt=step).delete()
+    removed = metrics_truncate(training_run_id=training_run_id, after_step=step)
     Checkpoint.objects.filter(training_run_id=training_run_id, epoch__gte=epochs_done).delete()
     if step:
         logger.info("training %s resumes at step %d (%d epochs done); %d later metric points dropped",
@@ -314,22 +314,6 @@ def manifest_record(*, extraction: Extraction, path: Path) -> Manifest:
         extraction=extraction, defaults={"path": str(path), "format_version": version, "data": data}
     )
     return manifest
-
-
-def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
-    rows = [
-        MetricPoint(
-            training_run_id=training_run_id,
-            split=p["split"],
-            key=p["key"],
-            step=int(p["step"]),
-            epoch=float(p["epoch"]),
-            value=float(p["value"]),
-        )
-        for p in points
-    ]
-    MetricPoint.objects.bulk_create(rows, batch_size=1000)
-    return len(rows)
 
 
 @transaction.atomic

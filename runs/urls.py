@@ -1,14 +1,16 @@
 from django.urls import path
 
-from runs import api, views
+from runs import api, curve_api, views
 
 app_name = "runs"
 urlpatterns = [
     path("", views.run_list, name="run_list"),
     path("runs/new/", views.run_launch, name="run_launch"),
+    path("runs/compare/", views.run_compare, name="run_compare"),
     path("runs/<int:pk>/", views.run_detail, name="run_detail"),
     path("runs/<int:pk>/cancel/", views.run_cancel, name="run_cancel"),
     path("runs/<int:pk>/retry/", views.run_retry, name="run_retry"),
+    path("runs/<int:pk>/tags/", views.run_tags, name="run_tags"),
     path("datasets/", views.dataset_list, name="dataset_list"),
     path("datasets/<int:pk>/", views.dataset_detail, name="dataset_detail"),
     path("extractions/", views.extraction_list, name="extraction_list"),
@@ -20,6 +22,7 @@ urlpatterns = [
     path("checkpoints/<int:pk>/evaluate/", views.checkpoint_evaluate, name="checkpoint_evaluate"),
     path("reviews/<str:subject>/<int:pk>/", views.review_create, name="review_create"),
     path("api/runs/<int:pk>/", api.run_status, name="api_run_status"),
-    path("api/runs/<int:pk>/metrics/", api.run_metrics, name="api_run_metrics"),
+    path("api/runs/<int:pk>/metrics/", curve_api.run_metrics, name="api_run_metrics"),
+    path("api/runs/<int:pk>/metrics/export/", curve_api.run_metrics_export, name="api_run_metrics_export"),
     path("api/targets/inspect/", api.target_inspect, name="api_target_inspect"),
 ]

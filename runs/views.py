@@ -7,9 +7,11 @@ from pathlib import Path
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from runs import evaluation_services, extraction_services, queue, reviews, selectors, services
+from runs import (comparison, evaluation_services, extraction_services, queue, reviews, run_table, selectors,
+                  services, tag_services)
 from runs.evaluation_services import EvaluationRequestError
 from runs.demo import demo_paths
 from runs.forms import LaunchForm
@@ -19,10 +21,26 @@ from workers.stages.errors import InputError
 
 
 def run_list(request: HttpRequest) -> HttpResponse:
-    runs = list(selectors.run_rows()[:200])
+    try:
+        filters = run_table.RunFilters.from_query(request.GET)
+    except run_table.RunTableError as exc:
+        messages.error(request, str(exc))
+        return redirect("runs:run_list")
+    page, total = run_table.run_table(filters=filters)
+    runs = list(page.object_list)
     states = reviews.review_states(subjects=runs)
-    rows = [(run, selectors.run_status(run), states.get(run.pk)) for run in runs]
-    return render(request, "runs/run_list.html", {"rows": rows})
+    rows = [(run, run.status, states.get(run.pk), run_table.duration_text(run.duration)) for run in runs]
+    query = request.GET.copy()
+    query.pop("page", None)
+    columns = []
+    for key, label in run_table.COLUMNS:
+        by_column = query.copy()
+        by_column["sort"] = filters.sort_link(key)
+        state = ("desc" if filters.descending else "asc") if key == filters.sort else ""
+        columns.append({"key": key, "label": label, "href": by_column.urlencode(), "state": state})
+    return render(request, "runs/run_list.html", {
+        "rows": rows, "page": page, "total": total, "filters": filters, "choices": run_table.filter_choices(),
+        "query": query.urlencode(), "columns": columns})
 
 
 def run_launch(request: HttpRequest) -> HttpResponse:
@@ -49,6 +67,12 @@ def run_launch(request: HttpRequest) -> HttpResponse:
                 else:
                     messages.success(request, f"Launched {run}: the stages are queued.")
                 return redirect(run)
+    elif request.GET.get("copy"):
+        initial = selectors.launch_copy_initial(run_id=request.GET["copy"])
+        if initial is None:
+            messages.error(request, f"There is no run {request.GET['copy'][:20]!r} to copy.")
+            return redirect("runs:run_launch")
+        form = LaunchForm(initial=initial)
     else:
         initial = dict(demo_paths())
         if initial:
@@ -85,6 +109,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "checkpoints": selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
             "attempts": run.attempts.all(),
             "waiting_for_queue": queue.run_waiting_for_queue(run_id=run.pk),
+            "settings": sorted(comparison.run_settings(run).items()),
         },
     )
 
@@ -94,6 +119,18 @@ def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     run = selectors.run_get(pk=pk, stages=False)
     count = services.run_cancel(run=run, user=request.user)
     messages.info(request, f"Cancelled {count} unfinished stage(s) of {run}.")
+    return redirect(run)
+
+
+@require_POST
+def run_tags(request: HttpRequest, pk: int) -> HttpResponse:
+    run = selectors.run_get(pk=pk, stages=False)
+    try:
+        names = tag_services.run_tags_set(run=run, text=request.POST.get("tags", ""), user=request.user)
+    except InputError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Tags of {run}: {', '.join(names) or 'none'}.")
     return redirect(run)
 
 
@@ -253,3 +290,15 @@ def checkpoint_evaluate(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         messages.success(request, f"Evaluation {evaluation.pk} queued: a worker decodes the prompts with and without the draft.")
     return redirect(checkpoint)
+
+
+def run_compare(request: HttpRequest) -> HttpResponse:
+    """2 to 10 runs side by side: `?ids=3,5,8` (the runs list's checkboxes send ids=3&ids=5)."""
+    try:
+        run_ids = comparison.compare_ids(request.GET.getlist("ids"))
+        context = comparison.run_comparison(run_ids=run_ids)
+    except comparison.ComparisonError as exc:
+        return render(request, "runs/run_compare.html", {"error": str(exc)}, status=400)
+    chart_runs = [{"id": r["run"].pk, "name": str(r["run"]), "url": reverse("runs:api_run_metrics", args=[r["run"].pk])}
+                  for r in context["runs"]]
+    return render(request, "runs/run_compare.html", {**context, "chart_runs": chart_runs})

@@ -3,10 +3,7 @@
   "use strict";
   const table = document.getElementById("stages");
   const statusUrl = table.dataset.statusUrl;
-  const metricsUrl = table.dataset.metricsUrl;
   const fmt = new Intl.NumberFormat("en-US");
-  const series = {};  // "split:key" -> {x: [], y: []}
-  let lastMetricId = 0;
   let finished = false;
 
   function esc(text) {
@@ -145,58 +142,14 @@
       "<th>Train loss</th><th>τ measured</th><th>τ simulated</th><th>Path</th><th>Serve with vLLM</th></tr></thead><tbody>" + rows + "</tbody></table>";
   }
 
-  function addPoints(newSeries) {
-    for (const [id, curve] of Object.entries(newSeries)) {
-      const s = (series[id] = series[id] || {x: [], y: []});
-      for (let i = 0; i < curve.step.length; i++) {
-        s.x.push(curve.step[i]);
-        s.y.push(curve.value[i]);
-      }
-    }
-  }
-
-  function traces(filter, mode) {
-    return Object.keys(series).filter(filter).sort().map((id) => ({
-      name: id.replace(":", " "), x: series[id].x, y: series[id].y,
-      mode: id.startsWith("val:") ? "lines+markers" : mode, type: "scatter",
-      line: {dash: id.startsWith("val:") ? "dash" : "solid"},
-    }));
-  }
-
-  function renderCurves() {
-    if (!Object.keys(series).length) return;
-    const layout = (title, ytitle) => ({
-      // The series arrays grow in place; a new datarevision makes Plotly.react redraw and autorange.
-      datarevision: lastMetricId, title: {text: title}, height: 320, margin: {l: 55, r: 10, t: 40, b: 40},
-      xaxis: {title: {text: "step"}}, yaxis: {title: {text: ytitle}}, legend: {orientation: "h", y: -0.25},
-    });
-    const cfg = {displaylogo: false, responsive: true};
-    Plotly.react("plot-loss", traces((id) => /:loss(_\d+)?$/.test(id), "lines"), layout("Loss per TTT step", "loss"), cfg);
-    Plotly.react("plot-acc", traces((id) => /:(full|cond)_acc_\d+$/.test(id), "lines"), layout("Accuracy per TTT step", "accuracy"), cfg);
-    const lrLayout = layout("Learning rate", "learning rate");
-    lrLayout.yaxis.exponentformat = "e";
-    Plotly.react("plot-lr", traces((id) => /:lr$/.test(id), "lines"), lrLayout, cfg);
-    Plotly.react("plot-speed", traces((id) => /:tokens_per_s$/.test(id), "lines"), layout("Training throughput", "tokens/s"), cfg);
-    document.getElementById("curve-status").textContent = `${fmt.format(lastMetricId ? Object.values(series).reduce((n, s) => n + s.x.length, 0) : 0)} points plotted.`;
-  }
-
   async function poll() {
     try {
-      const [statusResp, metricsResp] = await Promise.all([
-        fetch(statusUrl, {headers: {Accept: "application/json"}}),
-        fetch(metricsUrl + "?after=" + lastMetricId, {headers: {Accept: "application/json"}}),
-      ]);
-      const summary = await statusResp.json();
-      const metrics = await metricsResp.json();
+      const summary = await (await fetch(statusUrl, {headers: {Accept: "application/json"}})).json();
       renderStages(summary);
-      if (metrics.count) {
-        addPoints(metrics.series);
-        lastMetricId = metrics.last_id;
-        renderCurves();
-      }
-      finished = summary.finished && metrics.count === 0;
+      document.dispatchEvent(new CustomEvent("run-summary", {detail: summary}));  // curves.js stops with the run
+      finished = summary.finished;
     } catch (err) {
-      document.getElementById("curve-status").textContent = "Lost contact with the server (" + err + "); retrying.";
+      document.getElementById("run-status").title = "Lost contact with the server (" + err + "); retrying.";
     }
     if (!finished) setTimeout(poll, 2000);
   }

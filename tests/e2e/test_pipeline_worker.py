@@ -7,7 +7,7 @@ import pytest
 from django.core.management import call_command
 
 from runs import services
-from runs.models import MetricPoint, PipelineRun, StageStatus, Verification
+from runs.models import MetricSeries, PipelineRun, StageStatus, Verification
 from runs.run_config import RunConfig
 from tests.worker import wait_for_run
 
@@ -32,7 +32,7 @@ def test_pipeline_finishes_every_stage_in_a_celery_worker(tiny_target, worker, u
     assert manifest["total_tokens"] == summary["tokens"]["extracted_tokens"]
     assert [c["epoch"] for c in summary["checkpoints"]] == [0, 1]
     assert sum(c["is_best"] for c in summary["checkpoints"]) == 1
-    keys = set(MetricPoint.objects.filter(training_run__run=run).values_list("split", "key").distinct())
+    keys = set(MetricSeries.objects.filter(training_run__run=run).values_list("split", "key"))
     for k in range(2):
         assert ("train", f"loss_{k}") in keys and ("val", f"full_acc_{k}") in keys
     acceptance = summary["acceptance"]

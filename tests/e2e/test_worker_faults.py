@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from django.db.models import Count
 
 from runs import services
-from runs.models import Checkpoint, ExtractStage, Extraction, MetricPoint, StageAttempt, StageStatus, TrainingRun
+from runs.curves import series_points
+from runs.models import Checkpoint, ExtractStage, Extraction, MetricSeries, StageAttempt, StageStatus, TrainingRun
 from runs.run_config import RunConfig
 from tests.worker import celery_worker, kill_worker_hard, wait_for_run
 
@@ -94,7 +94,8 @@ def test_a_worker_killed_during_training_is_replaced_and_training_resumes(tiny_t
         # a second epoch's checkpoint means the first epoch's resume state is on disk
         wait_until(lambda: Checkpoint.objects.filter(training_run__run=run, epoch__gte=1).exists(), timeout=300,
                    what="training's second epoch to end")
-        first_point = MetricPoint.objects.get(training_run__run=run, split="train", key="loss", step=1)
+        loss = MetricSeries.objects.get(training_run__run=run, split="train", key="loss")
+        first_value = series_points(series=loss).values[0]
         kill_worker_hard(first)
     assert training.get().status == StageStatus.RUNNING  # nobody is left to say otherwise
     with celery_worker(data_root=data_root, log_path=tmp_path / "second.log", extra_env=SHORT_LEASE):
@@ -104,11 +105,12 @@ def test_a_worker_killed_during_training_is_replaced_and_training_resumes(tiny_t
     # resumed, not restarted: from a saved step, keeping the curve the first attempt drew up to it
     resumed = re.search(r"resumed from step (\d+)", attempts[1].log_tail)
     assert resumed and int(resumed[1]) > 0, attempts[1].log_tail
-    assert MetricPoint.objects.filter(pk=first_point.pk, value=first_point.value).exists()
-    points = MetricPoint.objects.filter(training_run__run=run)
-    duplicates = points.values("split", "key", "step").annotate(n=Count("id")).filter(n__gt=1)
-    assert not duplicates.exists()
-    steps = training.get().steps
-    assert sorted(points.filter(split="train", key="loss").values_list("step", flat=True)) == list(range(1, steps + 1))
+    for series in MetricSeries.objects.filter(training_run__run=run):
+        steps = series_points(series=series).steps
+        assert len(steps) == series.num_points and (steps[1:] > steps[:-1]).all(), series  # no step twice
+        assert series.num_refused == 0, series
+    loss = series_points(series=MetricSeries.objects.get(training_run__run=run, split="train", key="loss"))
+    assert loss.values[0] == first_value  # the first attempt's point, kept
+    assert loss.steps.tolist() == list(range(1, training.get().steps + 1))
     assert list(Checkpoint.objects.filter(training_run__run=run).values_list("epoch", flat=True)) == list(range(EPOCHS))
     assert summary["acceptance"]["output_matches_greedy"] is True

@@ -103,15 +103,15 @@ def run(user, paths, django_capture_on_commit_callbacks):
 
 
 @pytest.mark.parametrize(
-    "after, problem",
-    [("abc", "after must be an integer id"), ("9" * 30, "after must be an integer id"),
-     ("-1", "after must be an integer id"), ("1.5", "after must be an integer id"),
-     ("9" * 5000, "after must be an integer id")],
-    ids=["letters", "30-digits", "negative", "float", "5000-digits"],
+    "params, problem",
+    [({"start": "abc"}, "start must be an integer"), ({"start": "9" * 30}, "start must be an integer"),
+     ({"end": "-1"}, "end must be an integer"), ({"points": "1.5"}, "points must be an integer"),
+     ({"start": "9" * 5000}, "start must be an integer"), ({"after": "3"}, "unknown parameter 'after'")],
+    ids=["letters", "30-digits", "negative", "float", "5000-digits", "unknown"],
 )
-def test_api_metrics_after_is_validated_with_400(client, user, run, after, problem):
+def test_api_metrics_parameters_are_validated_with_400(client, user, run, params, problem):
     client.force_login(user)
-    response = client.get(f"/api/runs/{run.pk}/metrics/", {"after": after})
+    response = client.get(f"/api/runs/{run.pk}/metrics/", params)
     assert response.status_code == 400 and problem in response.json()["error"]
 
 

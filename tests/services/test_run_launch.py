@@ -186,7 +186,8 @@ def test_each_execution_is_an_attempt_and_a_retry_keeps_the_earlier_one(roots, u
 
 def test_a_retried_training_keeps_its_curves_and_checkpoints_up_to_where_it_resumes(
         roots, user, django_capture_on_commit_callbacks):
-    from runs.models import Checkpoint, MetricPoint, Verification
+    from runs.curves import series_points
+    from runs.models import Checkpoint, MetricSeries, Verification
     from runs.stage_services import StageCancelled, checkpoints_register, metrics_record, training_resume
 
     with django_capture_on_commit_callbacks(execute=False):
@@ -206,15 +207,16 @@ def test_a_retried_training_keeps_its_curves_and_checkpoints_up_to_where_it_resu
     services.run_retry(run=run, user=user)
     second = stage_start(stage_name="train", record_id=train_id, worker="w2").started_at
     # starting keeps everything: only the training knows where its saved state lets it resume
-    assert MetricPoint.objects.filter(training_run_id=train_id).count() == 8
+    assert sum(MetricSeries.objects.filter(training_run_id=train_id).values_list("num_points", flat=True)) == 8
     with pytest.raises(StageCancelled):  # the replaced attempt can no longer drop anything
         training_resume(training_run_id=train_id, step=0, epochs_done=0, started_at=first)
     assert training_resume(training_run_id=train_id, step=2, epochs_done=1, started_at=second) == 4
-    assert sorted(MetricPoint.objects.filter(training_run_id=train_id).values_list("split", "step")) == [
+    assert sorted((series.split, int(step)) for series in MetricSeries.objects.filter(training_run_id=train_id)
+                  for step in series_points(series=series).steps) == [
         ("train", 1), ("train", 2), ("val", 1), ("val", 2)]
     assert list(Checkpoint.objects.filter(training_run_id=train_id).values_list("epoch", flat=True)) == [0]
     training_resume(training_run_id=train_id, step=0, epochs_done=0, started_at=second)  # its state was unusable
-    assert not MetricPoint.objects.filter(training_run_id=train_id).exists()
+    assert not MetricSeries.objects.filter(training_run_id=train_id).exists()
     assert not Checkpoint.objects.filter(training_run_id=train_id).exists()
 
 

@@ -2,12 +2,12 @@ import pytest
 from django.contrib import admin
 from django.urls import reverse
 
-from runs.models import Checkpoint, Dataset, Extraction, MetricPoint, PipelineRun, TargetModel, Verification
+from runs.models import Checkpoint, Dataset, Extraction, MetricSeries, PipelineRun, TargetModel, Verification
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.mark.parametrize("model", [TargetModel, Dataset, PipelineRun, Extraction, Checkpoint, MetricPoint, Verification])
+@pytest.mark.parametrize("model", [TargetModel, Dataset, PipelineRun, Extraction, Checkpoint, MetricSeries, Verification])
 def test_staff_can_open_each_admin_list_with_filters_and_search(admin_client, model):
     assert model in admin.site._registry
     url = reverse(f"admin:runs_{model._meta.model_name}_changelist")

@@ -25,7 +25,8 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
 from runs import services
 from runs.extraction_services import extraction_import
-from runs.models import (Checkpoint, CurationAction, Evaluation, MetricPoint, PendingEnqueue, PipelineRun, Review,
+from runs.metric_services import metrics_record
+from runs.models import (Checkpoint, CurationAction, Evaluation, PendingEnqueue, PipelineRun, Review,
                          StageAttempt, Verification, VerificationOverride)
 from runs.pipeline import STAGES
 from runs.run_config import RunConfig
@@ -81,6 +82,8 @@ APP = {
     "runs/<int:pk>/": Entry("/runs/{run}/", get=READ),
     "runs/<int:pk>/cancel/": Entry("/runs/{run}/cancel/", get=POST_ONLY, post=LAUNCHERS),
     "runs/<int:pk>/retry/": Entry("/runs/{run}/retry/", get=POST_ONLY, post=LAUNCHERS),
+    "runs/<int:pk>/tags/": Entry("/runs/{run}/tags/", get=POST_ONLY, post=LAUNCHERS, data="tags_form"),
+    "runs/compare/": Entry("/runs/compare/?ids={run},{other_run}", get=READ),
     "datasets/": Entry("/datasets/", get=READ),
     "datasets/<int:pk>/": Entry("/datasets/{dataset}/", get=READ),
     "extractions/": Entry("/extractions/", get=READ),
@@ -96,7 +99,8 @@ APP = {
     "reviews/<str:subject>/<int:pk>/": Entry("/reviews/extraction/{extraction}/", get=POST_ONLY, post=REVIEWERS,
                                              data="approve_form"),
     "api/runs/<int:pk>/": Entry("/api/runs/{run}/", get=READ),
-    "api/runs/<int:pk>/metrics/": Entry("/api/runs/{run}/metrics/?after=0", get=READ),
+    "api/runs/<int:pk>/metrics/": Entry("/api/runs/{run}/metrics/?points=100", get=READ),
+    "api/runs/<int:pk>/metrics/export/": Entry("/api/runs/{run}/metrics/export/?key=loss&split=train", get=READ),
     "api/targets/inspect/": Entry("/api/targets/inspect/?path={target_path}", get=READ),
 }
 
@@ -184,6 +188,8 @@ class World:
         self.dataset_path.write_text(json.dumps(chat) + "\n")
         self.run = services.run_launch(user=self.users["admin"], target_path=self.target,
                                        dataset_path=self.dataset_path, config=RunConfig(draft_vocab_size=64))
+        self.other_run = services.run_launch(user=self.users["admin"], target_path=self.target,
+                                             dataset_path=self.dataset_path, config=RunConfig(draft_vocab_size=32))
         from tests.stages.test_verify import write_flat
 
         self.tmp_path = tmp_path
@@ -193,7 +199,8 @@ class World:
                                     checks=[], report={}, seconds=0.0)
         training = self.run.training_run
         self.checkpoint = Checkpoint.objects.create(training_run=training, epoch=0, path=str(tmp_path / "ckpt-0"))
-        MetricPoint.objects.create(training_run=training, split="train", key="loss", step=1, epoch=0.1, value=1.0)
+        metrics_record(training_run_id=training.pk,
+                       points=[{"split": "train", "key": "loss", "step": 1, "epoch": 0.1, "value": 1.0}])
         StageAttempt.objects.create(run=self.run, stage="prepare", record_id=self.run.preparation.pk, number=1,
                                     worker="w", started_at=self.run.created_at)
         Review.objects.create(author=self.users["viewer"], decision="comment", text="a note", run=self.run)
@@ -203,7 +210,7 @@ class World:
         self.import_count = 0
 
     def ids(self) -> dict:
-        return {"run": self.run.pk, "dataset": self.run.dataset_id, "extraction": self.extraction.pk,
+        return {"run": self.run.pk, "other_run": self.other_run.pk, "dataset": self.run.dataset_id, "extraction": self.extraction.pk,
                 "checkpoint": self.checkpoint.pk, "target_path": str(self.target),
                 "admin_user": self.users["admin"].pk,
                 "run_content_type": ContentType.objects.get_for_model(PipelineRun).pk}
@@ -218,6 +225,9 @@ class World:
         self.import_count += 1
         path = write_flat(self.tmp_path / f"matrix-import-{self.import_count}")
         return {"path": str(path), "target_path": str(self.target)}
+
+    def tags_form(self) -> dict:
+        return {"tags": "baseline, matrix"}
 
     def override_form(self) -> dict:
         return {"reason": "the failed check is a known false alarm"}

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,16 +17,50 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("out_dir", type=Path)
         parser.add_argument("--conversations", type=int, default=None, help="how many chats to generate")
+        parser.add_argument("--train-steps", type=int, default=None, help="training steps of the demo target")
         parser.add_argument("--json", dest="as_json", action="store_true", help="print the result as one JSON line")
 
-    def handle(self, *args, out_dir: Path, conversations: int | None, as_json: bool, **opts):
+    def handle(self, *args, out_dir: Path, conversations: int | None, train_steps: int | None, as_json: bool,
+               **opts):
         from workers.stages.demo_assets import build_demo_assets
 
         logging.getLogger("workers").setLevel(logging.INFO)
         kwargs = {"num_conversations": conversations} if conversations else {}
-        assets = build_demo_assets(out_dir.resolve(), **kwargs)
+        if train_steps:
+            kwargs["train_steps"] = train_steps
+        progress = BuildProgress(sys.stderr)
+        assets = build_demo_assets(out_dir.resolve(), on_progress=progress, **kwargs)
+        progress.done()
         result = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(assets).items()}
         if as_json:
             self.stdout.write(json.dumps(result))
         else:
             self.stdout.write(f"demo target: {result['target_dir']}\ndemo chats:  {result['chats_path']}")
+
+
+class BuildProgress:
+    """One line on stderr, rewritten every second: how far the build is and about how long is left
+    (from the pace so far), so a first `make demo` does not look hung for the minute it trains."""
+
+    def __init__(self, stream, interval: float = 1.0):
+        self.stream, self.interval = stream, interval
+        self.started = self.last = time.monotonic()
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last < self.interval and done < total:
+            return
+        self.last = now
+        elapsed = now - self.started
+        left = elapsed / done * (total - done) if done else None
+        estimate = f", about {left:.0f} s left" if left is not None and done < total else ""
+        self.stream.write(f"\rBuilding the demo target (a small Llama trained on CPU): step {done} of {total}"
+                          f"{estimate}   ")
+        self.stream.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            self.stream.write(f"\nDemo target ready in {time.monotonic() - self.started:.0f} s.\n")
+            self.stream.flush()

@@ -1,0 +1,151 @@
+"""Reads of training curves: chart windows downsampled so spikes survive, full series for export,
+and per-series summaries for lists and comparisons.
+
+A chart asks for at most N points per series over a step window. Chunks wholly inside a window
+too dense for N points are read through their previews (min and max of each slice, see
+runs.metric_chunks.preview); the rest are read whole. What was read is then reduced to N points
+with MinMaxLTTB (tsdownsample), which keeps the extremes that a spike is made of.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from runs.metric_chunks import CHUNK_POINTS, Points, downsample, unpack, unpack_one
+from runs.models import MetricChunk, MetricSeries
+
+DEFAULT_POINTS = 2000
+MAX_POINTS = 20000
+MAX_KEYS = 64
+# A preview keeps about 1/32 of its chunk (every slice's min and max): a window holding more than 32x
+# the points asked for still gets more candidates than that from the previews of the chunks wholly
+# inside it, and reads those (a few KB a chunk) instead of the chunks (128 KB each).
+PREVIEW_FACTOR = 32
+X_AXES = ("step", "epoch", "time")
+
+
+@dataclass(frozen=True)
+class CurveQuery:
+    keys: tuple[str, ...] = ()  # empty: every key
+    split: str = ""  # empty: every split
+    start: int | None = None
+    end: int | None = None
+    points: int = DEFAULT_POINTS
+
+
+def _chunks(series_id: int, query: CurveQuery):
+    chunks = MetricChunk.objects.filter(series_id=series_id)
+    if query.start is not None:
+        chunks = chunks.filter(last_step__gte=query.start)
+    if query.end is not None:
+        chunks = chunks.filter(first_step__lte=query.end)
+    return chunks.order_by("last_step")
+
+
+def _inside(chunk_first: int, chunk_last: int, query: CurveQuery) -> bool:
+    return (query.start is None or chunk_first >= query.start) and (query.end is None or chunk_last <= query.end)
+
+
+def _window_points(series_id: int, query: CurveQuery) -> tuple[Points, int]:
+    """The points to downsample from, and how many points the window really holds."""
+    heads = list(_chunks(series_id, query).values_list("pk", "first_step", "last_step", "num_points"))
+    in_window = sum(n for _, _, _, n in heads)  # edge chunks overcount; corrected below when read whole
+    coarse = in_window > PREVIEW_FACTOR * query.points
+    # Only full chunks keep a preview (runs.metric_services._chunk_fields); the open one is read whole.
+    use_preview = {pk for pk, first, last, n in heads if coarse and n == CHUNK_POINTS and _inside(first, last, query)}
+    whole_ids = [pk for pk, *_ in heads if pk not in use_preview]
+    preview_ids = list(use_preview)
+    parts: dict[int, Points] = {}
+    if preview_ids:
+        for pk, blob in MetricChunk.objects.filter(pk__in=preview_ids).values_list("pk", "preview"):
+            parts[pk] = unpack_one(blob)
+    if whole_ids:
+        rows = MetricChunk.objects.filter(pk__in=whole_ids).values_list("pk", "steps", "epochs", "values", "times")
+        for pk, steps, epochs, values, times in rows:
+            whole = unpack({"steps": steps, "epochs": epochs, "values": values, "times": times})
+            windowed = whole.window(query.start, query.end)
+            in_window -= len(whole) - len(windowed)
+            parts[pk] = windowed
+    return Points.concat([parts[pk] for pk, *_ in heads if pk in parts]), in_window
+
+
+def _number(value):
+    return value if value is None or np.isfinite(value) else None
+
+
+def series_summary(series: MetricSeries) -> dict:
+    return {
+        "split": series.split, "key": series.key, "num_points": series.num_points,
+        "first_step": series.first_step, "last_step": series.last_step,
+        "last": _number(series.last_value), "last_epoch": series.last_epoch,
+        "min": _number(series.min_value), "min_step": series.min_step,
+        "max": _number(series.max_value), "max_step": series.max_step,
+        "num_non_finite": series.num_non_finite, "num_refused": series.num_refused,
+    }
+
+
+def curve_series(*, training_run_id: int, query: CurveQuery = CurveQuery()):
+    series = MetricSeries.objects.filter(training_run_id=training_run_id).order_by("key", "split")
+    if query.keys:
+        series = series.filter(key__in=query.keys)
+    if query.split:
+        series = series.filter(split=query.split)
+    return series
+
+
+def curve_window(*, training_run_id: int, query: CurveQuery) -> list[dict]:
+    """Each matching series over the window: at most `query.points` points (step, epoch, value,
+    time), how many the window holds, and the series' summary (its last step tells a live page
+    where to ask from next)."""
+    out = []
+    for series in curve_series(training_run_id=training_run_id, query=query):
+        raw, in_window = _window_points(series.pk, query)
+        shown = downsample(raw, query.points)
+        out.append({
+            **series_summary(series),
+            "points_in_window": int(in_window),
+            "downsampled": len(shown) < in_window,
+            "steps": shown.steps.tolist(), "epochs": np.round(shown.epochs, 6).tolist(),
+            "values": shown.values.tolist(), "times": np.round(shown.times, 3).tolist(),
+        })
+    return out
+
+
+def series_points(*, series: MetricSeries) -> Points:
+    """Every point of a series, at full resolution (exports, tests)."""
+    rows = series.chunks.order_by("last_step").values_list("steps", "epochs", "values", "times")
+    return Points.concat([unpack({"steps": s, "epochs": e, "values": v, "times": t}) for s, e, v, t in rows])
+
+
+def run_series_summaries(*, training_run_ids: list[int]) -> dict[int, list[dict]]:
+    """Summaries of every series of these training runs, in one query (lists, compare)."""
+    out: dict[int, list[dict]] = {pk: [] for pk in training_run_ids}
+    for series in MetricSeries.objects.filter(training_run_id__in=training_run_ids).order_by("key", "split"):
+        out[series.training_run_id].append(series_summary(series))
+    return out
+
+
+def series_chunks(*, series: MetricSeries):
+    """Every point of a series, chunk by chunk, without holding the curve in memory (exports)."""
+    rows = series.chunks.order_by("last_step").values_list("steps", "epochs", "values", "times")
+    for s, e, v, t in rows.iterator(chunk_size=16):
+        yield unpack({"steps": s, "epochs": e, "values": v, "times": t})
+
+
+@dataclass(frozen=True)
+class CurveOwner:
+    run_id: int
+    training_run_id: int | None
+
+
+def curve_owner(*, run_id: int) -> CurveOwner:
+    """The run whose curves are asked for, and its training's id; Http404 when there is no such run."""
+    from django.http import Http404
+
+    from runs.models import PipelineRun
+
+    row = PipelineRun.objects.filter(pk=run_id).values_list("pk", "training_run__pk").first() if run_id < 2**63 else None
+    if row is None:
+        raise Http404(f"no run {run_id}")
+    return CurveOwner(run_id=row[0], training_run_id=row[1])

@@ -1,0 +1,194 @@
+// Training curves on the run page: one chart per metric family (loss, accuracies, lr, throughput),
+// TTT steps as the legend, train solid and validation dashed. The API answers at most POINTS points
+// per series (MinMaxLTTB, so spikes survive); zooming asks again for the window at full resolution;
+// while the run trains, only the steps after each series' last one are asked for and appended.
+(function () {
+  "use strict";
+  const root = document.getElementById("curves");
+  if (!root) return;
+  const metricsUrl = root.dataset.metricsUrl;
+  const exportUrl = root.dataset.exportUrl;
+  const POINTS = 2000;
+  const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
+  const TITLES = {loss: "Loss per TTT step", full_acc: "Accuracy per TTT step", cond_acc: "Conditional accuracy per TTT step",
+    lr: "Learning rate", tokens_per_s: "Training throughput (tokens/s)"};
+  const fmt = new Intl.NumberFormat("en-US");
+  const series = {};  // "split:key" -> {split, key, steps, epochs, values, times, last_step, num_points, ...}
+  const charts = {};  // family -> {div, ids: [series ids in trace order], zoomed: bool}
+  const opts = {smooth: 0, log: false, x: "step"};
+  let runFinished = false;
+  let lastRefresh = 0;
+
+  const familyOf = (key) => key.replace(/_\d+$/, "");
+  const tttOf = (key) => { const m = key.match(/_(\d+)$/); return m ? Number(m[1]) : 0; };
+  const sid = (s) => s.split + ":" + s.key;
+
+  function smoothed(values) {
+    // TensorBoard's debiased exponential moving average: the first points are not pulled to zero.
+    const w = opts.smooth;
+    if (!w) return values;
+    const out = new Array(values.length);
+    let last = 0, n = 0;
+    for (let i = 0; i < values.length; i++) {
+      last = last * w + (1 - w) * values[i];
+      n += 1;
+      out[i] = last / (1 - Math.pow(w, n));
+    }
+    return out;
+  }
+
+  function xs(s) {
+    if (opts.x === "epoch") return s.epochs;
+    if (opts.x === "time") return s.times.map((t) => new Date(t * 1000));
+    return s.steps;
+  }
+
+  function traces(ids) {
+    const out = [];
+    for (const id of ids) {
+      const s = series[id];
+      const color = PALETTE[tttOf(s.key) % PALETTE.length];
+      const val = s.split === "val";
+      const name = `${s.split} ${s.key}`;
+      const base = {x: xs(s), type: val ? "scatter" : "scattergl", legendgroup: name,
+        hovertemplate: `${name}<br>%{x}: %{y:.5g}<extra></extra>`};
+      if (opts.smooth && !val) {
+        out.push({...base, y: s.values, name, showlegend: false, mode: "lines", line: {color, width: 1}, opacity: 0.25});
+        out.push({...base, y: smoothed(s.values), name, mode: "lines", line: {color, width: 2}});
+      } else {
+        out.push({...base, y: s.values, name, mode: val ? "lines+markers" : "lines", line: {color, dash: val ? "dash" : "solid"}});
+      }
+    }
+    return out;
+  }
+
+  function layout(family, chart) {
+    return {
+      title: {text: TITLES[family] || family}, height: 320, margin: {l: 60, r: 10, t: 40, b: 40},
+      xaxis: {title: {text: {step: "step", epoch: "epoch", time: "wall time"}[opts.x]}, type: opts.x === "time" ? "date" : "linear"},
+      yaxis: {type: opts.log ? "log" : "linear", exponentformat: family === "lr" ? "e" : "none"},
+      legend: {orientation: "h", y: -0.25}, uirevision: opts.x + opts.log, datarevision: Date.now(),
+    };
+  }
+
+  function chartFor(family) {
+    if (charts[family]) return charts[family];
+    const box = document.createElement("div");
+    box.className = "plot-box";
+    box.innerHTML = `<div id="plot-${family}" class="plot"></div><details class="export"><summary>Export</summary><ul></ul></details>`;
+    document.getElementById("curve-plots").appendChild(box);
+    const div = box.querySelector(".plot");
+    charts[family] = {div, box, ids: [], zoomed: false};
+    return charts[family];
+  }
+
+  function exportLinks(chart) {
+    chart.box.querySelector("ul").innerHTML = chart.ids.map((id) => {
+      const s = series[id];
+      const q = `?key=${encodeURIComponent(s.key)}&split=${s.split}`;
+      return `<li>${s.split} ${s.key} (${fmt.format(s.num_points)} points): <a href="${exportUrl}${q}&format=csv" download>CSV</a> ` +
+        `<a href="${exportUrl}${q}&format=json" download>JSON</a></li>`;
+    }).join("");
+  }
+
+  function draw(family) {
+    const chart = chartFor(family);
+    chart.ids = Object.keys(series).filter((id) => familyOf(series[id].key) === family)
+      .sort((a, b) => tttOf(series[a].key) - tttOf(series[b].key) || a.localeCompare(b));
+    Plotly.react(chart.div, traces(chart.ids), layout(family, chart), {displaylogo: false, responsive: true});
+    exportLinks(chart);
+    if (!chart.listening) {
+      chart.listening = true;
+      chart.div.on("plotly_relayout", (ev) => zoomed(family, ev));
+    }
+  }
+
+  function drawAll(only) {
+    const families = [...new Set(Object.values(series).map((s) => familyOf(s.key)))];
+    const order = ["loss", "full_acc", "cond_acc", "lr", "tokens_per_s"];
+    families.sort((a, b) => ((order.indexOf(a) + 1) || 99) - ((order.indexOf(b) + 1) || 99) || a.localeCompare(b));
+    // A zoomed chart keeps its window; live points reach it when the user zooms out.
+    for (const f of families) if (!only || (only.has(f) && !(charts[f] && charts[f].zoomed))) draw(f);
+    const total = Object.values(series).reduce((n, s) => n + s.num_points, 0);
+    const shown = Object.values(series).reduce((n, s) => n + s.steps.length, 0);
+    const refused = Object.values(series).reduce((n, s) => n + (s.num_refused || 0), 0);
+    const nonFinite = Object.values(series).reduce((n, s) => n + (s.num_non_finite || 0), 0);
+    document.getElementById("curve-status").textContent = total ?
+      `${fmt.format(total)} points recorded in ${Object.keys(series).length} series; ${fmt.format(shown)} drawn` +
+      (shown < total ? " (downsampled with MinMaxLTTB: zoom in for full resolution)" : "") + "." +
+      (nonFinite ? ` ${fmt.format(nonFinite)} NaN or infinite values are not drawn (they are in the exports).` : "") +
+      (refused ? ` ${fmt.format(refused)} points were refused: their step was not after the series' last.` : "") : "";
+  }
+
+  async function fetchSeries(params) {
+    const resp = await fetch(metricsUrl + "?" + new URLSearchParams(params), {headers: {Accept: "application/json"}});
+    if (!resp.ok) throw new Error((await resp.json()).error || resp.status);
+    return (await resp.json()).series;
+  }
+
+  async function loadAll() {
+    for (const s of await fetchSeries({points: POINTS})) series[sid(s)] = s;
+    lastRefresh = Date.now();
+    drawAll();
+    // When the charts were first drawn, in ms since navigation began (read by bench/metrics.py).
+    if (!root.dataset.drawnAt && Object.keys(series).length) root.dataset.drawnAt = String(Math.round(performance.now()));
+  }
+
+  async function zoomed(family, ev) {
+    const chart = charts[family];
+    if (ev["xaxis.autorange"]) {
+      chart.zoomed = false;
+    } else if (ev["xaxis.range[0]"] !== undefined && opts.x === "step") {
+      chart.zoomed = [Math.max(0, Math.floor(ev["xaxis.range[0]"])), Math.ceil(ev["xaxis.range[1]"])];
+    } else {
+      return;
+    }
+    const keys = [...new Set(chart.ids.map((id) => series[id].key))].join(",");
+    const params = {keys, points: POINTS};
+    if (chart.zoomed) Object.assign(params, {start: chart.zoomed[0], end: chart.zoomed[1]});
+    const fresh = await fetchSeries(params);
+    const view = {};
+    for (const s of fresh) view[sid(s)] = s;
+    Plotly.react(chart.div, traces(chart.ids.filter((id) => view[id]).map((id) => { series["zoom:" + id] = view[id]; return "zoom:" + id; })),
+      {...layout(family, chart), xaxis: {...layout(family, chart).xaxis, ...(chart.zoomed ? {range: chart.zoomed} : {autorange: true})}},
+      {displaylogo: false, responsive: true});
+  }
+
+  async function poll() {
+    try {
+      if (!Object.keys(series).length || Date.now() - lastRefresh > 60000) {
+        await loadAll();  // first load, and now and then a fresh downsampling of the whole curves
+      } else {
+        const since = Math.min(...Object.values(series).map((s) => s.last_step == null ? -1 : s.last_step)) + 1;
+        const fresh = await fetchSeries({start: since, points: POINTS});
+        const changed = new Set();
+        for (const s of fresh) {
+          const id = sid(s), have = series[id];
+          if (!have) { series[id] = s; changed.add(familyOf(s.key)); continue; }
+          const from = s.steps.findIndex((step) => step > (have.steps.length ? have.steps[have.steps.length - 1] : -1));
+          if (from < 0) continue;
+          for (const col of ["steps", "epochs", "values", "times"]) have[col] = have[col].concat(s[col].slice(from));
+          Object.assign(have, {last_step: s.last_step, num_points: s.num_points, min: s.min, max: s.max, last: s.last,
+            num_refused: s.num_refused, num_non_finite: s.num_non_finite});
+          changed.add(familyOf(s.key));
+        }
+        if (changed.size) drawAll(changed);
+      }
+    } catch (err) {
+      document.getElementById("curve-status").textContent = "Lost contact with the server (" + err + "); retrying.";
+    }
+    if (!runFinished) setTimeout(poll, 2000);
+    else if (!root.dataset.finalLoaded) { root.dataset.finalLoaded = "1"; await loadAll(); }
+  }
+
+  document.addEventListener("run-summary", (ev) => { runFinished = !!ev.detail.finished; });
+  for (const [id, key] of [["curve-smooth", "smooth"], ["curve-log", "log"], ["curve-x", "x"]]) {
+    const input = document.getElementById(id);
+    input.addEventListener("input", () => {
+      opts[key] = input.type === "checkbox" ? input.checked : input.type === "range" ? Number(input.value) : input.value;
+      if (key === "smooth") document.getElementById("curve-smooth-value").textContent = opts.smooth.toFixed(2);
+      for (const f of Object.keys(charts)) { charts[f].zoomed = false; draw(f); }
+    });
+  }
+  poll();
+})();

@@ -1,0 +1,124 @@
+"""The runs list as a tracker: search, filters, sort, pages, tags, compare boxes, launch a copy."""
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+
+from runs import services
+from runs.models import Checkpoint, RunTag, StageStatus
+from runs.run_config import RunConfig
+from runs.run_table import PAGE_SIZE
+from runs.tag_services import run_tags_set
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def roots(tmp_path, settings):
+    data = tmp_path / "data"
+    data.mkdir()
+    settings.EAGLE3WEB_DATA_ROOTS = [data.resolve()]
+    settings.EAGLE3WEB_RUNS_DIR = data.resolve() / "runs"
+    for name in ("llama-a", "qwen-b"):
+        (data / name).mkdir()
+        (data / name / "config.json").write_text(json.dumps({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
+            "hidden_size": 64, "vocab_size": 5000}))
+    (data / "chats.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "héllo ✓"}]}\n')
+    return data
+
+
+def launch(roots, user, *, target="llama-a", name="", lr=3e-4):
+    return services.run_launch(user=user, target_path=roots / target, dataset_path=roots / "chats.jsonl",
+                               config=RunConfig(lr=lr), name=name, enqueue=False)
+
+
+def names(response):
+    return [row.split('aria-label="compare ')[1].split('"')[0]
+            for row in response.content.decode().split('<tr data-run=')[1:]]
+
+
+def test_search_filters_and_sort(client, user, roots):
+    a = launch(roots, user, name="baseline llama")
+    b = launch(roots, user, target="qwen-b", name="qwen try")
+    c = launch(roots, user, name="failed one")
+    c.preparation.status = StageStatus.FAILED
+    c.preparation.save()
+    Checkpoint.objects.create(training_run=a.training_run, epoch=0, path="/x/0", val_loss=2.5)
+    Checkpoint.objects.create(training_run=a.training_run, epoch=1, path="/x/1", val_loss=1.5)
+    Checkpoint.objects.create(training_run=b.training_run, epoch=0, path="/y/0", val_loss=1.9)
+    client.force_login(user)
+    assert names(client.get("/", {"q": "qwen"})) == ["qwen try"]
+    assert names(client.get("/", {"target": "llama-a"})) == ["failed one", "baseline llama"]
+    assert names(client.get("/", {"status": "failed"})) == ["failed one"]
+    assert names(client.get("/", {"q": str(b.pk)})) == ["qwen try"]
+    assert names(client.get("/", {"sort": "best_val_loss"})) == ["baseline llama", "qwen try", "failed one"]
+    assert names(client.get("/", {"sort": "-best_val_loss"}))[:2] == ["qwen try", "baseline llama"]
+    assert names(client.get("/", {"sort": "name"})) == ["baseline llama", "failed one", "qwen try"]
+    page = client.get("/").content.decode()
+    assert "1.5000" in page and "launch a copy" in page and 'name="ids"' in page
+
+
+def test_tags_are_set_shown_and_filtered(client, user, roots):
+    a, b = launch(roots, user, name="one"), launch(roots, user, name="two")
+    run_tags_set(run=a, text="baseline, fp8 ✓ ,baseline", user=user)
+    run_tags_set(run=b, text="fp8 ✓", user=user)
+    assert sorted(a.tags.values_list("name", flat=True)) == ["baseline", "fp8 ✓"]
+    client.force_login(user)
+    assert names(client.get("/", {"tag": "baseline"})) == ["one"]
+    assert names(client.get("/", {"tag": "fp8 ✓"})) == ["two", "one"]
+    response = client.post(f"/runs/{a.pk}/tags/", {"tags": "x" * 41})
+    assert response.status_code == 302 and sorted(a.tags.values_list("name", flat=True)) == ["baseline", "fp8 ✓"]
+    client.post(f"/runs/{a.pk}/tags/", {"tags": ""})
+    assert not a.tags.exists() and list(RunTag.objects.values_list("name", flat=True)) == ["fp8 ✓"]
+
+
+def test_a_viewer_cannot_tag(client, roots, user):
+    run = launch(roots, user)
+    viewer = get_user_model().objects.create_user("vic", password="pw-vic-1")
+    viewer.groups.add(Group.objects.get_or_create(name="viewer")[0])
+    client.force_login(viewer)
+    assert client.post(f"/runs/{run.pk}/tags/", {"tags": "mine"}).status_code == 403
+    assert not run.tags.exists()
+
+
+def test_pages_of_fifty(client, user, roots):
+    for i in range(PAGE_SIZE + 3):
+        launch(roots, user, name=f"run {i:03d}")
+    client.force_login(user)
+    first = client.get("/", {"sort": "name"})
+    assert len(names(first)) == PAGE_SIZE and "page 1 of 2" in first.content.decode()
+    assert names(client.get("/", {"sort": "name", "page": "2"})) == [f"run {i:03d}" for i in range(PAGE_SIZE, PAGE_SIZE + 3)]
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"sort": "password"}, "sort by &#x27;password&#x27; is not offered"),
+    ({"status": "exploded"}, "status &#x27;exploded&#x27; is not a run status"),
+    ({"page": "0"}, "page must be a number from 1"), ({"q": "x" * 201}, "q is 201 characters long"),
+])
+def test_bad_list_parameters_are_named(client, user, params, message):
+    client.force_login(user)
+    response = client.get("/", params, follow=True)
+    assert message in response.content.decode()
+
+
+def test_launch_a_copy_prefills_every_setting(client, user, roots):
+    run = launch(roots, user, name="tuned", lr=1.5e-4)
+    client.force_login(user)
+    form = client.get("/runs/new/", {"copy": run.pk}).context["form"]
+    assert form.initial["lr"] == 1.5e-4 and form.initial["name"] == "copy of tuned"
+    assert form.initial["target_path"] == str((roots / "llama-a").resolve())
+    assert form.initial["layer_ids"] == ", ".join(str(i) for i in run.config["layer_ids"])
+    assert client.get("/runs/new/", {"copy": "999999"}, follow=True).redirect_chain[-1][0] == "/runs/new/"
+
+
+def test_run_page_lists_every_setting(client, user, roots):
+    run = launch(roots, user, lr=2e-4)
+    client.force_login(user)
+    settings = dict(client.get(run.get_absolute_url()).context["settings"])
+    assert settings["lr"] == 2e-4 and settings["target"] == "llama-a"
+    assert set(RunConfig().as_dict()) <= set(settings)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert run.created_at.strftime("%Y-%m-%d") in page  # absolute beside relative ("x minutes ago")
