@@ -1,6 +1,8 @@
 """Reads for pages, the API and the CLI."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from django.http import Http404
 from django.shortcuts import get_object_or_404
@@ -20,6 +22,7 @@ from runs.models import (
 )
 from runs.pipeline import STAGES
 from runs.reviews import SUBJECTS
+from workers.stages.errors import InputError
 
 
 def run_list() -> QuerySet[PipelineRun]:
@@ -58,6 +61,28 @@ def with_reviews(queryset: QuerySet) -> QuerySet:
     """Subjects with their reviews and each review's author: the review section of a page in one query,
     not one per review."""
     return queryset.prefetch_related(Prefetch("reviews", queryset=Review.objects.select_related("author")))
+
+
+def checkpoint_serve_command(checkpoint: Checkpoint, *, verifier: str | None = None) -> str:
+    """`vllm serve` for this draft: its target (the run's, or the local copy an import recorded) with
+    the draft in --speculative-config, proposing as many tokens as its config.json says."""
+    from workers.stages.serving import DEFAULT_SPECULATIVE_TOKENS, checkpoint_speculative_tokens, vllm_serve_command
+
+    if verifier is None:
+        verifier = checkpoint.verifier_path or checkpoint.training_run.run.target.path
+    try:
+        k = checkpoint_speculative_tokens(Path(checkpoint.path))
+    except InputError:  # the directory moved or its config is unreadable: the stored default stands
+        k = DEFAULT_SPECULATIVE_TOKENS
+    return vllm_serve_command(verifier=verifier, checkpoint_dir=checkpoint.path, num_speculative_tokens=k)
+
+
+def with_serve_commands(checkpoints, *, verifier: str) -> list[Checkpoint]:
+    """The run's checkpoints, each with `serve_command` (their target is the run's)."""
+    checkpoints = list(checkpoints)
+    for checkpoint in checkpoints:
+        checkpoint.serve_command = checkpoint_serve_command(checkpoint, verifier=checkpoint.verifier_path or verifier)
+    return checkpoints
 
 
 def checkpoints_with_tau(queryset: QuerySet[Checkpoint]) -> QuerySet[Checkpoint]:
@@ -184,7 +209,7 @@ def run_summary(run: PipelineRun) -> dict:
     prep, extract, vocab, training, evaluation = (record for _, _, record in run_stages(run))
     extraction = run_extraction(run)
     manifest = getattr(extraction, "manifest", None)
-    checkpoints = list(checkpoints_with_tau(training.checkpoints.all()))
+    checkpoints = with_serve_commands(checkpoints_with_tau(training.checkpoints.all()), verifier=run.target.path)
     evaluated = next((c for c in checkpoints if c.pk == evaluation.checkpoint_id), None)
     return {
         "run_id": run.pk,
@@ -236,7 +261,7 @@ def run_summary(run: PipelineRun) -> dict:
             {"id": c.pk, "url": c.get_absolute_url(), "epoch": c.epoch, "path": c.path,
              "train_loss": c.train_loss, "val_loss": c.val_loss,
              "is_best": c.is_best, "val_metrics": c.val_metrics, "simulated_tau": c.simulated_tau,
-             "tau": c.measured[0].tau if c.measured else None}
+             "tau": c.measured[0].tau if c.measured else None, "serve_command": c.serve_command}
             for c in checkpoints
         ],
     }

@@ -106,7 +106,8 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "status": summary["status"],
             "layers": layers,
             "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
-            "checkpoints": selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
+            "checkpoints": selectors.with_serve_commands(selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
+                                                         verifier=run.target.path),
             "attempts": run.attempts.all(),
             "waiting_for_queue": queue.run_waiting_for_queue(run_id=run.pk),
             "settings": sorted(comparison.run_settings(run).items()),
@@ -258,6 +259,7 @@ def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
     measured = next((e for e in evaluations if e.status == "succeeded"), None)
     return render(request, "runs/checkpoint_detail.html", {
         "checkpoint": checkpoint, "config_json": config, "evaluations": evaluations, "measured": measured,
+        "serve_command": selectors.checkpoint_serve_command(checkpoint),
         "acceptance_json": json.dumps(measured.acceptance_per_position) if measured else "[]",
         "evaluating": any(not e.is_finished for e in evaluations),
         "can_evaluate": user_can(request.user, "launch"),

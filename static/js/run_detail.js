@@ -137,7 +137,7 @@
     const num = (v, digits) => (v == null ? "–" : v.toFixed(digits));
     const rows = checkpoints.map((c) => `<tr class="${c.is_best ? "best" : ""}"><td>${c.epoch}${c.is_best ? ' <span class="badge">best</span>' : ""}</td>` +
       `<td>${num(c.val_loss, 4)}</td><td>${num(c.train_loss, 4)}</td><td>${num(c.tau, 2)}</td><td>${num(c.simulated_tau, 2)}</td>` +
-      `<td><code>${esc(c.path)}</code> <a href="${esc(c.url)}">details, review, measure</a></td><td><code>vllm serve ${esc(c.path)}</code></td></tr>`).join("");
+      `<td><code>${esc(c.path)}</code> <a href="${esc(c.url)}">details, review, measure</a></td><td><code class="copy">${esc(c.serve_command)}</code></td></tr>`).join("");
     document.getElementById("checkpoints").innerHTML = '<table class="list" id="checkpoint-table"><thead><tr><th>Epoch</th><th>Val loss</th>' +
       "<th>Train loss</th><th>τ measured</th><th>τ simulated</th><th>Path</th><th>Serve with vLLM</th></tr></thead><tbody>" + rows + "</tbody></table>";
   }

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runs.management.command_user import command_user
 from runs.checkpoint_services import checkpoint_import
+from runs.selectors import checkpoint_serve_command
 from workers.stages.errors import InputError
 
 
@@ -30,5 +31,5 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         summary = {"checkpoint_id": ckpt.pk, "created": created, "path": ckpt.path, "epoch": ckpt.epoch,
                    "verifier": ckpt.verifier_path, "aux_layer_ids": ckpt.aux_layer_ids,
-                   "draft_vocab_size": ckpt.draft_vocab_size, "vllm_serve": f"vllm serve {ckpt.path}"}
+                   "draft_vocab_size": ckpt.draft_vocab_size, "vllm_serve": checkpoint_serve_command(ckpt)}
         self.stdout.write(json.dumps(summary) if as_json else f"checkpoint {ckpt.pk}: {ckpt.path}")
