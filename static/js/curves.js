@@ -11,7 +11,7 @@
   const POINTS = 2000;
   const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
   const TITLES = {loss: "Loss per TTT step", full_acc: "Accuracy per TTT step", cond_acc: "Conditional accuracy per TTT step",
-    lr: "Learning rate", tokens_per_s: "Training throughput (tokens/s)"};
+    lr: "Learning rate", tokens_per_s: "Training throughput (tokens/s)", tokens_seen: "Tokens seen"};
   const fmt = new Intl.NumberFormat("en-US");
   const series = {};  // "split:key" -> {split, key, steps, epochs, values, times, last_step, num_points, ...}
   const charts = {};  // family -> {div, ids: [series ids in trace order], zoomed: bool}
@@ -37,8 +37,21 @@
     return out;
   }
 
+  function tokensAt(step) {
+    // tokens_seen is cumulative, so between two of its (downsampled) points it is interpolated.
+    const t = series["train:tokens_seen"];
+    if (!t || !t.steps.length) return null;
+    let lo = 0, hi = t.steps.length - 1;
+    if (step <= t.steps[0]) return t.values[0];
+    if (step >= t.steps[hi]) return t.values[hi];
+    while (hi - lo > 1) { const mid = (lo + hi) >> 1; if (t.steps[mid] <= step) lo = mid; else hi = mid; }
+    const f = (step - t.steps[lo]) / (t.steps[hi] - t.steps[lo]);
+    return t.values[lo] + f * (t.values[hi] - t.values[lo]);
+  }
+
   function xs(s) {
     if (opts.x === "epoch") return s.epochs;
+    if (opts.x === "tokens") return s.steps.map(tokensAt);
     if (opts.x === "time") return s.times.map((t) => new Date(t * 1000));
     return s.steps;
   }
@@ -65,7 +78,7 @@
   function layout(family, chart) {
     return {
       title: {text: TITLES[family] || family}, height: 320, margin: {l: 60, r: 10, t: 40, b: 40},
-      xaxis: {title: {text: {step: "step", epoch: "epoch", time: "wall time"}[opts.x]}, type: opts.x === "time" ? "date" : "linear"},
+      xaxis: {title: {text: {step: "step", epoch: "epoch", time: "wall time", tokens: "tokens seen"}[opts.x]}, type: opts.x === "time" ? "date" : "linear"},
       yaxis: {type: opts.log ? "log" : "linear", exponentformat: family === "lr" ? "e" : "none"},
       legend: {orientation: "h", y: -0.25}, uirevision: opts.x + opts.log, datarevision: Date.now(),
     };
@@ -105,7 +118,7 @@
 
   function drawAll(only) {
     const families = [...new Set(Object.values(series).map((s) => familyOf(s.key)))];
-    const order = ["loss", "full_acc", "cond_acc", "lr", "tokens_per_s"];
+    const order = ["loss", "full_acc", "cond_acc", "lr", "tokens_per_s", "tokens_seen"];
     families.sort((a, b) => ((order.indexOf(a) + 1) || 99) - ((order.indexOf(b) + 1) || 99) || a.localeCompare(b));
     // A zoomed chart keeps its window; live points reach it when the user zooms out.
     for (const f of families) if (!only || (only.has(f) && !(charts[f] && charts[f].zoomed))) draw(f);

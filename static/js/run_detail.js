@@ -125,10 +125,13 @@
     if (histogramDrawn || !h || !h.counts || !h.counts.length) return;
     histogramDrawn = true;
     const centers = h.counts.map((_, i) => (h.edges[i] + h.edges[i + 1]) / 2);
+    // The axis spans the lengths that occur, not the whole 0..max_seq_len the buckets were laid over.
+    const used = h.counts.map((c, i) => (c ? i : -1)).filter((i) => i >= 0);
+    const range = used.length ? [h.edges[used[0]], h.edges[used[used.length - 1] + 1]] : undefined;
     Plotly.newPlot("plot-lengths", [{type: "bar", x: centers, y: h.counts,
       width: h.counts.map((_, i) => h.edges[i + 1] - h.edges[i]),
       hovertemplate: "%{x:.0f} tokens: %{y} rows<extra></extra>"}],
-      {height: 220, margin: {l: 45, r: 10, t: 10, b: 40}, xaxis: {title: {text: "tokens per row"}}, yaxis: {title: {text: "rows"}}},
+      {height: 220, margin: {l: 45, r: 10, t: 10, b: 40}, xaxis: {title: {text: "tokens per row"}, range}, yaxis: {title: {text: "rows"}}},
       {displaylogo: false, responsive: true});
   }
 

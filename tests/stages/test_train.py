@@ -125,6 +125,8 @@ def test_metrics_cover_every_ttt_step_for_train_and_val(trained):
         assert {(split, key) for key in per_step | {"loss"}} <= keys
     assert {("train", "lr"), ("train", "tokens_per_s")} <= keys
     assert not {("val", "lr"), ("val", "tokens_per_s")} & keys
+    seen = [m["value"] for m in trained.metrics if m["key"] == "tokens_seen"]  # the x axis "tokens seen"
+    assert seen == sorted(seen) and seen[-1] == trained.result.train_tokens
     val_epochs = sorted({m["epoch"] for m in trained.metrics if m["split"] == "val"})
     assert val_epochs == [1.0, 2.0]
     accs = [m["value"] for m in trained.metrics if "acc" in m["key"]]

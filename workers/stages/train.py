@@ -326,7 +326,7 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
                 progress.train_seconds += t1 - t0
                 values = _public_metrics(raw)
                 progress.losses.append(values["loss"])
-                values.update(lr=lr_now, tokens_per_s=tokens / max(t1 - t0, 1e-9))
+                values.update(lr=lr_now, tokens_per_s=tokens / max(t1 - t0, 1e-9), tokens_seen=progress.train_tokens)
                 sink.add(step, epoch + local_step / len(plan), "train", values)
                 if on_progress is not None:
                     on_progress(step, total_steps)
