@@ -145,6 +145,15 @@ def test_other_layers_or_rewritten_prepared_rows_start_over(tiny_target, prepare
     assert again.num_samples_reused == 0 and again.num_samples_extracted == ROWS
 
 
+def test_an_unreadable_record_starts_over(tiny_target, prepared, layer_ids, tmp_path):
+    out = tmp_path / "out"
+    interrupt(tiny_target, prepared, out, layer_ids)
+    (out / RESUME_NAME).write_text('{"format": 1, "lay')  # torn, though it is written by rename
+    result = run_extract(tiny_target, prepared, out, layer_ids)
+    assert (result.num_samples_reused, result.num_samples_extracted) == (0, ROWS)
+    assert json.loads((out / RESUME_NAME).read_text())["layer_ids"] == layer_ids
+
+
 def test_a_folder_of_someone_elses_files_is_still_refused(tiny_target, prepared, layer_ids, tmp_path):
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "keep.txt").write_text("mine")

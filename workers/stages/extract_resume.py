@@ -57,11 +57,15 @@ def extraction_fingerprint(*, target_dir: Path, prepared_dir: Path, layer_ids: l
 
 
 def _read_record(out_dir: Path) -> dict | None:
+    """The directory's record; None without one, {} for one that cannot be read (still ours: it
+    matches no fingerprint, so the directory is cleared of its extraction files and starts over)."""
     try:
         record = json.loads((out_dir / RESUME_NAME).read_text())
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+    except FileNotFoundError:
         return None
-    return record if isinstance(record, dict) else None
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def write_json_atomic(path: Path, value: dict) -> None:
