@@ -87,7 +87,10 @@ def assert_same_training(resumed, recorder, uninterrupted):
         (p["key"], p["split"], p["step"]), p["value"]) for p in recorder.points) if k[0] != "tokens_per_s"} == value
 
 
-def test_killed_in_the_second_epoch_it_resumes_from_the_first_epochs_end(inputs, uninterrupted, tmp_path):
+def test_killed_in_the_second_epoch_it_resumes_from_the_first_epochs_end(inputs, uninterrupted, tmp_path, monkeypatch):
+    # Every step's metrics handed on at once: whether the lost attempt had flushed past its saved state
+    # must not hang on the 2-second flush timer (it did on a busy machine, and not on a quiet one).
+    monkeypatch.setattr("workers.stages.train.METRICS_FLUSH_STEPS", 1)
     out, recorder = tmp_path / "out", Recorder()
     kill_at = uninterrupted.epoch0_steps + 2
     with pytest.raises(Killed):
