@@ -153,6 +153,10 @@ class TcpProxy:
         s.close()
 
     def cut(self) -> None:
+        self._drop()
+        self.cuts += 1
+
+    def _drop(self) -> None:
         with self._lock:
             listener, self._listener = self._listener, None
             conns, self._conns = list(self._conns), set()
@@ -160,13 +164,12 @@ class TcpProxy:
             listener.close()
         for s in conns:
             self._close(s)
-        self.cuts += 1
 
     def restore(self) -> None:
         self.start()
 
     def stop(self) -> None:
-        self.cut()
+        self._drop()
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from typing import Callable
 from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from runs.curation import dataset_excluded_ids
 from runs.evaluation_services import evaluation_plan
@@ -44,6 +44,27 @@ from runs.queue import outbox_flush
 from workers.stages.errors import StopRequested
 
 logger = logging.getLogger(__name__)
+
+
+# A stage rides out a database away for about this long (a restart, a failover, a network blip)
+# before its writes give up and fail it.
+DB_OUTAGE_SECONDS = 90
+
+
+def with_db_retry(what: str, write: Callable, /, **kwargs):
+    """Call a service's write, retrying with backoff while the database is unreachable; each retry
+    starts from a fresh connection (a dropped one stays broken otherwise)."""
+    deadline, delay = time.monotonic() + DB_OUTAGE_SECONDS, 0.5
+    while True:
+        try:
+            return write(**kwargs)
+        except (OperationalError, InterfaceError):
+            if time.monotonic() > deadline:
+                raise
+            logger.warning("%s: the database is not answering; trying again in %.1f s", what, delay)
+            close_old_connections()
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
 
 
 class StageReporter(logging.Handler):
@@ -71,8 +92,8 @@ class StageReporter(logging.Handler):
         now = time.monotonic()
         if now - self._last_write >= self.interval or done >= total:
             self._last_write = now
-            stage_progress(stage_name=self.stage_name, record_id=self.record_id, done=done, total=total,
-                           log_tail=self.tail, started_at=self.started_at)
+            with_db_retry("progress", stage_progress, stage_name=self.stage_name, record_id=self.record_id,
+                          done=done, total=total, log_tail=self.tail, started_at=self.started_at)
 
     def cancelled(self) -> bool:
         try:
@@ -185,9 +206,10 @@ def _train(record, reporter: StageReporter):
         seed=run.config.get("seed", 0),
         max_tokens_per_step=run.config.get("max_tokens_per_step"),
         on_progress=reporter.progress,
-        on_metrics=lambda points: metrics_record(training_run_id=record.pk, points=points),
+        on_metrics=lambda points: with_db_retry("metrics", metrics_record, training_run_id=record.pk, points=points),
         should_stop=reporter.cancelled,
-        on_checkpoint=lambda c: checkpoints_register(training_run_id=record.pk, checkpoints=[asdict(c)]),
+        on_checkpoint=lambda c: with_db_retry("checkpoint", checkpoints_register, training_run_id=record.pk,
+                                              checkpoints=[asdict(c)]),
         # resumes from the state an earlier attempt saved in out_dir; what it reported later goes
         on_resume=lambda step, epochs_done: training_resume(training_run_id=record.pk, step=step,
                                                             epochs_done=epochs_done, started_at=reporter.started_at),
@@ -242,7 +264,8 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
         logger.info("%s %s started on %s", stage_name, record_id, worker)
         result = STAGE_BODIES[stage_name](record, reporter)
         logger.info("%s %s finished", stage_name, record_id)
-        STAGE_RECORDERS[stage_name](record_id=record_id, result=result, log_tail=reporter.tail, started_at=fence)
+        with_db_retry("result", STAGE_RECORDERS[stage_name], record_id=record_id, result=result, log_tail=reporter.tail,
+                      started_at=fence)
         return True
     except (StageCancelled, StopRequested) as exc:  # a user's cancel: no traceback, not a failure
         logger.info("%s", exc)
