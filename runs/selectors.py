@@ -66,10 +66,16 @@ def with_reviews(queryset: QuerySet) -> QuerySet:
 def checkpoint_serve_command(checkpoint: Checkpoint, *, verifier: str | None = None) -> str:
     """`vllm serve` for this draft: its target (the run's, or the local copy an import recorded) with
     the draft in --speculative-config, proposing as many tokens as its config.json says."""
-    from workers.stages.serving import DEFAULT_SPECULATIVE_TOKENS, checkpoint_speculative_tokens, vllm_serve_command
+    from workers.stages.serving import (DEFAULT_SPECULATIVE_TOKENS, checkpoint_recorded_verifier,
+                                        checkpoint_speculative_tokens, vllm_serve_command)
 
     if verifier is None:
-        verifier = checkpoint.verifier_path or checkpoint.training_run.run.target.path
+        if checkpoint.verifier_path:
+            verifier = checkpoint.verifier_path
+        elif checkpoint.training_run_id is not None:
+            verifier = checkpoint.training_run.run.target.path
+        else:  # imported with no local copy recorded: what its config names, else a word to replace
+            verifier = checkpoint_recorded_verifier(Path(checkpoint.path)) or "TARGET_MODEL_DIR"
     try:
         k = checkpoint_speculative_tokens(Path(checkpoint.path))
     except InputError:  # the directory moved or its config is unreadable: the stored default stands

@@ -5,7 +5,8 @@ import shlex
 
 import pytest
 
-from workers.stages.serving import CheckpointConfigError, checkpoint_speculative_tokens, vllm_serve_command
+from workers.stages.serving import (CheckpointConfigError, checkpoint_recorded_verifier, checkpoint_speculative_tokens,
+                                    vllm_serve_command)
 
 
 @pytest.mark.parametrize("verifier", ["/data/models/Kimi K2.5 (fp8)", "meta-llama/Llama-3.1-8B-Instruct"])
@@ -27,3 +28,10 @@ def test_speculative_tokens_come_from_the_checkpoint_config(tmp_path):
         {"speculative_tokens": "many"}]}}))
     with pytest.raises(CheckpointConfigError, match="speculative_tokens must be an integer"):
         checkpoint_speculative_tokens(tmp_path)
+
+
+def test_the_recorded_verifier_is_read_for_imports_without_a_local_copy(tmp_path):
+    assert checkpoint_recorded_verifier(tmp_path) is None  # no config.json
+    (tmp_path / "config.json").write_text(json.dumps({"speculators_config": {"verifier": {
+        "name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "architectures": ["LlamaForCausalLM"]}}}))
+    assert checkpoint_recorded_verifier(tmp_path) == "meta-llama/Llama-3.1-8B-Instruct"

@@ -34,6 +34,16 @@ def checkpoint_speculative_tokens(checkpoint_dir: Path) -> int:
     return value
 
 
+def checkpoint_recorded_verifier(checkpoint_dir: Path) -> str | None:
+    """The verifier a checkpoint's config.json names (`speculators_config.verifier.name_or_path`)."""
+    try:
+        config = read_json_object(Path(checkpoint_dir) / "config.json", CheckpointConfigError)
+    except CheckpointConfigError:
+        return None
+    name = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    return name if isinstance(name, str) and name else None
+
+
 def vllm_serve_command(*, verifier: str, checkpoint_dir: str, num_speculative_tokens: int) -> str:
     spec = {"model": str(checkpoint_dir), "method": "eagle3", "num_speculative_tokens": int(num_speculative_tokens)}
     return f"vllm serve {shlex.quote(str(verifier))} --speculative-config {shlex.quote(json.dumps(spec))}"
