@@ -12,7 +12,8 @@ the workers' write path (`runs.metric_services.metrics_record`), read through th
 (`/api/runs/<id>/metrics/`, Django's test client in this process, no HTTP socket): 2,000 points over
 the whole series, and over a 10% window. The runs list (`/`) is timed with --runs-list runs.
 
-MLflow: `mlflow server` (installed for the benchmark only, `make bench-mlflow`: .mlflow/) with a
+MLflow: `mlflow server` (installed for the benchmark only, in .mlflow/: `python3 -m venv .mlflow &&
+.mlflow/bin/pip install mlflow==3.17.2 psycopg2-binary`) with a
 PostgreSQL backend store (database `bench_mlflow`) on 127.0.0.1, the same points sent with
 `runs/log-batch` (1,000 per request, MLflow's limit), read with `metrics/get-history` (every point,
 paged) and `metrics/get-history-bulk-interval` (2,000 points over the whole series and the same
@@ -276,7 +277,7 @@ def http(method: str, url: str, body: dict | None = None) -> dict:
 def mlflow(args) -> dict:
     exe = Path(args.mlflow)
     if not exe.exists():
-        return {"skipped": f"{exe} not found: `make bench-mlflow` installs MLflow for the benchmark"}
+        return {"skipped": f"{exe} not found: python3 -m venv .mlflow && .mlflow/bin/pip install mlflow==3.17.2 psycopg2-binary"}
     store = recreate_database("bench_mlflow").replace("postgres://", "postgresql+psycopg2://")
     port, workdir = free_port(), Path(tempfile.mkdtemp(prefix="bench-mlflow-"))
     server = subprocess.Popen([str(exe), "server", "--backend-store-uri", store, "--default-artifact-root",
