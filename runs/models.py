@@ -380,6 +380,8 @@ class TrainingRun(StageRecord):
     loss_tokens_per_epoch = models.JSONField(default=list, blank=True)
     rows_unusable = models.PositiveIntegerField(null=True, blank=True, help_text="rows too short to train on")
     split = models.JSONField(default=dict, blank=True, help_text="how rows were split into train and validation")
+    resumed_from_step = models.PositiveIntegerField(null=True, blank=True,
+                                                    help_text="the step a retried training continued from (0: from scratch)")
 
 
 class Checkpoint(models.Model):

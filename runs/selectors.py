@@ -116,6 +116,9 @@ def stage_warnings(name: str, record: StageRecord) -> list[str]:
         if record.num_without_assistant:
             warnings.append(f"{_count(record.num_without_assistant)} conversation(s) gave no training row")
     elif name == "train":
+        if record.resumed_from_step:
+            warnings.append(f"resumed from step {_count(record.resumed_from_step)} after a lost or cancelled attempt: "
+                            "the curve and checkpoints before it are the earlier attempt's")
         available, trained = record.loss_tokens_available, record.loss_tokens_trained
         if available is not None and trained is not None and trained < available:
             warnings.append(f"{_count(available - trained)} of {_count(available)} supervised tokens of the train "
@@ -179,7 +182,7 @@ def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
     elif name == "train":
         entry.update({key: getattr(record, key) for key in (
             "loss_tokens_available", "loss_tokens_trained", "loss_tokens_per_epoch", "tokens_per_step",
-            "rows_unusable", "split", "device")})
+            "rows_unusable", "split", "device", "resumed_from_step")})
     elif name == "evaluate":
         entry.update({"checkpoint_id": record.checkpoint_id, "device": record.device})
     return entry

@@ -105,6 +105,7 @@ def test_a_worker_killed_during_training_is_replaced_and_training_resumes(tiny_t
     # resumed, not restarted: from a saved step, keeping the curve the first attempt drew up to it
     resumed = re.search(r"resumed from step (\d+)", attempts[1].log_tail)
     assert resumed and int(resumed[1]) > 0, attempts[1].log_tail
+    assert training.get().resumed_from_step == int(resumed[1])  # stored, and shown on the page
     for series in MetricSeries.objects.filter(training_run__run=run):
         steps = series_points(series=series).steps
         assert len(steps) == series.num_points and (steps[1:] > steps[:-1]).all(), series  # no step twice

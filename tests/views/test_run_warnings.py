@@ -60,3 +60,12 @@ def test_truncated_rows_and_untrained_tokens_are_warnings_on_the_page_and_in_the
     assert "100 of 1,000 supervised tokens" in page
     api = client.get(f"/api/runs/{run.pk}/").json()
     assert api["stages"][0]["warnings"] == stages["prepare"]["warnings"]
+
+
+def test_a_resumed_training_says_from_which_step(run, client, user):
+    TrainingRun.objects.filter(run=run).update(status=StageStatus.SUCCEEDED, resumed_from_step=1200)
+    summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))
+    train = next(s for s in summary["stages"] if s["name"] == "train")
+    assert train["resumed_from_step"] == 1200
+    assert train["warnings"] == ["resumed from step 1,200 after a lost or cancelled attempt: the curve and "
+                                 "checkpoints before it are the earlier attempt's"]
