@@ -56,10 +56,10 @@
     return s.steps;
   }
 
-  function traces(ids) {
+  function traces(ids, source = series) {
     const out = [];
     for (const id of ids) {
-      const s = series[id];
+      const s = source[id];
       const color = PALETTE[tttOf(s.key) % PALETTE.length];
       const val = s.split === "val";
       const name = `${s.split} ${s.key}`;
@@ -162,7 +162,8 @@
     const fresh = await fetchSeries(params);
     const view = {};
     for (const s of fresh) view[sid(s)] = s;
-    Plotly.react(chart.div, traces(chart.ids.filter((id) => view[id]).map((id) => { series["zoom:" + id] = view[id]; return "zoom:" + id; })),
+    // The window's answer is drawn as it is; it never joins the live series (it would be drawn and counted twice).
+    Plotly.react(chart.div, traces(chart.ids.filter((id) => view[id]), view),
       {...layout(family, chart), xaxis: {...layout(family, chart).xaxis, ...(chart.zoomed ? {range: chart.zoomed} : {autorange: true})}},
       {displaylogo: false, responsive: true});
   }
