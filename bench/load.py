@@ -168,12 +168,12 @@ class Writer(threading.Thread):
     def run(self) -> None:
         from django.db import connection
 
-        from runs.metric_services import metrics_record as metric_services_record
+        from runs.metric_services import metrics_record
 
         try:
             while not self.stop.wait(FLUSH_SECONDS):
                 steps = range(self.step + 1, self.step + 1 + round(self.rate * FLUSH_SECONDS))
-                metric_services_record(training_run_id=self.record_id, points=_points(steps, 250))
+                metrics_record(training_run_id=self.record_id, points=_points(steps, 250))
                 self.step = steps[-1]
                 self.services.stage_progress(stage_name="train", record_id=self.record_id, done=self.step,
                                              total=self.total, log_tail=f"step {self.step}", started_at=self.started_at)

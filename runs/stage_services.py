@@ -29,7 +29,7 @@ from runs.models import (
     TrainingRun,
     VocabMapping,
 )
-from runs.metric_services import metrics_record, metrics_truncate  # noqa: F401 - the workers' write path
+from runs.metric_services import metrics_truncate
 from runs.pipeline import STAGES, STAGES_BY_NAME
 
 if TYPE_CHECKING:  # the stages import torch; these services only read their dataclasses

@@ -23,13 +23,13 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from runs.curation import dataset_excluded_ids
 from runs.evaluation_services import evaluation_plan
+from runs.metric_services import metrics_record
 from runs.models import Evaluation, StageRecord
 from runs.stage_services import (
     STAGE_RECORDERS,
     StageCancelled,
     checkpoint_evaluation_record,
     checkpoints_register,
-    metrics_record,
     stage_fail,
     stage_progress,
     stage_heartbeat,

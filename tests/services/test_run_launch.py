@@ -13,24 +13,6 @@ from workers.stages.target import TargetConfigError
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def roots(tmp_path, settings):
-    data = tmp_path / "data"
-    data.mkdir()
-    settings.EAGLE3WEB_DATA_ROOTS = [data.resolve()]
-    settings.EAGLE3WEB_RUNS_DIR = data.resolve() / "runs"
-    target = data / "target"
-    target.mkdir()
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
-              "hidden_size": 64, "vocab_size": 5000}
-    (target / "config.json").write_text(json.dumps(config))
-    chats = data / "chats.jsonl"
-    chats.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
-    return data
-
-
-
-
 def rid(run, stage_name: str) -> int:
     return stage_record_id(stage_name=stage_name, run_id=run.pk)
 
@@ -188,7 +170,8 @@ def test_a_retried_training_keeps_its_curves_and_checkpoints_up_to_where_it_resu
         roots, user, django_capture_on_commit_callbacks):
     from runs.curves import series_points
     from runs.models import Checkpoint, MetricSeries, Verification
-    from runs.stage_services import StageCancelled, checkpoints_register, metrics_record, training_resume
+    from runs.metric_services import metrics_record
+    from runs.stage_services import StageCancelled, checkpoints_register, training_resume
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
