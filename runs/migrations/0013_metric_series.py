@@ -45,8 +45,8 @@ def points_to_series(apps, schema_editor):
 
 
 def chunks_uncompressed(apps, schema_editor):
-    """Packed floats do not compress: PostgreSQL's default TOAST compression made every chunk write
-    3x slower for nothing. Stored out of line, uncompressed."""
+    """Packed floats do not compress: PostgreSQL's default TOAST compression only made every chunk
+    write slower. Stored out of line, uncompressed."""
     if schema_editor.connection.vendor != "postgresql":
         return
     for column in ("steps", "epochs", "values", "times", "preview"):
