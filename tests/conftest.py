@@ -64,3 +64,22 @@ def config_only_target(tmp_path):
     (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                                                   "num_hidden_layers": 8, "hidden_size": 16, "vocab_size": 1000}))
     return path
+
+
+@pytest.fixture
+def roots(tmp_path, settings):
+    """The data root of a launch that never runs a model: `target/` (config.json only: 8 layers,
+    hidden 64, vocabulary 5,000) and `chats.jsonl` (one chat), with runs written under `runs/`."""
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    settings.EAGLE3WEB_DATA_ROOTS = [data.resolve()]
+    settings.EAGLE3WEB_RUNS_DIR = data.resolve() / "runs"
+    (data / "target").mkdir()
+    (data / "target" / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
+        "hidden_size": 64, "vocab_size": 5000}))
+    (data / "chats.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+    return data

@@ -1,6 +1,5 @@
 """The list pages and the run page ask the database a fixed number of questions, whatever the number
 of rows: 3 runs and 30 runs cost the same queries (issue 8, "no query per row")."""
-import json
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -15,21 +14,6 @@ from runs.run_config import RunConfig
 from tests.artifacts import extraction_written
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def roots(tmp_path, settings):
-    data = tmp_path / "data"
-    data.mkdir()
-    settings.EAGLE3WEB_DATA_ROOTS = [data.resolve()]
-    settings.EAGLE3WEB_RUNS_DIR = data.resolve() / "runs"
-    (data / "target").mkdir()
-    (data / "target" / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
-        "hidden_size": 64, "vocab_size": 5000}))
-    (data / "chats.jsonl").write_text(
-        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
-    return data
 
 
 @pytest.fixture

@@ -11,16 +11,8 @@ from runs.run_config import RunConfig
 pytestmark = pytest.mark.django_db
 
 
-def test_run_and_checkpoint_pages_print_the_target_first_form(client, user, tmp_path, settings):
-    data = tmp_path / "data"
-    (data / "target").mkdir(parents=True)
-    settings.EAGLE3WEB_DATA_ROOTS = [data.resolve()]
-    settings.EAGLE3WEB_RUNS_DIR = data.resolve() / "runs"
-    (data / "target" / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8,
-        "hidden_size": 64, "vocab_size": 5000}))
-    (data / "chats.jsonl").write_text(
-        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+def test_run_and_checkpoint_pages_print_the_target_first_form(client, user, roots):
+    data = roots
     run = services.run_launch(user=user, target_path=data / "target", dataset_path=data / "chats.jsonl",
                               config=RunConfig(), enqueue=False)
     ckpt_dir = data / "runs" / "ckpt 0"
