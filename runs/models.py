@@ -170,9 +170,11 @@ class PendingEnqueue(models.Model):
     class Kind(models.TextChoices):
         PIPELINE = "pipeline"
         EVALUATION = "evaluation"
+        CATALOGUE = "catalogue", "dataset catalogue"
+        VERIFY = "verify", "extraction verification"
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
-    object_id = models.PositiveIntegerField(help_text="the run's or the evaluation's id")
+    object_id = models.PositiveIntegerField(help_text="the run's, the evaluation's or the job's id")
     created_at = models.DateTimeField(auto_now_add=True)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
@@ -498,3 +500,4 @@ class Review(models.Model):
 # Curves live in their own module (chunked series); imported here so that Django registers them.
 from runs.metric_models import MetricChunk, MetricSeries  # noqa: E402,F401
 from runs.tag_models import RunTag  # noqa: E402,F401
+from runs.job_models import DatasetCatalogue, VerificationRequest  # noqa: E402,F401
