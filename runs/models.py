@@ -501,3 +501,4 @@ class Review(models.Model):
 from runs.metric_models import MetricChunk, MetricSeries  # noqa: E402,F401
 from runs.tag_models import RunTag  # noqa: E402,F401
 from runs.job_models import DatasetCatalogue, VerificationRequest  # noqa: E402,F401
+from runs.fleet_models import Worker  # noqa: E402,F401

@@ -5,6 +5,7 @@ import math
 import unicodedata
 from dataclasses import asdict, dataclass, field
 
+from workers.stages.backends import BACKENDS_BY_NAME, EXTRACTION_BACKENDS, MAX_GPUS, TRAINING_BACKENDS
 from workers.stages.errors import InputError
 from workers.stages.target import MAX_NUM_LAYERS
 
@@ -23,12 +24,16 @@ MAX_EVAL_PROMPTS = 1000
 MAX_EVAL_NEW_TOKENS = 4096
 
 INT_FIELDS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "seed",
-              "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens")
+              "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus")
 FLOAT_FIELDS = ("lr", "val_fraction")
 
 
 class RunConfigError(InputError):
-    pass
+    """A setting that cannot be used; `field` names it when one field is to blame (the form marks it)."""
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 def check_run_name(name: object) -> str:
@@ -71,42 +76,61 @@ class RunConfig:
     max_tokens_per_step: int | None = None  # packing budget; raised to the longest row; None: 512 or the longest
     eval_prompts: int = 32  # held-out conversations decoded to measure acceptance
     eval_max_new_tokens: int = 64
+    # Where extraction and training run (workers.stages.backends); what a live worker can run is
+    # checked at launch (runs.fleet_selectors.launch_refusals).
+    extraction_backend: str = "transformers"  # or "vllm"
+    training_backend: str = "eagle3web"  # our loop (workers/stages/train.py), or "speculators" under torchrun
+    tensor_parallel_size: int = 1  # GPUs for extraction: vLLM's TP size, or transformers' device_map spread
+    train_gpus: int = 1  # GPUs for training: torchrun --nproc-per-node for speculators; our loop uses one
 
     def __post_init__(self) -> None:
+        for name, known in (("extraction_backend", EXTRACTION_BACKENDS), ("training_backend", TRAINING_BACKENDS)):
+            value = getattr(self, name)
+            if value not in known:
+                raise RunConfigError(f"{name} must be one of {', '.join(known)}, got {str(value)[:40]!r}", field=name)
         for name in INT_FIELDS:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise RunConfigError(f"{name} must be a whole number, got {str(value)[:40]!r}")
+                raise RunConfigError(f"{name} must be a whole number, got {str(value)[:40]!r}", field=name)
         for name in FLOAT_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise RunConfigError(f"{name} must be a finite number, got {str(value)[:40]!r}")
+                raise RunConfigError(f"{name} must be a finite number, got {str(value)[:40]!r}", field=name)
         for name in ("max_seq_len", "draft_vocab_size", "epochs", "lr", "ttt_steps", "val_fraction", "seed",
-                     "eval_prompts", "eval_max_new_tokens"):
+                     "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus"):
             if getattr(self, name) is None:
-                raise RunConfigError(f"{name} is required")
+                raise RunConfigError(f"{name} is required", field=name)
         object.__setattr__(self, "layer_ids", check_layer_ids(self.layer_ids))
         checks = [
-            (MIN_SEQ_LEN <= self.max_seq_len <= MAX_SEQ_LEN,
+            ("max_seq_len", MIN_SEQ_LEN <= self.max_seq_len <= MAX_SEQ_LEN,
              f"max_seq_len must be between {MIN_SEQ_LEN} and {MAX_SEQ_LEN}, got {self.max_seq_len}"),
-            (self.max_samples is None or 2 <= self.max_samples <= MAX_SAMPLES,
+            ("max_samples", self.max_samples is None or 2 <= self.max_samples <= MAX_SAMPLES,
              f"max_samples must be between 2 and {MAX_SAMPLES}, got {self.max_samples}"),
-            (2 <= self.draft_vocab_size <= MAX_DRAFT_VOCAB,
+            ("draft_vocab_size", 2 <= self.draft_vocab_size <= MAX_DRAFT_VOCAB,
              f"draft_vocab_size must be between 2 and {MAX_DRAFT_VOCAB}, got {self.draft_vocab_size}"),
-            (1 <= self.epochs <= 1000, f"epochs must be between 1 and 1000, got {self.epochs}"),
-            (0 < self.lr < 1, f"lr must be between 0 and 1, got {self.lr}"),
-            (1 <= self.ttt_steps <= 10, f"ttt_steps must be between 1 and 10, got {self.ttt_steps}"),
-            (0 < self.val_fraction < 0.5, f"val_fraction must be between 0 and 0.5, got {self.val_fraction}"),
-            (0 <= self.seed < 2**32, f"seed must be between 0 and 2**32 - 1, got {self.seed}"),
-            (self.max_tokens_per_step is None or 16 <= self.max_tokens_per_step <= 1_048_576,
+            ("epochs", 1 <= self.epochs <= 1000, f"epochs must be between 1 and 1000, got {self.epochs}"),
+            ("lr", 0 < self.lr < 1, f"lr must be between 0 and 1, got {self.lr}"),
+            ("ttt_steps", 1 <= self.ttt_steps <= 10, f"ttt_steps must be between 1 and 10, got {self.ttt_steps}"),
+            ("val_fraction", 0 < self.val_fraction < 0.5,
+             f"val_fraction must be between 0 and 0.5, got {self.val_fraction}"),
+            ("seed", 0 <= self.seed < 2**32, f"seed must be between 0 and 2**32 - 1, got {self.seed}"),
+            ("max_tokens_per_step", self.max_tokens_per_step is None or 16 <= self.max_tokens_per_step <= 1_048_576,
              f"max_tokens_per_step must be between 16 and 1048576, got {self.max_tokens_per_step}"),
-            (1 <= self.eval_prompts <= 1000, f"eval_prompts must be between 1 and 1000, got {self.eval_prompts}"),
-            (1 <= self.eval_max_new_tokens <= 4096,
+            ("eval_prompts", 1 <= self.eval_prompts <= 1000,
+             f"eval_prompts must be between 1 and 1000, got {self.eval_prompts}"),
+            ("eval_max_new_tokens", 1 <= self.eval_max_new_tokens <= 4096,
              f"eval_max_new_tokens must be between 1 and 4096, got {self.eval_max_new_tokens}"),
+            ("tensor_parallel_size", 1 <= self.tensor_parallel_size <= MAX_GPUS,
+             f"tensor_parallel_size must be between 1 and {MAX_GPUS}, got {self.tensor_parallel_size}"),
+            ("train_gpus", 1 <= self.train_gpus <= MAX_GPUS,
+             f"train_gpus must be between 1 and {MAX_GPUS}, got {self.train_gpus}"),
+            ("train_gpus", self.training_backend != "eagle3web" or self.train_gpus == 1,
+             f"train_gpus must be 1 with training_backend eagle3web ({BACKENDS_BY_NAME['eagle3web'].label} "
+             f"trains on one device); choose speculators to train on {self.train_gpus} GPUs"),
         ]
-        for ok, message in checks:
+        for name, ok, message in checks:
             if not ok:
-                raise RunConfigError(message)
+                raise RunConfigError(message, field=name)
 
     def as_dict(self) -> dict:
         return asdict(self)

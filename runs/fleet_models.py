@@ -1,0 +1,33 @@
+"""The workers: one row per Celery worker node, written by its heartbeat (workers/fleet.py).
+
+What a worker is doing is not stored here: the running stage rows name their worker and are
+fenced by their leases, so the workers page reads busy/idle from them and is never behind.
+
+Kept apart from runs/models.py, which imports this so Django finds it."""
+from __future__ import annotations
+
+from django.db import models
+
+
+class Worker(models.Model):
+    """A Celery worker node: what its host can run (GPUs, backends, versions), the queues it
+    consumes, and when it last said so. A worker unseen for a while is offline, not deleted."""
+
+    name = models.CharField(max_length=200, unique=True, help_text="Celery node name, e.g. gpu-1@host")
+    hostname = models.CharField(max_length=200)
+    # workers.stages.backends.host_capabilities(): gpus, backends, max_gpus, more_gpus, versions, cpu_count
+    capabilities = models.JSONField(default=dict)
+    queues = models.JSONField(default=list, help_text="the queues it consumes")
+    started_at = models.DateTimeField()
+    last_seen = models.DateTimeField(db_index=True)
+    stopped_at = models.DateTimeField(null=True, blank=True, help_text="set when it shut down cleanly")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.capabilities.get("gpus") or [])
