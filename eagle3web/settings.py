@@ -139,6 +139,9 @@ EAGLE3WEB_STAGE_LEASE_SECONDS = env_int("EAGLE3WEB_STAGE_LEASE_SECONDS", 60)
 # Padded tokens per extraction forward; 0: the default measured for the device (workers.stages.extract).
 # Lower it when a large target's activations do not fit the accelerator beside its weights.
 EAGLE3WEB_EXTRACT_BATCH_TOKENS = env_int("EAGLE3WEB_EXTRACT_BATCH_TOKENS", 0)
+# A worker on a host with GPUs also consumes "gpu" and the queues of the backends and GPU counts it
+# can run (workers/fleet.py); 0: only the queues given with -Q.
+EAGLE3WEB_WORKER_GPU_QUEUES = env_bool("EAGLE3WEB_WORKER_GPU_QUEUES", True)
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):

@@ -4,6 +4,7 @@ import unicodedata
 
 from django import forms
 
+from runs.fleet_selectors import BackendOption
 from runs.paths import MAX_PATH_CHARS
 from runs.run_config import (
     MAX_DRAFT_VOCAB,
@@ -23,6 +24,26 @@ from runs.run_config import (
     check_run_name,
     parse_layer_ids,
 )
+from workers.stages.backends import BACKENDS, MAX_GPUS
+
+
+class BackendSelect(forms.Select):
+    """A select whose backends no live worker can run are shown, disabled, with the reason."""
+
+    def __init__(self, *args, disabled: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.disabled = disabled or {}
+
+    def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
+        option = super().create_option(name, value, label, selected, index, subindex, attrs)
+        if value in self.disabled:
+            option["attrs"]["disabled"] = True
+            option["label"] = f"{label} (not available: {self.disabled[value]})"
+        return option
+
+
+def _backend_choices(stage: str) -> list[tuple[str, str]]:
+    return [(b.name, b.label) for b in BACKENDS if b.stage == stage]
 
 
 class LaunchForm(forms.Form):
@@ -60,6 +81,31 @@ class LaunchForm(forms.Form):
         help_text="Held-out conversations decoded with the draft to measure acceptance length.")
     eval_max_new_tokens = forms.IntegerField(min_value=1, max_value=MAX_EVAL_NEW_TOKENS, initial=64, required=False,
                                              label="New tokens per prompt")
+    extraction_backend = forms.ChoiceField(choices=_backend_choices("extract"), initial="transformers", required=False,
+                                           label="Extraction backend", widget=BackendSelect)
+    tensor_parallel_size = forms.IntegerField(
+        min_value=1, max_value=MAX_GPUS, initial=1, required=False, label="Extraction GPUs",
+        help_text="vLLM's tensor-parallel size, or how many GPUs Transformers spreads the target over. "
+        "Transformers and eagle3web's loop run on the CPU on a worker without a GPU.")
+    training_backend = forms.ChoiceField(choices=_backend_choices("train"), initial="eagle3web", required=False,
+                                         label="Training backend", widget=BackendSelect)
+    train_gpus = forms.IntegerField(min_value=1, max_value=MAX_GPUS, initial=1, required=False, label="Training GPUs",
+                                    help_text="torchrun processes for speculators' trainer; eagle3web's loop uses one.")
+
+    def __init__(self, *args, options: dict[str, BackendOption] | None = None, **kwargs):
+        """`options`: what the live workers can run (runs.fleet_selectors.launch_options); the
+        backends and GPU counts they cannot are shown disabled or capped, with the reason."""
+        super().__init__(*args, **kwargs)
+        if options is None:
+            return
+        for backend_field, gpus_field, stage in (("extraction_backend", "tensor_parallel_size", "extract"),
+                                                 ("training_backend", "train_gpus", "train")):
+            offered = [o for o in options.values() if o.stage == stage]
+            self.fields[backend_field].widget.disabled = {o.name: o.reason for o in offered if not o.available}
+            limits = [f"{o.label} up to {o.max_gpus}" if o.available else f"{o.label}: {o.reason}" for o in offered]
+            self.fields[gpus_field].help_text += " Live workers: " + "; ".join(limits) + "."
+            most = max((o.max_gpus for o in offered if o.available), default=1)
+            self.fields[gpus_field].widget.attrs["max"] = max(most, 1)
 
     def clean_name(self) -> str:
         try:
@@ -100,4 +146,8 @@ class LaunchForm(forms.Form):
             seed=data["seed"],
             eval_prompts=data["eval_prompts"],
             eval_max_new_tokens=data["eval_max_new_tokens"],
+            extraction_backend=data.get("extraction_backend") or defaults.extraction_backend,
+            tensor_parallel_size=data.get("tensor_parallel_size") or defaults.tensor_parallel_size,
+            training_backend=data.get("training_backend") or defaults.training_backend,
+            train_gpus=data.get("train_gpus") or defaults.train_gpus,
         )

@@ -20,6 +20,7 @@ from runs.models import (
     TargetModel,
     Verification,
 )
+from runs.fleet_selectors import run_backends
 from runs.pipeline import STAGES
 from runs.reviews import SUBJECTS
 from workers.stages.errors import InputError
@@ -232,6 +233,7 @@ def run_summary(run: PipelineRun) -> dict:
                    "hidden_size": run.target.hidden_size, "vocab_size": run.target.vocab_size},
         "dataset": {"id": run.dataset_id, "path": run.dataset.path},
         "config": run.config,
+        "backends": run_backends(config=run.config),
         "output_dir": run.output_dir,
         # "extraction" is the artifact (None until the extract stage succeeded), "extract_stage" its execution.
         "ids": {"preparation": prep.pk, "extract_stage": extract.pk,

@@ -159,6 +159,11 @@ def backend_require(*, name: str, gpus: int) -> None:
                                  f"{reason}")
 
 
+def vllm_executable() -> str:
+    """`vllm` as this worker finds it (on PATH or beside its Python), for extract_with_vllm."""
+    return _executable("vllm") or "vllm"
+
+
 class BackendUnavailable(RuntimeError):
     """A stage reached a worker that cannot run its backend (routing should have prevented it)."""
 

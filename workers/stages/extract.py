@@ -41,6 +41,7 @@ import torch  # noqa: E402
 from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
 from workers.stages.dtypes import floor_bytes_per_token  # noqa: E402
 from workers.stages.extract_files import HiddenBatch, _check_batch, _write_batch, _writer  # noqa: E402,F401
+from workers.stages.extract_model import LayerCapture, decoder_parts, load_target, spread_device  # noqa: E402,F401
 from workers.stages.extract_resume import (  # noqa: E402
     ReusedSamples,
     extraction_fingerprint,
@@ -98,60 +99,6 @@ class ExtractionResult:
         for key in ("out_dir", "hidden_states_dir", "manifest_path"):
             d[key] = str(d[key])
         return d
-
-
-def load_target(target_dir: Path, device: torch.device):
-    from transformers import AutoModelForCausalLM
-
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(
-        str(target_dir), dtype=dtype, attn_implementation="sdpa", local_files_only=True
-    )
-    return model.to(device).eval()
-
-
-def decoder_parts(model) -> tuple[torch.nn.Module, torch.nn.ModuleList, torch.nn.Module]:
-    """(base model without lm_head, its decoder layers, its final norm)."""
-    base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
-    if base is None:
-        base = model.get_decoder()
-    layers, norm = getattr(base, "layers", None), getattr(base, "norm", None)
-    if not isinstance(layers, torch.nn.ModuleList) or not isinstance(norm, torch.nn.Module):
-        raise ValueError(
-            f"{type(model).__name__}: cannot find decoder `layers` and final `norm` on its base "
-            "model; this architecture is not supported for extraction yet"
-        )
-    return base, layers, norm
-
-
-class LayerCapture:
-    """Forward pre-hooks that keep the HF hidden_states[i] tensors for the requested ids."""
-
-    def __init__(self, model, layer_ids: list[int]):
-        _, layers, norm = decoder_parts(model)
-        n = len(layers)
-        self.layer_ids = layer_ids
-        self.captured: dict[int, torch.Tensor] = {}
-        self._handles = []
-        for lid in layer_ids:
-            module = norm if lid == n else layers[lid]
-            self._handles.append(module.register_forward_pre_hook(self._hook(lid), with_kwargs=True))
-
-    def _hook(self, lid: int):
-        def hook(module, args, kwargs):
-            self.captured[lid] = args[0] if args else kwargs["hidden_states"]
-
-        return hook
-
-    def stacked(self) -> torch.Tensor:
-        """[B, T, L, H] in layer_ids order."""
-        out = torch.stack([self.captured[lid] for lid in self.layer_ids], dim=2)
-        self.captured.clear()
-        return out
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
 
 
 def plan_forward_batches(lengths: list[int], batch_tokens: int, max_rows: int = MAX_BATCH_ROWS) -> list[list[int]]:
@@ -259,10 +206,13 @@ def extract(
     out_dir: Path,
     layer_ids: list[int],
     device: str = "auto",
+    num_gpus: int = 1,
     batch_tokens: int | None = None,
     on_progress: ProgressFn | None = None,
 ) -> ExtractionResult:
     """Run the target over every prepared row and write hidden states plus data_config.json.
+
+    num_gpus > 1 spreads the target over that many GPUs (load_target); `device` is then ignored.
 
     out_dir must be absent, empty, or an earlier attempt of this same extraction (see
     workers.stages.extract_resume): then the samples it wrote whole are kept, not extracted again."""
@@ -297,7 +247,11 @@ def extract(
         log.info("resuming %s: %d of %d samples already written whole are kept, %d incomplete redone",
                  out_dir, len(kept), num_rows, reused.redone)
 
-    dev = resolve_device(device)
+    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
+        raise ValueError(f"num_gpus must be a whole number of at least 1, got {num_gpus!r}")
+    dev = spread_device(num_gpus) if num_gpus > 1 else resolve_device(device)
+    where = (f"cuda:0-{num_gpus - 1} ({num_gpus} x {torch.cuda.get_device_name(0)}, device_map=auto)"
+             if num_gpus > 1 else device_label(dev))
     forward_seconds, model_load_seconds = 0.0, 0.0
     bytes_on_disk, extracted_tokens, done = reused.nbytes, 0, len(kept)
     step = max(1, num_rows // 100)
@@ -314,7 +268,7 @@ def extract(
 
     if todo:  # a resumed extraction with nothing left to do never loads the model
         t0 = time.perf_counter()
-        model = load_target(target_dir, dev)
+        model = load_target(target_dir, dev, num_gpus)
         model_load_seconds = time.perf_counter() - t0
         _, layers, _ = decoder_parts(model)
         if len(layers) != target.num_layers:
@@ -365,7 +319,7 @@ def extract(
         "tokens_per_second": round(tps, 1),
         "samples_reused": len(kept),  # kept from an earlier attempt; the timings above are this attempt's
         "tokens_extracted": extracted_tokens,
-        "device": device_label(dev),
+        "device": where,
         "bytes_on_disk": bytes_on_disk,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

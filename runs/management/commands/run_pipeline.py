@@ -11,6 +11,7 @@ from runs import selectors, services
 from runs.management.command_user import command_user
 from runs.models import PipelineRun, StageStatus
 from runs.run_config import RunConfig, parse_layer_ids
+from workers.stages.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
 from workers.stages.errors import InputError
 
 
@@ -35,6 +36,16 @@ class Command(BaseCommand):
         parser.add_argument("--eval-prompts", type=int, default=RunConfig.eval_prompts,
                             help="held-out conversations decoded to measure acceptance length")
         parser.add_argument("--eval-max-new-tokens", type=int, default=RunConfig.eval_max_new_tokens)
+        parser.add_argument("--extraction-backend", default=RunConfig.extraction_backend,
+                            help=f"{' or '.join(EXTRACTION_BACKENDS)} (default %(default)s); see /workers/ for what "
+                            "the live workers can run")
+        parser.add_argument("--tensor-parallel-size", type=int, default=RunConfig.tensor_parallel_size,
+                            help="GPUs for extraction: vLLM's tensor-parallel size, or how many GPUs transformers "
+                            "spreads the target over")
+        parser.add_argument("--training-backend", default=RunConfig.training_backend,
+                            help=f"{' or '.join(TRAINING_BACKENDS)} (default %(default)s)")
+        parser.add_argument("--train-gpus", type=int, default=RunConfig.train_gpus,
+                            help="GPUs for training (torchrun processes for speculators; eagle3web uses one)")
         parser.add_argument("--name", default="")
         parser.add_argument("--user", default="", help="owner's username (default: the 'cli' account)")
         mode = parser.add_mutually_exclusive_group()
@@ -59,6 +70,10 @@ class Command(BaseCommand):
                 seed=opts["seed"],
                 eval_prompts=opts["eval_prompts"],
                 eval_max_new_tokens=opts["eval_max_new_tokens"],
+                extraction_backend=opts["extraction_backend"],
+                tensor_parallel_size=opts["tensor_parallel_size"],
+                training_backend=opts["training_backend"],
+                train_gpus=opts["train_gpus"],
             )
             run = services.run_launch(
                 user=user, target_path=opts["target"], dataset_path=opts["dataset"], config=config,
@@ -92,6 +107,8 @@ class Command(BaseCommand):
 
     def _print_human(self, summary: dict) -> None:
         self.stdout.write(f"run {summary['run_id']}: {summary['status']}")
+        self.stdout.write("  " + "; ".join(f"{b['stage']}: {b['label']} on {b['gpus']} GPU(s)"
+                                           for b in summary["backends"]))
         for stage in summary["stages"]:
             secs = f"{stage['seconds']:.1f} s" if stage["seconds"] is not None else "-"
             self.stdout.write(f"  {stage['name']:<8} {stage['status']:<10} {secs}")

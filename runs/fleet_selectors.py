@@ -1,0 +1,221 @@
+"""Reads about the fleet: which workers are live and what they do, what a launch may ask of them,
+and the queue of work waiting for them.
+
+A worker is live while its heartbeat is recent: it writes one every EAGLE3WEB_STAGE_LEASE_SECONDS/2
+(workers/fleet.py) and is offline after missing three, or at once when it shut down cleanly."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from runs.fleet_models import Worker
+from runs.models import FINISHED_STATUSES, PendingEnqueue, StageStatus
+from runs.pipeline import STAGES, STAGES_BY_NAME
+from runs.routing import BACKEND_SETTINGS, stage_backend, stage_queue
+from runs.run_config import RunConfig
+from workers.stages.backends import BACKENDS, BACKENDS_BY_NAME
+
+MISSED_HEARTBEATS = 3
+MAX_QUEUE_ROWS = 200  # per kind of work; the page says when there are more
+
+
+def heartbeat_seconds() -> float:
+    return max(1.0, settings.EAGLE3WEB_STAGE_LEASE_SECONDS / 2)
+
+
+def offline_after() -> timedelta:
+    return timedelta(seconds=MISSED_HEARTBEATS * heartbeat_seconds())
+
+
+def workers_live() -> QuerySet[Worker]:
+    return Worker.objects.filter(stopped_at__isnull=True, last_seen__gte=timezone.now() - offline_after())
+
+
+def _gpus_text(count: int) -> str:
+    return f"{count} GPU{'s' if count != 1 else ''}"
+
+
+# ---- what a launch may ask for ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BackendOption:
+    """One backend as the launch form offers it, judged against the live workers."""
+
+    name: str
+    label: str
+    stage: str
+    available: bool
+    reason: str  # why it is not offered ("" when it is)
+    max_gpus: int  # the most GPUs some live worker runs it on
+    gpu_reason: str  # why not more than max_gpus
+
+
+def launch_options(*, live: list[Worker] | None = None) -> dict[str, BackendOption]:
+    """Each backend: can some live worker run it, on how many GPUs at most, and why not more.
+    With no worker live at all the default backends stay offered on one device, as before workers
+    reported anything (a demo's worker may start after its web server)."""
+    live = list(workers_live()) if live is None else live
+    options = {}
+    for backend in BACKENDS:
+        able = [w for w in live if backend.name in w.capabilities.get("backends", {})
+                and w.capabilities["backends"][backend.name] is None]
+        if not live:
+            options[backend.name] = BackendOption(
+                backend.name, backend.label, backend.stage, backend.default,
+                "" if backend.default else f"no worker is live to run {backend.label}",
+                1 if backend.default else 0, "no worker is live")
+            continue
+        if not able:
+            reasons = sorted({w.capabilities.get("backends", {}).get(backend.name) or "it does not report this backend"
+                              for w in live})
+            options[backend.name] = BackendOption(backend.name, backend.label, backend.stage, False,
+                                                  f"no live worker has {backend.label} ({'; '.join(reasons)})", 0, "")
+            continue
+        best = max(able, key=lambda w: w.capabilities.get("max_gpus", {}).get(backend.name, 0))
+        most = best.capabilities.get("max_gpus", {}).get(backend.name, 0)
+        why_not_more = best.capabilities.get("more_gpus", {}).get(backend.name)
+        gpu_reason = (f"the largest live worker for {backend.label} ({best.name}) runs it on {_gpus_text(most)}"
+                      + (f": {why_not_more}" if why_not_more else ""))
+        options[backend.name] = BackendOption(backend.name, backend.label, backend.stage, True, "", most, gpu_reason)
+    return options
+
+
+CHOICES = (("extraction_backend", "tensor_parallel_size"), ("training_backend", "train_gpus"))
+
+
+def launch_refusals(*, config: RunConfig, options: dict[str, BackendOption] | None = None) -> list[tuple[str, str]]:
+    """(field, why) for each choice of `config` that no live worker can run; empty when it can run.
+    The default backends on one device are always accepted: every worker runs them, GPU or not."""
+    options = launch_options() if options is None else options
+    refusals = []
+    for backend_field, gpus_field in CHOICES:
+        name, gpus = getattr(config, backend_field), getattr(config, gpus_field)
+        option = options[name]
+        if BACKENDS_BY_NAME[name].default and gpus == 1:
+            continue
+        if not option.available:
+            refusals.append((backend_field, f"{backend_field} {name}: {option.reason}"))
+        elif gpus > option.max_gpus:
+            refusals.append((gpus_field, f"{gpus_field} {gpus}: {option.gpu_reason}"))
+    return refusals
+
+
+def run_backends(*, config: dict) -> list[dict]:
+    """The backend and GPU count each of a run's extraction and training ran (or will run) with."""
+    chosen = []
+    for stage_name in BACKEND_SETTINGS:
+        backend, gpus = stage_backend(stage_name=stage_name, config=config or {})
+        known = BACKENDS_BY_NAME.get(backend)
+        chosen.append({"stage": stage_name, "backend": backend, "label": known.label if known else backend,
+                       "gpus": gpus, "default": bool(known and known.default and gpus == 1)})
+    return chosen
+
+
+# ---- the workers page ------------------------------------------------------------------------
+
+@dataclass
+class WorkerRow:
+    worker: Worker
+    status: str  # busy, idle or offline
+    doing: list[dict] = field(default_factory=list)  # the stage rows running on it
+
+    @property
+    def backends(self) -> list[dict]:
+        caps = self.worker.capabilities
+        return [{"name": b.name, "label": b.label, "stage": b.stage,
+                 "reason": caps.get("backends", {}).get(b.name, "not reported"),
+                 "max_gpus": caps.get("max_gpus", {}).get(b.name, 0),
+                 "more_gpus": caps.get("more_gpus", {}).get(b.name)} for b in BACKENDS]
+
+
+def _has_run(model) -> bool:
+    return any(f.name == "run" for f in model._meta.get_fields())
+
+
+def _running_by_worker(names: list[str]) -> dict[str, list[dict]]:
+    """The running stage and job rows of these workers: one query per kind of work, not per worker."""
+    doing: dict[str, list[dict]] = defaultdict(list)
+    for kind in STAGES_BY_NAME.values():
+        extra = ["run_id", "run__name"] if _has_run(kind.model) else []
+        rows = kind.model.objects.filter(status=StageStatus.RUNNING, worker__in=names).values(
+            "pk", "worker", "started_at", "progress_done", "progress_total", *extra)
+        for row in rows:
+            doing[row["worker"]].append({"stage": kind.name, "label": kind.label, "record_id": row["pk"],
+                                         "run_id": row.get("run_id"), "run_name": row.get("run__name") or "",
+                                         "since": row["started_at"], "done": row["progress_done"],
+                                         "total": row["progress_total"]})
+    return doing
+
+
+def worker_rows() -> list[WorkerRow]:
+    """Every worker that ever reported, live ones first, each busy (with what), idle or offline."""
+    workers = list(Worker.objects.all())
+    doing = _running_by_worker([w.name for w in workers])
+    cutoff = timezone.now() - offline_after()
+    rows = []
+    for w in workers:
+        live = w.stopped_at is None and w.last_seen >= cutoff
+        status = ("busy" if doing.get(w.name) else "idle") if live else "offline"
+        rows.append(WorkerRow(worker=w, status=status, doing=doing.get(w.name, [])))
+    order = {"busy": 0, "idle": 1, "offline": 2}
+    return sorted(rows, key=lambda r: (order[r.status], r.worker.name))
+
+
+@dataclass
+class QueuedWork:
+    kind: str
+    label: str
+    record_id: int
+    run_id: int | None
+    run_name: str
+    queue: str
+    queued_at: datetime
+    waits_for: str  # an earlier stage of its run still to finish, "" when it is next in its queue
+    taken_by: list[str]  # live workers that consume its queue
+
+
+def queued_work() -> dict:
+    """What waits for a worker, oldest first: each queued stage and job with the queue it goes to
+    and whether a live worker takes that queue; plus what the broker has not taken yet (the outbox)
+    and how many stages sit behind a failed or cancelled one (they wait for a retry, not a worker)."""
+    queued, more = [], False
+    for index, kind in enumerate(STAGES_BY_NAME.values()):
+        with_run = _has_run(kind.model)
+        rows = kind.model.objects.filter(status=StageStatus.QUEUED).order_by("queued_at", "pk")
+        rows = rows.select_related("run").only("pk", "queued_at", "run__name", "run__config", "run__created_at") \
+            if with_run else rows.only("pk", "queued_at")
+        rows = list(rows[:MAX_QUEUE_ROWS + 1])
+        more = more or len(rows) > MAX_QUEUE_ROWS
+        for row in rows[:MAX_QUEUE_ROWS]:
+            run = row.run if with_run else None
+            queued.append((index, kind, row, run))
+    run_ids = {run.pk for _, _, _, run in queued if run is not None}
+    statuses: dict[int, dict[str, str]] = defaultdict(dict)
+    for stage in STAGES:
+        for run_id, status in stage.model.objects.filter(run_id__in=run_ids).values_list("run_id", "status"):
+            statuses[run_id][stage.name] = status
+    live = list(workers_live())
+    names = [stage.name for stage in STAGES]
+    items, blocked = [], 0
+    for index, kind, row, run in queued:
+        waits_for = ""
+        if run is not None and kind.name in names:
+            earlier = [(n, statuses[run.pk].get(n)) for n in names[:names.index(kind.name)]]
+            if any(s in FINISHED_STATUSES and s != StageStatus.SUCCEEDED for _, s in earlier):
+                blocked += 1
+                continue
+            waits_for = next((n for n, s in earlier if s != StageStatus.SUCCEEDED), "")
+        queue = stage_queue(stage_name=kind.name, config=run.config if run is not None else {})
+        items.append(QueuedWork(kind=kind.name, label=kind.label, record_id=row.pk,
+                                run_id=run.pk if run is not None else None, run_name=str(run) if run else "",
+                                queue=queue, queued_at=(run.created_at if run is not None else row.queued_at),
+                                waits_for=waits_for, taken_by=[w.name for w in live if queue in w.queues]))
+    items.sort(key=lambda item: (item.waits_for != "", item.queued_at, names.index(item.kind)
+                                 if item.kind in names else len(names), item.record_id))
+    outbox = list(PendingEnqueue.objects.order_by("pk")[:MAX_QUEUE_ROWS])
+    return {"items": items, "outbox": outbox, "blocked": blocked, "more": more}
