@@ -15,8 +15,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from eagle3web.celery import celery_app
-from runs.models import PendingEnqueue
+from runs.models import PendingEnqueue, PipelineRun
 from runs.pipeline import STAGES, STAGES_BY_NAME
+from runs.routing import stage_queue
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +29,10 @@ RETRY_AFTER = timedelta(seconds=5)
 
 def _send(kind: str, object_id: int) -> None:
     if kind == PendingEnqueue.Kind.PIPELINE:
-        # One chain per run; each stage goes to its own queue (cpu or gpu).
-        chain(*[celery_app.signature(STAGE_TASK, args=(stage.name, object_id), immutable=True, queue=stage.queue)
+        # One chain per run; each stage goes to its queue: cpu, gpu, or its backend's (runs.routing).
+        config = PipelineRun.objects.filter(pk=object_id).values_list("config", flat=True).first() or {}
+        chain(*[celery_app.signature(STAGE_TASK, args=(stage.name, object_id), immutable=True,
+                                     queue=stage_queue(stage_name=stage.name, config=config))
                 for stage in STAGES]).apply_async()
     else:
         celery_app.send_task(EVALUATION_TASK, args=[object_id], queue=STAGES_BY_NAME["evaluate"].queue)

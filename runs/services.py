@@ -21,6 +21,7 @@ from runs.models import (
     TrainingRun,
     VocabMapping,
 )
+from runs.fleet_selectors import launch_refusals
 from runs.paths import check_under_data_roots
 from runs.queue import pipeline_enqueue
 from runs.roles import require
@@ -80,6 +81,10 @@ def run_launch(
     """Create a run and its five stage rows; after commit, hand the run's id to the workers."""
     require(user, "launch")
     name = check_run_name(name)
+    refusals = launch_refusals(config=config)
+    if refusals:  # refused now rather than left in a queue that no live worker takes
+        field, why = refusals[0]
+        raise RunConfigError(why, field=field)
     target = target_register(path=target_path)
     dataset = dataset_register(path=dataset_path)
     layer_ids = list(config.layer_ids or target.default_layer_ids)

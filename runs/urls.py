@@ -11,6 +11,7 @@ urlpatterns = [
     path("runs/<int:pk>/cancel/", views.run_cancel, name="run_cancel"),
     path("runs/<int:pk>/retry/", views.run_retry, name="run_retry"),
     path("runs/<int:pk>/tags/", views.run_tags, name="run_tags"),
+    path("workers/", views.worker_list, name="worker_list"),
     path("datasets/", views.dataset_list, name="dataset_list"),
     path("datasets/<int:pk>/", views.dataset_detail, name="dataset_detail"),
     path("extractions/", views.extraction_list, name="extraction_list"),

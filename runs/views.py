@@ -14,6 +14,7 @@ from runs import (comparison, evaluation_services, extraction_services, queue, r
                   services, tag_services)
 from runs.evaluation_services import EvaluationRequestError
 from runs.demo import demo_paths
+from runs import fleet_selectors
 from runs.forms import LaunchForm
 from runs.roles import require, user_can
 from workers.stages.errors import InputError
@@ -46,8 +47,9 @@ def run_list(request: HttpRequest) -> HttpResponse:
 def run_launch(request: HttpRequest) -> HttpResponse:
     # A form its user may not submit is refused up front, with the role to ask for (403.html).
     require(request.user, "launch")
+    options = fleet_selectors.launch_options()  # what the live workers can run, and why not
     if request.method == "POST":
-        form = LaunchForm(request.POST)
+        form = LaunchForm(request.POST, options=options)
         if form.is_valid():
             try:
                 run = services.run_launch(
@@ -58,7 +60,8 @@ def run_launch(request: HttpRequest) -> HttpResponse:
                     name=form.cleaned_data["name"],
                 )
             except InputError as exc:
-                form.add_error(None, str(exc))
+                field = getattr(exc, "field", None)
+                form.add_error(field if field in form.fields else None, str(exc))
             else:
                 if queue.run_waiting_for_queue(run_id=run.pk):
                     # The broker refused the hand-over: the outbox keeps it and the workers retry.
@@ -72,20 +75,28 @@ def run_launch(request: HttpRequest) -> HttpResponse:
         if initial is None:
             messages.error(request, f"There is no run {request.GET['copy'][:20]!r} to copy.")
             return redirect("runs:run_launch")
-        form = LaunchForm(initial=initial)
+        form = LaunchForm(initial=initial, options=options)
     else:
         initial = dict(demo_paths())
         if initial:
             target = selectors.target_by_path(initial["target_path"])
             if target:
                 initial["layer_ids"] = ", ".join(str(i) for i in target.default_layer_ids)
-        form = LaunchForm(initial=initial)
+        form = LaunchForm(initial=initial, options=options)
     targets = selectors.target_list()[:100]
     datasets = selectors.dataset_list()[:100]
     # A refused launch is the user's to fix: 400, with the form and its messages.
     status = 400 if request.method == "POST" else 200
     return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets},
                   status=status)
+
+
+def worker_list(request: HttpRequest) -> HttpResponse:
+    """The fleet: each worker busy (with what), idle or offline, what its host can run, and the
+    work queued for the workers in order."""
+    return render(request, "runs/worker_list.html", {
+        "rows": fleet_selectors.worker_rows(), "queue": fleet_selectors.queued_work(),
+        "options": fleet_selectors.launch_options(), "offline_after": fleet_selectors.offline_after()})
 
 
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
