@@ -41,6 +41,8 @@ from runs.stage_services import (
 )
 from runs.pipeline import STAGES, STAGES_BY_NAME
 from runs.queue import outbox_flush
+from runs.routing import stage_backend
+import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
 from workers.stages.errors import StopRequested
 
 logger = logging.getLogger(__name__)
@@ -158,19 +160,33 @@ def _prepare(record, reporter: StageReporter):
     )
 
 
+def _backend(run, stage_name: str) -> tuple[str, int]:
+    """The run's backend and GPU count for this stage, refused (naming both and why) on a worker
+    that cannot run them: routing sends them elsewhere, so this only catches a misrouted message."""
+    from workers.stages.backends import backend_require
+
+    backend, gpus = stage_backend(stage_name=stage_name, config=run.config or {})
+    backend_require(name=backend, gpus=gpus)
+    return backend, gpus
+
+
 def _extract(record, reporter: StageReporter):
-    from workers.stages.extract import extract
     from workers.stages.extract_resume import RESUME_NAME
 
     run = record.run
-    return extract(
-        target_dir=Path(run.target.path),
-        prepared_dir=Path(run.preparation.out_dir),
-        out_dir=_resumable_dir(Path(run.output_dir) / "extraction", marker=RESUME_NAME),
-        layer_ids=record.layer_ids,
-        batch_tokens=settings.EAGLE3WEB_EXTRACT_BATCH_TOKENS or None,
-        on_progress=reporter.progress,
-    )
+    backend, gpus = _backend(run, "extract")
+    common = dict(target_dir=Path(run.target.path), prepared_dir=Path(run.preparation.out_dir),
+                  out_dir=_resumable_dir(Path(run.output_dir) / "extraction", marker=RESUME_NAME),
+                  layer_ids=record.layer_ids, on_progress=reporter.progress)
+    if backend == "vllm":
+        from workers.stages.backends import vllm_executable
+        from workers.stages.extract_vllm import extract_with_vllm
+
+        return extract_with_vllm(**common, tensor_parallel_size=gpus, vllm_executable=vllm_executable(),
+                                 should_stop=reporter.cancelled)
+    from workers.stages.extract import extract
+
+    return extract(**common, num_gpus=gpus, batch_tokens=settings.EAGLE3WEB_EXTRACT_BATCH_TOKENS or None)
 
 
 def _vocab(record, reporter: StageReporter):
@@ -187,10 +203,19 @@ def _vocab(record, reporter: StageReporter):
 
 
 def _train(record, reporter: StageReporter):
-    from workers.stages.train import train
-
     run = record.run
-    return train(
+    backend, gpus = _backend(run, "train")
+    if backend == "speculators":
+        from workers.stages.train_speculators import train_with_speculators as trainer
+
+        options = dict(num_gpus=gpus)
+    else:
+        from workers.stages.train import train as trainer
+
+        options = dict(val_fraction=run.config.get("val_fraction", 0.1),
+                       max_tokens_per_step=run.config.get("max_tokens_per_step"))
+    return trainer(
+        **options,
         target_dir=Path(run.target.path),
         prepared_dir=Path(run.preparation.out_dir),
         hidden_states_dir=Path(run.extract_stage.extraction.path) / "hidden_states",
@@ -202,9 +227,7 @@ def _train(record, reporter: StageReporter):
         lr=record.lr,
         ttt_steps=record.ttt_steps,
         draft_vocab_size=run.vocab_mapping.draft_vocab_size,
-        val_fraction=run.config.get("val_fraction", 0.1),
         seed=run.config.get("seed", 0),
-        max_tokens_per_step=run.config.get("max_tokens_per_step"),
         on_progress=reporter.progress,
         on_metrics=lambda points: with_db_retry("metrics", metrics_record, training_run_id=record.pk, points=points),
         should_stop=reporter.cancelled,
