@@ -21,6 +21,7 @@ from runs.run_config import RunConfig
 from workers.stages.backends import BACKENDS, BACKENDS_BY_NAME
 
 MISSED_HEARTBEATS = 3
+VERSION_ORDER = ("python", "torch", "transformers", "accelerate", "speculators", "vllm")
 MAX_QUEUE_ROWS = 200  # per kind of work; the page says when there are more
 
 
@@ -79,8 +80,11 @@ def launch_options(*, live: list[Worker] | None = None) -> dict[str, BackendOpti
         best = max(able, key=lambda w: w.capabilities.get("max_gpus", {}).get(backend.name, 0))
         most = best.capabilities.get("max_gpus", {}).get(backend.name, 0)
         why_not_more = best.capabilities.get("more_gpus", {}).get(backend.name)
-        gpu_reason = (f"the largest live worker for {backend.label} ({best.name}) runs it on {_gpus_text(most)}"
-                      + (f": {why_not_more}" if why_not_more else ""))
+        if not best.capabilities.get("gpus"):
+            gpu_reason = f"no live worker that runs {backend.label} has a GPU: it runs on the CPU"
+        else:
+            gpu_reason = (f"the largest live worker for {backend.label} ({best.name}) runs it on {_gpus_text(most)}"
+                          + (f": {why_not_more}" if why_not_more else ""))
         options[backend.name] = BackendOption(backend.name, backend.label, backend.stage, True, "", most, gpu_reason)
     return options
 
@@ -123,6 +127,20 @@ class WorkerRow:
     worker: Worker
     status: str  # busy, idle or offline
     doing: list[dict] = field(default_factory=list)  # the stage rows running on it
+
+    @property
+    def gpu_groups(self) -> list[dict]:
+        """The GPUs, alike ones counted together ("8 x NVIDIA H100 80GB HBM3, 80 GB each")."""
+        groups: dict[tuple, int] = {}
+        for gpu in self.worker.capabilities.get("gpus") or []:
+            key = (gpu.get("name", "?"), gpu.get("memory_bytes", 0))
+            groups[key] = groups.get(key, 0) + 1
+        return [{"count": count, "name": name, "memory_bytes": memory} for (name, memory), count in groups.items()]
+
+    @property
+    def versions(self) -> list[tuple[str, str | None]]:
+        versions = self.worker.capabilities.get("versions") or {}
+        return [(name, versions.get(name)) for name in VERSION_ORDER if name in versions]
 
     @property
     def backends(self) -> list[dict]:
@@ -217,5 +235,7 @@ def queued_work() -> dict:
                                 waits_for=waits_for, taken_by=[w.name for w in live if queue in w.queues]))
     items.sort(key=lambda item: (item.waits_for != "", item.queued_at, names.index(item.kind)
                                  if item.kind in names else len(names), item.record_id))
-    outbox = list(PendingEnqueue.objects.order_by("pk")[:MAX_QUEUE_ROWS])
+    # Hand-overs the broker refused (runs.queue keeps them and the workers retry); a fresh row is
+    # being sent after its commit and is no news.
+    outbox = list(PendingEnqueue.objects.filter(attempts__gt=0).order_by("pk")[:MAX_QUEUE_ROWS])
     return {"items": items, "outbox": outbox, "blocked": blocked, "more": more}

@@ -1,0 +1,58 @@
+"""Worker rows for tests: this host as it really is, and a GPU host we do not have here.
+
+The GPU host is a stand-in (no GPU, no vLLM on the test machine): its capabilities are written in
+the shape workers.stages.backends.host_capabilities() gives on such a host, and named FAKE."""
+from __future__ import annotations
+
+from django.utils import timezone
+
+from runs.fleet_models import Worker
+from runs.fleet_services import worker_heartbeat
+from workers.stages.backends import host_capabilities, host_queues
+
+H100_BYTES = 85_899_345_920  # what torch reports as total_memory for an 80 GiB H100
+
+
+def fake_gpu_host_capabilities(*, gpus: int = 8, vllm: bool = True, speculators: bool = True,
+                               accelerate: bool = True) -> dict:
+    """FAKE: an 8-GPU host with vLLM and speculators, as host_capabilities() would describe it."""
+    reasons = {"transformers": None, "eagle3web": None,
+               "vllm": None if vllm else "vllm is not installed",
+               "speculators": None if speculators else "speculators is not installed"}
+    most = {"transformers": gpus if accelerate else 1, "eagle3web": 1,
+            "vllm": gpus if vllm else 0, "speculators": gpus if speculators else 0}
+    full = f"needs {gpus + 1} GPUs; this host has {gpus}"
+    more = {"transformers": full if accelerate else
+            "spreading a target over several GPUs (device_map) needs accelerate, which is not installed",
+            "eagle3web": "trains on one device; choose speculators to train on several GPUs",
+            "vllm": full if vllm else None, "speculators": full if speculators else None}
+    return {"hostname": "fake-gpu-host", "cpu_count": 64,
+            "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_bytes": H100_BYTES}] * gpus,
+            "backends": reasons, "max_gpus": most, "more_gpus": more,
+            "versions": {"python": "3.11.7", "torch": "2.13.0+cu128", "transformers": "5.19.0",
+                         "accelerate": "1.15.0" if accelerate else None, "speculators": "0.9.0",
+                         "vllm": "0.11.0" if vllm else None}}
+
+
+_this_host: dict = {}
+
+
+def this_host_capabilities() -> dict:
+    """This test machine, probed for real (no GPU here)."""
+    if not _this_host:
+        _this_host.update(host_capabilities())
+    return dict(_this_host)
+
+
+def fake_gpu_worker(name: str = "fake-gpu@fake-gpu-host", **kwargs) -> Worker:
+    """FAKE: a live worker on fake_gpu_host_capabilities(), consuming the queues such a host takes."""
+    capabilities = fake_gpu_host_capabilities(**kwargs)
+    return worker_heartbeat(name=name, hostname=capabilities["hostname"], capabilities=capabilities,
+                            queues=["cpu", *host_queues(capabilities)], started_at=timezone.now())
+
+
+def cpu_worker(name: str = "cpu@this-host", queues: tuple[str, ...] = ("cpu", "gpu")) -> Worker:
+    """A live worker on this machine as it is, started like `make demo`'s (-Q cpu,gpu)."""
+    capabilities = this_host_capabilities()
+    return worker_heartbeat(name=name, hostname=capabilities["hostname"], capabilities=capabilities,
+                            queues=list(queues), started_at=timezone.now())

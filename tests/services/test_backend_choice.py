@@ -1,0 +1,171 @@
+"""A run's extraction and training backends and GPU counts, checked the same way from the form, the
+CLI and the service against what the live workers can run: a choice nobody can run is refused
+naming the field and stores nothing; the defaults always launch, with or without live workers."""
+from __future__ import annotations
+
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from runs import services
+from runs.fleet_models import Worker
+from runs.models import PendingEnqueue, PipelineRun, StageStatus
+from runs.routing import stage_queue
+from runs.run_config import RunConfig, RunConfigError
+from tests.fleet import cpu_worker, fake_gpu_host_capabilities, fake_gpu_worker, this_host_capabilities
+from workers.stages.backends import host_queues
+
+pytestmark = pytest.mark.django_db
+
+
+def _launch(user, roots, **config):
+    return services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                               config=RunConfig(draft_vocab_size=64, **config))
+
+
+def _refused(user, roots, field: str, **config) -> str:
+    before = (PipelineRun.objects.count(), PendingEnqueue.objects.count())
+    with pytest.raises(RunConfigError) as caught:
+        _launch(user, roots, **config)
+    assert caught.value.field == field and str(caught.value).startswith(field), str(caught.value)
+    assert (PipelineRun.objects.count(), PendingEnqueue.objects.count()) == before
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(("config", "field"), [
+    ({"extraction_backend": "tensorrt"}, "extraction_backend"),
+    ({"training_backend": ""}, "training_backend"),
+    ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+    ({"tensor_parallel_size": 65}, "tensor_parallel_size"),
+    ({"tensor_parallel_size": "2"}, "tensor_parallel_size"),
+    ({"train_gpus": 2}, "train_gpus"),  # eagle3web's loop trains on one device
+    ({"train_gpus": None, "training_backend": "speculators"}, "train_gpus"),
+])
+def test_run_config_names_the_bad_backend_setting(config, field):
+    with pytest.raises(RunConfigError) as caught:
+        RunConfig(**config)
+    assert caught.value.field == field and field in str(caught.value)
+
+
+def test_defaults_launch_with_no_worker_live_but_nothing_else_does(user, roots):
+    run = _launch(user, roots)
+    assert (run.config["extraction_backend"], run.config["tensor_parallel_size"]) == ("transformers", 1)
+    assert (run.config["training_backend"], run.config["train_gpus"]) == ("eagle3web", 1)
+    assert "no worker is live" in _refused(user, roots, "extraction_backend", extraction_backend="vllm")
+    assert "no worker is live" in _refused(user, roots, "tensor_parallel_size", tensor_parallel_size=2)
+    assert "no worker is live" in _refused(user, roots, "training_backend", training_backend="speculators")
+
+
+def test_a_cpu_fleet_refuses_vllm_speculators_and_several_gpus_saying_why(user, roots):
+    cpu_worker("cpu@this-host")
+    why_vllm = this_host_capabilities()["backends"]["vllm"]
+    message = _refused(user, roots, "extraction_backend", extraction_backend="vllm")
+    assert f"no live worker has vLLM ({why_vllm})" in message
+    message = _refused(user, roots, "training_backend", training_backend="speculators")
+    assert "needs a GPU; this host has none" in message
+    message = _refused(user, roots, "tensor_parallel_size", tensor_parallel_size=2)
+    assert "has a GPU: it runs on the CPU" in message
+    assert _launch(user, roots).config["extraction_backend"] == "transformers"
+
+
+def test_a_live_gpu_worker_makes_its_backends_and_gpu_counts_launchable(user, roots):
+    fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=8)  # FAKE: an 8-GPU host with vLLM and speculators
+    run = _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=8, training_backend="speculators",
+                  train_gpus=4)
+    assert {k: run.config[k] for k in ("extraction_backend", "tensor_parallel_size", "training_backend",
+                                       "train_gpus")} == {"extraction_backend": "vllm", "tensor_parallel_size": 8,
+                                                          "training_backend": "speculators", "train_gpus": 4}
+    message = _refused(user, roots, "tensor_parallel_size", extraction_backend="vllm", tensor_parallel_size=9)
+    assert "the largest live worker for vLLM (fake-gpu@fake-gpu-host) runs it on 8 GPUs" in message
+    assert "needs 9 GPUs; this host has 8" in message
+    # Once it stops heartbeating, what only it could run is refused again.
+    Worker.objects.update(last_seen=timezone.now() - timedelta(minutes=10))
+    _refused(user, roots, "extraction_backend", extraction_backend="vllm")
+
+
+def test_transformers_on_several_gpus_needs_accelerate_on_the_worker(user, roots):
+    fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=4, accelerate=False)  # FAKE: 4 GPUs, no accelerate
+    message = _refused(user, roots, "tensor_parallel_size", tensor_parallel_size=2)
+    assert "needs accelerate" in message
+    assert _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=4).pk
+
+
+def test_form_offers_only_what_live_workers_run_and_refuses_the_rest_with_a_400(client, user, roots):
+    cpu_worker("cpu@this-host")
+    client.force_login(user)
+    page = client.get("/runs/new/").content.decode()
+    assert '<option value="vllm" disabled>vLLM (not available: no live worker has vLLM' in page
+    assert '<option value="transformers" selected>Transformers</option>' in page
+    assert "Live workers: Transformers up to 1; vLLM: no live worker has vLLM" in page
+    form = {"target_path": str(roots / "target"), "dataset_path": str(roots / "chats.jsonl"), "max_seq_len": 512,
+            "draft_vocab_size": 64, "epochs": 1, "lr": 0.0003, "ttt_steps": 3}
+    response = client.post("/runs/new/", {**form, "extraction_backend": "vllm"})
+    assert response.status_code == 400 and PipelineRun.objects.count() == 0
+    field = response.content.decode().split('for="id_extraction_backend"')[1].split('for="id_tensor_parallel_size"')[0]
+    assert '<div class="field-error">extraction_backend vllm: no live worker has vLLM' in field  # at its field
+    response = client.post("/runs/new/", {**form, "train_gpus": 3})
+    assert response.status_code == 400 and "train_gpus must be 1 with training_backend eagle3web" in \
+        response.content.decode() and PipelineRun.objects.count() == 0
+    response = client.post("/runs/new/", {**form, "training_backend": "deepspeed"})
+    assert response.status_code == 400 and "Select a valid choice" in response.content.decode()
+
+    fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=2)
+    assert '<option value="vllm">vLLM</option>' in client.get("/runs/new/").content.decode()
+    response = client.post("/runs/new/", {**form, "extraction_backend": "vllm", "tensor_parallel_size": 2})
+    run = PipelineRun.objects.get()
+    assert response.status_code == 302 and run.config["extraction_backend"] == "vllm"
+    api = client.get(f"/api/runs/{run.pk}/").json()
+    assert api["backends"] == [
+        {"stage": "extract", "backend": "vllm", "label": "vLLM", "gpus": 2, "default": False},
+        {"stage": "train", "backend": "eagle3web", "label": "eagle3web's training loop", "gpus": 1, "default": True}]
+    assert "<strong>vLLM</strong> on 2 GPUs" in client.get(f"/runs/{run.pk}/").content.decode()
+
+
+def test_cli_takes_the_backend_options_and_refuses_naming_the_field(user, roots):
+    common = ["--target", str(roots / "target"), "--dataset", str(roots / "chats.jsonl"), "--draft-vocab-size", "64",
+              "--user", user.username]
+    with pytest.raises(CommandError, match="^extraction_backend vllm: no worker is live"):
+        call_command("run_pipeline", *common, "--extraction-backend", "vllm")
+    with pytest.raises(CommandError, match="^train_gpus must be 1 with training_backend eagle3web"):
+        call_command("run_pipeline", *common, "--train-gpus", "2")
+    assert PipelineRun.objects.count() == 0
+    fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=8)
+    out = io.StringIO()
+    call_command("run_pipeline", *common, "--training-backend", "speculators", "--train-gpus", "8", "--json", stdout=out)
+    summary = json.loads(out.getvalue())
+    assert summary["config"]["training_backend"] == "speculators" and summary["backends"][1]["gpus"] == 8
+
+
+def test_each_choice_goes_to_the_queue_only_fitting_workers_take():
+    assert stage_queue(stage_name="extract", config={}) == "gpu"  # runs from before backends: the defaults
+    assert stage_queue(stage_name="extract", config={"extraction_backend": "transformers"}) == "gpu"
+    assert stage_queue(stage_name="extract", config={"tensor_parallel_size": 4}) == "transformers.4"
+    assert stage_queue(stage_name="extract", config={"extraction_backend": "vllm", "tensor_parallel_size": 2}) \
+        == "vllm.2"
+    assert stage_queue(stage_name="train", config={"training_backend": "speculators", "train_gpus": 8}) \
+        == "speculators.8"
+    assert [stage_queue(stage_name=s, config={"extraction_backend": "vllm"}) for s in ("prepare", "vocab", "evaluate")] \
+        == ["cpu", "cpu", "gpu"]
+    # FAKE 2-GPU host: it takes vLLM on 1 or 2 GPUs, never on 4; this CPU host adds no GPU queue at all.
+    two = host_queues(fake_gpu_host_capabilities(gpus=2))
+    assert two == ["gpu", "transformers.2", "vllm.1", "vllm.2", "speculators.1", "speculators.2"]
+    assert host_queues(fake_gpu_host_capabilities(gpus=2, vllm=False, accelerate=False)) == [
+        "gpu", "speculators.1", "speculators.2"]
+    assert host_queues(this_host_capabilities()) == []
+
+
+def test_a_misrouted_stage_fails_at_start_naming_the_backend_and_why(user, roots):
+    from workers.tasks import stage_execute
+
+    fake_gpu_worker("fake-gpu@fake-gpu-host")  # FAKE: lets the launch through; this host has no vLLM
+    run = _launch(user, roots, extraction_backend="vllm")
+    assert stage_execute(stage_name="extract", record_id=run.extract_stage.pk, worker="cpu@this-host") is False
+    run.extract_stage.refresh_from_db()
+    assert run.extract_stage.status == StageStatus.FAILED
+    why = this_host_capabilities()["backends"]["vllm"]
+    assert f"BackendUnavailable: vLLM (vllm) on 1 GPU(s) cannot run on" in run.extract_stage.error
+    assert why in run.extract_stage.error

@@ -1,0 +1,144 @@
+"""The workers page: each worker busy (with which run and stage, since when), idle or offline (last
+seen), its GPUs and backends; the queue in order, with the queue each stage goes to and who takes it."""
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from runs import services
+from runs.fleet_models import Worker
+from runs.fleet_services import worker_heartbeat, worker_stopped
+from runs.models import PendingEnqueue, StageStatus
+from runs.run_config import RunConfig
+from runs.stage_services import stage_start
+from tests.fleet import cpu_worker, fake_gpu_worker
+
+pytestmark = pytest.mark.django_db
+
+
+def _launch(user, roots, name="", **config):
+    return services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                               config=RunConfig(draft_vocab_size=64, **config), name=name)
+
+
+def _rows(html: str, attribute: str) -> list[str]:
+    return re.findall(rf'<tr {attribute}="([^"]*)"', html)
+
+
+def _page(client, user) -> str:
+    client.force_login(user)
+    response = client.get("/workers/")
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def test_page_shows_busy_idle_and_offline_workers_with_their_gpus_and_backends(client, user, roots):
+    fake_gpu_worker("fake-gpu@fake-gpu-host")
+    cpu_worker("cpu@this-host")
+    cpu_worker("lost@old-host")
+    Worker.objects.filter(name="lost@old-host").update(last_seen=timezone.now() - timedelta(hours=2))
+    cpu_worker("stopped@old-host")
+    worker_stopped(name="stopped@old-host")
+    run = _launch(user, roots, name="busy-run")
+    stage_start(stage_name="prepare", record_id=run.preparation.pk, worker="cpu@this-host")
+
+    html = _page(client, user)
+    statuses = dict(re.findall(r'<tr data-worker="([^"]+)" data-status="(\w+)"', html))
+    assert statuses == {"cpu@this-host": "busy", "fake-gpu@fake-gpu-host": "idle", "lost@old-host": "offline",
+                        "stopped@old-host": "offline"}
+    assert list(statuses) == ["cpu@this-host", "fake-gpu@fake-gpu-host", "lost@old-host", "stopped@old-host"]
+    busy = html.split('data-worker="cpu@this-host"')[1].split("</tr>")[0]
+    assert f'href="/runs/{run.pk}/"' in busy and "busy-run" in busy and "prepare dataset" in busy and "since" in busy
+    assert "none (CPU)" in busy and "vLLM: " in busy  # this host: no GPU, and no vLLM or no GPU for it
+    gpu = html.split('data-worker="fake-gpu@fake-gpu-host"')[1].split("</tr>")[0]
+    assert "8 × NVIDIA H100 80GB HBM3" in gpu and "80.0\xa0GB each" in gpu
+    assert "up to 8 GPUs" in gpu and "vllm.8" in gpu
+    lost = html.split('data-worker="lost@old-host"')[1].split("</tr>")[0]
+    assert "last seen" in lost and "2\xa0hours ago" in lost
+    assert "stopped" in html.split('data-worker="stopped@old-host"')[1].split("</tr>")[0]
+
+
+def test_queue_lists_waiting_work_in_order_with_its_queue_and_who_takes_it(client, user, roots):
+    fake_gpu_worker("fake-gpu@fake-gpu-host")
+    cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
+    first = _launch(user, roots)
+    second = _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2)
+    third = _launch(user, roots, training_backend="speculators", train_gpus=4)
+    stage_start(stage_name="prepare", record_id=first.preparation.pk, worker="cpu@this-host")
+    type(second.preparation).objects.filter(pk=second.preparation.pk).update(status=StageStatus.SUCCEEDED)
+
+    html = _page(client, user)
+    queue = html.split('id="queue-table"')[1].split("</table>")[0]
+    rows = re.findall(r'<tr data-kind="(\w+)" data-run="(\d*)">\s*<td>(\d+)</td>.*?<code>([^<]+)</code></td>\s*'
+                      r'<td>(.*?)</td>', queue, flags=re.S)
+    # Jobs outside runs (e.g. the catalogue of the dataset the launches registered) are listed too.
+    listed = [(kind, int(run), q, re.sub(r"<[^>]+>", "", state).strip()) for kind, run, _, q, state in rows if run]
+    # Ready work first, oldest run first; then what waits behind an earlier stage of its run.
+    assert listed[:2] == [
+        ("extract", second.pk, "vllm.2", "next for fake-gpu@fake-gpu-host"),
+        ("prepare", third.pk, "cpu", "next for cpu@this-host, fake-gpu@fake-gpu-host"),
+    ]
+    waiting = {(kind, run): (q, state) for kind, run, q, state in listed[2:]}
+    assert waiting[("extract", first.pk)] == ("gpu", "after its prepare stage")
+    assert waiting[("train", third.pk)] == ("speculators.4", "after its prepare stage")
+    assert waiting[("vocab", second.pk)] == ("cpu", "after its extract stage")
+    assert len(listed) == 2 + 4 + 3 + 4  # first: 4 after prepare; second: 3 after extract; third: 4 after prepare
+
+    # The vLLM worker goes away: its work is still listed, and the page says nobody takes it.
+    worker_stopped(name="fake-gpu@fake-gpu-host")
+    html = _page(client, user)
+    assert re.search(r'<span class="field-error">no live worker takes <code>vllm.2</code></span>', html)
+
+
+def test_queue_shows_what_the_broker_refused_and_what_waits_for_a_retry(client, user, roots):
+    run = _launch(user, roots)
+    PendingEnqueue.objects.filter(object_id=run.pk).update(attempts=3, last_error="Error 111 connecting to redis")
+    type(run.preparation).objects.filter(pk=run.preparation.pk).update(status=StageStatus.FAILED)
+
+    html = _page(client, user)
+    outbox = html.split('id="outbox"')[1].split("</ul>")[0]
+    assert f'href="/runs/{run.pk}/"' in outbox and "3 tries" in outbox and "Error 111" in outbox
+    assert "4 stages of failed or cancelled runs wait for a retry" in html
+    assert f'data-run="{run.pk}"' not in html  # behind a failed stage nothing is queued for a worker
+
+
+def test_page_runs_as_many_queries_for_twelve_workers_as_for_two(client, user, roots):
+    def queries() -> int:
+        client.force_login(user)
+        with CaptureQueriesContext(connection) as ctx:
+            assert client.get("/workers/").status_code == 200
+        return len(ctx.captured_queries)
+
+    run = _launch(user, roots)
+    cpu_worker("cpu-0@this-host")
+    fake_gpu_worker("fake-gpu-0@fake-gpu-host")
+    stage_start(stage_name="prepare", record_id=run.preparation.pk, worker="cpu-0@this-host")
+    few = queries()
+    for i in range(1, 6):
+        cpu_worker(f"cpu-{i}@this-host")
+        fake_gpu_worker(f"fake-gpu-{i}@fake-gpu-host")
+    more = _launch(user, roots)
+    stage_start(stage_name="prepare", record_id=more.preparation.pk, worker="cpu-3@this-host")
+    assert queries() == few
+
+
+def test_a_restarted_worker_takes_its_row_over_and_is_live_again(client, user):
+    started = timezone.now()
+    cpu_worker("cpu@this-host")
+    worker_stopped(name="cpu@this-host")
+    worker_heartbeat(name="cpu@this-host", hostname="this-host", capabilities={"gpus": []}, queues=["cpu"],
+                     started_at=started)
+    row = Worker.objects.get()
+    assert row.stopped_at is None and row.queues == ["cpu"] and row.started_at == started
+    assert 'data-status="idle"' in _page(client, user)
+
+
+def test_page_says_how_to_start_a_worker_when_none_reported(client, user):
+    html = _page(client, user)
+    assert "No worker has reported yet" in html and "Adding a worker host" in html
+    assert 'data-option="transformers"' in html and "no worker is live to run vLLM" in html
