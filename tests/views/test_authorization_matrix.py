@@ -84,6 +84,7 @@ APP = {
     "runs/<int:pk>/retry/": Entry("/runs/{run}/retry/", get=POST_ONLY, post=LAUNCHERS),
     "runs/<int:pk>/tags/": Entry("/runs/{run}/tags/", get=POST_ONLY, post=LAUNCHERS, data="tags_form"),
     "runs/compare/": Entry("/runs/compare/?ids={run},{other_run}", get=READ),
+    "workers/": Entry("/workers/", get=READ),
     "datasets/": Entry("/datasets/", get=READ),
     "datasets/<int:pk>/": Entry("/datasets/{dataset}/", get=READ),
     "extractions/": Entry("/extractions/", get=READ),
