@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -95,13 +96,23 @@ def _requests(log_path: Path) -> int:
 
 
 def _processes_using(path: Path) -> list[int]:
-    """Live processes whose command line names path (each server's has its staging directory)."""
+    """Live stand-in servers whose command line names path (each one's names its staging directory)."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         cmdline = proc.info["cmdline"] or []
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(str(path) in part for part in cmdline):
+        if (proc.info["status"] != psutil.STATUS_ZOMBIE and str(STANDINS / "vllm") in cmdline
+                and any(str(path) in part for part in cmdline)):
             found.append(proc.info["pid"])
     return found
+
+
+def _wait_until(condition, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def test_standin_vllm_extraction_equals_the_transformers_extraction(vllm_run, reference, prepared, tiny_target):
@@ -180,6 +191,35 @@ def test_standin_vllm_server_never_healthy_times_out(standin_vllm, monkeypatch, 
         extract_with_vllm(target_dir=tiny_target.target_dir, prepared_dir=prepared.out_dir, out_dir=out,
                           layer_ids=layer_ids, startup_timeout_s=3)
     assert not _processes_using(out)
+
+
+def test_standin_vllm_server_dying_mid_run_fails_with_its_log_tail(standin_vllm, monkeypatch, tiny_target, prepared,
+                                                                   layer_ids, tmp_path):
+    monkeypatch.setenv("STANDIN_VLLM_CRASH_AFTER", "2")
+    out = tmp_path / "run"
+    with pytest.raises(VllmServerError, match=r"(?s)died during extraction: vllm serve exited with code 1.*"
+                                              r"CUDA error: an illegal memory access"):
+        _extract(tiny_target, prepared, layer_ids, out, concurrency=1)
+    assert len(list((out / "hidden_states").iterdir())) == 2 and not (out / "data_config.json").exists()
+
+
+def test_standin_vllm_server_does_not_outlive_a_killed_worker(tiny_target, prepared, layer_ids, tmp_path):
+    out = tmp_path / "run"
+    code = ("import sys; from workers.stages.extract_vllm import extract_with_vllm; "
+            "extract_with_vllm(target_dir=sys.argv[1], prepared_dir=sys.argv[2], out_dir=sys.argv[3], "
+            "layer_ids=[int(i) for i in sys.argv[4].split(',')], startup_timeout_s=600)")
+    env = {**os.environ, **_standin_env(), "STANDIN_VLLM_LOAD_SECONDS": "600"}
+    worker = subprocess.Popen([sys.executable, "-c", code, str(tiny_target.target_dir), str(prepared.out_dir),
+                               str(out), ",".join(map(str, layer_ids))], env=env, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert _wait_until(lambda: _processes_using(out)), "the stand-in server never started"
+        worker.kill()  # SIGKILL: the worker runs no cleanup at all
+        worker.wait()
+        assert _wait_until(lambda: not _processes_using(out), timeout_s=15), "vllm serve outlived its worker"
+    finally:
+        worker.kill()
+        for pid in _processes_using(out):
+            os.kill(pid, 9)
 
 
 def test_standin_vllm_should_stop_during_start_stops_the_server(standin_vllm, monkeypatch, tiny_target, prepared,

@@ -176,7 +176,11 @@ def _fetch_sample(*, client, model_id: str, index: int, token_ids: list[int], st
                               "is another vLLM server listening on this port?")
     lock = f"{written}.lock"
     if os.path.exists(lock):  # the connector's writer thread holds it until the file is complete
-        wait_for_lock(lock, timeout=LOCK_TIMEOUT_S)
+        try:
+            wait_for_lock(lock, timeout=LOCK_TIMEOUT_S)
+        except TimeoutError:
+            raise VllmOutputError(f"sample {index}: vLLM did not finish writing {written} within "
+                                  f"{LOCK_TIMEOUT_S:.0f} s (its lock file is still held)") from None
     check_sample(written, index=index, token_ids=token_ids, num_layers=num_layers, hidden_size=hidden_size)
     target = hs_dir / f"hs_{index}.safetensors"
     os.replace(written, target)  # same filesystem (both under out_dir): a sample is whole or absent
@@ -370,7 +374,8 @@ def _wait_some(in_flight: set[Future], server: VllmServer) -> tuple[list[_Done],
     raises its error, or the server's own when it died (a dead server fails every request)."""
     finished, pending = wait(in_flight, timeout=POLL_S, return_when=FIRST_COMPLETED)
     failed = [f.exception() for f in finished if f.exception() is not None]
-    why = server.died() if failed or not finished else None
+    # A request cut off by a dying server can fail a moment before the process has exited.
+    why = server.died(grace_s=2.0 if failed else 0.0) if failed or not finished else None
     if why is not None:
         raise VllmServerError(f"vllm serve died during extraction: {why}")
     if failed:

@@ -8,11 +8,13 @@ Its stdout and stderr go to a log file whose tail every error quotes.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +29,9 @@ HEALTH_PROBE_TIMEOUT_SECONDS = 2.0
 STOP_GRACE_SECONDS = 30.0
 LOG_TAIL_LINES = 40
 LOG_TAIL_CHARS = 4000
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class VllmServerError(RuntimeError):
@@ -70,6 +75,13 @@ def serve_command(*, vllm_executable: str, target_dir: Path, layer_ids: list[int
     ]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the worker that started it dies. Its own process
+    group keeps it out of signals meant for the worker, so without this a SIGKILLed worker would
+    leave vLLM holding the GPUs that the retried attempt needs."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES, chars: int = LOG_TAIL_CHARS) -> str:
     try:
         with open(path, "rb") as f:
@@ -102,16 +114,23 @@ class VllmServer:
     def start(self) -> None:
         with open(self.log_path, "wb") as log:
             try:
-                self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True)
+                self.proc = subprocess.Popen(
+                    self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
             except FileNotFoundError:
                 raise VllmServerError(
                     f"{self.command[0]!r} was not found on PATH: install vLLM on this worker "
                     "(pip install vllm) or run the extraction with the transformers backend") from None
 
-    def died(self) -> str | None:
-        """None while the server runs; else what its exit looked like, with its log's tail."""
-        code = self.proc.poll() if self.proc is not None else None
+    def died(self, grace_s: float = 0.0) -> str | None:
+        """None while the server runs (after waiting up to grace_s for it to exit); else what its
+        exit looked like, with its log's tail."""
+        if self.proc is None:
+            return None
+        try:
+            code = self.proc.wait(timeout=grace_s) if grace_s > 0 else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            code = None
         if code is None:
             return None
         return f"vllm serve exited with code {code}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
