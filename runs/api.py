@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
 
-from runs import selectors
+from runs import fleet_selectors, selectors
 from runs.paths import check_under_data_roots
 from workers.stages.errors import InputError
 from workers.stages.target import default_layer_ids, read_target_config
@@ -36,6 +36,11 @@ def run_status(request: HttpRequest, pk: int) -> JsonResponse:
         return JsonResponse({"error": f"no run {pk}"}, status=404)
     run = selectors.run_get(pk=pk)
     return JsonResponse(selectors.run_summary(run))
+
+
+def worker_list(request: HttpRequest) -> JsonResponse:
+    """The fleet: workers, what a launch can ask of them now, and the queue (the workers page's facts)."""
+    return JsonResponse(fleet_selectors.fleet_summary())
 
 
 def target_inspect(request: HttpRequest) -> JsonResponse:

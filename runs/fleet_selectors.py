@@ -239,3 +239,25 @@ def queued_work() -> dict:
     # being sent after its commit and is no news.
     outbox = list(PendingEnqueue.objects.filter(attempts__gt=0).order_by("pk")[:MAX_QUEUE_ROWS])
     return {"items": items, "outbox": outbox, "blocked": blocked, "more": more}
+
+
+def fleet_summary() -> dict:
+    """The workers page as JSON (GET /api/workers/): each worker, what a launch can ask for, the queue."""
+    queue = queued_work()
+    return {
+        "workers": [{"name": r.worker.name, "hostname": r.worker.hostname, "status": r.status,
+                     "last_seen": r.worker.last_seen.isoformat(), "started_at": r.worker.started_at.isoformat(),
+                     "queues": r.worker.queues, "gpus": r.worker.capabilities.get("gpus") or [],
+                     "backends": r.backends, "versions": dict(r.versions),
+                     "doing": [{**d, "since": d["since"].isoformat() if d["since"] else None} for d in r.doing]}
+                    for r in worker_rows()],
+        "launch_options": {name: {"label": o.label, "stage": o.stage, "available": o.available, "reason": o.reason,
+                                  "max_gpus": o.max_gpus, "gpu_reason": o.gpu_reason}
+                           for name, o in launch_options().items()},
+        "queue": [{"kind": i.kind, "record_id": i.record_id, "run_id": i.run_id, "queue": i.queue,
+                   "waits_for": i.waits_for or None, "taken_by": i.taken_by, "queued_at": i.queued_at.isoformat()}
+                  for i in queue["items"]],
+        "refused_by_broker": [{"kind": p.kind, "object_id": p.object_id, "attempts": p.attempts,
+                               "last_error": p.last_error} for p in queue["outbox"]],
+        "waiting_for_retry": queue["blocked"],
+    }

@@ -26,4 +26,5 @@ urlpatterns = [
     path("api/runs/<int:pk>/metrics/", curve_api.run_metrics, name="api_run_metrics"),
     path("api/runs/<int:pk>/metrics/export/", curve_api.run_metrics_export, name="api_run_metrics_export"),
     path("api/targets/inspect/", api.target_inspect, name="api_target_inspect"),
+    path("api/workers/", api.worker_list, name="api_worker_list"),
 ]

@@ -103,6 +103,7 @@ APP = {
     "api/runs/<int:pk>/metrics/": Entry("/api/runs/{run}/metrics/?points=100", get=READ),
     "api/runs/<int:pk>/metrics/export/": Entry("/api/runs/{run}/metrics/export/?key=loss&split=train", get=READ),
     "api/targets/inspect/": Entry("/api/targets/inspect/?path={target_path}", get=READ),
+    "api/workers/": Entry("/api/workers/", get=READ),
 }
 
 # The admin site: its own login and logout, and everything else for staff only, whatever the model

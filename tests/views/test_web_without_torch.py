@@ -81,7 +81,7 @@ pages = ["/", "/runs/new/", f"/runs/{run.pk}/", "/datasets/", f"/datasets/{Datas
          "/extractions/", "/extractions/import/", f"/extractions/{extraction.pk}/",
          *[f"/extractions/{e.pk}/" for e in [*imported, miscounted]], f"/checkpoints/{checkpoint.pk}/",
          f"/api/runs/{run.pk}/", f"/api/runs/{run.pk}/metrics/", f"/api/targets/inspect/?path={paths['target']}",
-         "/admin/"]
+         "/workers/", "/api/workers/", "/admin/"]
 pages += [reverse(f"admin:{m._meta.app_label}_{m._meta.model_name}_changelist") for m in admin.site._registry]
 for url in pages:
     visit(url, url)

@@ -142,3 +142,19 @@ def test_page_says_how_to_start_a_worker_when_none_reported(client, user):
     html = _page(client, user)
     assert "No worker has reported yet" in html and "Adding a worker host" in html
     assert 'data-option="transformers"' in html and "no worker is live to run vLLM" in html
+
+
+def test_api_gives_the_same_facts_as_json(client, user, roots):
+    fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=2)
+    cpu_worker("cpu@this-host")
+    run = _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2)
+    stage_start(stage_name="prepare", record_id=run.preparation.pk, worker="cpu@this-host")
+    client.force_login(user)
+    fleet = client.get("/api/workers/").json()
+    assert [(w["name"], w["status"]) for w in fleet["workers"]] == [("cpu@this-host", "busy"),
+                                                                     ("fake-gpu@fake-gpu-host", "idle")]
+    assert fleet["workers"][0]["doing"][0]["stage"] == "prepare" and fleet["workers"][0]["doing"][0]["run_id"] == run.pk
+    assert len(fleet["workers"][1]["gpus"]) == 2
+    assert fleet["launch_options"]["vllm"]["available"] and fleet["launch_options"]["vllm"]["max_gpus"] == 2
+    extract = next(i for i in fleet["queue"] if i["kind"] == "extract" and i["run_id"] == run.pk)
+    assert extract["queue"] == "vllm.2" and extract["waits_for"] == "prepare"
