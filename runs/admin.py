@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from runs.job_models import DatasetCatalogue, VerificationRequest
 from runs.models import (
     Checkpoint,
     CurationAction,
@@ -127,6 +128,17 @@ class StageAttemptAdmin(admin.ModelAdmin):
     list_display = ("id", "run", "stage", "number", "outcome", "worker", "started_at", "finished_at")
     list_filter = ("stage", "outcome")
     readonly_fields = ("log_tail", "error")
+
+
+@admin.register(DatasetCatalogue)
+class DatasetCatalogueAdmin(StageAdmin):
+    list_display = ("id", "dataset", *STAGE_FIELDS, "samples_added", "samples_total")
+    list_select_related = ("dataset",)
+
+
+@admin.register(VerificationRequest)
+class VerificationRequestAdmin(StageAdmin):
+    list_display = ("id", "extraction", "full", *STAGE_FIELDS, "verification")
 
 
 @admin.register(Evaluation)

@@ -1,6 +1,10 @@
 """Writes for dataset curation: the sample catalogue, exclusion, tags; every change is logged."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import QuerySet
@@ -10,26 +14,48 @@ from workers.stages.chats import read_conversations
 from workers.stages.errors import InputError
 
 
-@transaction.atomic
-def dataset_samples_sync(*, dataset: Dataset) -> int:
+# Conversations stored per INSERT while cataloguing; each batch commits, so a lost worker's retry
+# continues after the samples already there.
+CATALOGUE_BATCH = 2000
+
+
+@dataclass(frozen=True)
+class CatalogueCounts:
+    added: int
+    total: int
+
+
+def dataset_samples_sync(*, dataset: Dataset, on_progress: Callable[[int, int], None] | None = None
+                         ) -> CatalogueCounts:
     """Catalogue every conversation of the file; a malformed line raises naming file and line.
 
-    Existing samples keep their curation (excluded, tags, notes); new ones are added.
-    """
+    Two passes: the whole file is checked first, so a bad line anywhere stores nothing; then the
+    conversations not yet known are added in batches. Existing samples keep their curation
+    (excluded, tags, notes). `on_progress(done, total)` counts bytes over both passes (2 x size)."""
+    path = Path(dataset.path)
+    total = 2 * max(1, path.stat().st_size)
+    report = on_progress or (lambda done, total: None)
+    for _ in read_conversations(path, on_position=lambda pos: report(min(pos, total // 2), total)):
+        pass
     known = set(dataset.samples.values_list("sample_id", flat=True))
-    new = []
-    for conv in read_conversations(dataset.path):
+    batch: list[DatasetSample] = []
+    added = 0
+    for conv in read_conversations(path, on_position=lambda pos: report(min(total // 2 + pos, total), total)):
         if conv.source_id in known:
             continue
         first_user = next((m["content"] for m in conv.messages if m["role"] == "user"), "")
-        new.append(DatasetSample(
+        batch.append(DatasetSample(
             dataset=dataset, sample_id=conv.source_id, line=conv.line,
             num_turns=sum(1 for m in conv.messages if m["role"] == "assistant"),
             num_chars=sum(len(m["content"]) for m in conv.messages), preview=first_user[:300],
         ))
         known.add(conv.source_id)
-    DatasetSample.objects.bulk_create(new, batch_size=2000)
-    return len(new)
+        if len(batch) >= CATALOGUE_BATCH:
+            added += len(DatasetSample.objects.bulk_create(batch))
+            batch = []
+    added += len(DatasetSample.objects.bulk_create(batch))
+    report(total, total)
+    return CatalogueCounts(added=added, total=len(known))
 
 
 @transaction.atomic

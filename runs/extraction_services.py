@@ -1,6 +1,7 @@
 """Writes for extractions users already have: import them, verify them."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -36,7 +37,8 @@ def _format_version(raw: dict) -> str:
 
 
 def extraction_import(
-    *, path: str | Path, target_path: str | Path | None = None, user: AbstractBaseUser | None = None
+    *, path: str | Path, target_path: str | Path | None = None, user: AbstractBaseUser | None = None,
+    verify_on_worker: bool = False,
 ) -> tuple[Extraction, bool]:
     """Register an extraction directory (flat v1, speculators v0.4 or 0.9) and verify its headers.
 
@@ -44,6 +46,7 @@ def extraction_import(
     that extraction (created is False), so a run's own extraction stays linked to its run. A new one
     records who imported it, when, and from which path; no stage row is made up for it. A directory
     whose layout or manifest cannot be read raises an error naming the file; nothing is stored.
+    The headers are verified here, or by a worker after commit with `verify_on_worker`.
     """
     if user is not None:
         require(user, "import")
@@ -76,13 +79,18 @@ def extraction_import(
             format_version=_format_version(claims.raw or {}),
             data=claims.raw or {},
         )
-    extraction_verify(extraction=extraction, full=False, user=user)
+    if verify_on_worker:  # the web form: reading the headers of many files takes longer than a request should
+        from runs.job_services import extraction_verify_request
+
+        extraction_verify_request(extraction=extraction, full=False, user=user)
+    else:
+        extraction_verify(extraction=extraction, full=False, user=user)
     return extraction, True
 
 
 def extraction_verify(
     *, extraction: Extraction, full: bool = False, prepared_dir: Path | None = None,
-    user: AbstractBaseUser | None = None,
+    user: AbstractBaseUser | None = None, on_progress: Callable[[int, int], None] | None = None,
 ) -> Verification:
     """Check the files against the manifest and the target; store every check with its numbers.
 
@@ -94,7 +102,8 @@ def extraction_verify(
         # A run's own extraction is checked token by token against the rows it was made from.
         prepared_dir = Path(run.preparation.out_dir)
     report = verify_extraction(
-        Path(extraction.path), target_dir=Path(extraction.target.path), prepared_dir=prepared_dir, full=full
+        Path(extraction.path), target_dir=Path(extraction.target.path), prepared_dir=prepared_dir, full=full,
+        on_progress=on_progress,
     )
     data = report.as_dict()
     with transaction.atomic():

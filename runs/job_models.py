@@ -9,13 +9,13 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from runs.models import Dataset, Extraction, StageRecord, Verification
+from runs.stage_record import StageRecord
 
 
 class DatasetCatalogue(StageRecord):
     """One pass over a dataset file that adds the conversations not yet catalogued (for curation)."""
 
-    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="catalogues")
+    dataset = models.ForeignKey("runs.Dataset", on_delete=models.CASCADE, related_name="catalogues")
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                                      related_name="+")
     size_bytes = models.BigIntegerField(default=0, help_text="the file's size when the pass was asked for")
@@ -33,11 +33,11 @@ class VerificationRequest(StageRecord):
     """A user's request to check an extraction's files (headers, or every value when `full`); the
     Verification it produced is linked once done."""
 
-    extraction = models.ForeignKey(Extraction, on_delete=models.CASCADE, related_name="verification_requests")
+    extraction = models.ForeignKey("runs.Extraction", on_delete=models.CASCADE, related_name="verification_requests")
     full = models.BooleanField(default=False)
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                                      related_name="+")
-    verification = models.OneToOneField(Verification, on_delete=models.SET_NULL, null=True, blank=True,
+    verification = models.OneToOneField("runs.Verification", on_delete=models.SET_NULL, null=True, blank=True,
                                         related_name="request")
 
     class Meta:

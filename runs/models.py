@@ -8,16 +8,7 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
-
-class StageStatus(models.TextChoices):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-FINISHED_STATUSES = (StageStatus.SUCCEEDED, StageStatus.FAILED, StageStatus.CANCELLED)
+from runs.stage_record import FINISHED_STATUSES, StageRecord, StageStatus  # noqa: F401 - the models' vocabulary
 
 
 class TargetModel(models.Model):
@@ -120,47 +111,6 @@ class PipelineRun(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("runs:run_detail", args=[self.pk])
-
-
-class StageRecord(models.Model):
-    """Status, timing, progress and log of one stage of one run."""
-
-    status = models.CharField(max_length=16, choices=StageStatus.choices, default=StageStatus.QUEUED, db_index=True)
-    queued_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    progress_done = models.BigIntegerField(default=0)
-    progress_total = models.BigIntegerField(default=0)
-    worker = models.CharField(max_length=200, blank=True)
-    error = models.TextField(blank=True)
-    log_tail = models.TextField(blank=True)
-    out_dir = models.CharField(max_length=1000, blank=True)
-    # Renewed by the running worker's heartbeat; a running stage whose lease lapsed has lost its worker.
-    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
-
-    class Meta:
-        abstract = True
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status in FINISHED_STATUSES
-
-    @property
-    def seconds(self) -> float | None:
-        if not self.started_at:
-            return None
-        from django.utils import timezone
-
-        end = self.finished_at or timezone.now()
-        return (end - self.started_at).total_seconds()
-
-    @property
-    def progress_fraction(self) -> float:
-        if self.status == StageStatus.SUCCEEDED:
-            return 1.0
-        if not self.progress_total:
-            return 0.0
-        return min(1.0, self.progress_done / self.progress_total)
 
 
 class PendingEnqueue(models.Model):

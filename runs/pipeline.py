@@ -1,8 +1,10 @@
-"""The five stages of a pipeline run, in order, with the model that records each and the queue it runs on."""
+"""The five stages of a pipeline run, in order, with the model that records each and the queue it runs on;
+and the jobs users start outside a run, which workers run the same way (lease, progress, attempts)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runs.job_models import DatasetCatalogue, VerificationRequest
 from runs.models import Evaluation, ExtractStage, Preparation, StageRecord, TrainingRun, VocabMapping
 
 
@@ -11,7 +13,7 @@ class StageKind:
     name: str  # used in task names, URLs and the CLI's JSON
     label: str
     model: type[StageRecord]
-    related_name: str  # attribute on PipelineRun
+    related_name: str  # attribute on PipelineRun ("" for a job)
     queue: str
 
 
@@ -22,4 +24,10 @@ STAGES = (
     StageKind("train", "Train draft", TrainingRun, "training_run", "gpu"),
     StageKind("evaluate", "Measure acceptance", Evaluation, "evaluation", "gpu"),
 )
-STAGES_BY_NAME = {stage.name: stage for stage in STAGES}
+JOBS = (
+    StageKind("catalogue", "Catalogue dataset", DatasetCatalogue, "", "cpu"),
+    StageKind("verify", "Verify extraction", VerificationRequest, "", "cpu"),
+)
+JOB_NAMES = frozenset(job.name for job in JOBS)
+# Every kind of row a worker runs, by name: the stages of runs and the jobs.
+STAGES_BY_NAME = {stage.name: stage for stage in (*STAGES, *JOBS)}

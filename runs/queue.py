@@ -16,13 +16,14 @@ from django.utils import timezone
 
 from eagle3web.celery import celery_app
 from runs.models import PendingEnqueue, PipelineRun
-from runs.pipeline import STAGES, STAGES_BY_NAME
+from runs.pipeline import JOB_NAMES, STAGES, STAGES_BY_NAME
 from runs.routing import stage_queue
 
 logger = logging.getLogger(__name__)
 
 STAGE_TASK = "eagle3web.stage"  # workers.tasks.stage_task
 EVALUATION_TASK = "eagle3web.evaluate_checkpoint"  # workers.tasks.evaluation_task
+JOB_TASK = "eagle3web.job"  # workers.tasks.job_task
 # Rows younger than this are left to their own on-commit delivery.
 RETRY_AFTER = timedelta(seconds=5)
 
@@ -34,6 +35,8 @@ def _send(kind: str, object_id: int) -> None:
         chain(*[celery_app.signature(STAGE_TASK, args=(stage.name, object_id), immutable=True,
                                      queue=stage_queue(stage_name=stage.name, config=config))
                 for stage in STAGES]).apply_async()
+    elif kind in JOB_NAMES:
+        celery_app.send_task(JOB_TASK, args=[kind, object_id], queue=STAGES_BY_NAME[kind].queue)
     else:
         celery_app.send_task(EVALUATION_TASK, args=[object_id], queue=STAGES_BY_NAME["evaluate"].queue)
 
@@ -66,6 +69,11 @@ def pipeline_enqueue(*, run_id: int) -> None:
 
 def evaluation_enqueue(*, evaluation_id: int) -> None:
     _enqueue_after_commit(PendingEnqueue.Kind.EVALUATION, evaluation_id)
+
+
+def job_enqueue(*, job_name: str, record_id: int) -> None:
+    """After the caller's transaction commits, hand a job's row (runs.pipeline.JOBS) to a worker."""
+    _enqueue_after_commit(job_name, record_id)
 
 
 def outbox_flush() -> int:

@@ -27,6 +27,7 @@ from runs.queue import pipeline_enqueue
 from runs.roles import require
 from runs.run_config import RunConfig, RunConfigError, check_run_name
 from runs.pipeline import STAGES
+from workers.stages.chats import read_conversations
 from workers.stages.target import read_target_json, target_config_from, validate_layer_ids
 
 
@@ -53,18 +54,40 @@ def target_register(*, path: str | Path) -> TargetModel:
     return target
 
 
+# What registering a dataset reads before answering: enough to refuse a file that is not a chat file
+# (the first conversations), bounded so that a multi-GB file costs the request no more than this.
+# The whole file is catalogued by a worker (runs.job_services.dataset_catalogue_request).
+HEAD_CHECK_CONVERSATIONS = 1000
+HEAD_CHECK_BYTES = 32 * 1024 * 1024
+
+
+def dataset_check_head(path: Path) -> int:
+    """Read the file's first conversations (up to the bounds above); a bad line raises naming file and
+    line. Returns how many were read."""
+    reached = [0]
+    count = 0
+    for _ in read_conversations(path, on_position=lambda pos: reached.__setitem__(0, pos)):
+        count += 1
+        if count >= HEAD_CHECK_CONVERSATIONS or reached[0] >= HEAD_CHECK_BYTES:
+            break
+    return count
+
+
 def dataset_register(*, path: str | Path) -> Dataset:
+    """Record a chat file after checking its first conversations; a new or changed file is then
+    catalogued in full by a worker, after the caller's transaction commits."""
+    from runs.job_services import dataset_catalogue_request
+
     resolved = check_under_data_roots(path, kind="dataset file")
     if not resolved.is_file():
         raise RunConfigError(f"dataset {resolved} is not a file (give a .jsonl chat file)")
+    dataset_check_head(resolved)
     size = resolved.stat().st_size
     dataset, created = Dataset.objects.get_or_create(path=str(resolved), defaults={"name": resolved.name})
     if created or dataset.size_bytes != size:
         dataset.size_bytes = size
         dataset.save(update_fields=["size_bytes"])
-        from runs.curation import dataset_samples_sync
-
-        dataset_samples_sync(dataset=dataset)
+        dataset_catalogue_request(dataset=dataset)
     return dataset
 
 

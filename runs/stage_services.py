@@ -27,10 +27,12 @@ from runs.models import (
     StageRecord,
     StageStatus,
     TrainingRun,
+    Verification,
     VocabMapping,
 )
+from runs.curation import CatalogueCounts
 from runs.metric_services import metrics_truncate
-from runs.pipeline import STAGES, STAGES_BY_NAME
+from runs.pipeline import JOB_NAMES, JOBS, STAGES, STAGES_BY_NAME
 
 if TYPE_CHECKING:  # the stages import torch; these services only read their dataclasses
     from workers.stages.evaluate import EvaluationResult
@@ -103,7 +105,7 @@ def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRe
     stage.lease_expires_at = _lease_end()
     stage.save(update_fields=["status", "started_at", "worker", "lease_expires_at"])
     earlier = StageAttempt.objects.filter(stage=stage_name, record_id=record_id).count()
-    StageAttempt.objects.create(run_id=stage.run_id, stage=stage_name, record_id=record_id, number=earlier + 1,
+    StageAttempt.objects.create(run_id=getattr(stage, "run_id", None), stage=stage_name, record_id=record_id, number=earlier + 1,
                                 worker=stage.worker, started_at=stage.started_at)
     return stage
 
@@ -154,13 +156,13 @@ def stages_reconcile() -> list[str]:
     """Running stages whose worker stopped renewing the lease (killed, host gone, cut off): queue
     them again and hand them to the workers, or after MAX_ATTEMPTS fail them saying why. Safe to
     run from every worker at once. Returns what it did, in words."""
-    from runs.queue import evaluation_enqueue, pipeline_enqueue
+    from runs.queue import evaluation_enqueue, job_enqueue, pipeline_enqueue
 
     now = timezone.now()
     legacy = now - timedelta(seconds=settings.EAGLE3WEB_STAGE_LEASE_SECONDS)
     lapsed = Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, started_at__lt=legacy)
     done = []
-    for kind in STAGES:
+    for kind in (*STAGES, *JOBS):
         for pk in kind.model.objects.filter(lapsed, status=StageStatus.RUNNING).values_list("pk", flat=True):
             with transaction.atomic():
                 row = kind.model.objects.select_for_update(skip_locked=True).filter(
@@ -181,7 +183,9 @@ def stages_reconcile() -> list[str]:
                 kind.model.objects.filter(pk=pk).update(
                     status=StageStatus.QUEUED, started_at=None, finished_at=None, lease_expires_at=None,
                     progress_done=0, progress_total=0, worker="")
-                if row.run_id is not None:
+                if kind.name in JOB_NAMES:
+                    job_enqueue(job_name=kind.name, record_id=pk)
+                elif row.run_id is not None:
                     # Stages after it were left queued by the lost chain; one new chain runs them all.
                     pipeline_enqueue(run_id=row.run_id)
                 else:
@@ -218,6 +222,8 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
                    started_at=started_at)
     if started_at is not None and not updated and not _stage_qs(stage_name, record_id, started_at).exists():
         return  # the row went on without this attempt (queued again, retried): later stages are not its to cancel
+    if stage_name in JOB_NAMES:
+        return  # a job stands alone
     run_id = _stage_qs(stage_name, record_id).values_list("run_id", flat=True).first()
     if run_id is None:
         return
@@ -298,12 +304,27 @@ def checkpoint_evaluation_record(*, checkpoint_id: int, result: EvaluationResult
                                      finished_at=timezone.now(), **_columns(Evaluation, result))
 
 
+def catalogue_record(*, record_id: int, result: CatalogueCounts, log_tail: str,
+                     started_at: datetime | None = None) -> None:
+    stage_succeed(stage_name="catalogue", record_id=record_id, log_tail=log_tail, started_at=started_at,
+                  fields={"samples_added": result.added, "samples_total": result.total})
+
+
+def verification_request_record(*, record_id: int, result: Verification, log_tail: str,
+                                started_at: datetime | None = None) -> None:
+    stage_succeed(stage_name="verify", record_id=record_id, log_tail=log_tail, started_at=started_at,
+                  fields={"verification": result})
+
+
+# What each stage's (and job's) worker records once it succeeded.
 STAGE_RECORDERS = {
     "prepare": preparation_record,
     "extract": extraction_record,
     "vocab": vocab_mapping_record,
     "train": training_record,
     "evaluate": evaluation_record,
+    "catalogue": catalogue_record,
+    "verify": verification_request_record,
 }
 
 

@@ -14,6 +14,7 @@ urlpatterns = [
     path("workers/", views.worker_list, name="worker_list"),
     path("datasets/", views.dataset_list, name="dataset_list"),
     path("datasets/<int:pk>/", views.dataset_detail, name="dataset_detail"),
+    path("datasets/<int:pk>/catalogue/", views.dataset_catalogue, name="dataset_catalogue"),
     path("extractions/", views.extraction_list, name="extraction_list"),
     path("extractions/import/", views.extraction_import, name="extraction_import"),
     path("extractions/<int:pk>/", views.extraction_detail, name="extraction_detail"),

@@ -10,8 +10,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from runs import (comparison, evaluation_services, extraction_services, queue, reviews, run_table, selectors,
-                  services, tag_services)
+from runs import (comparison, evaluation_services, extraction_services, job_selectors, job_services, queue,
+                  reviews, run_table, selectors, services, tag_services)
 from runs.evaluation_services import EvaluationRequestError
 from runs.demo import demo_paths
 from runs import fleet_selectors
@@ -149,6 +149,8 @@ def run_tags(request: HttpRequest, pk: int) -> HttpResponse:
 def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
     dataset = selectors.dataset_get(pk=pk)
     preparations = selectors.dataset_preparations(dataset)
+    sample_count, excluded_count = job_selectors.dataset_sample_counts(dataset=dataset)
+    catalogues = job_selectors.dataset_catalogues(dataset=dataset)
     latest = next((p.length_histogram for p in preparations if p.length_histogram.get("counts")), None)
     return render(
         request,
@@ -157,16 +159,27 @@ def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "dataset": dataset,
             "preparations": preparations,
             "latest_histogram": latest,
-            "sample_count": dataset.samples.count(),
-            "excluded_count": dataset.samples.filter(excluded=True).count(),
+            "sample_count": sample_count,
+            "excluded_count": excluded_count,
+            "catalogues": catalogues,
+            "refresh": any(shown.active for shown in catalogues),
         },
     )
+
+
+@require_POST
+def dataset_catalogue(request: HttpRequest, pk: int) -> HttpResponse:
+    dataset = selectors.dataset_get(pk=pk)
+    catalogue = job_services.dataset_catalogue_request(dataset=dataset, user=request.user)
+    messages.info(request, f"Cataloguing {dataset.name} on a worker (#{catalogue.pk}); this page shows its progress.")
+    return redirect(dataset)
 
 
 def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
     extraction = selectors.extraction_get(pk=pk, reviews=True)
     manifest = getattr(extraction, "manifest", None)
     layers = selectors.target_layers(target=extraction.target, layer_ids=extraction.layer_ids)
+    requests = job_selectors.extraction_verification_requests(extraction=extraction)
     return render(
         request,
         "runs/extraction_detail.html",
@@ -177,6 +190,8 @@ def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "histogram": (extraction.latest_verification.report.get("length_histogram")
                           if extraction.latest_verification else None),
             "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
+            "verification_requests": requests,
+            "refresh": any(shown.active for shown in requests),
         },
     )
 
@@ -206,14 +221,14 @@ def review_create(request: HttpRequest, subject: str, pk: int) -> HttpResponse:
 
 
 def extraction_import(request: HttpRequest) -> HttpResponse:
-    """Register an extraction made elsewhere (any of the three layouts) and verify its headers."""
+    """Register an extraction made elsewhere (any of the three layouts); a worker verifies its headers."""
     require(request.user, "import")
     error = None
     if request.method == "POST":
         try:
             extraction, created = extraction_services.extraction_import(
                 path=request.POST.get("path", ""), target_path=request.POST.get("target_path") or None,
-                user=request.user,
+                user=request.user, verify_on_worker=True,
             )
         except InputError as exc:
             error = str(exc)
@@ -227,16 +242,12 @@ def extraction_import(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
+    """Verification of a large extraction takes minutes: a worker does it, the page shows how far."""
     extraction = selectors.extraction_get(pk=pk)
-    try:
-        verification = extraction_services.extraction_verify(
-            extraction=extraction, full=request.POST.get("full") == "on", user=request.user
-        )
-    except InputError as exc:
-        messages.error(request, str(exc))
-    else:
-        outcome = "passed" if verification.passed else f"failed {len(verification.failures)} check(s)"
-        messages.info(request, f"Verification {outcome} in {verification.seconds:.2f} s.")
+    full = request.POST.get("full") == "on"
+    job = job_services.extraction_verify_request(extraction=extraction, full=full, user=request.user)
+    messages.info(request, f"Verification #{job.pk} ({'every value' if full else 'headers'}) runs on a worker; "
+                           "this page shows its progress.")
     return redirect(extraction)
 
 

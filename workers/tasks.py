@@ -205,15 +205,14 @@ def _vocab(record, reporter: StageReporter):
 def _train(record, reporter: StageReporter):
     run = record.run
     backend, gpus = _backend(run, "train")
+    options = dict(val_fraction=run.config.get("val_fraction", 0.1),
+                   max_tokens_per_step=run.config.get("max_tokens_per_step"))
     if backend == "speculators":
         from workers.stages.train_speculators import train_with_speculators as trainer
 
-        options = dict(num_gpus=gpus)
+        options["num_gpus"] = gpus
     else:
         from workers.stages.train import train as trainer
-
-        options = dict(val_fraction=run.config.get("val_fraction", 0.1),
-                       max_tokens_per_step=run.config.get("max_tokens_per_step"))
     return trainer(
         **options,
         target_dir=Path(run.target.path),

@@ -21,6 +21,10 @@ def test_pipeline_finishes_every_stage_in_a_celery_worker(tiny_target, worker, u
     )
     summary = wait_for_run(run.pk, timeout=600, log_path=worker.log_path)
     assert Verification.objects.get(extraction__produced_by__run=run).passed
+    # The launch queued the dataset's catalogue too; the same worker ran it from the cpu queue.
+    catalogue = run.dataset.catalogues.get()
+    assert catalogue.status == StageStatus.SUCCEEDED and catalogue.worker.startswith("test-worker-")
+    assert catalogue.samples_total == tiny_target.num_conversations
 
     assert [s["status"] for s in summary["stages"]] == [StageStatus.SUCCEEDED] * 5, summary["stages"]
     assert all(s["worker"].startswith("test-worker-") for s in summary["stages"])

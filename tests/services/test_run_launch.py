@@ -25,7 +25,7 @@ def launch(roots, user, **config):
 def test_launch_creates_five_queued_stages_and_enqueues_after_commit(roots, user, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         run = launch(roots, user)
-    assert len(callbacks) == 1
+    assert len(callbacks) == 2  # the run's chain, and the catalogue of the dataset it registered
     stages = [run.preparation, run.extract_stage, run.vocab_mapping, run.training_run, run.evaluation]
     assert [s.status for s in stages] == [StageStatus.QUEUED] * 5
     assert (run.evaluation.max_prompts, run.evaluation.max_new_tokens) == (32, 64)
@@ -303,6 +303,9 @@ def test_a_launch_while_the_broker_is_down_mocked_is_kept_in_the_outbox_and_sent
     row = PendingEnqueue.objects.get(kind="pipeline", object_id=run.pk)
     assert row.attempts == 1 and "Connection refused" in row.last_error
     monkeypatch.setattr(queue, "_send", lambda kind, object_id: sent.append((kind, object_id)))
-    PendingEnqueue.objects.filter(pk=row.pk).update(created_at=row.created_at - timedelta(seconds=10))
-    assert queue.outbox_flush() == 1
-    assert sent == [("pipeline", run.pk)] and not PendingEnqueue.objects.exists()
+    catalogue = PendingEnqueue.objects.get(kind="catalogue")  # the dataset's catalogue waits too
+    assert catalogue.attempts == 1 and catalogue.object_id == run.dataset.catalogues.get().pk
+    PendingEnqueue.objects.update(created_at=row.created_at - timedelta(seconds=10))
+    assert queue.outbox_flush() == 2
+    assert sorted(sent) == [("catalogue", catalogue.object_id), ("pipeline", run.pk)]
+    assert not PendingEnqueue.objects.exists()

@@ -5,6 +5,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
 from runs.extraction_services import extraction_import
+from runs.job_models import VerificationRequest
 from runs.models import Review
 from tests.stages.test_verify import write_flat
 
@@ -58,12 +59,24 @@ def test_import_from_the_browser_names_a_path_outside_the_roots(client, user):
     assert b"extraction directory /etc is outside the allowed data roots" in response.content
 
 
+def run_queued_verifications():
+    from workers.tasks import stage_execute
+
+    for job in VerificationRequest.objects.filter(status="queued"):
+        assert stage_execute(stage_name="verify", record_id=job.pk, worker="test")
+
+
 def test_import_from_the_browser_then_verify_in_full(client, user, tmp_path, config_only_target):
     target = config_only_target
     client.login(username="launcher", password="pw-launcher-1")
     response = client.post("/extractions/import/", {"path": str(write_flat(tmp_path / "e")), "target_path": str(target)},
                            follow=True)
-    assert b"Imported extraction" in response.content and b"passed" in response.content
+    assert b"Imported extraction" in response.content and b"Waiting for a cpu worker" in response.content
     extraction_id = response.redirect_chain[-1][0].rstrip("/").split("/")[-1]
+    run_queued_verifications()
+    assert b"passed" in client.get(f"/extractions/{extraction_id}/").content
     response = client.post(f"/extractions/{extraction_id}/verify/", {"full": "on"}, follow=True)
-    assert b"Verification passed" in response.content
+    assert b"runs on a worker" in response.content and b"(every value)" in response.content
+    run_queued_verifications()
+    verification = VerificationRequest.objects.get(full=True).verification
+    assert verification.full and verification.passed

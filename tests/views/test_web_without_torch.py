@@ -2,8 +2,9 @@
 
 A fresh interpreter (this one has torch loaded already) sets Django up on a throwaway SQLite
 database, imports the URL map, then renders every page and submits every form the pages offer
-(launch, extraction import from the browser, "Verify now", reviews, cancel, retry, evaluate) and
-reports which heavy modules ended up in sys.modules.
+(launch, extraction import from the browser, "Verify now", reviews, cancel, retry, evaluate), runs
+the verifications those queued the way a worker does, and reports which heavy modules ended up in
+sys.modules.
 """
 import json
 import os
@@ -85,6 +86,14 @@ pages = ["/", "/runs/new/", f"/runs/{run.pk}/", "/datasets/", f"/datasets/{Datas
 pages += [reverse(f"admin:{m._meta.app_label}_{m._meta.model_name}_changelist") for m in admin.site._registry]
 for url in pages:
     visit(url, url)
+# Verifications run on a worker; it runs them here the way it would (and needs no torch either).
+from runs.job_models import VerificationRequest  # noqa: E402
+from workers.tasks import stage_execute  # noqa: E402
+
+for job in VerificationRequest.objects.filter(status="queued").order_by("pk"):
+    assert stage_execute(stage_name="verify", record_id=job.pk, worker="test"), job.pk
+for e in [extraction, *imported, miscounted]:
+    visit(f"/extractions/{e.pk}/ verified", f"/extractions/{e.pk}/")
 print(json.dumps({"status": status, "urls_seconds": urls_seconds,
                   "verified": sorted({v.passed for e in [extraction, *imported] for v in e.verifications.all()}),
                   "miscounted": [c["name"] for c in miscounted.latest_verification.failures],

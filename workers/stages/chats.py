@@ -5,7 +5,7 @@ what it yields.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,15 +134,18 @@ def _read_line(fh, *, path: Path, lineno: int) -> bytearray:
             return buf
 
 
-def read_conversations(path: Path) -> Iterator[Conversation]:
+def read_conversations(path: Path, *, on_position: Callable[[int], None] | None = None) -> Iterator[Conversation]:
     """Yield each non-blank line's conversation; a bad line raises DatasetFormatError.
 
-    Lines are read as bytes with a size limit, so a huge line costs at most about MAX_LINE_BYTES."""
+    Lines are read as bytes with a size limit, so a huge line costs at most about MAX_LINE_BYTES.
+    `on_position` hears the byte offset reached after each line (for progress over large files)."""
     with open(path, "rb") as fh:
         lineno = 0
         while True:
             lineno += 1
             blob = _read_line(fh, path=path, lineno=lineno)
+            if on_position is not None:
+                on_position(fh.tell())
             if not blob:
                 return
             try:
