@@ -21,7 +21,8 @@ from celery.signals import worker_ready
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
-from runs.curation import dataset_excluded_ids
+from runs.curation import dataset_excluded_ids, dataset_samples_sync
+from runs.extraction_services import extraction_verify
 from runs.evaluation_services import evaluation_plan
 from runs.metric_services import metrics_record
 from runs.models import Evaluation, StageRecord
@@ -39,7 +40,7 @@ from runs.stage_services import (
     stages_reconcile,
     training_resume,
 )
-from runs.pipeline import STAGES, STAGES_BY_NAME
+from runs.pipeline import JOB_NAMES, STAGES, STAGES_BY_NAME
 from runs.queue import outbox_flush
 from runs.routing import stage_backend
 import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
@@ -250,13 +251,23 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
     return evaluate(checkpoint_dir=plan.checkpoint_dir, on_progress=reporter.progress, **common)
 
 
-# Each runs one stage for its row and returns the stage's result dataclass.
+def _catalogue(record, reporter: StageReporter):
+    return dataset_samples_sync(dataset=record.dataset, on_progress=reporter.progress)
+
+
+def _verify(record, reporter: StageReporter):
+    return extraction_verify(extraction=record.extraction, full=record.full, on_progress=reporter.progress)
+
+
+# Each runs one stage (or job) for its row and returns the stage's result dataclass.
 STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
     "prepare": _prepare,
     "extract": _extract,
     "vocab": _vocab,
     "train": _train,
     "evaluate": _evaluate,
+    "catalogue": _catalogue,
+    "verify": _verify,
 }
 
 
@@ -273,16 +284,18 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
     # than a short lease, and a lapsed lease hands the stage to another attempt.
     heartbeat = Heartbeat(stage_name=stage_name, record_id=record_id, started_at=fence)
     heartbeat.start()
-    import torch
+    if stage_name not in JOB_NAMES:  # jobs read files and the database; a cpu worker runs them without torch
+        import torch
 
-    torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
+        torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
     watched = [logging.getLogger("workers"), logging.getLogger("speculators")]
     for log in watched:
         log.addHandler(reporter)
         log.setLevel(logging.INFO)
     try:
         model = STAGES_BY_NAME[stage_name].model
-        record = model.objects.select_related("run__target", "run__dataset").get(pk=record_id)
+        related = () if stage_name in JOB_NAMES else ("run__target", "run__dataset")
+        record = model.objects.select_related(*related).get(pk=record_id)
         logger.info("%s %s started on %s", stage_name, record_id, worker)
         result = STAGE_BODIES[stage_name](record, reporter)
         logger.info("%s %s finished", stage_name, record_id)
@@ -318,6 +331,13 @@ def stage_task(self, stage_name: str, run_id: int) -> bool:
 @shared_task(bind=True, name="eagle3web.evaluate_checkpoint", acks_late=True)
 def evaluation_task(self, evaluation_id: int) -> bool:
     return stage_execute(stage_name="evaluate", record_id=evaluation_id, worker=self.request.hostname or "celery")
+
+
+@shared_task(bind=True, name="eagle3web.job", acks_late=True)
+def job_task(self, job_name: str, record_id: int) -> bool:
+    if job_name not in JOB_NAMES:
+        raise ValueError(f"unknown job {job_name!r}")
+    return stage_execute(stage_name=job_name, record_id=record_id, worker=self.request.hostname or "celery")
 
 
 def pipeline_run_inline(*, run_id: int) -> None:

@@ -25,6 +25,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
 from runs import services
 from runs.extraction_services import extraction_import
+from runs.job_models import DatasetCatalogue, VerificationRequest
 from runs.metric_services import metrics_record
 from runs.models import (Checkpoint, CurationAction, Evaluation, PendingEnqueue, PipelineRun, Review,
                          StageAttempt, Verification, VerificationOverride)
@@ -87,6 +88,7 @@ APP = {
     "workers/": Entry("/workers/", get=READ),
     "datasets/": Entry("/datasets/", get=READ),
     "datasets/<int:pk>/": Entry("/datasets/{dataset}/", get=READ),
+    "datasets/<int:pk>/catalogue/": Entry("/datasets/{dataset}/catalogue/", get=POST_ONLY, post=LAUNCHERS),
     "extractions/": Entry("/extractions/", get=READ),
     "extractions/import/": Entry("/extractions/import/", get=LAUNCHERS_PAGE, post=LAUNCHERS, data="import_form"),
     "extractions/<int:pk>/": Entry("/extractions/{extraction}/", get=READ),
@@ -335,9 +337,13 @@ def test_allowed_writes_are_stored(world):
     evaluations = Evaluation.objects.count()
     launcher.post(f"/checkpoints/{world.checkpoint.pk}/evaluate/", world.evaluate_form())
     assert Evaluation.objects.count() == evaluations + 1
-    verifications = Verification.objects.count()
+    requests = VerificationRequest.objects.count()
     reviewer.post(f"/extractions/{world.extraction.pk}/verify/")
-    assert Verification.objects.count() == verifications + 1
+    assert VerificationRequest.objects.filter(extraction=world.extraction, status="queued").count() == requests + 1
+    catalogues = DatasetCatalogue.objects.count()
+    launcher.post(f"/datasets/{world.run.dataset_id}/catalogue/")
+    assert DatasetCatalogue.objects.count() in (catalogues, catalogues + 1)  # one already queued is reused
+    assert DatasetCatalogue.objects.filter(dataset_id=world.run.dataset_id, status="queued").count() == 1
     Verification.objects.create(extraction=world.extraction, full=False, passed=False, layout="flat_v1", checks=[],
                                 report={}, seconds=0.0)
     overrides = VerificationOverride.objects.count()
