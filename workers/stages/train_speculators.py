@@ -104,7 +104,11 @@ def check_hidden_states(hidden_states_dir: Path, lengths: list[int], *, layers: 
     bad: list[str] = []
     dtypes = set()
     for i, n in enumerate(lengths):
-        info = read_sample(i, Path(hidden_states_dir) / f"hs_{i}.safetensors", want_ids=False, full=False)
+        path = Path(hidden_states_dir) / f"hs_{i}.safetensors"
+        if not path.is_file():
+            bad.append(f"row {i}: {path.name} missing")
+            continue
+        info = read_sample(i, path, want_ids=False, full=False)
         if info.error is not None:
             bad.append(f"row {i}: {info.error}")
         elif (info.tokens, info.layers, info.width) != (n, layers, width):
