@@ -25,8 +25,9 @@ NEEDED="torch transformers tokenizers safetensors datasets speculators"
 WANT=$(grep -E '^(transformers|tokenizers|safetensors|numpy|datasets|speculators)==' requirements.txt | tr '\n' ' ')
 PY_VERSION=${GPU_CHECK_PY_VERSION:-3.12}
 PLATFORM_FLAGS="--only-binary=:all: --implementation cp --python-version $PY_VERSION --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
-# The CUDA stack a GPU machine already has and must keep.
-KEEP_RE='^(torch|torchvision|torchaudio|triton|pytorch-triton|nvidia-.*|cuda-.*)$'
+# The CUDA stack a GPU machine already has and must keep: never downloaded. (torchvision and
+# torchaudio are, unless --installed lists them: speculators' metadata asks for them.)
+KEEP_RE='^(torch|triton|pytorch-triton|nvidia-.*|cuda-.*)$'
 
 say() { echo "gpu_check.sh: $*" >&2; }
 
@@ -42,8 +43,15 @@ for line in (open(installed).read().splitlines() if installed else []):
     if "==" in line and name not in want:  # the machine's versions, except where ours are asked for
         print(line.strip())
 EOF
+  # --target: pip takes platform options only for an install elsewhere; --dry-run installs nothing.
+  # The machine's versions first, so that fewer wheels travel; where one of them does not fit ours
+  # (datasets 5.1.0 wants fsspec<=2026.7.0, say), the closure is resolved without them.
   # shellcheck disable=SC2086
-  python3 -m pip install --dry-run --ignore-installed --quiet --report "$report" $PLATFORM_FLAGS -c "$cons" $WANT
+  python3 -m pip install --dry-run --ignore-installed --target "$dir/.resolve" --quiet --report "$report" \
+      $PLATFORM_FLAGS -c "$cons" $WANT 2>/dev/null \
+    || { say "the machine's versions do not all fit requirements.txt's: resolving without them";
+         python3 -m pip install --dry-run --ignore-installed --target "$dir/.resolve" --quiet --report "$report" \
+           $PLATFORM_FLAGS $WANT; }
   python3 - "$report" "$installed" "$KEEP_RE" > "$dir/wheels.txt" <<'EOF'
 import json, re, sys
 report, installed, keep = sys.argv[1], sys.argv[2], re.compile(sys.argv[3])
@@ -58,7 +66,7 @@ for item in json.load(open(report))["install"]:
         continue
     print(f"{name}=={version}")
 EOF
-  rm -f "$report" "$cons"
+  rm -rf "$report" "$cons" "$dir/.resolve"
   # shellcheck disable=SC2086,SC2046
   python3 -m pip download --no-deps --quiet $PLATFORM_FLAGS -d "$dir" $(cat "$dir/wheels.txt")
   say "$(wc -l < "$dir/wheels.txt") wheels in $dir ($(du -sh "$dir" | cut -f1)); listed in $dir/wheels.txt"
