@@ -34,40 +34,45 @@ class CurveQuery:
     points: int = DEFAULT_POINTS
 
 
-def _chunks(series_id: int, query: CurveQuery):
-    chunks = MetricChunk.objects.filter(series_id=series_id)
+def _chunks(series_ids: list[int], query: CurveQuery):
+    chunks = MetricChunk.objects.filter(series_id__in=series_ids)
     if query.start is not None:
         chunks = chunks.filter(last_step__gte=query.start)
     if query.end is not None:
         chunks = chunks.filter(first_step__lte=query.end)
-    return chunks.order_by("last_step")
+    return chunks.order_by("series_id", "last_step")
 
 
 def _inside(chunk_first: int, chunk_last: int, query: CurveQuery) -> bool:
     return (query.start is None or chunk_first >= query.start) and (query.end is None or chunk_last <= query.end)
 
 
-def _window_points(series_id: int, query: CurveQuery) -> tuple[Points, int]:
-    """The points to downsample from, and how many points the window really holds."""
-    heads = list(_chunks(series_id, query).values_list("pk", "first_step", "last_step", "num_points"))
-    in_window = sum(n for _, _, _, n in heads)  # edge chunks overcount; corrected below when read whole
-    coarse = in_window > PREVIEW_FACTOR * query.points
+def _window_points(series_ids: list[int], query: CurveQuery) -> dict[int, tuple[Points, int]]:
+    """For each series: the points to downsample from, and how many points the window really holds.
+    Three queries whatever the number of series (a page polls a dozen curves every few seconds)."""
+    heads: dict[int, list[tuple]] = {pk: [] for pk in series_ids}
+    for series_id, *head in _chunks(series_ids, query).values_list("series_id", "pk", "first_step", "last_step",
+                                                                  "num_points"):
+        heads[series_id].append(tuple(head))
+    in_window = {sid: sum(n for *_, n in rows) for sid, rows in heads.items()}  # edge chunks overcount; see below
     # Only full chunks keep a preview (runs.metric_services._chunk_fields); the open one is read whole.
-    use_preview = {pk for pk, first, last, n in heads if coarse and n == CHUNK_POINTS and _inside(first, last, query)}
-    whole_ids = [pk for pk, *_ in heads if pk not in use_preview]
-    preview_ids = list(use_preview)
+    use_preview = {pk for sid, rows in heads.items() if in_window[sid] > PREVIEW_FACTOR * query.points
+                   for pk, first, last, n in rows if n == CHUNK_POINTS and _inside(first, last, query)}
+    whole_ids = [pk for rows in heads.values() for pk, *_ in rows if pk not in use_preview]
     parts: dict[int, Points] = {}
-    if preview_ids:
-        for pk, blob in MetricChunk.objects.filter(pk__in=preview_ids).values_list("pk", "preview"):
+    if use_preview:
+        for pk, blob in MetricChunk.objects.filter(pk__in=use_preview).values_list("pk", "preview"):
             parts[pk] = unpack_one(blob)
     if whole_ids:
-        rows = MetricChunk.objects.filter(pk__in=whole_ids).values_list("pk", "steps", "epochs", "values", "times")
-        for pk, steps, epochs, values, times in rows:
+        rows = MetricChunk.objects.filter(pk__in=whole_ids).values_list("pk", "series_id", "steps", "epochs",
+                                                                         "values", "times")
+        for pk, series_id, steps, epochs, values, times in rows:
             whole = unpack({"steps": steps, "epochs": epochs, "values": values, "times": times})
             windowed = whole.window(query.start, query.end)
-            in_window -= len(whole) - len(windowed)
+            in_window[series_id] -= len(whole) - len(windowed)
             parts[pk] = windowed
-    return Points.concat([parts[pk] for pk, *_ in heads if pk in parts]), in_window
+    return {sid: (Points.concat([parts[pk] for pk, *_ in rows if pk in parts]), in_window[sid])
+            for sid, rows in heads.items()}
 
 
 def _number(value):
@@ -99,8 +104,10 @@ def curve_window(*, training_run_id: int, query: CurveQuery) -> list[dict]:
     time), how many the window holds, and the series' summary (its last step tells a live page
     where to ask from next)."""
     out = []
-    for series in curve_series(training_run_id=training_run_id, query=query):
-        raw, in_window = _window_points(series.pk, query)
+    all_series = list(curve_series(training_run_id=training_run_id, query=query))
+    windows = _window_points([series.pk for series in all_series], query)
+    for series in all_series:
+        raw, in_window = windows[series.pk]
         shown = downsample(raw, query.points)
         out.append({
             **series_summary(series),
