@@ -1,10 +1,10 @@
-"""Deployment settings, read in a fresh process each time (settings are read at import), and the
-compose file. DJANGO_DEBUG unset is local; DJANGO_DEBUG=0 is deployed (see eagle3web/settings.py)."""
+"""Deployment settings, read in a fresh process each time (settings are read at import), and gunicorn
+with WhiteNoise. DJANGO_DEBUG unset is local; DJANGO_DEBUG=0 is deployed (see eagle3web/settings.py).
+docker-compose.yml is tests/settings/test_compose.py's."""
 import http.client
 import json
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -211,54 +211,3 @@ def test_container_healthcheck_fails_without_server(tmp_path):
                           env=_env(tmp_path), capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
     assert "no answer" in proc.stdout
-
-
-# --- docker-compose.yml ----------------------------------------------------------------------------
-
-yaml = pytest.importorskip("yaml", reason="PyYAML reads docker-compose.yml")
-
-
-@pytest.fixture(scope="module")
-def compose():
-    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-
-
-def test_compose_gives_every_service_a_healthcheck(compose):
-    assert set(compose["services"]) == {"postgres", "redis", "web", "worker-cpu", "worker-gpu"}
-    missing = [name for name, service in compose["services"].items() if not service.get("healthcheck", {}).get("test")]
-    assert missing == []
-
-
-def test_compose_web_collects_migrates_and_runs_gunicorn(compose):
-    command = compose["services"]["web"]["command"]
-    assert command.index("collectstatic") < command.index("migrate") < command.index("exec gunicorn eagle3web.wsgi")
-    assert "runserver" not in command
-
-
-def test_compose_redis_persists_to_a_volume(compose):
-    redis = compose["services"]["redis"]
-    assert redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
-    assert "redisdata:/data" in redis["volumes"]
-
-
-def test_compose_runs_the_app_deployed(compose):
-    for name in ("web", "worker-cpu", "worker-gpu"):
-        environment = compose["services"][name]["environment"]
-        assert environment["DJANGO_DEBUG"] == "0"
-        assert environment["DJANGO_SECRET_KEY"].startswith("${DJANGO_SECRET_KEY:?")
-
-
-def test_compose_workers_answer_a_ping_as_health(compose):
-    for name in ("worker-cpu", "worker-gpu"):
-        assert "inspect ping -d celery@$$HOSTNAME" in compose["services"][name]["healthcheck"]["test"][1]
-
-
-def test_compose_file_validates_with_docker_compose(tmp_path):
-    for cli in (["docker", "compose"], ["docker-compose"]):
-        if shutil.which(cli[0]) and subprocess.run([*cli, "version"], capture_output=True).returncode == 0:
-            break
-    else:
-        pytest.skip("neither `docker compose` nor `docker-compose` is installed")
-    proc = subprocess.run([*cli, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], cwd=ROOT,
-                          env={**os.environ, "DJANGO_SECRET_KEY": KEY}, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
