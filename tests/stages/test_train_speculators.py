@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from workers.stages.extract import extract
 from workers.stages.prepare import prepare
-from workers.stages.speculators_layout import SpeculatorsLayoutError, speculators_data_link
+from workers.stages.speculators_layout import SpeculatorsLayoutError, run_data_link, speculators_data_link
 from workers.stages.speculators_plan import plan_epochs, read_rows
 from workers.stages.target import default_layer_ids
 from workers.stages.train import TrainingStopped, TrainInputError
@@ -98,6 +98,19 @@ def test_data_link_is_rewritten_in_place_and_never_replaces_real_files(run_dir, 
     with pytest.raises(SpeculatorsLayoutError, match="holds more than links"):
         speculators_data_link(**args, out_dir=tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_a_run_without_speculators_hidden_states_gets_no_link_and_says_why(run_dir, tmp_path, caplog):
+    legacy = tmp_path / "extraction"  # e.g. an imported speculators v0.4 extraction: data_{i}.pt, no hidden_states/
+    legacy.mkdir()
+    made = run_data_link(run_dir=tmp_path, prepared_dir=run_dir["prepared_dir"], hidden_states_dir=legacy / "hidden_states",
+                         d2t_path=run_dir["d2t_path"], t2d_path=run_dir["t2d_path"])
+    assert made is None and not (tmp_path / "speculators_data").exists()
+    assert "hidden states folder not found" in caplog.text
+    made = run_data_link(run_dir=tmp_path, prepared_dir=run_dir["prepared_dir"],
+                         hidden_states_dir=run_dir["hidden_states_dir"], d2t_path=run_dir["d2t_path"],
+                         t2d_path=run_dir["t2d_path"])
+    assert made.data_dir == tmp_path / "speculators_data" and made.draft_vocab_size == DRAFT_VOCAB
 
 
 def test_command_carries_processes_fsdp_and_the_run_paths_for_several_gpus(tmp_path):

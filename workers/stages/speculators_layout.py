@@ -16,6 +16,7 @@ and can get one later, and the links survive moving the whole run folder. Pure: 
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from workers.stages.errors import InputError
+
+log = logging.getLogger(__name__)
 
 DATA_DIRNAME = "speculators_data"
 HIDDEN_STATES_DIRNAME = "hidden_states"
@@ -110,3 +113,19 @@ def speculators_data_link(*, prepared_dir: Path, hidden_states_dir: Path, d2t_pa
     else:
         os.replace(staging, out_dir)
     return SpeculatorsData(data_dir=out_dir, draft_vocab_size=size, linked=tuple(sorted(plan)))
+
+
+def run_data_link(*, run_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_path: Path,
+                  t2d_path: Path) -> SpeculatorsData | None:
+    """`<run>/speculators_data` for a run whose stages have all written their files, or None, said in
+    the log, when they cannot be linked (an imported extraction in another layout, say): the link is a
+    convenience for users, and a stage that makes it must not fail for it."""
+    try:
+        data = speculators_data_link(prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir,
+                                     d2t_path=d2t_path, t2d_path=t2d_path, out_dir=default_data_dir(run_dir))
+    except SpeculatorsLayoutError as exc:
+        log.warning("no %s folder for speculators' trainer: %s", DATA_DIRNAME, exc)
+        return None
+    log.info("`speculators train --data-path %s --draft-vocab-size %d` reads this run", data.data_dir,
+             data.draft_vocab_size)
+    return data

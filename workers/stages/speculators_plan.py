@@ -131,3 +131,29 @@ def total_seq_len_for(requested: int | None, lengths: list[int]) -> int:
     if requested is not None and requested < 2:
         raise ValueError(f"max_tokens_per_step must be at least 2, got {requested}")
     return max(DEFAULT_TOTAL_SEQ_LEN if requested is None else requested, max(lengths, default=0))
+
+
+def check_hidden_states(hidden_states_dir: Path, lengths: list[int], *, layers: int, width: int) -> str:
+    """Every row's file is there with its row's token count and the run's shape (headers only);
+    returns the hidden-states backend its dtype needs ("fp8" dequantizes float8 files)."""
+    from workers.stages.extraction_samples import read_sample
+    from workers.stages.train_data import TrainInputError
+
+    bad: list[str] = []
+    dtypes = set()
+    for i, n in enumerate(lengths):
+        path = Path(hidden_states_dir) / f"hs_{i}.safetensors"
+        if not path.is_file():
+            bad.append(f"row {i}: {path.name} missing")
+            continue
+        info = read_sample(i, path, want_ids=False, full=False)
+        if info.error is not None:
+            bad.append(f"row {i}: {info.error}")
+        elif (info.tokens, info.layers, info.width) != (n, layers, width):
+            bad.append(f"row {i}: [{info.tokens}, {info.layers}, {info.width}], expected [{n}, {layers}, {width}]")
+        else:
+            dtypes.add(info.dtype or "")
+    if bad:
+        raise TrainInputError(f"{hidden_states_dir}: {len(bad)} of {len(lengths)} rows have no usable hidden states "
+                              f"({'; '.join(bad[:3])}); speculators would stop at the first one")
+    return "fp8" if any(d.startswith("float8") for d in dtypes) else "file"

@@ -47,11 +47,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from workers.stages.extraction_samples import read_sample
 from workers.stages.speculators_entry import METRICS_PATH_ENV
 from workers.stages.speculators_layout import default_data_dir, speculators_data_link
 from workers.stages.speculators_ledger import EpochDone, checkpoint_whole, ledger_open, ledger_save
-from workers.stages.speculators_plan import plan_epochs, read_rows, speculators_split, total_seq_len_for
+from workers.stages.speculators_plan import (
+    check_hidden_states,
+    plan_epochs,
+    read_rows,
+    speculators_split,
+    total_seq_len_for,
+)
 from workers.stages.split import SplitError, write_split
 from workers.stages.target import read_target_config, validate_layer_ids
 from workers.stages.train import _METRIC_KEY, CheckpointInfo, TrainingStopped, TrainInputError, TrainResult
@@ -96,29 +101,6 @@ def speculators_command(*, torchrun: str, num_gpus: int, fsdp: bool, target_dir:
     if fsdp:
         command.append("--fsdp-shard")
     return command + list(extra_args)
-
-
-def check_hidden_states(hidden_states_dir: Path, lengths: list[int], *, layers: int, width: int) -> str:
-    """Every row's file is there with its row's token count and the run's shape (headers only);
-    returns the hidden-states backend its dtype needs ("fp8" dequantizes float8 files)."""
-    bad: list[str] = []
-    dtypes = set()
-    for i, n in enumerate(lengths):
-        path = Path(hidden_states_dir) / f"hs_{i}.safetensors"
-        if not path.is_file():
-            bad.append(f"row {i}: {path.name} missing")
-            continue
-        info = read_sample(i, path, want_ids=False, full=False)
-        if info.error is not None:
-            bad.append(f"row {i}: {info.error}")
-        elif (info.tokens, info.layers, info.width) != (n, layers, width):
-            bad.append(f"row {i}: [{info.tokens}, {info.layers}, {info.width}], expected [{n}, {layers}, {width}]")
-        else:
-            dtypes.add(info.dtype or "")
-    if bad:
-        raise TrainInputError(f"{hidden_states_dir}: {len(bad)} of {len(lengths)} rows have no usable hidden states "
-                              f"({'; '.join(bad[:3])}); speculators would stop at the first one")
-    return "fp8" if any(d.startswith("float8") for d in dtypes) else "file"
 
 
 class _Capture:
@@ -373,6 +355,9 @@ def _result(capture: _Capture, *, plan, split, epochs: int, out_dir: Path, num_g
     if capture.dropped_samples:
         logger.warning("speculators dropped %d samples (hidden states unreadable or not matching their rows): "
                        "the supervised-token counts assume every row trained", round(capture.dropped_samples))
+    if done[-1].global_step != plan.total_steps:
+        logger.warning("speculators trained %d steps where its sampler gave %d (extra flags such as --max-steps?): "
+                       "the token counts reported are the sampler's", done[-1].global_step, plan.total_steps)
     if any(plan.rows_left_out):
         logger.warning("speculators' sampler left %d train rows out of each epoch (fewer than %d processes)",
                        max(plan.rows_left_out), num_gpus)
