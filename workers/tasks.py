@@ -191,16 +191,22 @@ def _extract(record, reporter: StageReporter):
 
 
 def _vocab(record, reporter: StageReporter):
+    from workers.stages.speculators_layout import run_data_link
     from workers.stages.vocab import build_vocab
 
     run = record.run
-    return build_vocab(
+    result = build_vocab(
         token_freq_path=Path(run.preparation.token_freq_path),
         out_dir=Path(run.output_dir) / "vocab",
         draft_vocab_size=record.draft_vocab_size,
         target_vocab_size=record.target_vocab_size,
         on_progress=reporter.progress,
     )
+    # Every run's folder then holds `speculators_data/`, which `speculators train --data-path` reads as is.
+    run_data_link(run_dir=Path(run.output_dir), prepared_dir=Path(run.preparation.out_dir),
+                  hidden_states_dir=Path(run.extract_stage.extraction.path) / "hidden_states",
+                  d2t_path=result.d2t_path, t2d_path=result.t2d_path)
+    return result
 
 
 def _train(record, reporter: StageReporter):
