@@ -2,6 +2,7 @@
 over Redis and PostgreSQL."""
 import io
 import json
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -25,6 +26,10 @@ def test_pipeline_finishes_every_stage_in_a_celery_worker(tiny_target, worker, u
     catalogue = run.dataset.catalogues.get()
     assert catalogue.status == StageStatus.SUCCEEDED and catalogue.worker.startswith("test-worker-")
     assert catalogue.samples_total == tiny_target.num_conversations
+    # The run's folder holds what `speculators train --data-path` reads (links into the run).
+    data = Path(run.output_dir) / "speculators_data"
+    assert (data / "hidden_states" / "hs_0.safetensors").is_file() and (data / "state.json").is_file()
+    assert (data / "d2t-256.npy").is_file() and (data / "t2d-256.npy").is_file()
 
     assert [s["status"] for s in summary["stages"]] == [StageStatus.SUCCEEDED] * 5, summary["stages"]
     assert all(s["worker"].startswith("test-worker-") for s in summary["stages"])
