@@ -16,7 +16,8 @@ What each side does:
   2 s, 12 curves per step, --steps-per-second steps, on top of --history-steps steps already there
   (a longer curve and more writes than this CPU's real training makes).
 - Web: gunicorn (eagle3web.wsgi, static files by WhiteNoise, as docker-compose.yml runs it) on
-  127.0.0.1 with --gunicorn-workers sync workers (default 2 x cores + 1, gunicorn's advice).
+  127.0.0.1 with --gunicorn-workers sync workers (default 2 x cores + 1, gunicorn's advice), each
+  keeping its database connection for --conn-max-age seconds (compose's default, 60).
 - Clients: --clients threads, each logged in through the login form (own session cookie), then
   looping for --seconds like a person opening a run: runs list, the training run's page, its curve
   from the start (what the page loads) and its curve since the last point seen (what the page polls).
@@ -61,6 +62,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps-per-second", type=float, default=10, help="writer: training steps per second")
     p.add_argument("--history-steps", type=int, default=500, help="writer: steps trained before measuring")
     p.add_argument("--gunicorn-workers", type=int, default=2 * cores + 1)
+    p.add_argument("--conn-max-age", type=int, default=60,
+                   help="DATABASE_CONN_MAX_AGE for gunicorn (docker-compose.yml's default; 0: a connection per request)")
     p.add_argument("--port", type=int, default=8781)
     p.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/bench_load")
     p.add_argument("--broker-url", default="redis://127.0.0.1:6379/5")
@@ -324,7 +327,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     tmp = Path(tempfile.mkdtemp(prefix="eagle3web-bench-load-"))
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "eagle3web.settings"),
-           "DATABASE_URL": args.database_url,
+           "DATABASE_URL": args.database_url, "DATABASE_CONN_MAX_AGE": str(args.conn_max_age),
            "CELERY_BROKER_URL": args.broker_url, "EAGLE3WEB_DATA_DIR": str(tmp),
            "EAGLE3WEB_DATA_ROOTS": f"{tmp}:{REPO / 'data'}", "EAGLE3WEB_RUNS_DIR": str(tmp / "runs"),
            # Two cores are shared by gunicorn, PostgreSQL, the clients and the trainer: one torch thread.
@@ -386,7 +389,7 @@ def main() -> None:
         run_all([lambda c=cookies: client(args.port, c, run.pk, began + args.seconds, samples) for cookies in sessions])
         elapsed = time.monotonic() - began
         result = {**summarize(samples, elapsed), "clients": args.clients, "seconds": round(elapsed, 1),
-                  "gunicorn_workers": args.gunicorn_workers, "runs": args.runs, "trainer": args.trainer,
+                  "gunicorn_workers": args.gunicorn_workers, "conn_max_age": args.conn_max_age, "runs": args.runs, "trainer": args.trainer,
                   "training_status": TrainingRun.objects.get(run=run).status,
                   "metric_points_written_while_measuring": count_points() - points_before,
                   "curve_points_at_end": count_points(), "database": "postgresql",

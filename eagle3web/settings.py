@@ -89,9 +89,14 @@ TEMPLATES = [
     },
 ]
 
+# Seconds a web process keeps its database connection between requests (0: a new one per request).
+# Compose's web service keeps them (one connection per gunicorn sync worker, checked before reuse);
+# workers keep the default: a stage's writes reconnect on their own after an outage (workers.tasks).
+DATABASE_CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 0)
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'eagle3web.sqlite3'}"), conn_max_age=0
+        env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'eagle3web.sqlite3'}"),
+        conn_max_age=DATABASE_CONN_MAX_AGE, conn_health_checks=DATABASE_CONN_MAX_AGE > 0,
     )
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
