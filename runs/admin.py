@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from runs.fleet_models import Worker
 from runs.job_models import DatasetCatalogue, VerificationRequest
 from runs.models import (
     Checkpoint,
@@ -263,3 +264,11 @@ class ReviewAdmin(admin.ModelAdmin):
 class VerificationOverrideAdmin(admin.ModelAdmin):
     list_display = ("created_at", "reviewer", "verification", "reason")
     search_fields = ("reason", "reviewer__username")
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    """Rows the workers' heartbeats write (the /workers/ page reads them); delete one that is gone for good."""
+
+    list_display = ("name", "hostname", "last_seen", "stopped_at", "started_at")
+    search_fields = ("name", "hostname")
