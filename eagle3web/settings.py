@@ -4,6 +4,7 @@ and Redis."""
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import dj_database_url
@@ -144,6 +145,9 @@ EAGLE3WEB_STAGE_LEASE_SECONDS = env_int("EAGLE3WEB_STAGE_LEASE_SECONDS", 60)
 # Padded tokens per extraction forward; 0: the default measured for the device (workers.stages.extract).
 # Lower it when a large target's activations do not fit the accelerator beside its weights.
 EAGLE3WEB_EXTRACT_BATCH_TOKENS = env_int("EAGLE3WEB_EXTRACT_BATCH_TOKENS", 0)
+# Flags this worker adds to every run of speculators' trainer, as a shell would split them
+# (e.g. "--num-workers 8 --optimizer adamw"); runs choose the trainer, the host knows its kernels.
+EAGLE3WEB_SPECULATORS_ARGS = shlex.split(env_str("EAGLE3WEB_SPECULATORS_ARGS", ""))
 # A worker on a host with GPUs also consumes "gpu" and the queues of the backends and GPU counts it
 # can run (workers/fleet.py); 0: only the queues given with -Q.
 EAGLE3WEB_WORKER_GPU_QUEUES = env_bool("EAGLE3WEB_WORKER_GPU_QUEUES", True)

@@ -217,7 +217,7 @@ def _train(record, reporter: StageReporter):
     if backend == "speculators":
         from workers.stages.train_speculators import train_with_speculators as trainer
 
-        options["num_gpus"] = gpus
+        options.update(num_gpus=gpus, extra_args=settings.EAGLE3WEB_SPECULATORS_ARGS)
     else:
         from workers.stages.train import train as trainer
     return trainer(
