@@ -43,10 +43,8 @@ from workers.stages.dtypes import floor_bytes_per_token  # noqa: E402
 from workers.stages.extract_files import HiddenBatch, _check_batch, _write_batch, _writer  # noqa: E402,F401
 from workers.stages.extract_model import LayerCapture, decoder_parts, load_target, spread_device  # noqa: E402,F401
 from workers.stages.extract_resume import (  # noqa: E402
-    ReusedSamples,
     extraction_fingerprint,
-    open_for_resume,
-    reusable_samples,
+    resume_or_start,
     write_json_atomic,
 )
 from workers.stages.progress import ProgressFn  # noqa: E402
@@ -234,13 +232,9 @@ def extract(
     store_dtype = str(STORE_DTYPE).removeprefix("torch.")
     fingerprint = extraction_fingerprint(target_dir=target_dir, prepared_dir=prepared_dir, layer_ids=layer_ids,
                                          dtype=store_dtype, num_rows=num_rows)
-    resumable = open_for_resume(out_dir=out_dir, fingerprint=fingerprint, hs_dirname=HIDDEN_STATES_DIRNAME,
-                                manifest_name=MANIFEST_NAME)
-    hs_dir = out_dir / HIDDEN_STATES_DIRNAME
-    hs_dir.mkdir(parents=True, exist_ok=True)
-    reused = (reusable_samples(hs_dir=hs_dir, input_ids=input_ids, num_layers=len(layer_ids),
-                               hidden_size=target.hidden_size)
-              if resumable else ReusedSamples(indices=[], tokens=0, nbytes=0, redone=0))
+    hs_dir, reused, resumable = resume_or_start(
+        out_dir=out_dir, fingerprint=fingerprint, hs_dirname=HIDDEN_STATES_DIRNAME, manifest_name=MANIFEST_NAME,
+        input_ids=input_ids, num_layers=len(layer_ids), hidden_size=target.hidden_size)
     kept = set(reused.indices)
     todo = [i for i in range(num_rows) if i not in kept]
     if resumable:

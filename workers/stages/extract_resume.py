@@ -160,3 +160,16 @@ def reusable_samples(*, hs_dir: Path, input_ids, num_layers: int, hidden_size: i
                 path.unlink()
                 redone += 1
     return ReusedSamples(indices=kept, tokens=tokens, nbytes=nbytes, redone=redone)
+
+
+def resume_or_start(*, out_dir: Path, fingerprint: dict, hs_dirname: str, manifest_name: str, input_ids,
+                    num_layers: int, hidden_size: int) -> tuple[Path, ReusedSamples, bool]:
+    """Open out_dir for an extraction (either backend): its hidden-states folder, the samples an earlier
+    attempt of the same extraction left whole (none when it starts afresh), and whether it resumes."""
+    resumable = open_for_resume(out_dir=out_dir, fingerprint=fingerprint, hs_dirname=hs_dirname,
+                                manifest_name=manifest_name)
+    hs_dir = out_dir / hs_dirname
+    hs_dir.mkdir(parents=True, exist_ok=True)
+    reused = (reusable_samples(hs_dir=hs_dir, input_ids=input_ids, num_layers=num_layers, hidden_size=hidden_size)
+              if resumable else ReusedSamples(indices=[], tokens=0, nbytes=0, redone=0))
+    return hs_dir, reused, resumable

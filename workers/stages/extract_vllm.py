@@ -59,10 +59,8 @@ from workers.stages.extract import (
     open_prepared,
 )
 from workers.stages.extract_resume import (
-    ReusedSamples,
     extraction_fingerprint,
-    open_for_resume,
-    reusable_samples,
+    resume_or_start,
     write_json_atomic,
 )
 from workers.stages.progress import ProgressFn
@@ -227,13 +225,10 @@ def extract_with_vllm(
 
     fingerprint = extraction_fingerprint(target_dir=target_dir, prepared_dir=prepared_dir, layer_ids=layer_ids,
                                          dtype=STORE_DTYPE, num_rows=num_rows)
-    resumable = open_for_resume(out_dir=out_dir, fingerprint=fingerprint, hs_dirname=HIDDEN_STATES_DIRNAME,
-                                manifest_name=MANIFEST_NAME)
-    hs_dir = out_dir / HIDDEN_STATES_DIRNAME
-    hs_dir.mkdir(parents=True, exist_ok=True)
+    hs_dir, reused, resumable = resume_or_start(
+        out_dir=out_dir, fingerprint=fingerprint, hs_dirname=HIDDEN_STATES_DIRNAME, manifest_name=MANIFEST_NAME,
+        input_ids=input_ids, num_layers=len(layer_ids), hidden_size=target.hidden_size)
     num_layers, hidden_size = len(layer_ids), target.hidden_size
-    reused = (reusable_samples(hs_dir=hs_dir, input_ids=input_ids, num_layers=num_layers, hidden_size=hidden_size)
-              if resumable else ReusedSamples(indices=[], tokens=0, nbytes=0, redone=0))
     kept = set(reused.indices)
     todo = [i for i in range(num_rows) if i not in kept]
     staging = out_dir / STAGING_DIRNAME
