@@ -1,0 +1,72 @@
+"""A person picks the extraction and training backends on the launch form in headless Chromium:
+what no live worker can run is offered disabled with the reason, and a run launched with vLLM and
+speculators' trainer says so on its page and waits in the queue of a worker that fits it.
+
+The GPU host is a FAKE worker row (tests/fleet.py): no GPU, vLLM or second host exists here."""
+import os
+import re
+
+import pytest
+
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+from runs.models import PipelineRun  # noqa: E402
+from tests.fleet import cpu_worker, fake_gpu_worker  # noqa: E402
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture
+def page(tmp_path):
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: run `make browser-deps` (Debian's chromium package)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM,
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1280, "height": 1800})
+        yield page
+        page.screenshot(path=str(tmp_path / "last-page.png"), full_page=True)
+        browser.close()
+
+
+def log_in(page, live_server, user):
+    page.goto(live_server.url + "/login/")
+    page.fill("#id_username", user.username)
+    page.fill("#id_password", user.raw_password)
+    page.click("button[type=submit]")
+
+
+def test_gpu_backends_are_disabled_with_a_reason_then_chosen_once_a_fake_gpu_worker_is_live(
+        live_server, user, roots, page):
+    cpu_worker()  # this machine as it is: no GPU, no vLLM
+    log_in(page, live_server, user)
+    page.goto(live_server.url + "/runs/new/")
+    vllm = page.locator('#id_extraction_backend option[value="vllm"]')
+    expect(vllm).to_be_disabled()
+    expect(vllm).to_contain_text("not available: no live worker has")
+    expect(page.locator('#id_training_backend option[value="speculators"]')).to_be_disabled()
+
+    fake_gpu_worker()  # FAKE: an 8-GPU host with vLLM and speculators joins the fleet
+    page.reload()
+    expect(page.locator('#id_extraction_backend option[value="vllm"]')).to_be_enabled()
+    page.fill("#id_target_path", str(roots / "target"))
+    page.fill("#id_dataset_path", str(roots / "chats.jsonl"))
+    page.select_option("#id_extraction_backend", "vllm")
+    page.fill("#id_tensor_parallel_size", "2")
+    page.select_option("#id_training_backend", "speculators")
+    page.fill("#id_train_gpus", "4")
+    page.click("#launch-submit")
+
+    expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
+    backends = page.locator("#backends")
+    expect(backends).to_contain_text("on 2 GPUs")
+    expect(backends).to_contain_text("on 4 GPUs")
+    run = PipelineRun.objects.get()
+    assert (run.config["extraction_backend"], run.config["tensor_parallel_size"]) == ("vllm", 2)
+    assert (run.config["training_backend"], run.config["train_gpus"]) == ("speculators", 4)
+
+    page.click("text=workers")
+    expect(page.locator("body")).to_contain_text("vllm.2")  # the queue its extraction waits in
