@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from workers.stages.child_process import die_with_parent
 from workers.stages.speculators_entry import METRICS_PATH_ENV
 from workers.stages.speculators_layout import default_data_dir, speculators_data_link
 from workers.stages.speculators_ledger import EpochDone, checkpoint_whole, ledger_open, ledger_save
@@ -208,7 +209,8 @@ class _Trainer:
         self.log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in wait()
         self.log.write(f"$ {' '.join(command)}\n")
         self.proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, errors="replace", start_new_session=True)
+                                     text=True, errors="replace", start_new_session=True,
+                                     preexec_fn=die_with_parent())  # torchrun passes SIGTERM on to its ranks
         self.reader = threading.Thread(target=self._read, name="speculators-output", daemon=True)
         self.reader.start()
 
@@ -250,7 +252,7 @@ def train_with_speculators(
         out_dir: Path, layer_ids: list[int], epochs: int, lr: float, ttt_steps: int, draft_vocab_size: int,
         num_gpus: int = 1, seed: int = 0, val_fraction: float = 0.1, max_tokens_per_step: int | None = None,
         fsdp: bool | None = None, data_dir: Path | None = None, extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None, stop_grace_seconds: float = 120.0,
+        env: Mapping[str, str] | None = None, stop_grace_seconds: float = 20.0,
         on_progress: Callable[[int, int], None] | None = None,
         on_metrics: Callable[[list[dict]], None] | None = None,
         should_stop: Callable[[], bool] | None = None,

@@ -8,18 +8,18 @@ Its stdout and stderr go to a log file whose tail every error quotes.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+from workers.stages.child_process import die_with_parent
 
 HOST = "127.0.0.1"
 HEALTH_POLL_SECONDS = 1.0
@@ -31,7 +31,6 @@ LOG_TAIL_LINES = 40
 LOG_TAIL_CHARS = 4000
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class VllmServerError(RuntimeError):
@@ -75,13 +74,6 @@ def serve_command(*, vllm_executable: str, target_dir: Path, layer_ids: list[int
     ]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the worker that started it dies. Its own process
-    group keeps it out of signals meant for the worker, so without this a SIGKILLed worker would
-    leave vLLM holding the GPUs that the retried attempt needs."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES, chars: int = LOG_TAIL_CHARS) -> str:
     try:
         with open(path, "rb") as f:
@@ -116,7 +108,7 @@ class VllmServer:
             try:
                 self.proc = subprocess.Popen(
                     self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                    start_new_session=True, preexec_fn=die_with_parent())
             except FileNotFoundError:
                 raise VllmServerError(
                     f"{self.command[0]!r} was not found on PATH: install vLLM on this worker "
