@@ -37,7 +37,10 @@ class BackendSelect(forms.Select):
     def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
         option = super().create_option(name, value, label, selected, index, subindex, attrs)
         if value in self.disabled:
-            option["attrs"]["disabled"] = True
+            # A selected option stays enabled (a copied run's backend, say): a browser leaves a disabled
+            # one out of the form, which would then launch the default backend without a word.
+            # Submitted, it is refused at its field with the same reason.
+            option["attrs"]["disabled"] = not selected
             option["label"] = f"{label} (not available: {self.disabled[value]})"
         return option
 

@@ -169,3 +169,20 @@ def test_a_misrouted_stage_fails_at_start_naming_the_backend_and_why(user, roots
     why = this_host_capabilities()["backends"]["vllm"]
     assert f"BackendUnavailable: vLLM (vllm) on 1 GPU(s) cannot run on" in run.extract_stage.error
     assert why in run.extract_stage.error
+
+
+def test_a_copy_of_a_run_whose_backend_is_gone_keeps_it_selected_and_is_refused_saying_why(client, user, roots):
+    """A disabled <option> is not submitted by browsers: a copied run's vLLM must not turn into the default."""
+    worker = fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=2)  # FAKE GPU host, live at first
+    client.force_login(user)
+    form = {"target_path": str(roots / "target"), "dataset_path": str(roots / "chats.jsonl"), "max_seq_len": 512,
+            "draft_vocab_size": 64, "epochs": 1, "lr": 0.0003, "ttt_steps": 3}
+    assert client.post("/runs/new/", {**form, "extraction_backend": "vllm", "tensor_parallel_size": 2}).status_code == 302
+    run = PipelineRun.objects.get()
+    worker.delete()  # the GPU host left the fleet
+    cpu_worker("cpu@this-host")
+    page = client.get(f"/runs/new/?copy={run.pk}").content.decode()
+    assert '<option value="vllm" selected>vLLM (not available: no live worker has vLLM' in page
+    response = client.post("/runs/new/", {**form, "extraction_backend": "vllm", "tensor_parallel_size": 2})
+    assert response.status_code == 400 and "extraction_backend vllm: no live worker has vLLM" in response.content.decode()
+    assert PipelineRun.objects.count() == 1
