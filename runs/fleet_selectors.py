@@ -13,12 +13,14 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from runs.fleet_fit import gpus_text, worker_unfit
 from runs.fleet_models import Worker
 from runs.models import FINISHED_STATUSES, PendingEnqueue, StageStatus
 from runs.pipeline import STAGES, STAGES_BY_NAME
 from runs.routing import BACKEND_SETTINGS, stage_backend, stage_queue
 from runs.run_config import RunConfig
-from workers.stages.backends import BACKENDS, BACKENDS_BY_NAME
+from workers.stages.backends import BACKENDS, BACKENDS_BY_NAME, MAX_GPUS, Backend
+from workers.stages.backends import stage_queue as backend_queue
 
 MISSED_HEARTBEATS = 3
 VERSION_ORDER = ("python", "torch", "transformers", "accelerate", "speculators", "vllm")
@@ -37,10 +39,6 @@ def workers_live() -> QuerySet[Worker]:
     return Worker.objects.filter(stopped_at__isnull=True, last_seen__gte=timezone.now() - offline_after())
 
 
-def _gpus_text(count: int) -> str:
-    return f"{count} GPU{'s' if count != 1 else ''}"
-
-
 # ---- what a launch may ask for ---------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -52,40 +50,63 @@ class BackendOption:
     stage: str
     available: bool
     reason: str  # why it is not offered ("" when it is)
-    max_gpus: int  # the most GPUs some live worker runs it on
+    max_gpus: int  # the most GPUs some live worker takes it on
     gpu_reason: str  # why not more than max_gpus
+    # The GPU counts some live worker takes it on (its queue) and can run it on: not always 1..max_gpus,
+    # e.g. a worker started with -Q vllm.2 alone takes vLLM on 2 GPUs and on no other count.
+    gpu_counts: tuple[int, ...] = ()
+
+    @property
+    def counts_text(self) -> str:
+        """"up to 8 GPUs", or the counts themselves when some are missing ("on 1, 2 GPUs")."""
+        if self.gpu_counts == tuple(range(1, self.max_gpus + 1)):
+            return f"up to {gpus_text(self.max_gpus)}"
+        return f"on {', '.join(map(str, self.gpu_counts))} GPU{'s' if self.gpu_counts != (1,) else ''}"
+
+
+def _unavailable_reason(backend: Backend, live: list[Worker]) -> str:
+    """Why no live worker takes any queue of `backend`: none can run it, or those that can do not take it."""
+    able = [w for w in live if (w.capabilities or {}).get("backends", {}).get(backend.name, "missing") is None]
+    if able:
+        return (f"no live worker takes a queue of {backend.label}: "
+                + "; ".join(f"{w.name} could run it but takes only {', '.join(w.queues or []) or 'no queue'}"
+                            for w in able[:3]))
+    reasons = sorted({(w.capabilities or {}).get("backends", {}).get(backend.name)
+                      or "it does not report this backend" for w in live})
+    return f"no live worker has {backend.label} ({'; '.join(reasons)})"
 
 
 def launch_options(*, live: list[Worker] | None = None) -> dict[str, BackendOption]:
-    """Each backend: can some live worker run it, on how many GPUs at most, and why not more.
-    With no worker live at all the default backends stay offered on one device, as before workers
-    reported anything (a demo's worker may start after its web server)."""
+    """Each backend: on which GPU counts some live worker takes it (runs.fleet_fit.worker_unfit: the
+    worker takes that queue and can run it there), and why not more. With no worker live at all the
+    default backends stay offered on one device, as before workers reported anything (a demo's
+    worker may start after its web server)."""
     live = list(workers_live()) if live is None else live
     options = {}
     for backend in BACKENDS:
-        able = [w for w in live if backend.name in w.capabilities.get("backends", {})
-                and w.capabilities["backends"][backend.name] is None]
         if not live:
             options[backend.name] = BackendOption(
                 backend.name, backend.label, backend.stage, backend.default,
                 "" if backend.default else f"no worker is live to run {backend.label}",
-                1 if backend.default else 0, "no worker is live")
+                1 if backend.default else 0, "no worker is live", (1,) if backend.default else ())
             continue
-        if not able:
-            reasons = sorted({w.capabilities.get("backends", {}).get(backend.name) or "it does not report this backend"
-                              for w in live})
+        fits = {n: [w for w in live if worker_unfit(w, backend=backend.name, gpus=n) is None]
+                for n in range(1, MAX_GPUS + 1)}
+        counts = tuple(n for n, workers in fits.items() if workers)
+        if not counts:
             options[backend.name] = BackendOption(backend.name, backend.label, backend.stage, False,
-                                                  f"no live worker has {backend.label} ({'; '.join(reasons)})", 0, "")
+                                                  _unavailable_reason(backend, live), 0, "", ())
             continue
-        best = max(able, key=lambda w: w.capabilities.get("max_gpus", {}).get(backend.name, 0))
-        most = best.capabilities.get("max_gpus", {}).get(backend.name, 0)
-        why_not_more = best.capabilities.get("more_gpus", {}).get(backend.name)
-        if not best.capabilities.get("gpus"):
+        most = counts[-1]
+        best = fits[most][0]
+        if not (best.capabilities or {}).get("gpus"):
             gpu_reason = f"no live worker that runs {backend.label} has a GPU: it runs on the CPU"
         else:
-            gpu_reason = (f"the largest live worker for {backend.label} ({best.name}) runs it on {_gpus_text(most)}"
+            why_not_more = worker_unfit(best, backend=backend.name, gpus=most + 1) if most < MAX_GPUS else None
+            gpu_reason = (f"the largest live worker for {backend.label} ({best.name}) runs it on {gpus_text(most)}"
                           + (f": {why_not_more}" if why_not_more else ""))
-        options[backend.name] = BackendOption(backend.name, backend.label, backend.stage, True, "", most, gpu_reason)
+        options[backend.name] = BackendOption(backend.name, backend.label, backend.stage, True, "", most, gpu_reason,
+                                              counts)
     return options
 
 
@@ -93,19 +114,25 @@ CHOICES = (("extraction_backend", "tensor_parallel_size"), ("training_backend", 
 
 
 def launch_refusals(*, config: RunConfig, options: dict[str, BackendOption] | None = None) -> list[tuple[str, str]]:
-    """(field, why) for each choice of `config` that no live worker can run; empty when it can run.
-    The default backends on one device are always accepted: every worker runs them, GPU or not."""
+    """(field, why) for each choice of `config` that no live worker takes and can run; empty when
+    each can. With no worker live at all the default backends on one device are accepted (see
+    launch_options); once workers are live, only a worker that takes "gpu" runs them."""
     options = launch_options() if options is None else options
     refusals = []
     for backend_field, gpus_field in CHOICES:
         name, gpus = getattr(config, backend_field), getattr(config, gpus_field)
         option = options[name]
-        if BACKENDS_BY_NAME[name].default and gpus == 1:
+        if gpus in option.gpu_counts:
             continue
         if not option.available:
             refusals.append((backend_field, f"{backend_field} {name}: {option.reason}"))
         elif gpus > option.max_gpus:
             refusals.append((gpus_field, f"{gpus_field} {gpus}: {option.gpu_reason}"))
+        else:
+            queue = backend_queue(backend=name, gpus=gpus)
+            refusals.append((gpus_field, f"{gpus_field} {gpus}: no live worker takes {queue} ({option.label} on "
+                                         f"{gpus_text(gpus)}); live workers take {option.label} on "
+                                         f"{', '.join(map(str, option.gpu_counts))} GPU(s)"))
     return refusals
 
 
@@ -252,7 +279,8 @@ def fleet_summary() -> dict:
                      "doing": [{**d, "since": d["since"].isoformat() if d["since"] else None} for d in r.doing]}
                     for r in worker_rows()],
         "launch_options": {name: {"label": o.label, "stage": o.stage, "available": o.available, "reason": o.reason,
-                                  "max_gpus": o.max_gpus, "gpu_reason": o.gpu_reason}
+                                  "max_gpus": o.max_gpus, "gpu_counts": list(o.gpu_counts),
+                                  "gpu_reason": o.gpu_reason}
                            for name, o in launch_options().items()},
         "queue": [{"kind": i.kind, "record_id": i.record_id, "run_id": i.run_id, "queue": i.queue,
                    "waits_for": i.waits_for or None, "taken_by": i.taken_by, "queued_at": i.queued_at.isoformat()}

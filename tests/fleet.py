@@ -44,11 +44,13 @@ def this_host_capabilities() -> dict:
     return dict(_this_host)
 
 
-def fake_gpu_worker(name: str = "fake-gpu@fake-gpu-host", **kwargs) -> Worker:
-    """FAKE: a live worker on fake_gpu_host_capabilities(), consuming the queues such a host takes."""
+def fake_gpu_worker(name: str = "fake-gpu@fake-gpu-host", queues: list[str] | None = None, **kwargs) -> Worker:
+    """FAKE: a live worker on fake_gpu_host_capabilities(), consuming the queues such a host takes, or
+    exactly `queues` (as one started with EAGLE3WEB_WORKER_GPU_QUEUES=0 -Q <queues>)."""
     capabilities = fake_gpu_host_capabilities(**kwargs)
+    queues = ["cpu", *host_queues(capabilities)] if queues is None else list(queues)
     return worker_heartbeat(name=name, hostname=capabilities["hostname"], capabilities=capabilities,
-                            queues=["cpu", *host_queues(capabilities)], started_at=timezone.now())
+                            queues=queues, started_at=timezone.now())
 
 
 def cpu_worker(name: str = "cpu@this-host", queues: tuple[str, ...] = ("cpu", "gpu")) -> Worker:

@@ -87,6 +87,43 @@ def test_a_live_gpu_worker_makes_its_backends_and_gpu_counts_launchable(user, ro
     _refused(user, roots, "extraction_backend", extraction_backend="vllm")
 
 
+def test_a_worker_counts_only_for_the_queues_it_takes_not_for_what_it_could_run(client, user, roots):
+    # FAKE: an 8-GPU host with vLLM and speculators, started with EAGLE3WEB_WORKER_GPU_QUEUES=0 -Q vllm.1,vllm.2.
+    fake_gpu_worker("vllm-only@fake-gpu-host", gpus=8, queues=["vllm.1", "vllm.2"])
+    message = _refused(user, roots, "training_backend", extraction_backend="vllm", tensor_parallel_size=2,
+                       training_backend="speculators", train_gpus=4)
+    assert ("no live worker takes a queue of speculators' trainer (torchrun): vllm-only@fake-gpu-host could run it "
+            "but takes only vllm.1, vllm.2") in message
+    message = _refused(user, roots, "tensor_parallel_size", extraction_backend="vllm", tensor_parallel_size=4)
+    assert "the largest live worker for vLLM (vllm-only@fake-gpu-host) runs it on 2 GPUs: it does not take vllm.3" \
+        in message
+    # Nobody takes "gpu" either: the defaults' stages would wait there for ever.
+    message = _refused(user, roots, "extraction_backend")
+    assert "no live worker takes a queue of Transformers" in message
+    cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
+    assert _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2).config["tensor_parallel_size"] == 2
+    _refused(user, roots, "training_backend", training_backend="speculators", train_gpus=4)
+
+    client.force_login(user)
+    page = client.get("/runs/new/").content.decode()
+    assert '<option value="vllm">vLLM</option>' in page and "Live workers: Transformers up to 1; vLLM up to 2." in page
+    assert '<option value="speculators" disabled>' in page and \
+        "(not available: no live worker takes a queue of speculators&#x27; trainer" in page
+    options = client.get("/api/workers/").json()["launch_options"]
+    assert options["vllm"]["gpu_counts"] == [1, 2] and not options["speculators"]["available"]
+
+
+def test_a_gpu_count_no_live_worker_takes_is_refused_even_below_the_largest(client, user, roots):
+    cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
+    fake_gpu_worker("tp2@fake-gpu-host", gpus=2, queues=["vllm.2"])  # FAKE: -Q vllm.2 alone
+    message = _refused(user, roots, "tensor_parallel_size", extraction_backend="vllm", tensor_parallel_size=1)
+    assert "no live worker takes vllm.1 (vLLM on 1 GPU); live workers take vLLM on 2 GPU(s)" in message
+    assert _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2).pk
+    client.force_login(user)
+    option = client.get("/workers/").content.decode().split('data-option="vllm"')[1].split("</tr>")[0]
+    assert "on 2 GPUs" in option and "up to" not in option
+
+
 def test_transformers_on_several_gpus_needs_accelerate_on_the_worker(user, roots):
     fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=4, accelerate=False)  # FAKE: 4 GPUs, no accelerate
     message = _refused(user, roots, "tensor_parallel_size", tensor_parallel_size=2)
