@@ -90,9 +90,9 @@ TEMPLATES = [
     },
 ]
 
-# Seconds a web process keeps its database connection between requests (0: a new one per request).
-# Compose's web service keeps them (one connection per gunicorn sync worker, checked before reuse);
-# workers keep the default: a stage's writes reconnect on their own after an outage (workers.tasks).
+# Seconds a process keeps its database connection between requests (0: a new one per request).
+# Compose sets 60: a gunicorn sync worker then reuses one connection, checked before reuse. Celery
+# workers hold theirs whatever this says, and reconnect on their own after an outage (workers.tasks).
 DATABASE_CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 0)
 DATABASES = {
     "default": dj_database_url.parse(

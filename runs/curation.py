@@ -25,37 +25,59 @@ class CatalogueCounts:
     total: int
 
 
+def _stored_batch(dataset: Dataset, batch: dict[str, DatasetSample]) -> None:
+    """Add the batch's conversations the catalogue lacks. A unique (dataset, sample_id) keeps a pass
+    that lost its lease and the pass that replaced it from storing one conversation twice."""
+    known = set(dataset.samples.filter(sample_id__in=list(batch)).values_list("sample_id", flat=True))
+    DatasetSample.objects.bulk_create([s for sid, s in batch.items() if sid not in known], ignore_conflicts=True)
+
+
 def dataset_samples_sync(*, dataset: Dataset, on_progress: Callable[[int, int], None] | None = None
                          ) -> CatalogueCounts:
     """Catalogue every conversation of the file; a malformed line raises naming file and line.
 
-    Two passes: the whole file is checked first, so a bad line anywhere stores nothing; then the
-    conversations not yet known are added in batches. Existing samples keep their curation
-    (excluded, tags, notes). `on_progress(done, total)` counts bytes over both passes (2 x size)."""
+    Two passes: the file is checked first, so a bad line anywhere stores nothing; then the
+    conversations not yet known are added in batches, up to where the check read (lines appended
+    meanwhile wait for the next pass, which registering the grown file asks for). Existing samples
+    keep their curation (excluded, tags, notes). `on_progress(done, total)` counts bytes over both
+    passes; memory stays one batch, whatever the dataset's size."""
     path = Path(dataset.path)
     total = 2 * max(1, path.stat().st_size)
     report = on_progress or (lambda done, total: None)
-    for _ in read_conversations(path, on_position=lambda pos: report(min(pos, total // 2), total)):
+    checked = [0]
+
+    def first_pass(pos: int) -> None:
+        checked[0] = pos
+        report(min(pos, total // 2), total)
+
+    for _ in read_conversations(path, on_position=first_pass):
         pass
-    known = set(dataset.samples.values_list("sample_id", flat=True))
-    batch: list[DatasetSample] = []
-    added = 0
-    for conv in read_conversations(path, on_position=lambda pos: report(min(total // 2 + pos, total), total)):
-        if conv.source_id in known:
+    before = dataset.samples.count()
+    reached = [0]
+
+    def second_pass(pos: int) -> None:
+        reached[0] = pos
+        report(min(total // 2 + pos, total), total)
+
+    batch: dict[str, DatasetSample] = {}
+    for conv in read_conversations(path, on_position=second_pass):
+        if reached[0] > checked[0]:
+            break  # past what the first pass checked: the file grew since
+        if conv.source_id in batch:
             continue
         first_user = next((m["content"] for m in conv.messages if m["role"] == "user"), "")
-        batch.append(DatasetSample(
+        batch[conv.source_id] = DatasetSample(
             dataset=dataset, sample_id=conv.source_id, line=conv.line,
             num_turns=sum(1 for m in conv.messages if m["role"] == "assistant"),
             num_chars=sum(len(m["content"]) for m in conv.messages), preview=first_user[:300],
-        ))
-        known.add(conv.source_id)
+        )
         if len(batch) >= CATALOGUE_BATCH:
-            added += len(DatasetSample.objects.bulk_create(batch))
-            batch = []
-    added += len(DatasetSample.objects.bulk_create(batch))
+            _stored_batch(dataset, batch)
+            batch = {}
+    _stored_batch(dataset, batch)
     report(total, total)
-    return CatalogueCounts(added=added, total=len(known))
+    after = dataset.samples.count()
+    return CatalogueCounts(added=after - before, total=after)
 
 
 @transaction.atomic

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from runs.models import Extraction, Manifest, TargetModel, Verification, VerificationOverride
+from runs.models import FINISHED_STATUSES, Extraction, Manifest, TargetModel, Verification, VerificationOverride
 from runs.paths import PathNotAllowed, check_under_data_roots
 from runs.roles import require
 from runs.services import target_register
@@ -91,10 +91,12 @@ def extraction_import(
 def extraction_verify(
     *, extraction: Extraction, full: bool = False, prepared_dir: Path | None = None,
     user: AbstractBaseUser | None = None, on_progress: Callable[[int, int], None] | None = None,
+    requested_by: AbstractBaseUser | None = None,
 ) -> Verification:
     """Check the files against the manifest and the target; store every check with its numbers.
 
-    `user` is None for the pipeline's own check and for the import's first check."""
+    `user` is None for the pipeline's own check and for the import's first check; a worker running
+    a verification request passes `requested_by`, whose role was checked when they asked."""
     if user is not None:
         require(user, "verify")
     run = extraction.run
@@ -115,7 +117,7 @@ def extraction_verify(
             checks=data["checks"],
             report={k: v for k, v in data.items() if k != "checks"},
             seconds=report.seconds,
-            created_by=user,
+            created_by=user or requested_by,
         )
         # Layer ids and totals measured from the files fill what a manifest-less layout left open.
         # Only those fields are written: a running stage's status belongs to the worker.
@@ -143,6 +145,10 @@ def verification_override(*, extraction: Extraction, user: AbstractBaseUser, rea
         raise InputError("nothing to override: the latest verification of this extraction did not fail")
     if not reason.strip():
         raise InputError("an override needs a written reason")
+    if extraction.verification_requests.exclude(status__in=FINISHED_STATUSES).exists():
+        # The override would hold for the verdict now on the page, not for the one under way.
+        raise InputError("a verification of this extraction is queued or running; wait for its verdict, "
+                         "then override it if it fails")
     return VerificationOverride.objects.create(verification=verification, reviewer=user, reason=reason.strip())
 
 

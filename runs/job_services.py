@@ -1,14 +1,17 @@
-"""Writes for the jobs users start outside a run (runs.job_models): asking for one (what a worker
-records when one is done is in runs.stage_services, beside the stages' recorders). Asking twice while one is still queued or running returns that
-one: a double click or two reviewers never start the same work twice."""
+"""Writes for the jobs users start outside a run (runs.job_models): asking for one. What a worker
+records when one is done is in runs.stage_services, beside the stages' recorders.
+
+Asking again while one is queued returns it and hands it to the broker again (a message the broker
+lost would otherwise leave it waiting for good; a duplicate is skipped by stage_start). A catalogue
+pass already running is not reused: it reads the file as it was when it started."""
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from runs.job_models import DatasetCatalogue, VerificationRequest
-from runs.models import FINISHED_STATUSES, Dataset, Extraction
-from runs.queue import job_enqueue
+from runs.models import Dataset, Extraction, StageStatus
+from runs.queue import job_enqueue, pending_enqueue
 from runs.roles import require
 
 
@@ -18,9 +21,12 @@ def dataset_catalogue_request(*, dataset: Dataset, user: AbstractBaseUser | None
     if user is not None:
         require(user, "launch")
     Dataset.objects.select_for_update().filter(pk=dataset.pk).first()  # one request at a time per dataset
-    pending = dataset.catalogues.exclude(status__in=FINISHED_STATUSES).first()
+    pending = dataset.catalogues.filter(status=StageStatus.QUEUED).first()
     if pending is not None:
+        if pending_enqueue(kind="catalogue", object_id=pending.pk) is None:  # not waiting in the outbox either
+            job_enqueue(job_name="catalogue", record_id=pending.pk)  # in case the broker lost its message
         return pending
+    # A running pass reads the file as it was when it started: a grown file gets a pass of its own.
     catalogue = DatasetCatalogue.objects.create(dataset=dataset, requested_by=user, size_bytes=dataset.size_bytes)
     job_enqueue(job_name="catalogue", record_id=catalogue.pk)
     return catalogue
@@ -33,8 +39,10 @@ def extraction_verify_request(*, extraction: Extraction, full: bool, user: Abstr
     if user is not None:
         require(user, "verify")
     Extraction.objects.select_for_update().filter(pk=extraction.pk).first()
-    pending = extraction.verification_requests.exclude(status__in=FINISHED_STATUSES).filter(full=full).first()
+    pending = extraction.verification_requests.filter(status=StageStatus.QUEUED, full=full).first()
     if pending is not None:
+        if pending_enqueue(kind="verify", object_id=pending.pk) is None:  # not waiting in the outbox either
+            job_enqueue(job_name="verify", record_id=pending.pk)  # in case the broker lost its message
         return pending
     request = VerificationRequest.objects.create(extraction=extraction, full=full, requested_by=user)
     job_enqueue(job_name="verify", record_id=request.pk)

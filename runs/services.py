@@ -61,15 +61,26 @@ HEAD_CHECK_CONVERSATIONS = 1000
 HEAD_CHECK_BYTES = 32 * 1024 * 1024
 
 
+class _HeadRead(Exception):
+    pass
+
+
 def dataset_check_head(path: Path) -> int:
     """Read the file's first conversations (up to the bounds above); a bad line raises naming file and
     line. Returns how many were read."""
-    reached = [0]
     count = 0
-    for _ in read_conversations(path, on_position=lambda pos: reached.__setitem__(0, pos)):
-        count += 1
-        if count >= HEAD_CHECK_CONVERSATIONS or reached[0] >= HEAD_CHECK_BYTES:
-            break
+
+    def bounded(pos: int) -> None:
+        if pos >= HEAD_CHECK_BYTES:  # checked per line read, blank ones included
+            raise _HeadRead
+
+    try:
+        for _ in read_conversations(path, on_position=bounded):
+            count += 1
+            if count >= HEAD_CHECK_CONVERSATIONS:
+                break
+    except _HeadRead:
+        pass
     return count
 
 

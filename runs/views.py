@@ -162,7 +162,6 @@ def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "sample_count": sample_count,
             "excluded_count": excluded_count,
             "catalogues": catalogues,
-            "refresh": any(shown.active for shown in catalogues),
         },
     )
 
@@ -191,7 +190,7 @@ def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
                           if extraction.latest_verification else None),
             "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
             "verification_requests": requests,
-            "refresh": any(shown.active for shown in requests),
+            "verifying": any(shown.active for shown in requests),
         },
     )
 

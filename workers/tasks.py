@@ -262,7 +262,8 @@ def _catalogue(record, reporter: StageReporter):
 
 
 def _verify(record, reporter: StageReporter):
-    return extraction_verify(extraction=record.extraction, full=record.full, on_progress=reporter.progress)
+    return extraction_verify(extraction=record.extraction, full=record.full, on_progress=reporter.progress,
+                             requested_by=record.requested_by)
 
 
 # Each runs one stage (or job) for its row and returns the stage's result dataclass.

@@ -142,4 +142,94 @@ def test_the_extraction_page_shows_a_verification_the_broker_refused(
         client.post(f"/extractions/{extraction.pk}/verify/", {"full": "on"})
     page = client.get(f"/extractions/{extraction.pk}/").content.decode()
     assert "Waiting for the broker" in page and "Connection refused" in page
-    assert '<meta http-equiv="refresh"' in page  # the page follows the job while it is unfinished
+    assert "js/follow_jobs.js" in page  # the page follows the job while it is unfinished (not while typing)
+
+
+def test_asking_again_hands_a_queued_job_whose_message_was_lost_to_the_broker_again(
+        roots, user, django_capture_on_commit_callbacks, monkeypatch):
+    from runs import queue
+
+    sent = []
+    monkeypatch.setattr(queue, "_send", lambda kind, object_id: sent.append((kind, object_id)))
+    chats = chat_file(roots / "c.jsonl", rows=10)
+    with django_capture_on_commit_callbacks(execute=True):
+        dataset = services.dataset_register(path=chats)
+    catalogue = dataset.catalogues.get()
+    assert sent == [("catalogue", catalogue.pk)] and not PendingEnqueue.objects.exists()
+    # Redis restarted without the message: nothing in the outbox, nothing running, the row waits.
+    assert stages_reconcile() == []
+    with django_capture_on_commit_callbacks(execute=True):
+        again = job_services.dataset_catalogue_request(dataset=dataset, user=user)
+    assert again == catalogue and sent == [("catalogue", catalogue.pk)] * 2
+
+
+def test_a_file_grown_while_a_pass_runs_gets_a_pass_of_its_own(roots, user, django_capture_on_commit_callbacks):
+    from runs.stage_services import stage_start
+
+    chats = chat_file(roots / "c.jsonl", rows=10)
+    with django_capture_on_commit_callbacks(execute=False):
+        dataset = services.dataset_register(path=chats)
+    first = dataset.catalogues.get()
+    assert stage_start(stage_name="catalogue", record_id=first.pk, worker="w1")  # running, file read as it was
+    chat_file(chats, rows=15)
+    with django_capture_on_commit_callbacks(execute=False):
+        services.dataset_register(path=chats)
+    second = dataset.catalogues.get(status="queued")
+    assert second != first
+
+
+def test_the_second_pass_stops_where_the_check_stopped(roots, user, monkeypatch):
+    """Lines appended between the two passes are left to the next pass, not stored unchecked."""
+    from runs import curation
+
+    chats = chat_file(roots / "c.jsonl", rows=10)
+    dataset = Dataset.objects.create(name="c", path=str(chats), size_bytes=chats.stat().st_size)
+    real = curation.read_conversations
+    calls = []
+
+    def growing(path, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # between the passes, a writer appends a half-written line
+            with open(path, "a") as fh:
+                fh.write(json.dumps({"id": "late", **GOOD}) + "\n" + '{"id": "torn", "messa')
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(curation, "read_conversations", growing)
+    counts = curation.dataset_samples_sync(dataset=dataset)
+    assert (counts.added, counts.total) == (10, 10)
+    assert not DatasetSample.objects.filter(sample_id__in=["late", "torn"]).exists()
+
+
+def test_the_launch_check_reads_a_bounded_head_even_of_blank_lines(roots, user):
+    from runs.services import HEAD_CHECK_BYTES, dataset_check_head
+
+    blank = roots / "blank.jsonl"
+    with open(blank, "w") as fh:
+        fh.write("\n" * (HEAD_CHECK_BYTES + 4096))
+        fh.write(json.dumps({"id": "x" * 300, **GOOD}) + "\n")  # bad, but past the head
+    assert dataset_check_head(blank) == 0
+
+
+def test_a_verification_keeps_who_asked_for_it_and_no_override_while_one_is_under_way(
+        user, client, tmp_path, config_only_target, django_capture_on_commit_callbacks):
+    from django.contrib.auth.models import Group
+
+    from runs.extraction_services import verification_override
+    from runs.models import Verification
+    from workers.stages.errors import InputError
+
+    user.groups.add(Group.objects.get_or_create(name="reviewer")[0])
+    extraction, _ = extraction_import(path=write_flat(tmp_path / "e", total_samples=5), target_path=config_only_target)
+    assert not extraction.latest_verification.passed  # the manifest claims 5 samples; 4 are there
+    with django_capture_on_commit_callbacks(execute=False):
+        request = job_services.extraction_verify_request(extraction=extraction, full=False, user=user)
+    with pytest.raises(InputError, match="queued or running; wait for its verdict"):
+        verification_override(extraction=extraction, user=user, reason="the manifest is wrong")
+    client.force_login(user)
+    page = client.get(f"/extractions/{extraction.pk}/").content.decode()
+    assert 'id="override-waits"' in page and 'name="reason"' not in page
+    assert stage_execute(stage_name="verify", record_id=request.pk, worker="test")  # a failed verdict is a done job
+    request.refresh_from_db()
+    assert request.status == "succeeded" and request.verification.created_by == user
+    verification_override(extraction=extraction, user=user, reason="the manifest is wrong")
+    assert Verification.objects.get(pk=request.verification.pk).overrides.count() == 1

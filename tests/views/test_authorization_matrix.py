@@ -337,9 +337,6 @@ def test_allowed_writes_are_stored(world):
     evaluations = Evaluation.objects.count()
     launcher.post(f"/checkpoints/{world.checkpoint.pk}/evaluate/", world.evaluate_form())
     assert Evaluation.objects.count() == evaluations + 1
-    requests = VerificationRequest.objects.count()
-    reviewer.post(f"/extractions/{world.extraction.pk}/verify/")
-    assert VerificationRequest.objects.filter(extraction=world.extraction, status="queued").count() == requests + 1
     catalogues = DatasetCatalogue.objects.count()
     launcher.post(f"/datasets/{world.run.dataset_id}/catalogue/")
     assert DatasetCatalogue.objects.count() in (catalogues, catalogues + 1)  # one already queued is reused
@@ -349,6 +346,10 @@ def test_allowed_writes_are_stored(world):
     overrides = VerificationOverride.objects.count()
     reviewer.post(f"/extractions/{world.extraction.pk}/override/", world.override_form())
     assert VerificationOverride.objects.count() == overrides + 1
+    # After the override: an override is refused while a verification is under way.
+    requests = VerificationRequest.objects.count()
+    reviewer.post(f"/extractions/{world.extraction.pk}/verify/")
+    assert VerificationRequest.objects.filter(extraction=world.extraction, status="queued").count() == requests + 1
     reviewer.post(f"/reviews/extraction/{world.extraction.pk}/", world.approve_form())
     assert Review.objects.filter(decision="approve", author=world.users["reviewer"]).count() == 1
     launcher.post(f"/runs/{world.run.pk}/cancel/")
