@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from django.contrib import messages
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -202,8 +203,12 @@ def extraction_list(request: HttpRequest) -> HttpResponse:
     return render(request, "runs/extraction_list.html", {"rows": rows})
 
 
+DATASETS_PER_PAGE = 100
+
+
 def dataset_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "runs/dataset_list.html", {"datasets": selectors.dataset_list()})
+    page = Paginator(selectors.dataset_list(), DATASETS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "runs/dataset_list.html", {"datasets": page.object_list, "page": page})
 
 
 @require_POST

@@ -85,3 +85,16 @@ def test_review_states_is_the_latest_decision_of_each_subject_and_ignores_commen
     assert review_state(first) == states[first.pk]
     assert review_states(subjects=[]) == {}
     assert Review.objects.filter(run=first).count() == 4
+
+
+@pytest.mark.django_db
+def test_the_datasets_list_shows_pages_of_100(client, user):
+    from runs.models import Dataset
+
+    Dataset.objects.bulk_create([Dataset(name=f"d{i:03d}.jsonl", path=f"/data/d{i:03d}.jsonl") for i in range(230)])
+    client.force_login(user)
+    first = client.get("/datasets/").content.decode()
+    assert first.count('href="/datasets/') == 1 + 100 and "page 1 of 3 (230 datasets)" in first
+    last = client.get("/datasets/?page=3").content.decode()
+    assert last.count('href="/datasets/') == 1 + 30  # the nav's link, then the rows
+    assert client.get("/datasets/?page=x").status_code == 200  # a bad page number shows the first page
