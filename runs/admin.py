@@ -72,6 +72,9 @@ class PipelineRunAdmin(admin.ModelAdmin):
     search_fields = ("name", "target__name", "dataset__name", "owner__username")
     date_hierarchy = "created_at"
     inlines = [PreparationInline, ExtractStageInline, VocabMappingInline, TrainingRunInline]
+    # A run's settings were checked at launch (backends, GPU counts, layer ids against the target, what
+    # the live workers take); an edit here would bypass all of it. Launch a copy to change them.
+    readonly_fields = ("config",)
 
 
 class StageAdmin(admin.ModelAdmin):

@@ -17,7 +17,7 @@ from runs.fleet_fit import gpus_text, worker_unfit
 from runs.fleet_models import Worker
 from runs.models import FINISHED_STATUSES, PendingEnqueue, StageStatus
 from runs.pipeline import STAGES, STAGES_BY_NAME
-from runs.routing import BACKEND_SETTINGS, stage_backend, stage_queue
+from runs.routing import BACKEND_SETTINGS, stage_backend, stage_problem, stage_queue
 from runs.run_config import RunConfig
 from workers.stages.backends import BACKENDS, BACKENDS_BY_NAME, MAX_GPUS, Backend
 from workers.stages.backends import stage_queue as backend_queue
@@ -222,6 +222,7 @@ class QueuedWork:
     queued_at: datetime
     waits_for: str  # an earlier stage of its run still to finish, "" when it is next in its queue
     taken_by: list[str]  # live workers that consume its queue
+    problem: str = ""  # why no worker ever takes it (an unknown backend in its run's config), "" when none
 
 
 def queued_work() -> dict:
@@ -255,11 +256,13 @@ def queued_work() -> dict:
                 blocked += 1
                 continue
             waits_for = next((n for n, s in earlier if s != StageStatus.SUCCEEDED), "")
-        queue = stage_queue(stage_name=kind.name, config=run.config if run is not None else {})
+        config = (run.config if run is not None else None) or {}
+        queue = stage_queue(stage_name=kind.name, config=config)
         items.append(QueuedWork(kind=kind.name, label=kind.label, record_id=row.pk,
                                 run_id=run.pk if run is not None else None, run_name=str(run) if run else "",
                                 queue=queue, queued_at=(run.created_at if run is not None else row.queued_at),
-                                waits_for=waits_for, taken_by=[w.name for w in live if queue in w.queues]))
+                                waits_for=waits_for, taken_by=[w.name for w in live if queue in w.queues],
+                                problem=stage_problem(stage_name=kind.name, config=config)))
     items.sort(key=lambda item: (item.waits_for != "", item.queued_at, names.index(item.kind)
                                  if item.kind in names else len(names), item.record_id))
     # Hand-overs the broker refused (runs.queue keeps them and the workers retry); a fresh row is
@@ -283,7 +286,7 @@ def fleet_summary() -> dict:
                                   "gpu_reason": o.gpu_reason}
                            for name, o in launch_options().items()},
         "queue": [{"kind": i.kind, "record_id": i.record_id, "run_id": i.run_id, "queue": i.queue,
-                   "waits_for": i.waits_for or None, "taken_by": i.taken_by, "queued_at": i.queued_at.isoformat()}
+                   "waits_for": i.waits_for or None, "taken_by": i.taken_by, "problem": i.problem or None, "queued_at": i.queued_at.isoformat()}
                   for i in queue["items"]],
         "refused_by_broker": [{"kind": p.kind, "object_id": p.object_id, "attempts": p.attempts,
                                "last_error": p.last_error} for p in queue["outbox"]],

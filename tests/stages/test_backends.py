@@ -34,6 +34,9 @@ def test_a_stage_this_host_cannot_run_is_refused_naming_backend_and_reason():
         backend_require(name="speculators", gpus=4)
     with pytest.raises(BackendUnavailable, match="unknown backend 'tensorrt'"):
         backend_require(name="tensorrt", gpus=1)
+    # A GPU count a config edited after launch can hold (runs.routing reads a bad one as 0).
+    with pytest.raises(BackendUnavailable, match=r"^Transformers \(transformers\) needs a GPU count from 1 to 64, got 0$"):
+        backend_require(name="transformers", gpus=0)
 
 
 def test_extract_on_several_gpus_refuses_a_host_without_them_before_loading_the_model(tmp_path, monkeypatch,

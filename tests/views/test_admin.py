@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from django.contrib import admin
 from django.urls import reverse
@@ -20,3 +22,23 @@ def test_every_runs_model_is_in_the_admin():
 
     missing = [m.__name__ for m in apps.get_app_config("runs").get_models() if m not in admin.site._registry]
     assert missing == []
+
+
+def test_a_runs_config_is_read_only_in_the_admin(admin_client, user, roots):
+    """Its settings were checked at launch; an edit here would skip every check (launch a copy instead)."""
+    from runs import services
+    from runs.run_config import RunConfig
+
+    run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                              config=RunConfig(draft_vocab_size=64))
+    url = reverse("admin:runs_pipelinerun_change", args=[run.pk])
+    page = admin_client.get(url).content.decode()
+    assert 'name="config"' not in page and "transformers" in page  # shown, not editable
+    # Submit the page as a browser would (its inlines' management forms included), config added.
+    form = dict(re.findall(r'<input type="(?:hidden|text|number)" name="([^"]+)" value="([^"]*)"', page))
+    selects = re.findall(r'<select name="([^"]+)"[^>]*>.*?<option value="([^"]*)" selected>', page, flags=re.S)
+    response = admin_client.post(url, {**form, **dict(selects), "name": "renamed",
+                                       "config": '{"extraction_backend": "vLLM"}'})
+    run.refresh_from_db()
+    assert response.status_code == 302 and run.name == "renamed"  # the rest of the run still saves
+    assert run.config["extraction_backend"] == "transformers"

@@ -158,3 +158,22 @@ def test_api_gives_the_same_facts_as_json(client, user, roots):
     assert fleet["launch_options"]["vllm"]["available"] and fleet["launch_options"]["vllm"]["max_gpus"] == 2
     extract = next(i for i in fleet["queue"] if i["kind"] == "extract" and i["run_id"] == run.pk)
     assert extract["queue"] == "vllm.2" and extract["waits_for"] == "prepare"
+
+
+def test_a_run_whose_config_names_an_unknown_backend_is_listed_not_a_500(client, user, roots):
+    cpu_worker("cpu@this-host")
+    run = _launch(user, roots)
+    broken = {**run.config, "extraction_backend": "vLLM", "train_gpus": "two"}
+    type(run).objects.filter(pk=run.pk).update(config=broken)  # as an edit behind the launch checks left it
+
+    html = _page(client, user)
+    row = html.split(f'<tr data-kind="extract" data-run="{run.pk}">')[1].split("</tr>")[0]
+    assert "unknown backend &#x27;vLLM&#x27; (no worker takes it)" in row and "<code>vLLM.1</code>" in row
+    train = html.split(f'<tr data-kind="train" data-run="{run.pk}">')[1].split("</tr>")[0]
+    assert "train_gpus &#x27;two&#x27; is not a GPU count from 1 to 64 (no worker takes it)" in train
+    client.force_login(user)
+    fleet = client.get("/api/workers/").json()
+    extract = next(i for i in fleet["queue"] if i["kind"] == "extract" and i["run_id"] == run.pk)
+    assert extract["problem"] == "unknown backend 'vLLM'" and extract["taken_by"] == []
+    page = client.get(f"/runs/{run.pk}/")
+    assert page.status_code == 200 and "<strong>vLLM</strong> on 1 GPU" in page.content.decode()

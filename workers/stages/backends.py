@@ -153,6 +153,8 @@ def backend_require(*, name: str, gpus: int) -> None:
     backend = BACKENDS_BY_NAME.get(name)
     if backend is None:
         raise BackendUnavailable(f"unknown backend {name!r}; known: {', '.join(BACKENDS_BY_NAME)}")
+    if not 1 <= gpus <= MAX_GPUS:
+        raise BackendUnavailable(f"{backend.label} ({name}) needs a GPU count from 1 to {MAX_GPUS}, got {gpus}")
     reason = backend.probe(gpus)
     if reason:
         raise BackendUnavailable(f"{backend.label} ({name}) on {gpus} GPU(s) cannot run on {socket.gethostname()}: "
@@ -169,8 +171,11 @@ class BackendUnavailable(RuntimeError):
 
 
 def stage_queue(*, backend: str, gpus: int) -> str:
-    """The queue a stage using `backend` on `gpus` GPUs is sent to (see the module's docstring)."""
-    if BACKENDS_BY_NAME[backend].default and gpus == 1:
+    """The queue a stage using `backend` on `gpus` GPUs is sent to (see the module's docstring). An
+    unknown name (a run's config edited after launch) gets "<name>.<gpus>", which no worker takes:
+    the pages that list queues show it rather than fail."""
+    known = BACKENDS_BY_NAME.get(backend)
+    if known is not None and known.default and gpus == 1:
         return DEFAULT_GPU_QUEUE
     return f"{backend}.{gpus}"
 
