@@ -13,13 +13,13 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from runs.fleet_fit import gpus_text, worker_unfit
+from runs.fleet_fit import gpus_text, takes, worker_unfit
 from runs.fleet_models import Worker
-from runs.models import FINISHED_STATUSES, PendingEnqueue, StageStatus
+from runs.models import FINISHED_STATUSES, PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline import STAGES, STAGES_BY_NAME
 from runs.routing import BACKEND_SETTINGS, stage_backend, stage_problem, stage_queue
 from runs.run_config import RunConfig
-from workers.stages.backends import BACKENDS, BACKENDS_BY_NAME, MAX_GPUS, Backend
+from workers.stages.backends import BACKENDS, BACKENDS_BY_NAME, DEFAULT_GPU_QUEUE, MAX_GPUS, Backend
 from workers.stages.backends import stage_queue as backend_queue
 
 MISSED_HEARTBEATS = 3
@@ -110,30 +110,50 @@ def launch_options(*, live: list[Worker] | None = None) -> dict[str, BackendOpti
     return options
 
 
-CHOICES = (("extraction_backend", "tensor_parallel_size"), ("training_backend", "train_gpus"))
+def _choice_refusal(option: BackendOption, *, gpus: int, backend_field: str, gpus_field: str) -> tuple[str, str] | None:
+    if gpus in option.gpu_counts:
+        return None
+    if not option.available:
+        return backend_field, f"{backend_field} {option.name}: {option.reason}"
+    if gpus > option.max_gpus:
+        return gpus_field, f"{gpus_field} {gpus}: {option.gpu_reason}"
+    queue = backend_queue(backend=option.name, gpus=gpus)
+    return gpus_field, (f"{gpus_field} {gpus}: no live worker takes {queue} ({option.label} on {gpus_text(gpus)}); "
+                        f"live workers take {option.label} on {', '.join(map(str, option.gpu_counts))} GPU(s)")
 
 
-def launch_refusals(*, config: RunConfig, options: dict[str, BackendOption] | None = None) -> list[tuple[str, str]]:
-    """(field, why) for each choice of `config` that no live worker takes and can run; empty when
-    each can. With no worker live at all the default backends on one device are accepted (see
-    launch_options); once workers are live, only a worker that takes "gpu" runs them."""
-    options = launch_options() if options is None else options
-    refusals = []
-    for backend_field, gpus_field in CHOICES:
-        name, gpus = getattr(config, backend_field), getattr(config, gpus_field)
-        option = options[name]
-        if gpus in option.gpu_counts:
+def stage_refusals(*, config: dict, stage_names: list[str], live: list[Worker] | None = None
+                   ) -> list[tuple[str | None, str]]:
+    """(field, why) for each of these stages of a run with `config` that no live worker takes and can
+    run now; empty when each can. Extraction and training are judged by launch_options (their queue
+    follows the backend and GPU count), the other stages by whether a live worker takes their queue.
+    With no worker live at all only the default backends on one device pass, and the other stages
+    are not judged: a demo's worker may start after its web server."""
+    live = list(workers_live()) if live is None else live
+    options = launch_options(live=live)
+    refusals: list[tuple[str | None, str]] = []
+    for stage_name in stage_names:
+        if stage_name in BACKEND_SETTINGS:
+            backend_field, gpus_field = BACKEND_SETTINGS[stage_name]
+            if problem := stage_problem(stage_name=stage_name, config=config):
+                refusals.append((backend_field, f"{backend_field}: {problem}; no worker takes it"))
+                continue
+            name, gpus = stage_backend(stage_name=stage_name, config=config)
+            refusal = _choice_refusal(options[name], gpus=gpus, backend_field=backend_field, gpus_field=gpus_field)
+            if refusal:
+                refusals.append(refusal)
             continue
-        if not option.available:
-            refusals.append((backend_field, f"{backend_field} {name}: {option.reason}"))
-        elif gpus > option.max_gpus:
-            refusals.append((gpus_field, f"{gpus_field} {gpus}: {option.gpu_reason}"))
-        else:
-            queue = backend_queue(backend=name, gpus=gpus)
-            refusals.append((gpus_field, f"{gpus_field} {gpus}: no live worker takes {queue} ({option.label} on "
-                                         f"{gpus_text(gpus)}); live workers take {option.label} on "
-                                         f"{', '.join(map(str, option.gpu_counts))} GPU(s)"))
-    return refusals
+        queue = stage_queue(stage_name=stage_name, config=config)
+        if live and not any(takes(w, queue) for w in live):
+            taken = sorted({q for w in live for q in w.queues or []})
+            refusals.append((None, f"the {STAGES_BY_NAME[stage_name].label.lower()} stage goes to queue {queue}, which "
+                                   f"no live worker takes (they take {', '.join(taken) or 'no queue'})"))
+    return sorted(refusals, key=lambda refusal: refusal[0] is None)  # a field's first: the form marks it
+
+
+def launch_refusals(*, config: RunConfig, live: list[Worker] | None = None) -> list[tuple[str | None, str]]:
+    """stage_refusals for every stage of a run about to be launched with `config`."""
+    return stage_refusals(config=config.as_dict(), stage_names=[stage.name for stage in STAGES], live=live)
 
 
 def run_backends(*, config: dict) -> list[dict]:
@@ -145,6 +165,37 @@ def run_backends(*, config: dict) -> list[dict]:
         chosen.append({"stage": stage_name, "backend": backend, "label": known.label if known else backend,
                        "gpus": gpus, "default": bool(known and known.default and gpus == 1)})
     return chosen
+
+
+def stage_queue_notes(*, run: PipelineRun) -> dict[str, dict]:
+    """For each queued stage of `run` that no live worker takes, what it waits for and what to do
+    ({"text", "copy": whether launching a copy with another backend helps}): otherwise the run page
+    shows it queued for ever without a word."""
+    live = list(workers_live())
+    config = run.config or {}
+    notes = {}
+    for stage in STAGES:
+        record = getattr(run, stage.related_name, None)
+        if record is None or record.status != StageStatus.QUEUED:
+            continue
+        if problem := stage_problem(stage_name=stage.name, config=config):
+            notes[stage.name] = {"text": f"{problem} (no worker takes it): cancel and launch a copy with another "
+                                         "backend", "copy": True}
+            continue
+        queue = stage_queue(stage_name=stage.name, config=config)
+        if any(takes(w, queue) for w in live):
+            continue
+        if stage.name in BACKEND_SETTINGS and queue != DEFAULT_GPU_QUEUE:
+            backend, gpus = stage_backend(stage_name=stage.name, config=config)
+            todo = (f"start a worker with {BACKENDS_BY_NAME[backend].label} on {gpus_text(gpus)}, or cancel and "
+                    "launch a copy with another backend")
+        elif queue == DEFAULT_GPU_QUEUE:
+            todo = "start a worker that takes gpu (make worker does, as does every worker on a GPU host)"
+        else:
+            todo = f"start a worker that takes {queue} (make worker does: -Q cpu,gpu)"
+        notes[stage.name] = {"text": f"waiting in queue {queue}, which no live worker takes: {todo}",
+                             "copy": stage.name in BACKEND_SETTINGS and queue != DEFAULT_GPU_QUEUE}
+    return notes
 
 
 # ---- the workers page ------------------------------------------------------------------------

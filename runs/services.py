@@ -21,7 +21,7 @@ from runs.models import (
     TrainingRun,
     VocabMapping,
 )
-from runs.fleet_selectors import launch_refusals
+from runs.fleet_selectors import launch_refusals, stage_refusals
 from runs.paths import check_under_data_roots
 from runs.queue import pipeline_enqueue
 from runs.roles import require
@@ -164,8 +164,16 @@ def run_cancel(*, run: PipelineRun, user: AbstractBaseUser) -> int:
 
 @transaction.atomic
 def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
-    """Queue a run's failed and cancelled stages again; stages that succeeded are kept and skipped."""
+    """Queue a run's failed and cancelled stages again; stages that succeeded are kept and skipped.
+    Refused, saying why, when no live worker takes a stage it would queue (its backend's worker went
+    away, say): queued again, it would wait there for ever."""
     require(user, "launch")
+    again = [stage.name for stage in STAGES if stage.model.objects.filter(
+        run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).exists()]
+    refusals = stage_refusals(config=run.config or {}, stage_names=again)
+    if refusals:
+        raise RunConfigError(f"{run} cannot be retried now: {refusals[0][1]}. Start a worker that takes it, or "
+                             "launch a copy with another backend.", field=refusals[0][0])
     reset = 0
     for stage in STAGES:
         reset += stage.model.objects.filter(run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).update(

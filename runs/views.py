@@ -106,6 +106,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     extraction = selectors.run_extraction(run)
     layers = selectors.target_layers(target=run.target, layer_ids=summary["extraction"]["layer_ids"])
     manifest = getattr(extraction, "manifest", None)
+    queue_notes = fleet_selectors.stage_queue_notes(run=run)  # queued stages no live worker takes
     return render(
         request,
         "runs/run_detail.html",
@@ -113,7 +114,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "run": run,
             "summary": summary,
             "extraction": extraction,
-            "stages": [(name, label, record, selectors.stage_warnings(name, record))
+            "stages": [(name, label, record, selectors.stage_warnings(name, record), queue_notes.get(name))
                        for name, label, record in selectors.run_stages(run)],
             "status": summary["status"],
             "layers": layers,
@@ -258,8 +259,12 @@ def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
     run = selectors.run_get(pk=pk, stages=False)
-    count = services.run_retry(run=run, user=request.user)
-    messages.info(request, f"Queued {count} stage(s) of {run} again." if count else "Nothing to retry.")
+    try:
+        count = services.run_retry(run=run, user=request.user)
+    except InputError as exc:  # no live worker takes what it would queue: said on the run page
+        messages.error(request, str(exc))
+    else:
+        messages.info(request, f"Queued {count} stage(s) of {run} again." if count else "Nothing to retry.")
     return redirect(run)
 
 

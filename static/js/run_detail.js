@@ -42,6 +42,8 @@
       error.hidden = !stage.error;
       error.className = stage.status === "failed" ? "error" : "note";  // a cancel is the user's, not a fault
       detail.querySelector('[data-field="log"]').textContent = stage.log_tail;
+      const note = detail.querySelector('[data-field="queue-note"]');
+      if (note && stage.status !== "queued") note.hidden = true;  // a worker took it: the note was about waiting
     }
     const t = summary.tokens;
     for (const key of ["conversations", "rows", "total_tokens", "loss_tokens", "extracted_tokens"]) {

@@ -100,6 +100,10 @@ def test_a_worker_counts_only_for_the_queues_it_takes_not_for_what_it_could_run(
     # Nobody takes "gpu" either: the defaults' stages would wait there for ever.
     message = _refused(user, roots, "extraction_backend")
     assert "no live worker takes a queue of Transformers" in message
+    cpu_worker("gpu-only@this-host", queues=("gpu",))
+    with pytest.raises(RunConfigError, match="^the prepare dataset stage goes to queue cpu, which no live worker "
+                                             "takes \\(they take gpu, vllm.1, vllm.2\\)$"):
+        _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2)
     cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
     assert _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2).config["tensor_parallel_size"] == 2
     _refused(user, roots, "training_backend", training_backend="speculators", train_gpus=4)
