@@ -270,21 +270,27 @@ class QueuedWork:
     run_id: int | None
     run_name: str
     queue: str
-    queued_at: datetime
-    waits_for: str  # an earlier stage of its run still to finish, "" when it is next in its queue
+    queued_at: datetime  # when it joined its queue (see queued_work)
+    waits_for: str  # an earlier stage of its run still to finish, "" when it is in its queue
     taken_by: list[str]  # live workers that consume its queue
     problem: str = ""  # why no worker ever takes it (an unknown backend in its run's config), "" when none
+    ahead: int = 0  # work in the same queue before it: 0 is the head, what a worker takes next
 
 
 def queued_work() -> dict:
-    """What waits for a worker, oldest first: each queued stage and job with the queue it goes to
-    and whether a live worker takes that queue; plus what the broker has not taken yet (the outbox)
-    and how many stages sit behind a failed or cancelled one (they wait for a retry, not a worker)."""
+    """What waits for a worker, in the order each queue hands it out: each queued stage and job with
+    the queue it goes to, its place there and whether a live worker takes that queue; plus what the
+    broker has not taken yet (the outbox) and how many stages sit behind a failed or cancelled one
+    (they wait for a retry, not a worker).
+
+    A queue is first in, first out (Redis), and a run's chain sends a stage to its queue when the
+    stage before it finishes: a stage joined its queue at the later of its row's queued_at (set again
+    by a retry or a lost lease) and the finish of the stages before it, not when its run was created."""
     queued, more = [], False
     for index, kind in enumerate(STAGES_BY_NAME.values()):
         with_run = _has_run(kind.model)
         rows = kind.model.objects.filter(status=StageStatus.QUEUED).order_by("queued_at", "pk")
-        rows = rows.select_related("run").only("pk", "queued_at", "run__name", "run__config", "run__created_at") \
+        rows = rows.select_related("run").only("pk", "queued_at", "run__name", "run__config") \
             if with_run else rows.only("pk", "queued_at")
         rows = list(rows[:MAX_QUEUE_ROWS + 1])
         more = more or len(rows) > MAX_QUEUE_ROWS
@@ -293,29 +299,38 @@ def queued_work() -> dict:
             queued.append((index, kind, row, run))
     run_ids = {run.pk for _, _, _, run in queued if run is not None}
     statuses: dict[int, dict[str, str]] = defaultdict(dict)
+    finished: dict[int, dict[str, datetime | None]] = defaultdict(dict)
     for stage in STAGES:
-        for run_id, status in stage.model.objects.filter(run_id__in=run_ids).values_list("run_id", "status"):
+        for run_id, status, finished_at in stage.model.objects.filter(run_id__in=run_ids).values_list(
+                "run_id", "status", "finished_at"):
             statuses[run_id][stage.name] = status
+            finished[run_id][stage.name] = finished_at
     live = list(workers_live())
     names = [stage.name for stage in STAGES]
     items, blocked = [], 0
     for index, kind, row, run in queued:
-        waits_for = ""
+        waits_for, joined = "", row.queued_at
         if run is not None and kind.name in names:
             earlier = [(n, statuses[run.pk].get(n)) for n in names[:names.index(kind.name)]]
             if any(s in FINISHED_STATUSES and s != StageStatus.SUCCEEDED for _, s in earlier):
                 blocked += 1
                 continue
             waits_for = next((n for n, s in earlier if s != StageStatus.SUCCEEDED), "")
+            joined = max([row.queued_at, *(f for n, _ in earlier if (f := finished[run.pk].get(n)))])
         config = (run.config if run is not None else None) or {}
         queue = stage_queue(stage_name=kind.name, config=config)
         items.append(QueuedWork(kind=kind.name, label=kind.label, record_id=row.pk,
                                 run_id=run.pk if run is not None else None, run_name=str(run) if run else "",
-                                queue=queue, queued_at=(run.created_at if run is not None else row.queued_at),
+                                queue=queue, queued_at=joined,
                                 waits_for=waits_for, taken_by=[w.name for w in live if queue in w.queues],
                                 problem=stage_problem(stage_name=kind.name, config=config)))
     items.sort(key=lambda item: (item.waits_for != "", item.queued_at, names.index(item.kind)
                                  if item.kind in names else len(names), item.record_id))
+    in_queue: dict[str, int] = defaultdict(int)
+    for item in items:
+        if not item.waits_for:  # what waits behind an earlier stage is in no queue yet
+            item.ahead = in_queue[item.queue]
+            in_queue[item.queue] += 1
     # Hand-overs the broker refused (runs.queue keeps them and the workers retry); a fresh row is
     # being sent after its commit and is no news.
     outbox = list(PendingEnqueue.objects.filter(attempts__gt=0).order_by("pk")[:MAX_QUEUE_ROWS])
@@ -337,7 +352,8 @@ def fleet_summary() -> dict:
                                   "gpu_reason": o.gpu_reason}
                            for name, o in launch_options().items()},
         "queue": [{"kind": i.kind, "record_id": i.record_id, "run_id": i.run_id, "queue": i.queue,
-                   "waits_for": i.waits_for or None, "taken_by": i.taken_by, "problem": i.problem or None, "queued_at": i.queued_at.isoformat()}
+                   "waits_for": i.waits_for or None, "taken_by": i.taken_by, "problem": i.problem or None,
+                   "ahead": None if i.waits_for else i.ahead, "queued_at": i.queued_at.isoformat()}
                   for i in queue["items"]],
         "refused_by_broker": [{"kind": p.kind, "object_id": p.object_id, "attempts": p.attempts,
                                "last_error": p.last_error} for p in queue["outbox"]],

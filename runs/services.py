@@ -175,9 +175,13 @@ def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
         raise RunConfigError(f"{run} cannot be retried now: {refusals[0][1]}. Start a worker that takes it, or "
                              "launch a copy with another backend.", field=refusals[0][0])
     reset = 0
+    now = timezone.now()
     for stage in STAGES:
+        # queued_at is set on create only (auto_now_add): a retried stage joins the back of its queue
+        # now, and the workers page orders each queue by it.
         reset += stage.model.objects.filter(run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).update(
-            status=StageStatus.QUEUED, error="", started_at=None, finished_at=None, progress_done=0, progress_total=0
+            status=StageStatus.QUEUED, error="", started_at=None, finished_at=None, progress_done=0, progress_total=0,
+            queued_at=now,
         )
     if reset:
         pipeline_enqueue(run_id=run.pk)

@@ -180,8 +180,8 @@ def stages_reconcile() -> list[str]:
                     continue
                 _attempt_close(stage_name=kind.name, record_id=pk, outcome=StageStatus.FAILED,
                                log_tail=row.log_tail, error=f"{lost}; queued again", started_at=row.started_at)
-                kind.model.objects.filter(pk=pk).update(
-                    status=StageStatus.QUEUED, started_at=None, finished_at=None, lease_expires_at=None,
+                kind.model.objects.filter(pk=pk).update(  # queued_at: it joins the back of its queue now
+                    status=StageStatus.QUEUED, queued_at=now, started_at=None, finished_at=None, lease_expires_at=None,
                     progress_done=0, progress_total=0, worker="")
                 if kind.name in JOB_NAMES:
                     job_enqueue(job_name=kind.name, record_id=pk)

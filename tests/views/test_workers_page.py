@@ -78,10 +78,12 @@ def test_queue_lists_waiting_work_in_order_with_its_queue_and_who_takes_it(clien
                       r'<td>(.*?)</td>', queue, flags=re.S)
     # Jobs outside runs (e.g. the catalogue of the dataset the launches registered) are listed too.
     listed = [(kind, int(run), q, re.sub(r"<[^>]+>", "", state).strip()) for kind, run, _, q, state in rows if run]
-    # Ready work first, oldest run first; then what waits behind an earlier stage of its run.
+    # Ready work first, oldest run first; then what waits behind an earlier stage of its run. Only the
+    # head of each queue is next: the dataset's catalogue, queued by the first launch, is ahead in cpu.
+    assert [(kind, q) for kind, run, _, q, _ in rows if not run] == [("catalogue", "cpu")]
     assert listed[:2] == [
         ("extract", second.pk, "vllm.2", "next for fake-gpu@fake-gpu-host"),
-        ("prepare", third.pk, "cpu", "next for cpu@this-host, fake-gpu@fake-gpu-host"),
+        ("prepare", third.pk, "cpu", "behind 1 in cpu"),
     ]
     waiting = {(kind, run): (q, state) for kind, run, q, state in listed[2:]}
     assert waiting[("extract", first.pk)] == ("gpu", "after its prepare stage")
@@ -177,3 +179,62 @@ def test_a_run_whose_config_names_an_unknown_backend_is_listed_not_a_500(client,
     assert extract["problem"] == "unknown backend 'vLLM'" and extract["taken_by"] == []
     page = client.get(f"/runs/{run.pk}/")
     assert page.status_code == 200 and "<strong>vLLM</strong> on 1 GPU" in page.content.decode()
+
+
+def _catalogues_done() -> None:
+    """The launches' dataset catalogue (a cpu job) out of the way: these tests are about the runs' stages."""
+    from runs.job_models import DatasetCatalogue
+
+    DatasetCatalogue.objects.update(status=StageStatus.SUCCEEDED)
+
+
+def _ready(html: str) -> list[tuple[str, int, str, str]]:
+    """(kind, run, queue, state) of each run's stage listed, in the page's order."""
+    queue = html.split('id="queue-table"')[1].split("</table>")[0]
+    rows = re.findall(r'<tr data-kind="(\w+)" data-run="(\d+)">\s*<td>\d+</td>.*?<code>([^<]+)</code></td>\s*'
+                      r'<td>(.*?)</td>', queue, flags=re.S)
+    return [(kind, int(run), q, re.sub(r"<[^>]+>", "", state).strip()) for kind, run, q, state in rows]
+
+
+def test_each_queue_is_listed_in_the_order_it_hands_work_out_and_only_its_head_is_next(client, user, roots):
+    from runs.stage_services import stage_fail, stage_succeed
+
+    cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
+    first = _launch(user, roots, name="first")
+    second = _launch(user, roots, name="second")
+    stage_start(stage_name="prepare", record_id=first.preparation.pk, worker="cpu@this-host")
+    stage_fail(stage_name="prepare", record_id=first.preparation.pk, error="OSError: disk full", log_tail="")
+    # The older run is retried after the newer one was queued: it joins the back of the cpu queue.
+    assert services.run_retry(run=first, user=user) == 5
+    _catalogues_done()
+    prepares = [(run, state) for kind, run, q, state in _ready(_page(client, user)) if kind == "prepare"]
+    assert prepares == [(second.pk, "next for cpu@this-host"), (first.pk, "behind 1 in cpu")]
+
+    # A stage joins its queue when the stage before it finishes: second's extract, whose prepare
+    # finished first, is ahead of first's in the gpu queue although first's row is older.
+    stage_start(stage_name="prepare", record_id=second.preparation.pk, worker="cpu@this-host")
+    stage_succeed(stage_name="prepare", record_id=second.preparation.pk, fields={}, log_tail="")
+    stage_start(stage_name="prepare", record_id=first.preparation.pk, worker="cpu@this-host")
+    stage_succeed(stage_name="prepare", record_id=first.preparation.pk, fields={}, log_tail="")
+    listed = _ready(_page(client, user))
+    assert [(kind, run, state) for kind, run, q, state in listed if q == "gpu" and "after" not in state] == [
+        ("extract", second.pk, "next for cpu@this-host"), ("extract", first.pk, "behind 1 in gpu")]
+    api = client.get("/api/workers/").json()["queue"]
+    assert [(i["run_id"], i["ahead"]) for i in api if i["kind"] == "extract"] == [(second.pk, 0), (first.pk, 1)]
+
+
+def test_a_stage_queued_again_after_a_lost_lease_joins_the_back_of_its_queue(client, user, roots):
+    from runs.stage_services import stages_reconcile
+
+    cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
+    first = _launch(user, roots, name="first")
+    stage_start(stage_name="prepare", record_id=first.preparation.pk, worker="gone@old-host")
+    second = _launch(user, roots, name="second")
+    type(first.preparation).objects.filter(pk=first.preparation.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert stages_reconcile() == [f"prepare {first.preparation.pk} queued again (attempt 2 of 3)"]
+    _catalogues_done()
+    first.preparation.refresh_from_db()
+    assert first.preparation.queued_at > second.preparation.queued_at
+    prepares = [(run, state) for kind, run, q, state in _ready(_page(client, user)) if kind == "prepare"]
+    assert prepares == [(second.pk, "next for cpu@this-host"), (first.pk, "behind 1 in cpu")]
