@@ -21,6 +21,7 @@ from runs.models import (
     TrainingRun,
     VocabMapping,
 )
+from runs.fleet_fit import host_refusals
 from runs.fleet_selectors import launch_refusals, stage_refusals
 from runs.paths import check_under_data_roots
 from runs.queue import pipeline_enqueue
@@ -111,12 +112,19 @@ def run_launch(
     config: RunConfig,
     name: str = "",
     enqueue: bool = True,
+    check: str = "fleet",
 ) -> PipelineRun:
-    """Create a run and its five stage rows; after commit, hand the run's id to the workers."""
+    """Create a run and its five stage rows; after commit, hand the run's id to the workers.
+
+    `check` says who must be able to run the chosen backends: "fleet", the live workers (the stages
+    go to their queues); "this_host", this host by its own probe, for stages run in this process
+    (run_pipeline --inline), whatever the live workers can or cannot run."""
     require(user, "launch")
+    if check not in ("fleet", "this_host"):
+        raise ValueError(f"check must be 'fleet' or 'this_host', got {check!r}")
     name = check_run_name(name)
-    refusals = launch_refusals(config=config)
-    if refusals:  # refused now rather than left in a queue that no live worker takes
+    refusals = launch_refusals(config=config) if check == "fleet" else host_refusals(config=config)
+    if refusals:  # refused now rather than left in a queue that no live worker takes, or failed at extract
         field, why = refusals[0]
         raise RunConfigError(why, field=field)
     target = target_register(path=target_path)

@@ -181,6 +181,44 @@ def test_cli_takes_the_backend_options_and_refuses_naming_the_field(user, roots)
     assert summary["config"]["training_backend"] == "speculators" and summary["backends"][1]["gpus"] == 8
 
 
+def test_cli_inline_checks_this_host_not_the_fleet(user, roots):
+    common = ["--target", str(roots / "target"), "--dataset", str(roots / "chats.jsonl"), "--draft-vocab-size", "64",
+              "--user", user.username, "--inline"]
+    why = this_host_capabilities()["backends"]["vllm"]
+    # A remote vLLM worker is live, but --inline runs extraction in this process, on this CPU host.
+    fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=8)  # FAKE
+    with pytest.raises(CommandError, match=r"^extraction_backend vllm: vLLM \(vllm\) on 1 GPU\(s\) cannot run on "
+                                           rf".*: {why}$"):
+        call_command("run_pipeline", *common, "--extraction-backend", "vllm")
+    with pytest.raises(CommandError, match=r"^tensor_parallel_size 2: Transformers \(transformers\) on 2 GPU\(s\) "
+                                           r"cannot run on .*: needs a GPU; this host has none$"):
+        call_command("run_pipeline", *common, "--tensor-parallel-size", "2")
+    assert PipelineRun.objects.count() == 0
+
+
+def test_an_inline_launch_is_accepted_by_this_hosts_probe_whatever_the_fleet(user, roots, monkeypatch):
+    from dataclasses import replace
+
+    from workers.stages import backends
+
+    # FAKE probe: this host runs vLLM (as a vLLM box would); no Celery worker is live anywhere.
+    monkeypatch.setitem(backends.BACKENDS_BY_NAME, "vllm", replace(backends.BACKENDS_BY_NAME["vllm"],
+                                                                   check=lambda gpus, have: None))
+    _refused(user, roots, "extraction_backend", extraction_backend="vllm")  # the fleet cannot run it
+    run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                              config=RunConfig(draft_vocab_size=64, extraction_backend="vllm"), enqueue=False,
+                              check="this_host")
+    assert run.config["extraction_backend"] == "vllm" and not PendingEnqueue.objects.filter(
+        kind=PendingEnqueue.Kind.PIPELINE, object_id=run.pk).exists()
+    # A fleet that takes no default queue does not stop an inline run on the defaults either.
+    fake_gpu_worker("vllm-only@fake-gpu-host", queues=["vllm.1"])  # FAKE
+    assert services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                               config=RunConfig(draft_vocab_size=64), enqueue=False, check="this_host").pk
+    with pytest.raises(ValueError, match="check must be 'fleet' or 'this_host', got 'nowhere'"):
+        services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                            config=RunConfig(draft_vocab_size=64), check="nowhere")
+
+
 def test_each_choice_goes_to_the_queue_only_fitting_workers_take():
     assert stage_queue(stage_name="extract", config={}) == "gpu"  # runs from before backends: the defaults
     assert stage_queue(stage_name="extract", config={"extraction_backend": "transformers"}) == "gpu"

@@ -38,7 +38,7 @@ class Command(BaseCommand):
         parser.add_argument("--eval-max-new-tokens", type=int, default=RunConfig.eval_max_new_tokens)
         parser.add_argument("--extraction-backend", default=RunConfig.extraction_backend,
                             help=f"{' or '.join(EXTRACTION_BACKENDS)} (default %(default)s); see /workers/ for what "
-                            "the live workers can run")
+                            "the live workers can run (with --inline: what this host can run)")
         parser.add_argument("--tensor-parallel-size", type=int, default=RunConfig.tensor_parallel_size,
                             help="GPUs for extraction: vLLM's tensor-parallel size, or how many GPUs transformers "
                             "spreads the target over")
@@ -78,6 +78,8 @@ class Command(BaseCommand):
             run = services.run_launch(
                 user=user, target_path=opts["target"], dataset_path=opts["dataset"], config=config,
                 name=opts["name"], enqueue=not opts["inline"],
+                # Inline, this process runs the stages: this host must run the backends, not a worker.
+                check="this_host" if opts["inline"] else "fleet",
             )
         except (InputError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
