@@ -8,7 +8,7 @@ from django.http import HttpRequest, JsonResponse
 from runs import fleet_selectors, selectors
 from runs.paths import check_under_data_roots
 from workers.stages.errors import InputError
-from workers.stages.target import default_layer_ids, read_target_config
+from workers.stages.target import default_layer_ids, read_target_config, target_weight_bytes
 
 
 MAX_ID = 2**63 - 1  # ids are 64-bit columns
@@ -44,7 +44,8 @@ def worker_list(request: HttpRequest) -> JsonResponse:
 
 
 def target_inspect(request: HttpRequest) -> JsonResponse:
-    """What the launch form needs to prefill layer ids for a typed target path."""
+    """What the launch form needs to prefill layer ids for a typed target path, and the size of its
+    weights (None without weight files), which a GPU backend's workers must hold."""
     try:
         path = check_under_data_roots(request.GET.get("path", ""), kind="target directory")
         if not path.is_dir():
@@ -53,4 +54,5 @@ def target_inspect(request: HttpRequest) -> JsonResponse:
         layers = default_layer_ids(cfg.num_layers)
     except InputError as exc:
         return _bad(exc)
-    return JsonResponse({**cfg.as_dict(), "path": str(path), "default_layer_ids": layers})
+    return JsonResponse({**cfg.as_dict(), "path": str(path), "default_layer_ids": layers,
+                         "weight_bytes": target_weight_bytes(path)})

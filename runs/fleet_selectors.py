@@ -13,7 +13,15 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from runs.fleet_fit import gpus_text, takes, worker_unfit
+from runs.fleet_fit import (
+    gpus_text,
+    holds,
+    memory_judged,
+    takes,
+    too_large,
+    worker_gpu_memory,
+    worker_unfit,
+)
 from runs.fleet_models import Worker
 from runs.models import FINISHED_STATUSES, PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline import STAGES, STAGES_BY_NAME
@@ -122,13 +130,29 @@ def _choice_refusal(option: BackendOption, *, gpus: int, backend_field: str, gpu
                         f"live workers take {option.label} on {', '.join(map(str, option.gpu_counts))} GPU(s)")
 
 
-def stage_refusals(*, config: dict, stage_names: list[str], live: list[Worker] | None = None
-                   ) -> list[tuple[str | None, str]]:
+def _memory_refusal(*, live: list[Worker], backend: str, gpus: int, gpus_field: str, weight_bytes: int
+                    ) -> tuple[str, str] | None:
+    """Refused when no live worker that takes this queue has `gpus` GPUs whose memory holds the target."""
+    fitting = [w for w in live if worker_unfit(w, backend=backend, gpus=gpus) is None]
+    best = max(fitting, key=lambda w: worker_gpu_memory(w, gpus=gpus))
+    memory = worker_gpu_memory(best, gpus=gpus)
+    if holds(memory_bytes=memory, weight_bytes=weight_bytes):
+        return None
+    where = f"the best live worker that takes {backend_queue(backend=backend, gpus=gpus)}, {best.name},"
+    label = BACKENDS_BY_NAME[backend].label
+    return gpus_field, f"{gpus_field} {gpus}: " + too_large(weight_bytes=weight_bytes, label=label, gpus=gpus,
+                                                           where=where, memory_bytes=memory)
+
+
+def stage_refusals(*, config: dict, stage_names: list[str], live: list[Worker] | None = None,
+                   weight_bytes: int | None = None) -> list[tuple[str | None, str]]:
     """(field, why) for each of these stages of a run with `config` that no live worker takes and can
     run now; empty when each can. Extraction and training are judged by launch_options (their queue
     follows the backend and GPU count), the other stages by whether a live worker takes their queue.
     With no worker live at all only the default backends on one device pass, and the other stages
-    are not judged: a demo's worker may start after its web server."""
+    are not judged: a demo's worker may start after its web server. `weight_bytes`, the target's (None
+    when unknown, e.g. a config-only directory): a GPU backend that loads the target also needs a live
+    worker taking its queue whose GPUs hold it (runs.fleet_fit.memory_judged)."""
     live = list(workers_live()) if live is None else live
     options = launch_options(live=live)
     refusals: list[tuple[str | None, str]] = []
@@ -140,6 +164,9 @@ def stage_refusals(*, config: dict, stage_names: list[str], live: list[Worker] |
                 continue
             name, gpus = stage_backend(stage_name=stage_name, config=config)
             refusal = _choice_refusal(options[name], gpus=gpus, backend_field=backend_field, gpus_field=gpus_field)
+            if refusal is None and weight_bytes and memory_judged(stage_name=stage_name, backend=name, gpus=gpus):
+                refusal = _memory_refusal(live=live, backend=name, gpus=gpus, gpus_field=gpus_field,
+                                          weight_bytes=weight_bytes)
             if refusal:
                 refusals.append(refusal)
             continue
@@ -151,9 +178,11 @@ def stage_refusals(*, config: dict, stage_names: list[str], live: list[Worker] |
     return sorted(refusals, key=lambda refusal: refusal[0] is None)  # a field's first: the form marks it
 
 
-def launch_refusals(*, config: RunConfig, live: list[Worker] | None = None) -> list[tuple[str | None, str]]:
+def launch_refusals(*, config: RunConfig, live: list[Worker] | None = None, weight_bytes: int | None = None
+                    ) -> list[tuple[str | None, str]]:
     """stage_refusals for every stage of a run about to be launched with `config`."""
-    return stage_refusals(config=config.as_dict(), stage_names=[stage.name for stage in STAGES], live=live)
+    return stage_refusals(config=config.as_dict(), stage_names=[stage.name for stage in STAGES], live=live,
+                          weight_bytes=weight_bytes)
 
 
 def run_backends(*, config: dict) -> list[dict]:

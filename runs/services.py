@@ -29,7 +29,7 @@ from runs.roles import require
 from runs.run_config import RunConfig, RunConfigError, check_run_name
 from runs.pipeline import STAGES
 from workers.stages.chats import read_conversations
-from workers.stages.target import read_target_json, target_config_from, validate_layer_ids
+from workers.stages.target import read_target_json, target_config_from, target_weight_bytes, validate_layer_ids
 
 
 def target_register(*, path: str | Path) -> TargetModel:
@@ -123,11 +123,14 @@ def run_launch(
     if check not in ("fleet", "this_host"):
         raise ValueError(f"check must be 'fleet' or 'this_host', got {check!r}")
     name = check_run_name(name)
-    refusals = launch_refusals(config=config) if check == "fleet" else host_refusals(config=config)
+    target = target_register(path=target_path)
+    # Rolled back with the target's row when refused: nothing stored.
+    weight_bytes = target_weight_bytes(Path(target.path))
+    refusals = (launch_refusals(config=config, weight_bytes=weight_bytes) if check == "fleet"
+                else host_refusals(config=config, weight_bytes=weight_bytes))
     if refusals:  # refused now rather than left in a queue that no live worker takes, or failed at extract
         field, why = refusals[0]
         raise RunConfigError(why, field=field)
-    target = target_register(path=target_path)
     dataset = dataset_register(path=dataset_path)
     layer_ids = list(config.layer_ids or target.default_layer_ids)
     if layer_ids and layer_ids[-1] != target.num_layers:
@@ -178,7 +181,8 @@ def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
     require(user, "launch")
     again = [stage.name for stage in STAGES if stage.model.objects.filter(
         run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).exists()]
-    refusals = stage_refusals(config=run.config or {}, stage_names=again)
+    refusals = stage_refusals(config=run.config or {}, stage_names=again,
+                              weight_bytes=target_weight_bytes(Path(run.target.path)))
     if refusals:
         raise RunConfigError(f"{run} cannot be retried now: {refusals[0][1]}. Start a worker that takes it, or "
                              "launch a copy with another backend.", field=refusals[0][0])

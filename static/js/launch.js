@@ -14,7 +14,9 @@
     if (!resp.ok) { info.textContent = body.error; info.className = "field-error"; return; }
     info.className = "hint";
     info.textContent = `${body.architecture}: ${body.num_layers} layers, hidden ${body.hidden_size}, vocab ${body.vocab_size}` +
-      (body.nested_text_config ? " (read from text_config)" : "") + `. EAGLE-3 default layers: ${body.default_layer_ids.join(", ")}.`;
+      (body.nested_text_config ? " (read from text_config)" : "") + `. EAGLE-3 default layers: ${body.default_layer_ids.join(", ")}.` +
+      // What GPU backends are checked against: the workers' GPUs must hold this, with 10% to spare.
+      (body.weight_bytes ? ` Weights: ${(body.weight_bytes / 1e9).toFixed(1)} GB.` : "");
     const text = body.default_layer_ids.join(", ");
     if (!layers.value.trim() || layers.value === lastDefault) layers.value = text;
     lastDefault = text;

@@ -1,4 +1,5 @@
-"""What a target model's directory says about itself, read from its config.json.
+"""What a target model's directory says about itself, read from its config.json (and how large its
+weights are, from their files).
 
 Pure: no Django, no torch. Large multimodal targets nest the language model's numbers under
 `text_config`; that nested block wins when present.
@@ -73,6 +74,27 @@ def _architectures(value: object, *, path: Path, where: str) -> list[str]:
     if not isinstance(value, list) or not value or len(value) > MAX_ARCHITECTURES:
         raise TargetConfigError(f"{path}: {where} must be a list of 1..{MAX_ARCHITECTURES} strings, got {_shown(value)}")
     return [_bounded_str(v, path=path, where=f"{where}[{i}]", limit=MAX_ARCHITECTURE_CHARS) for i, v in enumerate(value)]
+
+
+def target_weight_bytes(target_dir: Path) -> int | None:
+    """How many bytes the target's weights take, from its files without reading a tensor:
+    model.safetensors.index.json's metadata.total_size when it has one, else the size of its
+    *.safetensors files (or, with none, its pytorch_model*.bin files) together. None when it has no
+    weights (a config-only directory), so a caller can say nothing rather than guess."""
+    target_dir = Path(target_dir)
+    index = target_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            total = read_json_object(index, InputError).get("metadata", {}).get("total_size")
+        except (InputError, AttributeError):
+            total = None  # unreadable or odd: the files' own sizes say the same within their headers
+        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+            return total
+    for pattern in ("*.safetensors", "pytorch_model*.bin"):
+        sizes = [p.stat().st_size for p in target_dir.glob(pattern) if p.is_file()]
+        if sizes:
+            return sum(sizes)
+    return None
 
 
 def read_target_config(target_dir: Path) -> TargetConfig:
