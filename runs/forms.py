@@ -105,7 +105,7 @@ class LaunchForm(forms.Form):
                                                  ("training_backend", "train_gpus", "train")):
             offered = [o for o in options.values() if o.stage == stage]
             self.fields[backend_field].widget.disabled = {o.name: o.reason for o in offered if not o.available}
-            limits = [f"{o.label} up to {o.max_gpus}" if o.available else f"{o.label}: {o.reason}" for o in offered]
+            limits = [f"{o.label} {o.counts_text}" if o.available else f"{o.label}: {o.reason}" for o in offered]
             self.fields[gpus_field].help_text += " Live workers: " + "; ".join(limits) + "."
             most = max((o.max_gpus for o in offered if o.available), default=1)
             self.fields[gpus_field].widget.attrs["max"] = max(most, 1)

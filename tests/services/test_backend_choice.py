@@ -110,7 +110,7 @@ def test_a_worker_counts_only_for_the_queues_it_takes_not_for_what_it_could_run(
 
     client.force_login(user)
     page = client.get("/runs/new/").content.decode()
-    assert '<option value="vllm">vLLM</option>' in page and "Live workers: Transformers up to 1; vLLM up to 2." in page
+    assert '<option value="vllm">vLLM</option>' in page and "Live workers: Transformers up to 1 GPU; vLLM up to 2 GPUs." in page
     assert '<option value="speculators" disabled>' in page and \
         "(not available: no live worker takes a queue of speculators&#x27; trainer" in page
     options = client.get("/api/workers/").json()["launch_options"]
@@ -141,7 +141,7 @@ def test_form_offers_only_what_live_workers_run_and_refuses_the_rest_with_a_400(
     page = client.get("/runs/new/").content.decode()
     assert '<option value="vllm" disabled>vLLM (not available: no live worker has vLLM' in page
     assert '<option value="transformers" selected>Transformers</option>' in page
-    assert "Live workers: Transformers up to 1; vLLM: no live worker has vLLM" in page
+    assert "Live workers: Transformers up to 1 GPU; vLLM: no live worker has vLLM" in page
     form = {"target_path": str(roots / "target"), "dataset_path": str(roots / "chats.jsonl"), "max_seq_len": 512,
             "draft_vocab_size": 64, "epochs": 1, "lr": 0.0003, "ttt_steps": 3}
     response = client.post("/runs/new/", {**form, "extraction_backend": "vllm"})
