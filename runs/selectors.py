@@ -24,6 +24,7 @@ from runs.fleet_selectors import run_backends
 from runs.pipeline import STAGES
 from runs.reviews import SUBJECTS
 from workers.stages.errors import InputError
+from workers.stages.speculators_layout import default_data_dir, speculators_train_command
 
 
 def run_list() -> QuerySet[PipelineRun]:
@@ -212,6 +213,15 @@ def evaluation_dict(evaluation: Evaluation | None, simulated_tau: float | None =
             "status": evaluation.status if evaluation else None, **values, "simulated_tau": simulated_tau}
 
 
+def _speculators_train_command(run: PipelineRun, vocab, extraction) -> str | None:
+    """How speculators' own CLI trains from this run's linked folder, once the vocab stage made it."""
+    data_dir = default_data_dir(Path(run.output_dir))
+    if vocab.status != StageStatus.SUCCEEDED or extraction is None or not data_dir.is_dir():
+        return None
+    return speculators_train_command(target_dir=Path(run.target.path), data_dir=data_dir,
+                                     draft_vocab_size=vocab.draft_vocab_size, aux_layer_ids=extraction.layer_ids[:-1])
+
+
 def run_summary(run: PipelineRun) -> dict:
     """What the CLI prints and the run page polls: ids, stage states, totals, paths.
 
@@ -235,6 +245,7 @@ def run_summary(run: PipelineRun) -> dict:
         "config": run.config,
         "backends": run_backends(config=run.config),
         "output_dir": run.output_dir,
+        "speculators_train_command": _speculators_train_command(run, vocab, extraction),
         # "extraction" is the artifact (None until the extract stage succeeded), "extract_stage" its execution.
         "ids": {"preparation": prep.pk, "extract_stage": extract.pk,
                 "extraction": extraction.pk if extraction else None, "vocab_mapping": vocab.pk,

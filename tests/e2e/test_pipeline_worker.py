@@ -30,6 +30,9 @@ def test_pipeline_finishes_every_stage_in_a_celery_worker(tiny_target, worker, u
     data = Path(run.output_dir) / "speculators_data"
     assert (data / "hidden_states" / "hs_0.safetensors").is_file() and (data / "state.json").is_file()
     assert (data / "d2t-256.npy").is_file() and (data / "t2d-256.npy").is_file()
+    assert summary["speculators_train_command"] == (
+        f"speculators train --verifier-name-or-path {tiny_target.target_dir} --data-path {data} "
+        "--draft-vocab-size 256 --target-layer-ids 2 4 5 --on-missing raise")
 
     assert [s["status"] for s in summary["stages"]] == [StageStatus.SUCCEEDED] * 5, summary["stages"]
     assert all(s["worker"].startswith("test-worker-") for s in summary["stages"])

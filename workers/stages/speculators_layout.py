@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,16 @@ def run_data_link(*, run_dir: Path, prepared_dir: Path, hidden_states_dir: Path,
     except SpeculatorsLayoutError as exc:
         log.warning("no %s folder for speculators' trainer: %s", DATA_DIRNAME, exc)
         return None
-    log.info("`speculators train --data-path %s --draft-vocab-size %d` reads this run", data.data_dir,
-             data.draft_vocab_size)
+    # The command itself is on the run's page and in its summary (speculators_train_command).
+    log.info("%s links this run's files for speculators' trainer (%d entries, draft vocabulary %d)",
+             DATA_DIRNAME, len(data.linked), data.draft_vocab_size)
     return data
+
+
+def speculators_train_command(*, target_dir: Path, data_dir: Path, draft_vocab_size: int,
+                              aux_layer_ids: list[int]) -> str:
+    """The `speculators train` command line that trains a draft from a run's linked folder with
+    speculators' own CLI (aux layers only: the launcher adds the target's last layer itself)."""
+    return shlex.join(["speculators", "train", "--verifier-name-or-path", str(target_dir), "--data-path",
+                       str(data_dir), "--draft-vocab-size", str(draft_vocab_size), "--target-layer-ids",
+                       *[str(i) for i in aux_layer_ids], "--on-missing", "raise"])
