@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import socket
 
+from typing import TYPE_CHECKING
+
 from runs.fleet_models import Worker
 from workers.stages import backends as this_host  # detect_gpus read through the module: a test may stand one in
-from runs.routing import BACKEND_SETTINGS
+from runs.routing import ROUTED_STAGES, backend_field, gpus_field, stage_backend, stage_problem
 from runs.run_config import RunConfig
 from workers.stages.backends import (
     BACKENDS_BY_NAME,
@@ -23,13 +25,20 @@ from workers.stages.backends import (
     stage_queue,
 )
 
+if TYPE_CHECKING:
+    from runs.fleet_selectors import BackendOption
+
 
 # The share of GPU memory a target's weights may fill: the rest goes to the CUDA context, a batch's
 # activations and vLLM's KV cache; a target above it fails to load, or runs out of memory mid-way.
 MEMORY_HEADROOM = 0.9
-# The stages whose backend loads the whole target on its GPUs. speculators' trainer reads only the
-# verifier's embeddings and lm_head, eagle3web's loop likewise: training is not judged by the target.
-LOADS_TARGET = ("extract",)
+# The stages whose backend loads the whole target on its GPUs: extraction, and measuring acceptance
+# (Transformers on the extraction's GPU count). speculators' trainer reads only the verifier's
+# embeddings and lm_head, eagle3web's loop likewise: training is not judged by the target.
+LOADS_TARGET = ("extract", "evaluate")
+# What a stage whose backend a run does not choose does with the GPU count it shares, said before
+# why that count is refused: the user changed nothing about measuring acceptance, so name it.
+DERIVED_NEEDS = {"evaluate": "measuring acceptance loads the target with {label} on {gpus}"}
 
 
 def gb_text(count_bytes: int) -> str:
@@ -48,11 +57,20 @@ def worker_unfit(worker: Worker, *, backend: str, gpus: int) -> str | None:
     """None when `worker` takes the queue of `backend` on `gpus` GPUs and can run it there, else why
     not in words. What the worker can run comes first, so that "needs 9 GPUs; this host has 8" is
     said rather than only the queue it does not take."""
+    if reason := worker_cannot_run(worker, backend=backend, gpus=gpus):
+        return reason
+    queue = stage_queue(backend=backend, gpus=gpus)
+    if not takes(worker, queue):
+        return f"it does not take {queue} (it takes {', '.join(worker.queues or []) or 'no queue'})"
+    return None
+
+
+def worker_cannot_run(worker: Worker, *, backend: str, gpus: int) -> str | None:
+    """Why `worker` could not run `backend` on `gpus` GPUs whatever queues it took; None when it could."""
     known = BACKENDS_BY_NAME.get(backend)
     if known is None:
         return f"unknown backend {backend!r}"
-    queue = stage_queue(backend=backend, gpus=gpus)
-    if queue != DEFAULT_GPU_QUEUE:
+    if stage_queue(backend=backend, gpus=gpus) != DEFAULT_GPU_QUEUE:
         # The default backends on one device run on any worker that takes "gpu" (on its GPU, or
         # the CPU): that was true before workers reported anything, and a probe that failed on a
         # worker (capabilities without backends) must not stop the defaults.
@@ -63,8 +81,6 @@ def worker_unfit(worker: Worker, *, backend: str, gpus: int) -> str | None:
         most = (caps.get("max_gpus") or {}).get(backend, 0)
         if gpus > most:
             return (caps.get("more_gpus") or {}).get(backend) or f"it runs {known.label} on {gpus_text(most)} at most"
-    if not takes(worker, queue):
-        return f"it does not take {queue} (it takes {', '.join(worker.queues or []) or 'no queue'})"
     return None
 
 
@@ -95,27 +111,101 @@ def too_large(*, weight_bytes: int, label: str, gpus: int, where: str, memory_by
             f"{label} on {gpus_text(gpus)}: {where} has {gb_text(memory_bytes)} on {gpus_text(gpus)}")
 
 
+def stage_needs(*, stage_name: str, backend: str, gpus: int) -> str:
+    """"measuring acceptance loads the target with Transformers on 4 GPUs" for a stage whose backend
+    the run does not choose; "" for the others (their field names what was chosen)."""
+    if stage_name not in DERIVED_NEEDS:
+        return ""
+    return DERIVED_NEEDS[stage_name].format(label=BACKENDS_BY_NAME[backend].label, gpus=gpus_text(gpus))
+
+
+def said_already(refusals: list[tuple[str | None, str]], *, stage_name: str, field: str) -> bool:
+    """A derived stage (measuring acceptance) shares its GPU count with extraction: once that field is
+    refused, its own refusal adds nothing the user can act on, and with the same backend it says the same."""
+    return backend_field(stage_name) is None and any(said == field for said, _ in refusals)
+
+
+def _choice_reason(option: BackendOption, *, gpus: int, live: list[Worker]) -> tuple[str, str] | None:
+    """("backend" or "gpus": which choice is at fault, why) when no live worker takes `option` on `gpus`
+    GPUs; None when one does. Live workers that could run it there but do not take its queue are
+    named: starting them with that queue is the fix (e.g. a vLLM host started with -Q vllm.2 alone
+    when measuring acceptance needs transformers.2)."""
+    if gpus in option.gpu_counts:
+        return None
+    if not option.available:
+        return "backend", option.reason
+    queue = stage_queue(backend=option.name, gpus=gpus)
+    able = [w for w in live if worker_cannot_run(w, backend=option.name, gpus=gpus) is None]
+    also = "".join(f"; {w.name} could run it but does not take {queue} (it takes "
+                   f"{', '.join(w.queues or []) or 'no queue'})" for w in able[:3])
+    if gpus > option.max_gpus:
+        return "gpus", option.gpu_reason + also
+    return "gpus", (f"no live worker takes {queue} ({option.label} on {gpus_text(gpus)}); "
+                    f"live workers take {option.label} on {', '.join(map(str, option.gpu_counts))} GPU(s){also}")
+
+
+def _memory_reason(*, live: list[Worker], backend: str, gpus: int, weight_bytes: int) -> str | None:
+    """Why not, when no live worker that takes this queue has `gpus` GPUs whose memory holds the target."""
+    fitting = [w for w in live if worker_unfit(w, backend=backend, gpus=gpus) is None]
+    best = max(fitting, key=lambda w: worker_gpu_memory(w, gpus=gpus))
+    memory = worker_gpu_memory(best, gpus=gpus)
+    if holds(memory_bytes=memory, weight_bytes=weight_bytes):
+        return None
+    where = f"the best live worker that takes {stage_queue(backend=backend, gpus=gpus)}, {best.name},"
+    return too_large(weight_bytes=weight_bytes, label=BACKENDS_BY_NAME[backend].label, gpus=gpus, where=where,
+                     memory_bytes=memory)
+
+
+def routed_refusal(*, stage_name: str, config: dict, options: dict[str, BackendOption], live: list[Worker],
+                   weight_bytes: int | None) -> tuple[str, str] | None:
+    """(field, why) when no live worker takes this stage of a run with `config` on its backend and GPU
+    count (runs.routing.ROUTED_STAGES) and can run it there, or, for a GPU backend loading the target,
+    hold its weights; None when one can. `options`: runs.fleet_selectors.launch_options for `live`."""
+    backend_key, gpus_key = backend_field(stage_name), gpus_field(stage_name)
+    if problem := stage_problem(stage_name=stage_name, config=config):
+        return backend_key or gpus_key, f"{backend_key or gpus_key}: {problem}; no worker takes it"
+    name, gpus = stage_backend(stage_name=stage_name, config=config)
+    why = _choice_reason(options[name], gpus=gpus, live=live)
+    if why is None and weight_bytes and memory_judged(stage_name=stage_name, backend=name, gpus=gpus):
+        reason = _memory_reason(live=live, backend=name, gpus=gpus, weight_bytes=weight_bytes)
+        why = ("gpus", reason) if reason else None
+    if why is None:
+        return None
+    at_fault, reason = why
+    if at_fault == "backend" and backend_key:
+        return backend_key, f"{backend_key} {name}: {reason}"
+    needs = stage_needs(stage_name=stage_name, backend=name, gpus=gpus)
+    return gpus_key, f"{gpus_key} {gpus}: {needs + ': ' if needs else ''}{reason}"
+
+
 def host_refusals(*, config: RunConfig, weight_bytes: int | None = None) -> list[tuple[str, str]]:
     """(field, why) for each backend choice of `config` this host cannot run, by its own probe
     (workers.stages.backends.backend_require, as a stage does at start); empty when it can run them.
-    The live workers do not matter: none of them will run these stages. `weight_bytes` (the
-    target's, None when unknown): a GPU backend loading the target must find it room on this host's GPUs."""
-    refusals = []
-    for stage_name, (backend_field, gpus_field) in BACKEND_SETTINGS.items():
-        name, gpus = getattr(config, backend_field), getattr(config, gpus_field)
+    Measuring acceptance counts too: it runs Transformers on the extraction's GPU count here. The live
+    workers do not matter: none of them will run these stages. `weight_bytes` (the target's, None when
+    unknown): a GPU backend loading the target must find it room on this host's GPUs."""
+    refusals: list[tuple[str, str]] = []
+    for stage_name in ROUTED_STAGES:
+        backend_key, gpus_key = backend_field(stage_name), gpus_field(stage_name)
+        if said_already(refusals, stage_name=stage_name, field=gpus_key):
+            continue
+        name, gpus = stage_backend(stage_name=stage_name, config=config.as_dict())
+        needs = stage_needs(stage_name=stage_name, backend=name, gpus=gpus)
+        needs = f"{needs}: " if needs else ""
         try:
             backend_require(name=name, gpus=gpus)
         except BackendUnavailable as exc:
-            # The GPU count is at fault when this host runs the backend on one GPU (or the CPU).
-            if BACKENDS_BY_NAME[name].probe(1) is None:
-                refusals.append((gpus_field, f"{gpus_field} {gpus}: {exc}"))
+            # The GPU count is at fault when this host runs the backend on one GPU (or the CPU), or
+            # when the run did not choose the backend.
+            if backend_key is None or BACKENDS_BY_NAME[name].probe(1) is None:
+                refusals.append((gpus_key, f"{gpus_key} {gpus}: {needs}{exc}"))
             else:
-                refusals.append((backend_field, f"{backend_field} {name}: {exc}"))
+                refusals.append((backend_key, f"{backend_key} {name}: {exc}"))
             continue
         if weight_bytes and memory_judged(stage_name=stage_name, backend=name, gpus=gpus):
             memory = gpu_memory_bytes([gpu.memory_bytes for gpu in this_host.detect_gpus()], gpus=gpus)
             if not holds(memory_bytes=memory, weight_bytes=weight_bytes):
-                refusals.append((gpus_field, f"{gpus_field} {gpus}: " + too_large(
+                refusals.append((gpus_key, f"{gpus_key} {gpus}: {needs}" + too_large(
                     weight_bytes=weight_bytes, label=BACKENDS_BY_NAME[name].label, gpus=gpus,
                     where=f"this host ({socket.gethostname()})", memory_bytes=memory)))
     return refusals

@@ -13,22 +13,13 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from runs.fleet_fit import (
-    gpus_text,
-    holds,
-    memory_judged,
-    takes,
-    too_large,
-    worker_gpu_memory,
-    worker_unfit,
-)
+from runs.fleet_fit import gpus_text, routed_refusal, said_already, stage_needs, takes, worker_unfit
 from runs.fleet_models import Worker
 from runs.models import FINISHED_STATUSES, PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline import STAGES, STAGES_BY_NAME
-from runs.routing import BACKEND_SETTINGS, stage_backend, stage_problem, stage_queue
+from runs.routing import BACKEND_SETTINGS, ROUTED_STAGES, stage_backend, stage_problem, stage_queue
 from runs.run_config import RunConfig
 from workers.stages.backends import BACKENDS, BACKENDS_BY_NAME, DEFAULT_GPU_QUEUE, MAX_GPUS, Backend
-from workers.stages.backends import stage_queue as backend_queue
 
 MISSED_HEARTBEATS = 3
 VERSION_ORDER = ("python", "torch", "transformers", "accelerate", "speculators", "vllm")
@@ -118,56 +109,24 @@ def launch_options(*, live: list[Worker] | None = None) -> dict[str, BackendOpti
     return options
 
 
-def _choice_refusal(option: BackendOption, *, gpus: int, backend_field: str, gpus_field: str) -> tuple[str, str] | None:
-    if gpus in option.gpu_counts:
-        return None
-    if not option.available:
-        return backend_field, f"{backend_field} {option.name}: {option.reason}"
-    if gpus > option.max_gpus:
-        return gpus_field, f"{gpus_field} {gpus}: {option.gpu_reason}"
-    queue = backend_queue(backend=option.name, gpus=gpus)
-    return gpus_field, (f"{gpus_field} {gpus}: no live worker takes {queue} ({option.label} on {gpus_text(gpus)}); "
-                        f"live workers take {option.label} on {', '.join(map(str, option.gpu_counts))} GPU(s)")
-
-
-def _memory_refusal(*, live: list[Worker], backend: str, gpus: int, gpus_field: str, weight_bytes: int
-                    ) -> tuple[str, str] | None:
-    """Refused when no live worker that takes this queue has `gpus` GPUs whose memory holds the target."""
-    fitting = [w for w in live if worker_unfit(w, backend=backend, gpus=gpus) is None]
-    best = max(fitting, key=lambda w: worker_gpu_memory(w, gpus=gpus))
-    memory = worker_gpu_memory(best, gpus=gpus)
-    if holds(memory_bytes=memory, weight_bytes=weight_bytes):
-        return None
-    where = f"the best live worker that takes {backend_queue(backend=backend, gpus=gpus)}, {best.name},"
-    label = BACKENDS_BY_NAME[backend].label
-    return gpus_field, f"{gpus_field} {gpus}: " + too_large(weight_bytes=weight_bytes, label=label, gpus=gpus,
-                                                           where=where, memory_bytes=memory)
-
-
 def stage_refusals(*, config: dict, stage_names: list[str], live: list[Worker] | None = None,
                    weight_bytes: int | None = None) -> list[tuple[str | None, str]]:
     """(field, why) for each of these stages of a run with `config` that no live worker takes and can
-    run now; empty when each can. Extraction and training are judged by launch_options (their queue
-    follows the backend and GPU count), the other stages by whether a live worker takes their queue.
-    With no worker live at all only the default backends on one device pass, and the other stages
-    are not judged: a demo's worker may start after its web server. `weight_bytes`, the target's (None
-    when unknown, e.g. a config-only directory): a GPU backend that loads the target also needs a live
-    worker taking its queue whose GPUs hold it (runs.fleet_fit.memory_judged)."""
+    run now; empty when each can. Extraction, training and measuring acceptance are judged by
+    launch_options (their queue follows a backend and GPU count: runs.routing.ROUTED_STAGES), the other
+    stages by whether a live worker takes their queue. With no worker live at all only the default
+    backends on one device pass, and the other stages are not judged: a demo's worker may start after
+    its web server. `weight_bytes`, the target's (None when unknown, e.g. a config-only directory): a
+    GPU backend that loads the target also needs a live worker taking its queue whose GPUs hold it
+    (runs.fleet_fit.memory_judged)."""
     live = list(workers_live()) if live is None else live
     options = launch_options(live=live)
     refusals: list[tuple[str | None, str]] = []
     for stage_name in stage_names:
-        if stage_name in BACKEND_SETTINGS:
-            backend_field, gpus_field = BACKEND_SETTINGS[stage_name]
-            if problem := stage_problem(stage_name=stage_name, config=config):
-                refusals.append((backend_field, f"{backend_field}: {problem}; no worker takes it"))
-                continue
-            name, gpus = stage_backend(stage_name=stage_name, config=config)
-            refusal = _choice_refusal(options[name], gpus=gpus, backend_field=backend_field, gpus_field=gpus_field)
-            if refusal is None and weight_bytes and memory_judged(stage_name=stage_name, backend=name, gpus=gpus):
-                refusal = _memory_refusal(live=live, backend=name, gpus=gpus, gpus_field=gpus_field,
-                                          weight_bytes=weight_bytes)
-            if refusal:
+        if stage_name in ROUTED_STAGES:
+            refusal = routed_refusal(stage_name=stage_name, config=config, options=options, live=live,
+                                     weight_bytes=weight_bytes)
+            if refusal and not said_already(refusals, stage_name=stage_name, field=refusal[0]):
                 refusals.append(refusal)
             continue
         queue = stage_queue(stage_name=stage_name, config=config)
@@ -214,16 +173,19 @@ def stage_queue_notes(*, run: PipelineRun) -> dict[str, dict]:
         queue = stage_queue(stage_name=stage.name, config=config)
         if any(takes(w, queue) for w in live):
             continue
-        if stage.name in BACKEND_SETTINGS and queue != DEFAULT_GPU_QUEUE:
+        routed = stage.name in ROUTED_STAGES and queue != DEFAULT_GPU_QUEUE
+        if routed:
             backend, gpus = stage_backend(stage_name=stage.name, config=config)
-            todo = (f"start a worker with {BACKENDS_BY_NAME[backend].label} on {gpus_text(gpus)}, or cancel and "
-                    "launch a copy with another backend")
+            # Nobody chose measuring acceptance's backend: say why it needs these GPUs (the extraction's
+            # count), and that a copy on fewer of them, not another backend, is what would help.
+            needs = stage_needs(stage_name=stage.name, backend=backend, gpus=gpus)
+            todo = (f"{needs + '; ' if needs else ''}start a worker with {BACKENDS_BY_NAME[backend].label} on "
+                    f"{gpus_text(gpus)}, or cancel and launch a copy with {'fewer GPUs' if needs else 'another backend'}")
         elif queue == DEFAULT_GPU_QUEUE:
             todo = "start a worker that takes gpu (make worker does, as does every worker on a GPU host)"
         else:
             todo = f"start a worker that takes {queue} (make worker does: -Q cpu,gpu)"
-        notes[stage.name] = {"text": f"waiting in queue {queue}, which no live worker takes: {todo}",
-                             "copy": stage.name in BACKEND_SETTINGS and queue != DEFAULT_GPU_QUEUE}
+        notes[stage.name] = {"text": f"waiting in queue {queue}, which no live worker takes: {todo}", "copy": routed}
     return notes
 
 

@@ -248,10 +248,18 @@ def _train(record, reporter: StageReporter):
 def _evaluate(record: Evaluation, reporter: StageReporter):
     from workers.stages.evaluate import evaluate
 
+    # A run's stage loads the target on its extraction's GPU count (runs.routing sent it to the queue
+    # of Transformers on that many); a standalone evaluation, sent to "gpu", and a run from before
+    # GPU counts (no key: the default, 1) on one device.
+    num_gpus = 1
+    if record.run_id is not None:
+        _, num_gpus = stage_backend(stage_name="evaluate", config=record.run.config or {})
+        if num_gpus != 1:
+            _backend(record.run, "evaluate")  # refused here, naming why, on a worker that cannot spread it
     plan = evaluation_plan(evaluation=record)
     common = dict(target_dir=plan.target_dir, prompts=plan.prompts(), prompt_source=plan.prompt_source,
                   max_new_tokens=record.max_new_tokens, num_speculative_tokens=record.num_speculative_tokens,
-                  should_stop=reporter.cancelled)
+                  num_gpus=num_gpus, should_stop=reporter.cancelled)
     for checkpoint_id, path in plan.also:
         checkpoint_evaluation_record(checkpoint_id=checkpoint_id, result=evaluate(checkpoint_dir=path, **common))
     return evaluate(checkpoint_dir=plan.checkpoint_dir, on_progress=reporter.progress, **common)

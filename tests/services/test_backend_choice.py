@@ -101,11 +101,12 @@ def test_a_worker_counts_only_for_the_queues_it_takes_not_for_what_it_could_run(
     message = _refused(user, roots, "extraction_backend")
     assert "no live worker takes a queue of Transformers" in message
     cpu_worker("gpu-only@this-host", queues=("gpu",))
+    # On one GPU: measuring acceptance then goes to gpu (on 2 it would need transformers.2, which nobody takes).
     with pytest.raises(RunConfigError, match="^the prepare dataset stage goes to queue cpu, which no live worker "
                                              "takes \\(they take gpu, vllm.1, vllm.2\\)$"):
-        _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2)
+        _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=1)
     cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
-    assert _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2).config["tensor_parallel_size"] == 2
+    assert _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=1).config["tensor_parallel_size"] == 1
     _refused(user, roots, "training_backend", training_backend="speculators", train_gpus=4)
 
     client.force_login(user)
@@ -119,7 +120,8 @@ def test_a_worker_counts_only_for_the_queues_it_takes_not_for_what_it_could_run(
 
 def test_a_gpu_count_no_live_worker_takes_is_refused_even_below_the_largest(client, user, roots):
     cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
-    fake_gpu_worker("tp2@fake-gpu-host", gpus=2, queues=["vllm.2"])  # FAKE: -Q vllm.2 alone
+    # FAKE: -Q vllm.2,transformers.2 (measuring acceptance loads the target with Transformers on 2 GPUs)
+    fake_gpu_worker("tp2@fake-gpu-host", gpus=2, queues=["vllm.2", "transformers.2"])
     message = _refused(user, roots, "tensor_parallel_size", extraction_backend="vllm", tensor_parallel_size=1)
     assert "no live worker takes vllm.1 (vLLM on 1 GPU); live workers take vLLM on 2 GPU(s)" in message
     assert _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2).pk
@@ -132,7 +134,10 @@ def test_transformers_on_several_gpus_needs_accelerate_on_the_worker(user, roots
     fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=4, accelerate=False)  # FAKE: 4 GPUs, no accelerate
     message = _refused(user, roots, "tensor_parallel_size", tensor_parallel_size=2)
     assert "needs accelerate" in message
-    assert _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=4).pk
+    # vLLM extracts on 4 GPUs there, but measuring acceptance spreads the target with Transformers.
+    message = _refused(user, roots, "tensor_parallel_size", extraction_backend="vllm", tensor_parallel_size=4)
+    assert "measuring acceptance loads the target with Transformers on 4 GPUs" in message and "needs accelerate" in message
+    assert _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=1).pk
 
 
 def test_form_offers_only_what_live_workers_run_and_refuses_the_rest_with_a_400(client, user, roots):

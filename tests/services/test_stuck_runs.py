@@ -80,7 +80,9 @@ def test_retry_checks_only_the_stages_it_queues_again(user, roots):
         stage.model.objects.filter(run=run).update(status=StageStatus.SUCCEEDED)
     services.run_cancel(run=run, user=user)
     worker_stopped(name="fake-gpu@fake-gpu-host")
-    assert services.run_retry(run=run, user=user) == 3  # vocab, train, evaluate: cpu@this-host takes them
+    # FAKE: no vLLM, but Transformers on 2 GPUs, where measuring acceptance loads the target.
+    fake_gpu_worker("spread@fake-gpu-host", gpus=2, vllm=False)
+    assert services.run_retry(run=run, user=user) == 3  # vocab, train and evaluate: live workers take them
 
 
 def test_retry_of_a_default_run_with_no_worker_live_queues_it_as_before(user, roots):

@@ -23,7 +23,7 @@ per forward, and compared token for token: a draft may change speed, never the t
 """
 from __future__ import annotations
 
-import json
+import gc
 import logging
 import os
 import time
@@ -36,17 +36,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from workers.stages.acceptance import tau_from_accepted  # noqa: E402
-from workers.stages.errors import InputError, StopRequested  # noqa: E402
+from workers.stages.errors import StopRequested  # noqa: E402
+from workers.stages.evaluate_prompts import (  # noqa: E402,F401 - the prompts' functions, re-exported here
+    EvaluationInputError,
+    prompts_from_file,
+    prompts_from_prepared,
+    validation_rows,
+)
 from workers.stages.target import read_target_config  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_MAX_PROMPTS = 32
-
-
-class EvaluationInputError(InputError):
-    """The checkpoint, the target or the prompts cannot be evaluated together; the message says why."""
 
 
 class EvaluationStopped(StopRequested):
@@ -89,62 +91,6 @@ class EvaluationResult:
         d = asdict(self)
         d["checkpoint_dir"], d["target_dir"] = str(self.checkpoint_dir), str(self.target_dir)
         return d
-
-
-# --- prompts --------------------------------------------------------------------------------------
-
-def prompts_from_prepared(prepared_dir: Path, row_indices: list[int], *, limit: int) -> list[list[int]]:
-    """The context of each held-out conversation's first reply: a prepared row cut at its first
-    supervised token. One prompt per conversation, in split order."""
-    from datasets import load_from_disk
-
-    data = load_from_disk(str(prepared_dir)).with_format(None)
-    has_source = "source_id" in data.column_names
-    seen, prompts = set(), []
-    for i in row_indices:
-        row = data[int(i)]
-        key = row["source_id"] if has_source else i
-        if key in seen:
-            continue
-        seen.add(key)
-        mask = row["loss_mask"]
-        first = next((j for j, m in enumerate(mask) if m), None)
-        if first:
-            prompts.append(list(row["input_ids"][:first]))
-        if len(prompts) >= limit:
-            break
-    return prompts
-
-
-def prompts_from_file(path: Path, tokenizer_dir: Path, *, limit: int) -> list[list[int]]:
-    """Prompts from a chat file in any dataset format: each conversation up to its first reply
-    (or whole, when it ends with a user turn), rendered with the generation prompt."""
-    from workers.stages.prepare import load_tokenizer, read_conversations
-
-    tokenizer = load_tokenizer(Path(tokenizer_dir))
-    prompts = []
-    for conv in read_conversations(Path(path)):
-        first_reply = next((j for j, t in enumerate(conv.messages) if t["role"] == "assistant" and j > 0), None)
-        head = conv.messages[:first_reply] if first_reply is not None else conv.messages
-        if not head or head[-1]["role"] == "assistant":
-            continue
-        out = tokenizer.apply_chat_template(head, tokenize=True, add_generation_prompt=True, return_dict=True)
-        prompts.append(list(out["input_ids"]))
-        if len(prompts) >= limit:
-            break
-    if not prompts:
-        raise EvaluationInputError(f"{path}: no conversation with a user turn to prompt from")
-    return prompts
-
-
-def validation_rows(checkpoints_dir: Path) -> list[int]:
-    """Row indices of the held-out split the train stage wrote beside its checkpoints."""
-    path = Path(checkpoints_dir) / "split.json"
-    try:
-        rows = json.loads(path.read_text())["val_rows"]
-    except (FileNotFoundError, KeyError, ValueError) as exc:
-        raise EvaluationInputError(f"{path}: no validation split recorded ({exc}); give a prompts file") from None
-    return [int(i) for i in rows]
 
 
 # --- models ---------------------------------------------------------------------------------------
@@ -225,8 +171,8 @@ class DraftRunner:
         output hidden states and draft-vocabulary logits ([1, n, ...])."""
         self.drop_chain()
         draft = self.draft
-        device = aux.device
-        hidden = aux[None].to(draft.fc.weight.dtype)
+        device = draft.fc.weight.device  # aux from a target spread over GPUs may lie on another one
+        hidden = aux[None].to(device=device, dtype=draft.fc.weight.dtype)
         if draft.input_norm is not None:
             hidden = draft.input_norm(hidden)
         if draft.fc_norm is not None:
@@ -258,19 +204,25 @@ class DraftRunner:
 
 
 class TargetRunner:
-    """The target with a KV cache and hooks that keep its inputs to the draft's aux layers."""
+    """The target with a KV cache and hooks that keep its inputs to the draft's aux layers.
 
-    def __init__(self, model, aux_layer_ids: list[int]):
+    `device`: where its inputs go and where the aux features are returned, the draft's device (the
+    model's own when not given). A target spread over GPUs (device_map) takes its inputs on cuda:0 and
+    hands back its logits there, but each hooked layer's input lies on that layer's GPU: the aux
+    features are moved to `device`, where the draft reads them."""
+
+    def __init__(self, model, aux_layer_ids: list[int], *, device: torch.device | None = None):
         from workers.stages.extract import LayerCapture
 
         self.model = model
+        self.device = device if device is not None else model.device
         self.capture = LayerCapture(model, aux_layer_ids)
 
     def forward(self, token_ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [n, V], aux features [n, L*H]) for the new tokens."""
-        ids = torch.tensor([token_ids], device=self.model.device)
+        """(logits [n, V], aux features [n, L*H] on `device`) for the new tokens."""
+        ids = torch.tensor([token_ids], device=self.device)
         logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]
-        aux = self.capture.stacked()[0]
+        aux = self.capture.stacked()[0].to(self.device)
         return logits, aux.flatten(1)
 
     def close(self) -> None:
@@ -293,12 +245,15 @@ def _finish(tokens: list[int], max_new: int, eos: set[int]) -> list[int]:
 
 
 @torch.inference_mode()
-def greedy_decode(model, prompt: list[int], *, max_new_tokens: int, eos: set[int]) -> list[int]:
-    """Plain greedy decoding of the target, one token per forward, with a KV cache."""
+def greedy_decode(model, prompt: list[int], *, max_new_tokens: int, eos: set[int],
+                  device: torch.device | None = None) -> list[int]:
+    """Plain greedy decoding of the target, one token per forward, with a KV cache. `device`: where its
+    inputs go (cuda:0 for a target spread over GPUs), the model's own when not given."""
     from transformers import DynamicCache
 
+    device = device if device is not None else model.device
     cache = DynamicCache()
-    ids = torch.tensor([prompt], device=model.device)
+    ids = torch.tensor([prompt], device=device)
     out: list[int] = []
     while True:
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
@@ -306,7 +261,7 @@ def greedy_decode(model, prompt: list[int], *, max_new_tokens: int, eos: set[int
         out.append(token)
         if token in eos or len(out) >= max_new_tokens:
             return out
-        ids = torch.tensor([[token]], device=model.device)
+        ids = torch.tensor([[token]], device=device)
 
 
 @torch.inference_mode()
@@ -350,13 +305,17 @@ def evaluate(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     num_speculative_tokens: int | None = None,
     device: str = "auto",
+    num_gpus: int = 1,
     on_progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> EvaluationResult:
     """Decode every prompt with and without the draft; tau, acceptance per position, speeds and
-    whether the texts are equal."""
+    whether the texts are equal.
+
+    num_gpus > 1 spreads the target over that many GPUs as the extraction does (load_target,
+    device_map); `device` is then ignored, and the draft and the inputs go to cuda:0."""
     from workers.stages.device import device_label, resolve_device
-    from workers.stages.extract import load_target
+    from workers.stages.extract import load_target, spread_device
 
     started = time.monotonic()
     target_dir, checkpoint_dir = Path(target_dir), Path(checkpoint_dir)
@@ -364,9 +323,13 @@ def evaluate(
         raise EvaluationInputError("no prompts to evaluate on")
     if max_new_tokens < 1:
         raise EvaluationInputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
+        raise EvaluationInputError(f"num_gpus must be a whole number of at least 1, got {num_gpus!r}")
     target_cfg = read_target_config(target_dir)
-    dev = resolve_device(device)
-    model = load_target(target_dir, dev)
+    dev = spread_device(num_gpus) if num_gpus > 1 else resolve_device(device)
+    where = (f"cuda:0-{num_gpus - 1} ({num_gpus} x {torch.cuda.get_device_name(0)}, device_map=auto)"
+             if num_gpus > 1 else device_label(dev))
+    model = load_target(target_dir, dev, num_gpus)
     dtype = next(model.parameters()).dtype
     draft = load_draft(checkpoint_dir, model, dev, dtype)
     if draft.hidden_size != target_cfg.hidden_size:
@@ -389,14 +352,14 @@ def evaluate(
             f"{len(too_long)} prompt(s) (first: #{too_long[0]}, {len(prompts[too_long[0]])} tokens) plus "
             f"{max_new_tokens} new tokens exceed the target's {max_len} positions; lower max_new_tokens")
     eos = _eos_ids(model)
-    target = TargetRunner(model, aux_ids)
+    target = TargetRunner(model, aux_ids, device=dev)
     results, spec_s, greedy_s = [], 0.0, 0.0
     try:
         for n, prompt in enumerate(prompts):
             if should_stop is not None and should_stop():
                 raise EvaluationStopped(f"evaluation stopped on request after {n} prompts")
             t0 = time.perf_counter()
-            reference = greedy_decode(model, prompt, max_new_tokens=max_new_tokens, eos=eos)
+            reference = greedy_decode(model, prompt, max_new_tokens=max_new_tokens, eos=eos, device=dev)
             t1 = time.perf_counter()
             tokens, accepted = speculative_decode(target, draft, prompt, k=k, max_new_tokens=max_new_tokens, eos=eos)
             t2 = time.perf_counter()
@@ -408,6 +371,12 @@ def evaluate(
                 on_progress(n + 1, len(prompts))
     finally:
         target.close()
+        # A target spread by accelerate holds itself in a reference cycle (its wrapped forwards), so it
+        # is freed only by the collector; a run's stage then loads it again for its next checkpoint.
+        del target, model, draft
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     accepted_all = [a for r in results for a in r.accepted]
     forwards = len(accepted_all)
     tau, per_position = tau_from_accepted(accepted_all, k)
@@ -422,7 +391,7 @@ def evaluate(
         spec_tokens_per_s=new_tokens / spec_s if spec_s else 0.0,
         greedy_tokens_per_s=new_tokens / greedy_s if greedy_s else 0.0,
         speedup=greedy_s / spec_s if spec_s else 0.0,
-        device=device_label(dev), seconds=time.monotonic() - started, prompts=results,
+        device=where, seconds=time.monotonic() - started, prompts=results,
     )
     log.info("evaluated %s on %d prompts: tau %.3f (k=%d), acceptance %s, %s greedy output",
              checkpoint_dir, len(results), tau, k, [round(p, 3) for p in per_position],
