@@ -1,32 +1,11 @@
 """A person logs in, launches a run with the form, and watches it finish with plotted curves,
 in headless Chromium against the live server and a real Celery worker."""
-import os
+import re
 
 import pytest
-
-# Playwright's sync API runs an event loop in this thread; the ORM calls of the fixtures are still sync.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-from playwright.sync_api import expect, sync_playwright  # noqa: E402
+from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.fixture
-def page(tmp_path):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: run `make browser-deps` (Debian's chromium package)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        page = browser.new_page(viewport={"width": 1280, "height": 1800})
-        yield page
-        page.screenshot(path=str(tmp_path / "last-page.png"), full_page=True)
-        browser.close()
 
 
 def test_user_launches_a_run_and_sees_it_finish_with_a_plotted_curve(live_server, worker, user, tiny_target, page):
@@ -50,7 +29,7 @@ def test_user_launches_a_run_and_sees_it_finish_with_a_plotted_curve(live_server
     page.fill("#id_ttt_steps", "2")
     page.click("#launch-submit")
 
-    expect(page).to_have_url(__import__("re").compile(r"/runs/\d+/$"))
+    expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
     expect(page.locator("#run-status")).to_have_text("succeeded", timeout=600_000)
     for stage in ("prepare", "extract", "vocab", "train", "evaluate"):
         expect(page.locator(f'tr[data-stage="{stage}"] [data-field="status"]')).to_have_text("succeeded")

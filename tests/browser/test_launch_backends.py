@@ -3,33 +3,15 @@ what no live worker can run is offered disabled with the reason, and a run launc
 speculators' trainer says so on its page and waits in the queue of a worker that fits it.
 
 The GPU host is a FAKE worker row (tests/fleet.py): no GPU, vLLM or second host exists here."""
-import os
 import re
 
 import pytest
+from playwright.sync_api import expect
 
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-from playwright.sync_api import expect, sync_playwright  # noqa: E402
-
-from runs.models import PipelineRun  # noqa: E402
-from tests.fleet import cpu_worker, fake_gpu_worker  # noqa: E402
+from runs.models import PipelineRun
+from tests.fleet import cpu_worker, fake_gpu_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.fixture
-def page(tmp_path):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: run `make browser-deps` (Debian's chromium package)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        page = browser.new_page(viewport={"width": 1280, "height": 1800})
-        yield page
-        page.screenshot(path=str(tmp_path / "last-page.png"), full_page=True)
-        browser.close()
 
 
 def log_in(page, live_server, user):
