@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import QuerySet
+from django.urls import reverse
 from django.utils import timezone
 
 from runs.fleet_fit import gpus_text, routed_refusal, said_already, stage_needs, takes, worker_unfit
@@ -224,16 +225,30 @@ def _has_run(model) -> bool:
     return any(f.name == "run" for f in model._meta.get_fields())
 
 
+# What each job works on, and its page: (the job row's foreign key, the URL name of that page).
+JOB_SUBJECTS = {"catalogue": ("dataset_id", "runs:dataset_detail"), "verify": ("extraction_id", "runs:extraction_detail")}
+
+
+def _subject_url(job_name: str, row) -> str:
+    """The page of the dataset or extraction a job works on ("" for a run's stage)."""
+    if job_name not in JOB_SUBJECTS:
+        return ""
+    field, url_name = JOB_SUBJECTS[job_name]
+    subject_id = row[field] if isinstance(row, dict) else getattr(row, field)
+    return reverse(url_name, args=[subject_id])
+
+
 def _running_by_worker(names: list[str]) -> dict[str, list[dict]]:
     """The running stage and job rows of these workers: one query per kind of work, not per worker."""
     doing: dict[str, list[dict]] = defaultdict(list)
     for kind in STAGES_BY_NAME.values():
-        extra = ["run_id", "run__name"] if _has_run(kind.model) else []
+        extra = ["run_id", "run__name"] if _has_run(kind.model) else [JOB_SUBJECTS[kind.name][0]]
         rows = kind.model.objects.filter(status=StageStatus.RUNNING, worker__in=names).values(
             "pk", "worker", "started_at", "progress_done", "progress_total", *extra)
         for row in rows:
             doing[row["worker"]].append({"stage": kind.name, "label": kind.label, "record_id": row["pk"],
                                          "run_id": row.get("run_id"), "run_name": row.get("run__name") or "",
+                                         "subject_url": _subject_url(kind.name, row),
                                          "since": row["started_at"], "done": row["progress_done"],
                                          "total": row["progress_total"]})
     return doing
@@ -266,6 +281,7 @@ class QueuedWork:
     taken_by: list[str]  # live workers that consume its queue
     problem: str = ""  # why no worker ever takes it (an unknown backend in its run's config), "" when none
     ahead: int = 0  # work in the same queue before it: 0 is the head, what a worker takes next
+    subject_url: str = ""  # a job's dataset or extraction page ("" for a run's stage)
 
 
 def queued_work() -> dict:
@@ -282,7 +298,7 @@ def queued_work() -> dict:
         with_run = _has_run(kind.model)
         rows = kind.model.objects.filter(status=StageStatus.QUEUED).order_by("queued_at", "pk")
         rows = rows.select_related("run").only("pk", "queued_at", "run__name", "run__config") \
-            if with_run else rows.only("pk", "queued_at")
+            if with_run else rows.only("pk", "queued_at", JOB_SUBJECTS[kind.name][0])
         rows = list(rows[:MAX_QUEUE_ROWS + 1])
         more = more or len(rows) > MAX_QUEUE_ROWS
         for row in rows[:MAX_QUEUE_ROWS]:
@@ -314,7 +330,8 @@ def queued_work() -> dict:
                                 run_id=run.pk if run is not None else None, run_name=str(run) if run else "",
                                 queue=queue, queued_at=joined,
                                 waits_for=waits_for, taken_by=[w.name for w in live if queue in w.queues],
-                                problem=stage_problem(stage_name=kind.name, config=config)))
+                                problem=stage_problem(stage_name=kind.name, config=config),
+                                subject_url=_subject_url(kind.name, row)))
     items.sort(key=lambda item: (item.waits_for != "", item.queued_at, names.index(item.kind)
                                  if item.kind in names else len(names), item.record_id))
     in_queue: dict[str, int] = defaultdict(int)

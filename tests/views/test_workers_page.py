@@ -81,6 +81,8 @@ def test_queue_lists_waiting_work_in_order_with_its_queue_and_who_takes_it(clien
     # Ready work first, oldest run first; then what waits behind an earlier stage of its run. Only the
     # head of each queue is next: the dataset's catalogue, queued by the first launch, is ahead in cpu.
     assert [(kind, q) for kind, run, _, q, _ in rows if not run] == [("catalogue", "cpu")]
+    # A job links to what it works on.
+    assert f'(<a href="/datasets/{first.dataset_id}/">dataset</a>)' in queue
     assert listed[:2] == [
         ("extract", second.pk, "vllm.2", "next for fake-gpu@fake-gpu-host"),
         ("prepare", third.pk, "cpu", "behind 1 in cpu"),
@@ -95,6 +97,12 @@ def test_queue_lists_waiting_work_in_order_with_its_queue_and_who_takes_it(clien
     worker_stopped(name="fake-gpu@fake-gpu-host")
     html = _page(client, user)
     assert re.search(r'<span class="field-error">no live worker takes <code>vllm.2</code></span>', html)
+
+    # A worker busy with a job links to what it works on.
+    catalogue = first.dataset.catalogues.get()
+    stage_start(stage_name="catalogue", record_id=catalogue.pk, worker="cpu@this-host")
+    assert (f'catalogue dataset #{catalogue.pk} (<a href="/datasets/{first.dataset_id}/">dataset</a>)'
+            in _page(client, user))
 
 
 def test_queue_shows_what_the_broker_refused_and_what_waits_for_a_retry(client, user, roots):
