@@ -1,7 +1,6 @@
 """Reads for pages, the API and the CLI."""
 from __future__ import annotations
 
-from pathlib import Path
 
 from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from django.http import Http404
@@ -21,10 +20,9 @@ from runs.models import (
     Verification,
 )
 from runs.fleet_selectors import run_backends
+from runs.upstream_commands import run_speculators_train_command, with_serve_commands
 from runs.pipeline import STAGES
 from runs.reviews import SUBJECTS
-from workers.stages.errors import InputError
-from workers.stages.speculators_layout import default_data_dir, speculators_train_command
 
 
 def run_list() -> QuerySet[PipelineRun]:
@@ -63,34 +61,6 @@ def with_reviews(queryset: QuerySet) -> QuerySet:
     """Subjects with their reviews and each review's author: the review section of a page in one query,
     not one per review."""
     return queryset.prefetch_related(Prefetch("reviews", queryset=Review.objects.select_related("author")))
-
-
-def checkpoint_serve_command(checkpoint: Checkpoint, *, verifier: str | None = None) -> str:
-    """`vllm serve` for this draft: its target (the run's, or the local copy an import recorded) with
-    the draft in --speculative-config, proposing as many tokens as its config.json says."""
-    from workers.stages.serving import (DEFAULT_SPECULATIVE_TOKENS, checkpoint_recorded_verifier,
-                                        checkpoint_speculative_tokens, vllm_serve_command)
-
-    if verifier is None:
-        if checkpoint.verifier_path:
-            verifier = checkpoint.verifier_path
-        elif checkpoint.training_run_id is not None:
-            verifier = checkpoint.training_run.run.target.path
-        else:  # imported with no local copy recorded: what its config names, else a word to replace
-            verifier = checkpoint_recorded_verifier(Path(checkpoint.path)) or "TARGET_MODEL_DIR"
-    try:
-        k = checkpoint_speculative_tokens(Path(checkpoint.path))
-    except InputError:  # the directory moved or its config is unreadable: the stored default stands
-        k = DEFAULT_SPECULATIVE_TOKENS
-    return vllm_serve_command(verifier=verifier, checkpoint_dir=checkpoint.path, num_speculative_tokens=k)
-
-
-def with_serve_commands(checkpoints, *, verifier: str) -> list[Checkpoint]:
-    """The run's checkpoints, each with `serve_command` (their target is the run's)."""
-    checkpoints = list(checkpoints)
-    for checkpoint in checkpoints:
-        checkpoint.serve_command = checkpoint_serve_command(checkpoint, verifier=checkpoint.verifier_path or verifier)
-    return checkpoints
 
 
 def checkpoints_with_tau(queryset: QuerySet[Checkpoint]) -> QuerySet[Checkpoint]:
@@ -213,15 +183,6 @@ def evaluation_dict(evaluation: Evaluation | None, simulated_tau: float | None =
             "status": evaluation.status if evaluation else None, **values, "simulated_tau": simulated_tau}
 
 
-def _speculators_train_command(run: PipelineRun, vocab, extraction) -> str | None:
-    """How speculators' own CLI trains from this run's linked folder, once the vocab stage made it."""
-    data_dir = default_data_dir(Path(run.output_dir))
-    if vocab.status != StageStatus.SUCCEEDED or extraction is None or not data_dir.is_dir():
-        return None
-    return speculators_train_command(target_dir=Path(run.target.path), data_dir=data_dir,
-                                     draft_vocab_size=vocab.draft_vocab_size, aux_layer_ids=extraction.layer_ids[:-1])
-
-
 def run_summary(run: PipelineRun) -> dict:
     """What the CLI prints and the run page polls: ids, stage states, totals, paths.
 
@@ -245,7 +206,7 @@ def run_summary(run: PipelineRun) -> dict:
         "config": run.config,
         "backends": run_backends(config=run.config),
         "output_dir": run.output_dir,
-        "speculators_train_command": _speculators_train_command(run, vocab, extraction),
+        "speculators_train_command": run_speculators_train_command(run=run, vocab=vocab, extraction=extraction),
         # "extraction" is the artifact (None until the extract stage succeeded), "extract_stage" its execution.
         "ids": {"preparation": prep.pk, "extract_stage": extract.pk,
                 "extraction": extraction.pk if extraction else None, "vocab_mapping": vocab.pk,

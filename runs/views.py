@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from runs import (comparison, evaluation_services, extraction_services, job_selectors, job_services, queue,
-                  reviews, run_table, selectors, services, tag_services)
+                  reviews, run_table, selectors, services, tag_services, upstream_commands)
 from runs.evaluation_services import EvaluationRequestError
 from runs.demo import demo_paths
 from runs import fleet_selectors
@@ -119,7 +119,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "status": summary["status"],
             "layers": layers,
             "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
-            "checkpoints": selectors.with_serve_commands(selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
+            "checkpoints": upstream_commands.with_serve_commands(selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
                                                          verifier=run.target.path),
             "attempts": run.attempts.all(),
             "waiting_for_queue": queue.run_waiting_for_queue(run_id=run.pk),
@@ -290,7 +290,7 @@ def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
     measured = next((e for e in evaluations if e.status == "succeeded"), None)
     return render(request, "runs/checkpoint_detail.html", {
         "checkpoint": checkpoint, "config_json": config, "evaluations": evaluations, "measured": measured,
-        "serve_command": selectors.checkpoint_serve_command(checkpoint),
+        "serve_command": upstream_commands.checkpoint_serve_command(checkpoint),
         "acceptance_json": json.dumps(measured.acceptance_per_position) if measured else "[]",
         "evaluating": any(not e.is_finished for e in evaluations),
         "can_evaluate": user_can(request.user, "launch"),

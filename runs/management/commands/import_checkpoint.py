@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runs.management.command_user import command_user
 from runs.checkpoint_services import checkpoint_import
-from runs.selectors import checkpoint_serve_command
+from runs.upstream_commands import checkpoint_serve_command
 from workers.stages.errors import InputError
 
 
