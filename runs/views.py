@@ -119,8 +119,8 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "status": summary["status"],
             "layers": layers,
             "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
-            "checkpoints": upstream_commands.with_serve_commands(selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
-                                                         verifier=run.target.path),
+            "checkpoints": upstream_commands.with_serve_commands(
+                selectors.checkpoints_with_tau(run.training_run.checkpoints.all()), verifier=run.target.path),
             "attempts": run.attempts.all(),
             "waiting_for_queue": queue.run_waiting_for_queue(run_id=run.pk),
             "settings": sorted(comparison.run_settings(run).items()),
