@@ -211,7 +211,7 @@ class DatasetSampleAdmin(admin.ModelAdmin):
     list_display = ("sample_id", "dataset", "line", "num_turns", "num_chars", "excluded", "tags", "preview")
     list_filter = ("excluded", "dataset", LengthFilter, "num_turns")
     search_fields = ("sample_id", "preview", "tags", "notes")
-    readonly_fields = ("dataset", "sample_id", "line", "num_turns", "num_chars", "preview")
+    readonly_fields = ("dataset", "sample_id", "line", "num_turns", "num_chars", "preview", "content_hash")
     actions = ["exclude_samples", "include_samples", "tag_needs_review"]
 
     def save_model(self, request, obj, form, change):

@@ -69,6 +69,9 @@ class DatasetSample(models.Model):
     excluded = models.BooleanField(default=False, db_index=True)
     tags = models.CharField(max_length=500, blank=True, help_text="comma-separated")
     notes = models.TextField(blank=True)
+    # sha256 of the conversation (workers.stages.chats.content_hash): curation follows it when a row
+    # without an "id" moves to another line. "" until a catalogue pass after migration 0018 fills it.
+    content_hash = models.CharField(max_length=64, blank=True, db_index=True)
 
     class Meta:
         ordering = ["dataset", "line"]

@@ -21,7 +21,7 @@ from celery.signals import worker_ready
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
-from runs.curation import dataset_excluded_ids, dataset_samples_sync
+from runs.curation import dataset_exclusions, dataset_samples_sync
 from runs.extraction_services import extraction_verify
 from runs.evaluation_services import evaluation_plan
 from runs.metric_services import metrics_record
@@ -150,13 +150,16 @@ def _prepare(record, reporter: StageReporter):
     from workers.stages.prepare import prepare
 
     run = record.run
+    excluded = dataset_exclusions(dataset=run.dataset)
     return prepare(
         tokenizer_dir=Path(run.target.path),
         dataset_path=Path(run.dataset.path),
         out_dir=_fresh_dir(Path(run.output_dir) / "prepared"),
         max_seq_len=run.config["max_seq_len"],
         max_samples=run.config.get("max_samples"),
-        exclude_ids=dataset_excluded_ids(dataset=run.dataset),
+        exclude_ids=excluded.ids,
+        exclude_hashes=excluded.hashes,
+        exclude_own_ids=excluded.own_ids,
         on_progress=reporter.progress,
     )
 

@@ -5,8 +5,11 @@ what it yields.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from workers.stages.errors import InputError
@@ -50,11 +53,27 @@ def _check_text(text: str, *, where: str, what: str) -> None:
                                  "which is not valid text") from None
 
 
+def content_hash(messages: list[dict]) -> str:
+    """sha256 hex of the normalised turns (role, content, thinking when present) as canonical JSON.
+
+    A row without an "id" is keyed by its line index, which names another conversation once a line
+    is inserted above it; curation follows this hash instead. `reasoning_content` is left out: it
+    is the same text as `thinking` (see _parse_turn), so both spellings of a file hash alike."""
+    turns = [{k: m[k] for k in ("role", "content", "thinking") if k in m} for m in messages]
+    blob = json.dumps(turns, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
 @dataclass(frozen=True)
 class Conversation:
     source_id: str
     line: int  # 1-based, for messages
     messages: list[dict]
+    keyed_by_line: bool = False  # no "id" in the row: source_id is the 0-based line index
+
+    @cached_property
+    def content_hash(self) -> str:
+        return content_hash(self.messages)
 
 
 def parse_row(raw: str, *, path: Path, line: int) -> Conversation:
@@ -75,6 +94,7 @@ def parse_row(raw: str, *, path: Path, line: int) -> Conversation:
         raise DatasetFormatError(f"{where}: '{key}' must be a list, got {type(turns).__name__}")
     if len(turns) > MAX_TURNS:
         raise DatasetFormatError(f"{where}: '{key}' has {len(turns)} turns; at most {MAX_TURNS} per conversation")
+    keyed_by_line = "id" not in row
     raw_id = row.get("id", line - 1)
     if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
         raise DatasetFormatError(f"{where}: 'id' must be a string or integer, got {_shown(raw_id)}")
@@ -83,7 +103,7 @@ def parse_row(raw: str, *, path: Path, line: int) -> Conversation:
         raise DatasetFormatError(f"{where}: 'id' must be 1..{MAX_ID_CHARS} characters, got {_shown(raw_id)}")
     _check_text(source_id, where=where, what="'id'")
     messages = [_parse_turn(turn, where=f"{where}, {key}[{i}]") for i, turn in enumerate(turns)]
-    return Conversation(source_id=source_id, line=line, messages=messages)
+    return Conversation(source_id=source_id, line=line, messages=messages, keyed_by_line=keyed_by_line)
 
 
 def _parse_turn(turn: object, *, where: str) -> dict:

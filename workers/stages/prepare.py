@@ -204,12 +204,17 @@ def prepare(
     max_seq_len: int,
     max_samples: int | None = None,
     exclude_ids: frozenset[str] = frozenset(),
+    exclude_hashes: frozenset[str] = frozenset(),
+    exclude_own_ids: frozenset[str] = frozenset(),
     on_progress: ProgressFn | None = None,
 ) -> PrepareResult:
     """Tokenize a chat JSONL into speculators' prepared layout under out_dir.
 
     max_samples caps the number of rows (speculators' meaning: rows after per-turn fan-out);
     reading stops once it is reached. out_dir must be absent or empty; it is filled atomically.
+    Curation's exclusions (see `_excluded`): `exclude_ids` skip any row by id (samples catalogued
+    before content hashes were kept), `exclude_hashes` skip rows without an "id" by content,
+    `exclude_own_ids` skip rows carrying that "id" of their own.
     """
     from datasets import Dataset
     from datasets.arrow_writer import ArrowWriter
@@ -238,7 +243,7 @@ def prepare(
             chunk = {"input_ids": [], "loss_mask": [], "seq_len": [], "source_id": []}
             for conv in read_conversations(dataset_path):
                 report(conv.line)
-                if conv.source_id in exclude_ids:
+                if _excluded(conv, ids=exclude_ids, hashes=exclude_hashes, own_ids=exclude_own_ids):
                     stats["excluded"] += 1
                     continue
                 stats["conversations"] += 1
@@ -316,6 +321,19 @@ def prepare(
                     "%d rows truncated at max_seq_len", result.num_excluded, result.num_without_assistant,
                     result.num_turns_dropped, max_seq_len, result.truncated_loss_tokens, result.num_truncated_rows)
     return result
+
+
+def _excluded(conv: Conversation, *, ids: frozenset[str], hashes: frozenset[str], own_ids: frozenset[str]) -> bool:
+    """Whether curation excluded this conversation.
+
+    A row without an "id" is keyed by its line index, which names another conversation once a line
+    is inserted above it, so it is matched by content; a row's own "id" is the file author's stable
+    key and stays the match (identical conversations under other ids are not excluded with it)."""
+    if conv.source_id in ids:
+        return True
+    if conv.keyed_by_line:
+        return bool(hashes) and conv.content_hash in hashes
+    return conv.source_id in own_ids
 
 
 class _Throttle:
