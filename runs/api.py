@@ -12,19 +12,6 @@ from workers.stages.target import default_layer_ids, read_target_config, target_
 
 
 MAX_ID = 2**63 - 1  # ids are 64-bit columns
-MAX_PARAM_CHARS = 32  # an integer parameter's text
-
-
-def _int_param(request: HttpRequest, name: str, default: int) -> int:
-    text = request.GET.get(name)
-    if text is None or text == "":
-        return default
-    if len(text) > MAX_PARAM_CHARS or not (text.isascii() and text.isdigit()):
-        raise InputError(f"{name} must be an integer id between 0 and {MAX_ID}, got {text[:40]!r}")
-    value = int(text)
-    if value > MAX_ID:
-        raise InputError(f"{name} must be an integer id between 0 and {MAX_ID}, got {text[:40]!r}")
-    return value
 
 
 def _bad(exc: InputError) -> JsonResponse:
