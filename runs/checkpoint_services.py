@@ -9,6 +9,7 @@ from django.utils import timezone
 from runs.models import Checkpoint
 from runs.paths import check_under_data_roots
 from runs.roles import require
+from runs.upstream_commands import recorded_speculative_tokens
 from workers.stages.errors import InputError
 from workers.stages.jsonfile import read_json_object
 from workers.stages.target import read_target_config, read_target_json
@@ -133,5 +134,6 @@ def checkpoint_import(*, path: str | Path, user: AbstractBaseUser | None = None,
         verifier_path=verifier_path,
         aux_layer_ids=list(config.get("eagle_aux_hidden_state_layer_ids") or []),
         draft_vocab_size=config.get("draft_vocab_size"),
+        speculative_tokens=recorded_speculative_tokens(resolved),
     )
     return checkpoint, True

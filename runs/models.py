@@ -354,6 +354,9 @@ class Checkpoint(models.Model):
     verifier_path = models.CharField(max_length=1000, blank=True)
     aux_layer_ids = models.JSONField(default=list, blank=True)
     draft_vocab_size = models.PositiveIntegerField(null=True, blank=True)
+    # Tokens the draft proposes per step, read from its config.json once when it is registered;
+    # empty when that file was unreadable then (the serve command reads it again).
+    speculative_tokens = models.PositiveIntegerField(null=True, blank=True)
     train_loss = models.FloatField(null=True, blank=True)
     val_loss = models.FloatField(null=True, blank=True)
     val_metrics = models.JSONField(default=dict, blank=True)

@@ -33,6 +33,7 @@ from runs.models import (
 from runs.curation import CatalogueCounts
 from runs.metric_services import metrics_truncate
 from runs.pipeline import JOB_NAMES, JOBS, STAGES, STAGES_BY_NAME
+from runs.upstream_commands import recorded_speculative_tokens
 
 if TYPE_CHECKING:  # the stages import torch; these services only read their dataclasses
     from workers.stages.evaluate import EvaluationResult
@@ -350,6 +351,7 @@ def checkpoints_register(*, training_run_id: int, checkpoints: list[dict]) -> li
                 "val_loss": ckpt.get("val_loss"),
                 "val_metrics": ckpt.get("val_metrics") or {},
                 "is_best": bool(ckpt.get("is_best")),
+                "speculative_tokens": recorded_speculative_tokens(Path(ckpt["path"])),
             },
         )
         saved.append(row)

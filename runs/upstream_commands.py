@@ -10,11 +10,22 @@ from workers.stages.errors import InputError
 from workers.stages.speculators_layout import default_data_dir, speculators_train_command
 
 
+def recorded_speculative_tokens(checkpoint_dir: Path) -> int | None:
+    """How many tokens the draft proposes per step, as its config.json says; None when that file is
+    missing or unreadable. Read once, when a checkpoint is registered, into Checkpoint.speculative_tokens."""
+    from workers.stages.serving import checkpoint_speculative_tokens
+
+    try:
+        return checkpoint_speculative_tokens(Path(checkpoint_dir))
+    except InputError:
+        return None
+
+
 def checkpoint_serve_command(checkpoint: Checkpoint, *, verifier: str | None = None) -> str:
     """`vllm serve` for this draft: its target (the run's, or the local copy an import recorded) with
-    the draft in --speculative-config, proposing as many tokens as its config.json says."""
-    from workers.stages.serving import (DEFAULT_SPECULATIVE_TOKENS, checkpoint_recorded_verifier,
-                                        checkpoint_speculative_tokens, vllm_serve_command)
+    the draft in --speculative-config, proposing as many tokens as its config.json said when it was
+    registered (read again only if it could not be read then)."""
+    from workers.stages.serving import DEFAULT_SPECULATIVE_TOKENS, checkpoint_recorded_verifier, vllm_serve_command
 
     if verifier is None:
         if checkpoint.verifier_path:
@@ -23,10 +34,9 @@ def checkpoint_serve_command(checkpoint: Checkpoint, *, verifier: str | None = N
             verifier = checkpoint.training_run.run.target.path
         else:  # imported with no local copy recorded: what its config names, else a word to replace
             verifier = checkpoint_recorded_verifier(Path(checkpoint.path)) or "TARGET_MODEL_DIR"
-    try:
-        k = checkpoint_speculative_tokens(Path(checkpoint.path))
-    except InputError:  # the directory moved or its config is unreadable: the stored default stands
-        k = DEFAULT_SPECULATIVE_TOKENS
+    # The directory moved or its config is unreadable: the default stands.
+    k = (checkpoint.speculative_tokens or recorded_speculative_tokens(Path(checkpoint.path))
+         or DEFAULT_SPECULATIVE_TOKENS)
     return vllm_serve_command(verifier=verifier, checkpoint_dir=checkpoint.path, num_speculative_tokens=k)
 
 
