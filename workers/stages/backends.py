@@ -197,15 +197,15 @@ def host_queues(capabilities: dict) -> list[str]:
 def host_capabilities() -> dict:
     """What this host can run, as JSON-ready data (the worker's heartbeat stores it)."""
     gpus = detect_gpus()
+    most = {b.name: b.max_gpus(len(gpus)) for b in BACKENDS}
     return {
         "hostname": socket.gethostname(),
         "cpu_count": os.cpu_count() or 1,
         "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in gpus],
         "backends": {b.name: b.probe(1) for b in BACKENDS},
-        "max_gpus": {b.name: b.max_gpus(len(gpus)) for b in BACKENDS},
+        "max_gpus": most,
         # Why a backend cannot use more GPUs than max_gpus here (e.g. accelerate missing), or None.
-        "more_gpus": {b.name: (b.check(b.max_gpus(len(gpus)) + 1, len(gpus)) if b.max_gpus(len(gpus)) else None)
-                      for b in BACKENDS},
+        "more_gpus": {b.name: b.check(most[b.name] + 1, len(gpus)) if most[b.name] else None for b in BACKENDS},
         "versions": {"python": platform.python_version(),
                      **{d: version_of(d) for d in ("torch", "transformers", "accelerate", "speculators", "vllm")}},
     }
