@@ -53,6 +53,11 @@ def takes(worker: Worker, queue: str) -> bool:
     return queue in (worker.queues or [])
 
 
+def queues_text(worker: Worker) -> str:
+    """The queues `worker` takes, for a reason in words ("cpu, gpu", or "no queue")."""
+    return ", ".join(worker.queues or []) or "no queue"
+
+
 def worker_unfit(worker: Worker, *, backend: str, gpus: int) -> str | None:
     """None when `worker` takes the queue of `backend` on `gpus` GPUs and can run it there, else why
     not in words. What the worker can run comes first, so that "needs 9 GPUs; this host has 8" is
@@ -61,7 +66,7 @@ def worker_unfit(worker: Worker, *, backend: str, gpus: int) -> str | None:
         return reason
     queue = stage_queue(backend=backend, gpus=gpus)
     if not takes(worker, queue):
-        return f"it does not take {queue} (it takes {', '.join(worker.queues or []) or 'no queue'})"
+        return f"it does not take {queue} (it takes {queues_text(worker)})"
     return None
 
 
@@ -136,8 +141,8 @@ def _choice_reason(option: BackendOption, *, gpus: int, live: list[Worker]) -> t
         return "backend", option.reason
     queue = stage_queue(backend=option.name, gpus=gpus)
     able = [w for w in live if worker_cannot_run(w, backend=option.name, gpus=gpus) is None]
-    also = "".join(f"; {w.name} could run it but does not take {queue} (it takes "
-                   f"{', '.join(w.queues or []) or 'no queue'})" for w in able[:3])
+    also = "".join(f"; {w.name} could run it but does not take {queue} (it takes {queues_text(w)})"
+                   for w in able[:3])
     if gpus > option.max_gpus:
         return "gpus", option.gpu_reason + also
     return "gpus", (f"no live worker takes {queue} ({option.label} on {gpus_text(gpus)}); "

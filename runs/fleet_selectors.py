@@ -14,7 +14,7 @@ from django.db.models import QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
-from runs.fleet_fit import gpus_text, routed_refusal, said_already, stage_needs, takes, worker_unfit
+from runs.fleet_fit import gpus_text, queues_text, routed_refusal, said_already, stage_needs, takes, worker_unfit
 from runs.fleet_models import Worker
 from runs.models import FINISHED_STATUSES, PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline import STAGES, STAGES_BY_NAME
@@ -69,8 +69,7 @@ def _unavailable_reason(backend: Backend, live: list[Worker]) -> str:
     able = [w for w in live if (w.capabilities or {}).get("backends", {}).get(backend.name, "missing") is None]
     if able:
         return (f"no live worker takes a queue of {backend.label}: "
-                + "; ".join(f"{w.name} could run it but takes only {', '.join(w.queues or []) or 'no queue'}"
-                            for w in able[:3]))
+                + "; ".join(f"{w.name} could run it but takes only {queues_text(w)}" for w in able[:3]))
     reasons = sorted({(w.capabilities or {}).get("backends", {}).get(backend.name)
                       or "it does not report this backend" for w in live})
     return f"no live worker has {backend.label} ({'; '.join(reasons)})"
@@ -329,7 +328,7 @@ def queued_work() -> dict:
         items.append(QueuedWork(kind=kind.name, label=kind.label, record_id=row.pk,
                                 run_id=run.pk if run is not None else None, run_name=str(run) if run else "",
                                 queue=queue, queued_at=joined,
-                                waits_for=waits_for, taken_by=[w.name for w in live if queue in w.queues],
+                                waits_for=waits_for, taken_by=[w.name for w in live if takes(w, queue)],
                                 problem=stage_problem(stage_name=kind.name, config=config),
                                 subject_url=_subject_url(kind.name, row)))
     items.sort(key=lambda item: (item.waits_for != "", item.queued_at, names.index(item.kind)
