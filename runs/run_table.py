@@ -12,7 +12,7 @@ from django.db.models.functions import Coalesce, Now
 
 from runs.models import Checkpoint, PipelineRun, StageStatus
 from runs.pipeline import STAGES
-from runs.selectors import run_rows, run_status
+from runs.selectors import RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, run_rows, run_status
 from workers.stages.errors import InputError
 
 PAGE_SIZE = 50
@@ -106,11 +106,9 @@ def with_columns(queryset: QuerySet[PipelineRun]) -> QuerySet[PipelineRun]:
     """Status as selectors.run_status words it, duration, best validation loss; in SQL."""
     return _shown_columns(queryset).annotate(
         status=Case(
-            When(_any_stage(StageStatus.FAILED), then=Value(StageStatus.FAILED.value)),
-            When(_any_stage(StageStatus.CANCELLED), then=Value(StageStatus.CANCELLED.value)),
-            When(_every_stage(StageStatus.SUCCEEDED), then=Value(StageStatus.SUCCEEDED.value)),
-            When(_every_stage(StageStatus.QUEUED), then=Value(StageStatus.QUEUED.value)),
-            default=Value(StageStatus.RUNNING.value), output_field=CharField()))
+            *(When((_any_stage if quantifier is any else _every_stage)(status), then=Value(status.value))
+              for quantifier, status in RUN_STATUS_RULES),
+            default=Value(RUN_STATUS_OTHERWISE.value), output_field=CharField()))
 
 
 def _tagged(**tag_filter):

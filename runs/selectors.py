@@ -110,18 +110,20 @@ def run_stages(run: PipelineRun) -> list[tuple[str, str, StageRecord]]:
     return [(stage.name, stage.label, getattr(run, stage.related_name)) for stage in STAGES]
 
 
+# The whole run's status from its stages': the first rule that holds (any stage, or every stage, has
+# that status), else RUN_STATUS_OTHERWISE. run_table.with_columns writes the same rules in SQL.
+RUN_STATUS_RULES = ((any, StageStatus.FAILED), (any, StageStatus.CANCELLED),
+                    (all, StageStatus.SUCCEEDED), (all, StageStatus.QUEUED))
+RUN_STATUS_OTHERWISE = StageStatus.RUNNING
+
+
 def run_status(run: PipelineRun) -> str:
     """One word for the whole run, derived from its stages."""
     statuses = [record.status for _, _, record in run_stages(run)]
-    if StageStatus.FAILED in statuses:
-        return StageStatus.FAILED
-    if StageStatus.CANCELLED in statuses:
-        return StageStatus.CANCELLED
-    if all(s == StageStatus.SUCCEEDED for s in statuses):
-        return StageStatus.SUCCEEDED
-    if all(s == StageStatus.QUEUED for s in statuses):
-        return StageStatus.QUEUED
-    return StageStatus.RUNNING
+    for quantifier, status in RUN_STATUS_RULES:
+        if quantifier(s == status for s in statuses):
+            return status
+    return RUN_STATUS_OTHERWISE
 
 
 def run_is_finished(run: PipelineRun) -> bool:

@@ -122,3 +122,27 @@ def test_run_page_lists_every_setting(client, user, roots):
     assert set(RunConfig().as_dict()) <= set(settings)
     page = client.get(run.get_absolute_url()).content.decode()
     assert run.created_at.strftime("%Y-%m-%d") in page  # absolute beside relative ("x minutes ago")
+
+
+def test_the_lists_sql_status_agrees_with_run_status_for_every_mix_of_stage_statuses(user, roots):
+    """The status a list filters and sorts by (SQL) is the one each row shows (selectors.run_status),
+    for every set of statuses a run's stages can hold (the rules look at which are present)."""
+    from itertools import combinations
+
+    from runs.models import PipelineRun
+    from runs.pipeline import STAGES
+    from runs.run_table import with_columns
+    from runs.selectors import run_rows, run_status
+
+    run = launch(roots, user)
+    statuses = list(StageStatus)
+    seen = set()
+    for size in range(1, len(STAGES) + 1):
+        for present in combinations(statuses, size):
+            for i, stage in enumerate(STAGES):
+                stage.model.objects.filter(run=run).update(status=present[i % size])
+            in_sql = with_columns(PipelineRun.objects.filter(pk=run.pk)).values_list("status", flat=True).get()
+            in_python = run_status(run_rows().get(pk=run.pk))
+            assert in_sql == in_python, (present, in_sql, in_python)
+            seen.add(in_python)
+    assert seen == set(statuses)
