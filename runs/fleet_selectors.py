@@ -89,8 +89,10 @@ def launch_options(*, live: list[Worker] | None = None) -> dict[str, BackendOpti
                 "" if backend.default else f"no worker is live to run {backend.label}",
                 1 if backend.default else 0, "no worker is live", (1,) if backend.default else ())
             continue
+        # No worker fits more GPUs than its host runs the backend on (one for the defaults): count no further.
+        upper = max(((w.capabilities or {}).get("max_gpus") or {}).get(backend.name, 0) for w in live)
         fits = {n: [w for w in live if worker_unfit(w, backend=backend.name, gpus=n) is None]
-                for n in range(1, MAX_GPUS + 1)}
+                for n in range(1, min(max(upper, 1), MAX_GPUS) + 1)}
         counts = tuple(n for n, workers in fits.items() if workers)
         if not counts:
             options[backend.name] = BackendOption(backend.name, backend.label, backend.stage, False,
