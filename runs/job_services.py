@@ -6,13 +6,28 @@ lost would otherwise leave it waiting for good; a duplicate is skipped by stage_
 pass already running is not reused: it reads the file as it was when it started."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from runs.job_models import DatasetCatalogue, VerificationRequest
-from runs.models import Dataset, Extraction, StageStatus
+from runs.models import Dataset, Extraction, StageRecord, StageStatus
 from runs.queue import job_enqueue, pending_enqueue
 from runs.roles import require
+
+
+def _queued_again_or_new(queued, *, job_name: str, create: Callable[[], StageRecord]) -> StageRecord:
+    """The queued job if there is one, handed to the broker again unless it waits in the outbox
+    (the broker may have lost its message); else a new one from `create`, handed over after commit."""
+    pending = queued.first()
+    if pending is not None:
+        if pending_enqueue(kind=job_name, object_id=pending.pk) is None:  # not waiting in the outbox either
+            job_enqueue(job_name=job_name, record_id=pending.pk)  # in case the broker lost its message
+        return pending
+    job = create()
+    job_enqueue(job_name=job_name, record_id=job.pk)
+    return job
 
 
 @transaction.atomic
@@ -21,15 +36,11 @@ def dataset_catalogue_request(*, dataset: Dataset, user: AbstractBaseUser | None
     if user is not None:
         require(user, "launch")
     Dataset.objects.select_for_update().filter(pk=dataset.pk).first()  # one request at a time per dataset
-    pending = dataset.catalogues.filter(status=StageStatus.QUEUED).first()
-    if pending is not None:
-        if pending_enqueue(kind="catalogue", object_id=pending.pk) is None:  # not waiting in the outbox either
-            job_enqueue(job_name="catalogue", record_id=pending.pk)  # in case the broker lost its message
-        return pending
     # A running pass reads the file as it was when it started: a grown file gets a pass of its own.
-    catalogue = DatasetCatalogue.objects.create(dataset=dataset, requested_by=user, size_bytes=dataset.size_bytes)
-    job_enqueue(job_name="catalogue", record_id=catalogue.pk)
-    return catalogue
+    return _queued_again_or_new(
+        dataset.catalogues.filter(status=StageStatus.QUEUED), job_name="catalogue",
+        create=lambda: DatasetCatalogue.objects.create(dataset=dataset, requested_by=user,
+                                                       size_bytes=dataset.size_bytes))
 
 
 @transaction.atomic
@@ -39,11 +50,6 @@ def extraction_verify_request(*, extraction: Extraction, full: bool, user: Abstr
     if user is not None:
         require(user, "verify")
     Extraction.objects.select_for_update().filter(pk=extraction.pk).first()
-    pending = extraction.verification_requests.filter(status=StageStatus.QUEUED, full=full).first()
-    if pending is not None:
-        if pending_enqueue(kind="verify", object_id=pending.pk) is None:  # not waiting in the outbox either
-            job_enqueue(job_name="verify", record_id=pending.pk)  # in case the broker lost its message
-        return pending
-    request = VerificationRequest.objects.create(extraction=extraction, full=full, requested_by=user)
-    job_enqueue(job_name="verify", record_id=request.pk)
-    return request
+    return _queued_again_or_new(
+        extraction.verification_requests.filter(status=StageStatus.QUEUED, full=full), job_name="verify",
+        create=lambda: VerificationRequest.objects.create(extraction=extraction, full=full, requested_by=user))
