@@ -9,9 +9,17 @@ import socket
 import subprocess
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol, TypeVar
+
+
+class _Service(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+_S = TypeVar("_S", bound=_Service)
 
 
 def free_port() -> int:
@@ -83,13 +91,17 @@ class PrivateRedis:
 
 
 @contextmanager
-def private_redis(*, log_path: Path | None = None) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(log_path=log_path)
-    server.start()
+def running(service: _S) -> Iterator[_S]:
+    """Start `service` (a PrivateRedis, a TcpProxy) for the block; stop it after, however it ends."""
+    service.start()
     try:
-        yield server
+        yield service
     finally:
-        server.stop()
+        service.stop()
+
+
+def private_redis(*, log_path: Path | None = None) -> AbstractContextManager[PrivateRedis]:
+    return running(PrivateRedis(log_path=log_path))
 
 
 class TcpProxy:
@@ -172,14 +184,8 @@ class TcpProxy:
         self._drop()
 
 
-@contextmanager
-def tcp_proxy(*, upstream: tuple[str, int]) -> Iterator[TcpProxy]:
-    proxy = TcpProxy(upstream=upstream)
-    proxy.start()
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
+def tcp_proxy(*, upstream: tuple[str, int]) -> AbstractContextManager[TcpProxy]:
+    return running(TcpProxy(upstream=upstream))
 
 
 @contextmanager
