@@ -107,8 +107,8 @@ class LaunchForm(forms.Form):
             self.fields[backend_field].widget.disabled = {o.name: o.reason for o in offered if not o.available}
             limits = [f"{o.label} {o.counts_text}" if o.available else f"{o.label}: {o.reason}" for o in offered]
             self.fields[gpus_field].help_text += " Live workers: " + "; ".join(limits) + "."
-            most = max((o.max_gpus for o in offered if o.available), default=1)
-            self.fields[gpus_field].widget.attrs["max"] = max(most, 1)
+            # An offered backend runs on one GPU at least (runs.fleet_selectors.launch_options).
+            self.fields[gpus_field].widget.attrs["max"] = max((o.max_gpus for o in offered if o.available), default=1)
 
     def clean_name(self) -> str:
         try:
