@@ -3,21 +3,11 @@ ExtractStage and, once it wrote files, its Extraction, both with the old id (so 
 and the stage's attempts still answer); an imported one becomes an artifact only; an imported
 checkpoint keeps its provenance. And back again."""
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.migration_steps import migrate, migrate_to_latest
 
 BEFORE = [("runs", "0011_enqueue_outbox")]
 AFTER = [("runs", "0012_extract_stage_and_artifact_provenance")]
-
-
-def latest():
-    return MigrationExecutor(connection).loader.graph.leaf_nodes()
-
-
-def migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.migrate(targets)
-    return MigrationExecutor(connection).loader.project_state(targets).apps
 
 
 @pytest.mark.django_db(transaction=True)
@@ -66,4 +56,4 @@ def test_existing_extractions_and_checkpoints_are_split_by_provenance():
     assert (rows[runs[0].pk].pk, rows[runs[0].pk].status, rows[runs[0].pk].device) == (written.pk, "succeeded", "cpu")
     assert rows[runs[1].pk].status == "queued"
     assert old.get_model("runs", "Checkpoint").objects.get(pk=brought.pk).imported
-    migrate(latest())  # the later migrations too: the test database is left as it was
+    migrate_to_latest()  # the later migrations too: the test database is left as it was

@@ -3,16 +3,11 @@ be read; a checkpoint whose directory is gone stays empty (its serve command fal
 import json
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.migration_steps import migrate, migrate_to_latest
 
 BEFORE = [("runs", "0018_datasetsample_content_hash")]
 AFTER = [("runs", "0019_checkpoint_speculative_tokens")]
-
-
-def migrate(targets):
-    MigrationExecutor(connection).migrate(targets)
-    return MigrationExecutor(connection).loader.project_state(targets).apps
 
 
 @pytest.mark.django_db(transaction=True)
@@ -36,4 +31,4 @@ def test_existing_checkpoints_get_their_speculative_tokens(tmp_path):
     Checkpoint = new.get_model("runs", "Checkpoint")
     assert Checkpoint.objects.get(pk=readable.pk).speculative_tokens == 6
     assert Checkpoint.objects.get(pk=gone.pk).speculative_tokens is None
-    migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+    migrate_to_latest()

@@ -2,16 +2,11 @@
 twice keeps its later value (and is counted as refused), summaries as the write path would keep them."""
 import numpy as np
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.migration_steps import migrate, migrate_to_latest
 
 BEFORE = [("runs", "0012_extract_stage_and_artifact_provenance")]
 AFTER = [("runs", "0013_metric_series")]
-
-
-def migrate(targets):
-    MigrationExecutor(connection).migrate(targets)
-    return MigrationExecutor(connection).loader.project_state(targets).apps
 
 
 @pytest.mark.django_db(transaction=True)
@@ -46,4 +41,4 @@ def test_points_become_series_and_chunks():
     assert values[5] == 99.0 and len(values) == n
     acc = Series.objects.get(split="val")
     assert acc.num_non_finite == 1 and acc.min_value is None
-    migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+    migrate_to_latest()
