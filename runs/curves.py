@@ -120,9 +120,8 @@ def curve_window(*, training_run_id: int, query: CurveQuery) -> list[dict]:
 
 
 def series_points(*, series: MetricSeries) -> Points:
-    """Every point of a series, at full resolution (exports, tests)."""
-    rows = series.chunks.order_by("last_step").values_list("steps", "epochs", "values", "times")
-    return Points.concat([unpack({"steps": s, "epochs": e, "values": v, "times": t}) for s, e, v, t in rows])
+    """Every point of a series, at full resolution, in one array per column (tests, small series)."""
+    return Points.concat(list(series_chunks(series=series)))
 
 
 def run_series_summaries(*, training_run_ids: list[int]) -> dict[int, list[dict]]:
