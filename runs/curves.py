@@ -22,7 +22,6 @@ MAX_KEYS = 64
 # the points asked for still gets more candidates than that from the previews of the chunks wholly
 # inside it, and reads those (a few KB a chunk) instead of the chunks (128 KB each).
 PREVIEW_FACTOR = 32
-X_AXES = ("step", "epoch", "time")
 
 
 @dataclass(frozen=True)
