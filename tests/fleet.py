@@ -1,13 +1,17 @@
 """Worker rows for tests: this host as it really is, and a GPU host we do not have here.
 
-The GPU host is a stand-in (no GPU, no vLLM on the test machine): its capabilities are written in
-the shape workers.stages.backends.host_capabilities() gives on such a host, and named FAKE."""
+The GPU host is a stand-in (no GPU, no vLLM on the test machine): its capabilities are what
+workers.stages.backends.host_capabilities() gives with that host's GPUs and libraries standing in
+for this one's, and named FAKE."""
 from __future__ import annotations
+
+from unittest import mock
 
 from django.utils import timezone
 
 from runs.fleet_models import Worker
 from runs.fleet_services import worker_heartbeat
+from workers.stages import backends
 from workers.stages.backends import host_capabilities, host_queues
 
 H100_BYTES = 85_899_345_920  # what torch reports as total_memory for an 80 GiB H100
@@ -15,20 +19,16 @@ H100_BYTES = 85_899_345_920  # what torch reports as total_memory for an 80 GiB 
 
 def fake_gpu_host_capabilities(*, gpus: int = 8, vllm: bool = True, speculators: bool = True,
                                accelerate: bool = True) -> dict:
-    """FAKE: an 8-GPU host with vLLM and speculators, as host_capabilities() would describe it."""
-    reasons = {"transformers": None, "eagle3web": None,
-               "vllm": None if vllm else "vllm is not installed",
-               "speculators": None if speculators else "speculators is not installed"}
-    most = {"transformers": gpus if accelerate else 1, "eagle3web": 1,
-            "vllm": gpus if vllm else 0, "speculators": gpus if speculators else 0}
-    full = f"needs {gpus + 1} GPUs; this host has {gpus}"
-    more = {"transformers": full if accelerate else
-            "spreading a target over several GPUs (device_map) needs accelerate, which is not installed",
-            "eagle3web": "trains on one device; choose speculators to train on several GPUs",
-            "vllm": full if vllm else None, "speculators": full if speculators else None}
-    return {"hostname": "fake-gpu-host", "cpu_count": 64,
-            "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_bytes": H100_BYTES}] * gpus,
-            "backends": reasons, "max_gpus": most, "more_gpus": more,
+    """FAKE: an 8-GPU host with vLLM and speculators: host_capabilities() itself, run here with the
+    GPUs and the installed libraries standing in for that host's."""
+    missing = {name for name, present in (("vllm", vllm), ("speculators", speculators), ("accelerate", accelerate))
+               if not present}
+    h100 = backends.Gpu(name="NVIDIA H100 80GB HBM3", memory_bytes=H100_BYTES)
+    with mock.patch.object(backends, "detect_gpus", lambda: (h100,) * gpus), \
+            mock.patch.object(backends, "_installed", lambda module: module not in missing), \
+            mock.patch.object(backends, "_executable", lambda name: None):
+        capabilities = host_capabilities()
+    return {**capabilities, "hostname": "fake-gpu-host", "cpu_count": 64,
             "versions": {"python": "3.11.7", "torch": "2.13.0+cu128", "transformers": "5.19.0",
                          "accelerate": "1.15.0" if accelerate else None, "speculators": "0.9.0",
                          "vllm": "0.11.0" if vllm else None}}
