@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from workers.stages.extract_resume import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +59,8 @@ def ledger_path(out_dir: Path) -> Path:
 
 
 def ledger_save(out_dir: Path, ledger: Ledger) -> None:
-    path = ledger_path(out_dir)
-    tmp = path.with_name(path.name + ".tmp")
-    data = {"format": LEDGER_FORMAT, "fingerprint": ledger.fingerprint,
-            "epochs": [vars(e) for e in ledger.epochs]}
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(ledger_path(out_dir), {"format": LEDGER_FORMAT, "fingerprint": ledger.fingerprint,
+                                             "epochs": [vars(e) for e in ledger.epochs]})
 
 
 def _ledger_read(out_dir: Path) -> dict | None:
