@@ -39,7 +39,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -47,7 +46,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from workers.stages.child_process import die_with_parent
+from workers.stages.child_process import die_with_parent, stop_group
 from workers.stages.speculators_entry import METRICS_PATH_ENV
 from workers.stages.speculators_layout import default_data_dir, speculators_data_link
 from workers.stages.speculators_ledger import EpochDone, checkpoint_whole, ledger_open, ledger_save
@@ -224,21 +223,11 @@ class _Trainer:
                 if not (_METRIC_ECHO.search(line) or _PROGRESS_BAR.search(line)):
                     logger.info("speculators: %s", " ".join(_RICH_SOURCE.sub("", line).split()))
 
-    def signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)  # torchrun and every rank: they share its session
-        except ProcessLookupError:
-            pass
-
     def stop(self, grace_seconds: float) -> None:
-        """SIGTERM (speculators saves `interrupted/` and exits), SIGKILL after the grace period."""
-        self.signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace_seconds)
-        except subprocess.TimeoutExpired:
-            logger.warning("speculators did not stop within %.0f s of SIGTERM; killing it", grace_seconds)
-            self.signal(signal.SIGKILL)
-            self.proc.wait()
+        """SIGTERM to torchrun and every rank (speculators saves `interrupted/` and exits), SIGKILL
+        to what is left after the grace period."""
+        if stop_group(self.proc, grace_seconds):
+            logger.warning("speculators did not stop within %.0f s of SIGTERM; killed it", grace_seconds)
 
     def wait(self) -> int:
         rc = self.proc.wait()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -19,7 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.stages.child_process import die_with_parent
+from workers.stages.child_process import die_with_parent, stop_group
 
 HOST = "127.0.0.1"
 HEALTH_POLL_SECONDS = 1.0
@@ -159,28 +158,4 @@ class VllmServer:
         if self.proc is None or self.stopped:
             return
         self.stopped = True  # before signalling: the group id may be reused once it is gone
-        pgid = self.proc.pid  # start_new_session: the server leads its own group
-        if not _signal_group(pgid, signal.SIGTERM):
-            self.proc.wait()
-            return
-        deadline = time.monotonic() + grace_s
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        # The leader may be gone while its workers still shut down.
-        while time.monotonic() < deadline and _signal_group(pgid, 0):
-            time.sleep(0.2)
-        _signal_group(pgid, signal.SIGKILL)
-        self.proc.wait()
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """False when no process of the group is left to receive it."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # the group id was reused by someone else's process: ours is gone
-        return False
-    return True
+        stop_group(self.proc, grace_s)
