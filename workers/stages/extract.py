@@ -197,6 +197,59 @@ def _prepared_max_seq_len(prepared_dir: Path, lengths: list[int]) -> int:
         return max(lengths)
 
 
+def write_manifest(*, out_dir: Path, hs_dir: Path, target_dir: Path, prepared_dir: Path, lengths: list[int],
+                   layer_ids: list[int], hidden_size: int, dtype: str, tp_size: int, started: float,
+                   model_load_seconds: float, forward_seconds: float, reused, tokens_extracted: int,
+                   bytes_on_disk: int, device: str, extra: dict | None = None) -> ExtractionResult:
+    """data_config.json for a finished extraction (either backend), written last and whole (temp +
+    rename: a manifest on disk means every file it counts is complete), and the result it describes.
+
+    `reused` is extract_resume.ReusedSamples: the samples an earlier attempt left whole; the timings
+    and tokens per second are this attempt's."""
+    num_rows, num_layers = len(lengths), len(layer_ids)
+    total_tokens = reused.tokens + tokens_extracted
+    total_time = time.perf_counter() - started
+    tps = tokens_extracted / forward_seconds if forward_seconds > 0 else 0.0
+    manifest = {
+        "model_path": str(target_dir),
+        "layer_ids": layer_ids,
+        "max_seq_len": _prepared_max_seq_len(prepared_dir, lengths),
+        "tp_size": tp_size,
+        "total_samples": num_rows,
+        "total_tokens": total_tokens,
+        "total_time_seconds": round(total_time, 3),
+        "data_format_version": 1,
+        "hidden_size": hidden_size,
+        "num_layers_captured": num_layers,
+        "dtype": dtype,
+        "layer_id_convention": "hf_hidden_states_index",
+        "last_layer": "pre_final_norm",
+        "file_pattern": FILE_PATTERN,
+        "prepared_path": str(prepared_dir),
+        "model_load_seconds": round(model_load_seconds, 3),
+        "forward_seconds": round(forward_seconds, 3),
+        "tokens_per_second": round(tps, 1),
+        "samples_reused": len(reused.indices),
+        "tokens_extracted": tokens_extracted,
+        "device": device,
+        "bytes_on_disk": bytes_on_disk,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **(extra or {}),
+    }
+    manifest_path = out_dir / MANIFEST_NAME
+    write_json_atomic(manifest_path, manifest)
+    return ExtractionResult(
+        out_dir=out_dir, hidden_states_dir=hs_dir, manifest_path=manifest_path, num_samples=num_rows,
+        total_tokens=total_tokens, layer_ids=layer_ids, hidden_size=hidden_size, num_layers_captured=num_layers,
+        dtype=dtype, model_load_seconds=model_load_seconds, forward_seconds=forward_seconds,
+        total_time_seconds=total_time, tokens_per_second=tps, bytes_on_disk=bytes_on_disk,
+        bytes_per_token=bytes_on_disk / total_tokens,
+        floor_bytes_per_token=floor_bytes_per_token(num_layers, hidden_size, dtype), device=device,
+        num_samples_reused=len(reused.indices), num_samples_extracted=num_rows - len(reused.indices),
+        tokens_extracted=tokens_extracted,
+    )
+
+
 def extract(
     *,
     target_dir: Path,
@@ -286,66 +339,17 @@ def extract(
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
-    num_layers_captured, hidden_size = len(layer_ids), target.hidden_size
-    floor = floor_bytes_per_token(num_layers_captured, hidden_size, store_dtype)
-    total_tokens = reused.tokens + extracted_tokens
-    total_time = time.perf_counter() - started
-    # This attempt's speed: tokens it ran through the target over its own forward time.
-    tps = extracted_tokens / forward_seconds if forward_seconds > 0 else 0.0
-    manifest = {
-        "model_path": str(target_dir),
-        "layer_ids": layer_ids,
-        "max_seq_len": _prepared_max_seq_len(prepared_dir, lengths),
-        "tp_size": 1,
-        "total_samples": num_rows,
-        "total_tokens": total_tokens,
-        "total_time_seconds": round(total_time, 3),
-        "data_format_version": 1,
-        "hidden_size": hidden_size,
-        "num_layers_captured": num_layers_captured,
-        "dtype": store_dtype,
-        "layer_id_convention": "hf_hidden_states_index",
-        "last_layer": "pre_final_norm",
-        "file_pattern": FILE_PATTERN,
-        "prepared_path": str(prepared_dir),
-        "model_load_seconds": round(model_load_seconds, 3),
-        "forward_seconds": round(forward_seconds, 3),
-        "tokens_per_second": round(tps, 1),
-        "samples_reused": len(kept),  # kept from an earlier attempt; the timings above are this attempt's
-        "tokens_extracted": extracted_tokens,
-        "device": where,
-        "bytes_on_disk": bytes_on_disk,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    manifest_path = out_dir / MANIFEST_NAME
-    # Written last, whole (temp + rename): a manifest on disk means every file it counts is complete.
-    write_json_atomic(manifest_path, manifest)
-    bytes_per_token = bytes_on_disk / total_tokens
-    if bytes_per_token > floor * 1.10:
-        log.warning("%.0f bytes per token on disk, floor %d: many tiny rows?", bytes_per_token, floor)
+    result = write_manifest(
+        out_dir=out_dir, hs_dir=hs_dir, target_dir=target_dir, prepared_dir=prepared_dir, lengths=lengths,
+        layer_ids=layer_ids, hidden_size=target.hidden_size, dtype=store_dtype, tp_size=1, started=started,
+        model_load_seconds=model_load_seconds, forward_seconds=forward_seconds, reused=reused,
+        tokens_extracted=extracted_tokens, bytes_on_disk=bytes_on_disk, device=where)
+    if result.bytes_per_token > result.floor_bytes_per_token * 1.10:
+        log.warning("%.0f bytes per token on disk, floor %d: many tiny rows?", result.bytes_per_token,
+                    result.floor_bytes_per_token)
     log.info(
         "extracted %d rows (%d kept from an earlier attempt), %d tokens, layers %s in %.1f s (%.0f tok/s on %s)",
-        num_rows - len(kept), len(kept), extracted_tokens, layer_ids, total_time, tps, manifest["device"],
+        num_rows - len(kept), len(kept), extracted_tokens, layer_ids, result.total_time_seconds,
+        result.tokens_per_second, where,
     )
-    return ExtractionResult(
-        out_dir=out_dir,
-        hidden_states_dir=hs_dir,
-        manifest_path=manifest_path,
-        num_samples=num_rows,
-        total_tokens=total_tokens,
-        layer_ids=layer_ids,
-        hidden_size=hidden_size,
-        num_layers_captured=num_layers_captured,
-        dtype=store_dtype,
-        model_load_seconds=model_load_seconds,
-        forward_seconds=forward_seconds,
-        total_time_seconds=total_time,
-        tokens_per_second=tps,
-        bytes_on_disk=bytes_on_disk,
-        bytes_per_token=bytes_per_token,
-        floor_bytes_per_token=floor,
-        device=manifest["device"],
-        num_samples_reused=len(kept),
-        num_samples_extracted=num_rows - len(kept),
-        tokens_extracted=extracted_tokens,
-    )
+    return result

@@ -45,23 +45,19 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import closing
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-from workers.stages.dtypes import floor_bytes_per_token
 from workers.stages.errors import InputError, StopRequested
 from workers.stages.extract import (
-    FILE_PATTERN,
     HIDDEN_STATES_DIRNAME,
     MANIFEST_NAME,
     ExtractionResult,
-    _prepared_max_seq_len,
     open_prepared,
+    write_manifest,
 )
 from workers.stages.extract_resume import (
     extraction_fingerprint,
     resume_or_start,
-    write_json_atomic,
 )
 from workers.stages.progress import ProgressFn
 from workers.stages.target import read_target_config, read_target_json, validate_layer_ids
@@ -274,49 +270,18 @@ def extract_with_vllm(
             generate_seconds = time.perf_counter() - t0
     shutil.rmtree(staging, ignore_errors=True)
 
-    store_floor = floor_bytes_per_token(num_layers, hidden_size, STORE_DTYPE)
-    total_tokens = reused.tokens + tokens_extracted
-    total_time = time.perf_counter() - started
-    tps = tokens_extracted / generate_seconds if generate_seconds > 0 else 0.0
-    device = f"vllm (tensor parallel {tensor_parallel_size})"
-    manifest = {
-        "model_path": str(target_dir),
-        "layer_ids": layer_ids,
-        "max_seq_len": _prepared_max_seq_len(prepared_dir, lengths),
-        "tp_size": tensor_parallel_size,
-        "total_samples": num_rows,
-        "total_tokens": total_tokens,
-        "total_time_seconds": round(total_time, 3),
-        "data_format_version": 1,
-        "hidden_size": hidden_size,
-        "num_layers_captured": num_layers,
-        "dtype": STORE_DTYPE,
-        "layer_id_convention": "hf_hidden_states_index",
-        "last_layer": "pre_final_norm",
-        "file_pattern": FILE_PATTERN,
-        "prepared_path": str(prepared_dir),
-        "model_load_seconds": round(startup_seconds, 3),  # vllm serve's start until /health answered
-        "forward_seconds": round(generate_seconds, 3),  # the requests, wall clock
-        "tokens_per_second": round(tps, 1),
-        "samples_reused": len(kept),
-        "tokens_extracted": tokens_extracted,
-        "device": device,
-        "bytes_on_disk": nbytes,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "extraction_backend": "vllm",
-    }
-    manifest_path = out_dir / MANIFEST_NAME
-    write_json_atomic(manifest_path, manifest)  # last and whole: a manifest means every sample is in place
+    result = write_manifest(
+        out_dir=out_dir, hs_dir=hs_dir, target_dir=target_dir, prepared_dir=prepared_dir, lengths=lengths,
+        layer_ids=layer_ids, hidden_size=hidden_size, dtype=STORE_DTYPE, tp_size=tensor_parallel_size,
+        started=started,
+        model_load_seconds=startup_seconds,  # vllm serve's start until /health answered
+        forward_seconds=generate_seconds,  # the requests, wall clock
+        reused=reused, tokens_extracted=tokens_extracted, bytes_on_disk=nbytes,
+        device=f"vllm (tensor parallel {tensor_parallel_size})", extra={"extraction_backend": "vllm"})
     log.info("vLLM extracted %d rows (%d kept from an earlier attempt), %d tokens in %.1f s (%.0f tok/s, TP %d)",
-             len(todo), len(kept), tokens_extracted, total_time, tps, tensor_parallel_size)
-    return ExtractionResult(
-        out_dir=out_dir, hidden_states_dir=hs_dir, manifest_path=manifest_path, num_samples=num_rows,
-        total_tokens=total_tokens, layer_ids=layer_ids, hidden_size=hidden_size, num_layers_captured=num_layers,
-        dtype=STORE_DTYPE, model_load_seconds=startup_seconds, forward_seconds=generate_seconds,
-        total_time_seconds=total_time, tokens_per_second=tps, bytes_on_disk=nbytes,
-        bytes_per_token=nbytes / total_tokens, floor_bytes_per_token=store_floor, device=device,
-        num_samples_reused=len(kept), num_samples_extracted=len(todo), tokens_extracted=tokens_extracted,
-    )
+             len(todo), len(kept), tokens_extracted, result.total_time_seconds, result.tokens_per_second,
+             tensor_parallel_size)
+    return result
 
 
 def _generate(*, server: VllmServer, model_id: str, rows: Iterator[tuple[int, list[int]]], staging: Path,
