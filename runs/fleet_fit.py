@@ -10,13 +10,12 @@ No database access here: callers pass the live Worker rows (runs.fleet_selectors
 from __future__ import annotations
 
 import socket
-
 from typing import TYPE_CHECKING
 
 from runs.fleet_models import Worker
-from workers.stages import backends as this_host  # detect_gpus read through the module: a test may stand one in
 from runs.routing import ROUTED_STAGES, backend_field, gpus_field, stage_backend, stage_problem
 from runs.run_config import RunConfig
+from workers.stages import backends as this_host  # detect_gpus read through the module: a test may stand one in
 from workers.stages.backends import (
     BACKENDS_BY_NAME,
     DEFAULT_GPU_QUEUE,
@@ -87,7 +86,6 @@ def worker_cannot_run(worker: Worker, *, backend: str, gpus: int) -> str | None:
         if gpus > most:
             return (caps.get("more_gpus") or {}).get(backend) or f"it runs {known.label} on {gpus_text(most)} at most"
     return None
-
 
 
 def gpu_memory_bytes(gpus_memory: list[int], *, gpus: int) -> int:
