@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.contrib.auth import get_user_model
 from django.core.paginator import Page, Paginator
 from django.db.models import (Case, CharField, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery,
                               Value, When)
 from django.db.models.functions import Coalesce, Now
 
-from runs.models import Checkpoint, PipelineRun, StageStatus
+from runs.models import Checkpoint, Dataset, PipelineRun, RunTag, StageStatus, TargetModel
 from runs.pipeline import STAGES
 from runs.selectors import RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, run_rows, run_status
 from workers.stages.errors import InputError
@@ -113,8 +114,6 @@ def with_columns(queryset: QuerySet[PipelineRun]) -> QuerySet[PipelineRun]:
 
 def _tagged(**tag_filter):
     """Ids of runs carrying a matching tag, as a subquery: joining the tags would repeat runs."""
-    from runs.models import RunTag
-
     return RunTag.runs.through.objects.filter(**{f"runtag__{k}": v for k, v in tag_filter.items()}).values(
         "pipelinerun_id")
 
@@ -157,11 +156,6 @@ def run_table(*, filters: RunFilters) -> tuple[Page, int]:
 
 def filter_choices() -> dict:
     """What the filter menus offer: every target, dataset, owner and tag that has a run."""
-    from runs.models import RunTag
-
-    from django.contrib.auth import get_user_model
-
-    from runs.models import Dataset, TargetModel
 
     def having_runs(model, field: str, name: str) -> list[str]:
         # Exists over the runs' foreign-key index: a handful of targets, not a scan of every run.
