@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from django.http import Http404
 
 from runs.metric_chunks import CHUNK_POINTS, Points, downsample, unpack, unpack_one
-from runs.models import MetricChunk, MetricSeries
+from runs.models import MetricChunk, MetricSeries, PipelineRun
 
 DEFAULT_POINTS = 2000
 MAX_POINTS = 20000
@@ -146,10 +147,6 @@ class CurveOwner:
 
 def curve_owner(*, run_id: int) -> CurveOwner:
     """The run whose curves are asked for, and its training's id; Http404 when there is no such run."""
-    from django.http import Http404
-
-    from runs.models import PipelineRun
-
     row = PipelineRun.objects.filter(pk=run_id).values_list("pk", "training_run__pk").first() if run_id < 2**63 else None
     if row is None:
         raise Http404(f"no run {run_id}")
