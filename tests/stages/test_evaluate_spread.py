@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.stages.test_evaluate import inputs, prompts, untrained_checkpoint  # noqa: F401 - fixtures
-from workers.stages import extract
+from workers.stages import extract, extract_model
 from workers.stages.evaluate import EvaluationInputError, evaluate
 
 
@@ -38,7 +38,7 @@ def test_a_spread_target_is_loaded_for_num_gpus_and_decodes_as_on_one_device(tin
         return real_load(target_dir, device)  # FAKE: the CPU stands in for the spread over cuda:0..n-1
 
     monkeypatch.setattr(extract, "load_target", load_on_this_cpu)
-    monkeypatch.setattr(extract, "spread_device", lambda num_gpus: torch.device("cpu"))  # FAKE cuda:0
+    monkeypatch.setattr(extract_model, "spread_device", lambda num_gpus: torch.device("cpu"))  # FAKE cuda:0
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "FAKE H100")
     common = dict(target_dir=tiny_target.target_dir, checkpoint_dir=untrained_checkpoint, prompts=prompts[:3],
                   prompt_source="demo chats", max_new_tokens=16)

@@ -314,8 +314,7 @@ def evaluate(
 
     num_gpus > 1 spreads the target over that many GPUs as the extraction does (load_target,
     device_map); `device` is then ignored, and the draft and the inputs go to cuda:0."""
-    from workers.stages.device import device_label, resolve_device
-    from workers.stages.extract import load_target, spread_device
+    from workers.stages.extract import load_target, place_target
 
     started = time.monotonic()
     target_dir, checkpoint_dir = Path(target_dir), Path(checkpoint_dir)
@@ -323,12 +322,8 @@ def evaluate(
         raise EvaluationInputError("no prompts to evaluate on")
     if max_new_tokens < 1:
         raise EvaluationInputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
-        raise EvaluationInputError(f"num_gpus must be a whole number of at least 1, got {num_gpus!r}")
+    dev, where = place_target(num_gpus, device, EvaluationInputError)
     target_cfg = read_target_config(target_dir)
-    dev = spread_device(num_gpus) if num_gpus > 1 else resolve_device(device)
-    where = (f"cuda:0-{num_gpus - 1} ({num_gpus} x {torch.cuda.get_device_name(0)}, device_map=auto)"
-             if num_gpus > 1 else device_label(dev))
     model = load_target(target_dir, dev, num_gpus)
     dtype = next(model.parameters()).dtype
     draft = load_draft(checkpoint_dir, model, dev, dtype)

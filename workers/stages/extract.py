@@ -41,7 +41,13 @@ import torch  # noqa: E402
 from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
 from workers.stages.dtypes import floor_bytes_per_token  # noqa: E402
 from workers.stages.extract_files import HiddenBatch, _check_batch, _write_batch, _writer  # noqa: E402,F401
-from workers.stages.extract_model import LayerCapture, decoder_parts, load_target, spread_device  # noqa: E402,F401
+from workers.stages.extract_model import (  # noqa: E402,F401
+    LayerCapture,
+    decoder_parts,
+    load_target,
+    place_target,
+    spread_device,
+)
 from workers.stages.extract_resume import (  # noqa: E402
     extraction_fingerprint,
     resume_or_start,
@@ -294,11 +300,7 @@ def extract(
         log.info("resuming %s: %d of %d samples already written whole are kept, %d incomplete redone",
                  out_dir, len(kept), num_rows, reused.redone)
 
-    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
-        raise ValueError(f"num_gpus must be a whole number of at least 1, got {num_gpus!r}")
-    dev = spread_device(num_gpus) if num_gpus > 1 else resolve_device(device)
-    where = (f"cuda:0-{num_gpus - 1} ({num_gpus} x {torch.cuda.get_device_name(0)}, device_map=auto)"
-             if num_gpus > 1 else device_label(dev))
+    dev, where = place_target(num_gpus, device)
     forward_seconds, model_load_seconds = 0.0, 0.0
     bytes_on_disk, extracted_tokens, done = reused.nbytes, 0, len(kept)
     step = max(1, num_rows // 100)

@@ -43,6 +43,20 @@ def spread_device(num_gpus: int) -> torch.device:
     return torch.device("cuda", 0)
 
 
+def place_target(num_gpus: int, device: str, error: type[Exception] = ValueError) -> tuple[torch.device, str]:
+    """(where the target's inputs go, how to name where it runs) for `device`, or spread over
+    num_gpus GPUs (device then ignored); `error` for a num_gpus that is not a whole number >= 1."""
+    from workers.stages.device import device_label, resolve_device
+
+    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
+        raise error(f"num_gpus must be a whole number of at least 1, got {num_gpus!r}")
+    if num_gpus == 1:
+        dev = resolve_device(device)
+        return dev, device_label(dev)
+    return spread_device(num_gpus), (f"cuda:0-{num_gpus - 1} ({num_gpus} x {torch.cuda.get_device_name(0)}, "
+                                     "device_map=auto)")
+
+
 def decoder_parts(model) -> tuple[torch.nn.Module, torch.nn.ModuleList, torch.nn.Module]:
     """(base model without lm_head, its decoder layers, its final norm)."""
     base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
