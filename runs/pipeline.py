@@ -16,6 +16,12 @@ class StageKind:
     related_name: str  # attribute on PipelineRun ("" for a job)
     queue: str
 
+    @property
+    def is_job(self) -> bool:
+        """One of the JOBS users start outside a run: no run to follow on in (or to cancel when it
+        fails), and it reads files and the database only, so its worker needs no torch."""
+        return not self.related_name
+
 
 STAGES = (
     StageKind("prepare", "Prepare dataset", Preparation, "preparation", "cpu"),

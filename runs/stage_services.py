@@ -32,7 +32,7 @@ from runs.models import (
 )
 from runs.curation import CatalogueCounts
 from runs.metric_services import metrics_truncate
-from runs.pipeline import JOB_NAMES, JOBS, STAGES, STAGES_BY_NAME
+from runs.pipeline import JOBS, STAGES, STAGES_BY_NAME
 from runs.upstream_commands import recorded_speculative_tokens
 
 if TYPE_CHECKING:  # the stages import torch; these services only read their dataclasses
@@ -184,7 +184,7 @@ def stages_reconcile() -> list[str]:
                 kind.model.objects.filter(pk=pk).update(  # queued_at: it joins the back of its queue now
                     status=StageStatus.QUEUED, queued_at=now, started_at=None, finished_at=None, lease_expires_at=None,
                     progress_done=0, progress_total=0, worker="")
-                if kind.name in JOB_NAMES:
+                if kind.is_job:
                     job_enqueue(job_name=kind.name, record_id=pk)
                 elif row.run_id is not None:
                     # Stages after it were left queued by the lost chain; one new chain runs them all.
@@ -223,7 +223,7 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
                    started_at=started_at)
     if started_at is not None and not updated and not _stage_qs(stage_name, record_id, started_at).exists():
         return  # the row went on without this attempt (queued again, retried): later stages are not its to cancel
-    if stage_name in JOB_NAMES:
+    if STAGES_BY_NAME[stage_name].is_job:
         return  # a job stands alone
     run_id = _stage_qs(stage_name, record_id).values_list("run_id", flat=True).first()
     if run_id is None:

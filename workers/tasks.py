@@ -302,7 +302,8 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
     # than a short lease, and a lapsed lease hands the stage to another attempt.
     heartbeat = Heartbeat(stage_name=stage_name, record_id=record_id, started_at=fence)
     heartbeat.start()
-    if stage_name not in JOB_NAMES:  # jobs read files and the database; a cpu worker runs them without torch
+    kind = STAGES_BY_NAME[stage_name]
+    if not kind.is_job:  # a cpu worker runs the jobs without torch
         import torch
 
         torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
@@ -311,9 +312,8 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
         log.addHandler(reporter)
         log.setLevel(logging.INFO)
     try:
-        model = STAGES_BY_NAME[stage_name].model
-        related = () if stage_name in JOB_NAMES else ("run__target", "run__dataset")
-        record = model.objects.select_related(*related).get(pk=record_id)
+        related = () if kind.is_job else ("run__target", "run__dataset")
+        record = kind.model.objects.select_related(*related).get(pk=record_id)
         logger.info("%s %s started on %s", stage_name, record_id, worker)
         result = STAGE_BODIES[stage_name](record, reporter)
         logger.info("%s %s finished", stage_name, record_id)
