@@ -1,7 +1,9 @@
 """The train/validation split: whole conversations on one side, deterministic for a seed."""
 import pytest
 
-from workers.stages.split import SplitError, split_record, split_train_val
+from workers.stages.evaluate_prompts import EvaluationInputError, validation_rows
+from workers.stages.speculators_plan import speculators_split
+from workers.stages.split import SplitError, split_record, split_train_val, write_split
 
 # 12 conversations of 1-5 rows each, rows of a conversation adjacent as prepare writes them.
 IDS = [f"c{c}" for c in range(12) for _ in range(1 + c % 5)]
@@ -65,3 +67,34 @@ def test_record_names_the_held_out_conversations():
     assert record["train_conversations"] == info.train_conversations
     assert (record["by"], record["seed"], record["val_fraction"]) == ("conversation", 5, 0.2)
     assert record["sizes"] == info.as_dict()
+
+
+# speculators' trainer splits by position: rows [0, int(n * (1 - val_fraction))) train, the rest validate.
+CONTIGUOUS = ["a", "a", "b", "b", "b", "c", "c", "d"]
+
+
+def test_speculators_split_keeps_the_straddling_conversation_out_of_the_recorded_validation_rows(tmp_path):
+    train_rows, info, record = speculators_split(CONTIGUOUS, num_rows=8, val_fraction=0.5, seed=0)
+    assert train_rows == 4  # a, a, b, b train; b, c, c, d validate: "b" straddles
+    assert record["straddling_conversations"] == ["b"]
+    assert record["val_rows"] == [5, 6, 7] and record["val_conversations"] == ["c", "d"]
+    assert record["train_rows"] == [0, 1, 2, 3]
+    # The sizes stay what speculators validates on: all four rows after the boundary.
+    assert (info.train_rows, info.val_rows) == (4, 4) and record["sizes"]["val_rows"] == 4
+    assert (info.train_conversations, info.val_conversations) == (2, 2)
+    write_split(tmp_path, record)
+    assert validation_rows(tmp_path) == [5, 6, 7]
+
+
+def test_speculators_split_on_a_conversation_boundary_records_every_validation_row():
+    train_rows, info, record = speculators_split(CONTIGUOUS, num_rows=8, val_fraction=0.375, seed=0)
+    assert train_rows == 5 and record["straddling_conversations"] == []
+    assert record["val_rows"] == [5, 6, 7] and record["val_conversations"] == ["c", "d"]
+
+
+def test_an_evaluation_is_refused_when_every_validation_row_was_partly_trained_on(tmp_path):
+    _, info, record = speculators_split(["a", "a", "b", "b"], num_rows=4, val_fraction=0.25, seed=0)
+    assert record["val_rows"] == [] and record["straddling_conversations"] == ["b"] and info.val_rows == 1
+    write_split(tmp_path, record)
+    with pytest.raises(EvaluationInputError, match="no held-out conversation .* give a prompts file"):
+        validation_rows(tmp_path)

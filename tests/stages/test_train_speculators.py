@@ -208,7 +208,7 @@ def test_stop_ends_the_trainer_after_a_registered_epoch_cpu_device_patched(stopp
     assert not (stopped_then_resumed["out_dir"] / "interrupted").exists()
 
 
-def test_retry_resumes_with_speculators_own_resume_cpu_device_patched(stopped_then_resumed):
+def test_retry_resumes_with_speculators_own_resume_cpu_device_patched(stopped_then_resumed, run_dir):
     second, result = stopped_then_resumed["second"], stopped_then_resumed["result"]
     state = json.loads((stopped_then_resumed["out_dir"] / "0" / "training_state.json").read_text())
     assert second["resume"] == [(state["global_step"], 1)]
@@ -222,7 +222,12 @@ def test_retry_resumes_with_speculators_own_resume_cpu_device_patched(stopped_th
     assert result.loss_tokens_trained == result.loss_tokens_available > 0
     assert result.split.by == "contiguous rows"
     split = json.loads((stopped_then_resumed["out_dir"] / "split.json").read_text())
-    assert split["val_rows"] == list(range(result.split.train_rows, result.split.train_rows + result.split.val_rows))
+    ids = read_rows(run_dir["prepared_dir"]).source_ids
+    trained_on = set(ids[: result.split.train_rows])
+    # The rows speculators validates on, less those of a conversation it also trains on.
+    assert split["sizes"]["val_rows"] == result.split.val_rows == len(ids) - result.split.train_rows
+    assert split["val_rows"] == [i for i in range(result.split.train_rows, len(ids)) if ids[i] not in trained_on]
+    assert split["val_rows"] and not {ids[i] for i in split["val_rows"]} & trained_on
 
 
 def test_checkpoints_are_eagle3_drafts_our_pages_and_vllm_read_cpu_device_patched(stopped_then_resumed, run_dir):

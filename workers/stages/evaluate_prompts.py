@@ -57,10 +57,14 @@ def prompts_from_file(path: Path, tokenizer_dir: Path, *, limit: int) -> list[li
 
 
 def validation_rows(checkpoints_dir: Path) -> list[int]:
-    """Row indices of the held-out split the train stage wrote beside its checkpoints."""
+    """Row indices of the held-out conversations the train stage wrote beside its checkpoints (none of
+    their rows was trained on)."""
     path = Path(checkpoints_dir) / "split.json"
     try:
         rows = json.loads(path.read_text())["val_rows"]
     except (FileNotFoundError, KeyError, ValueError) as exc:
         raise EvaluationInputError(f"{path}: no validation split recorded ({exc}); give a prompts file") from None
+    if not rows:
+        raise EvaluationInputError(f"{path}: no held-out conversation (every validation row belongs to a conversation "
+                                   "the draft trained on); give a prompts file")
     return [int(i) for i in rows]

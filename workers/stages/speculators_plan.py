@@ -76,7 +76,10 @@ def read_rows(prepared_dir: Path) -> RowFacts:
 
 def speculators_split(source_ids: list[str] | None, *, num_rows: int, val_fraction: float,
                       seed: int) -> tuple[int, SplitInfo, dict]:
-    """(train row count, SplitInfo, what split.json holds) for ArrowDataset's split by position."""
+    """(train row count, SplitInfo, what split.json holds) for ArrowDataset's split by position.
+
+    split.json's val_rows are the validation rows of conversations with no row in training: fewer
+    than SplitInfo.val_rows when a conversation straddles the boundary."""
     if not 0.0 < val_fraction < 1.0:
         raise SplitError(f"val_fraction must be in (0, 1), got {val_fraction}")
     train_rows = int(num_rows * (1.0 - val_fraction))
@@ -89,9 +92,11 @@ def speculators_split(source_ids: list[str] | None, *, num_rows: int, val_fracti
     info = SplitInfo(by=SPLIT_BY, seed=seed, val_fraction=val_fraction, train_rows=train_rows,
                      val_rows=num_rows - train_rows, train_conversations=len(train_ids),
                      val_conversations=len(val_ids - train_ids))
-    record = split_record(list(range(train_rows)), list(range(train_rows, num_rows)), info, source_ids)
-    # An evaluation prompts from held-out conversations: the straddling one was partly trained on.
-    record["val_conversations"] = [c for c in record["val_conversations"] if c not in train_ids]
+    # The evaluate stage prompts from val_rows, and the straddling conversation's later turns hold its
+    # trained-on turns as context, so its rows leave the record; `info` (the record's "sizes") keeps
+    # counting what speculators validates on.
+    held_out = [i for i in range(train_rows, num_rows) if ids[i] not in train_ids]
+    record = split_record(list(range(train_rows)), held_out, info, source_ids)
     record["straddling_conversations"] = straddling
     return train_rows, info, record
 
