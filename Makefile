@@ -3,13 +3,14 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+VLLM_VENV := .venv-vllm
 PORT ?= 8000
 DEMO_DIR ?= data/demo
 # The tests talk to real servers: PostgreSQL and Redis (.ci/run starts them when they are down).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: setup migrate demo worker web test bench check-outputs browser-deps
+.PHONY: setup migrate demo worker web test bench check-outputs browser-deps vllm
 
 setup: $(VENV)/.installed migrate
 
@@ -19,6 +20,14 @@ $(VENV)/.installed: requirements.txt constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -r requirements.txt
 	@# speculators pulls these; they do not load beside the CPU torch build and break transformers' import.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio || true
+	touch $@
+
+# vLLM in its own environment (.venv-vllm): the CPU build here, the CUDA build on a host with NVIDIA's
+# driver; workers find it there (workers/stages/vllm_env.py). deploy/install_vllm.sh says why apart.
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: deploy/install_vllm.sh constraints.txt
+	PYTHON=$(PYTHON) deploy/install_vllm.sh $(VLLM_VENV)
 	touch $@
 
 migrate: $(VENV)/.installed

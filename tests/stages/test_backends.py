@@ -1,4 +1,4 @@
-"""The backend registry on this host (CPU only, speculators installed, no vLLM): what it can run, why
+"""The backend registry on this host (speculators installed; vLLM where `make vllm` ran): what it can run, why
 not the rest, and that the web tier can import the registry without torch."""
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from workers.stages import extract as extract_module
-from workers.stages.backends import BACKENDS_BY_NAME, BackendUnavailable, backend_require, host_capabilities
+from workers.stages.backends import (
+    BACKENDS_BY_NAME,
+    BackendUnavailable,
+    backend_require,
+    host_capabilities,
+    host_queues,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,11 +26,33 @@ def test_this_cpu_host_runs_the_default_backends_on_the_cpu_and_says_why_not_the
     assert caps["gpus"] == []
     assert caps["backends"]["transformers"] is None and caps["backends"]["eagle3web"] is None
     assert caps["backends"]["speculators"] == "needs a GPU; this host has none"
-    assert caps["backends"]["vllm"] in ("vllm is not installed", "needs a GPU; this host has none")
-    assert caps["max_gpus"] == {"transformers": 1, "vllm": 0, "eagle3web": 1, "speculators": 0}
+    assert caps["max_gpus"] == {"transformers": 1, "vllm": caps["max_gpus"]["vllm"], "eagle3web": 1, "speculators": 0}
     assert caps["versions"]["speculators"] == "0.9.0" and caps["versions"]["torch"].startswith("2.13.0")
     assert BACKENDS_BY_NAME["transformers"].probe(2) == "needs a GPU; this host has none"
     assert BACKENDS_BY_NAME["eagle3web"].probe(2).startswith("trains on one device")
+
+
+def test_vllm_counts_where_its_cpu_build_is_installed_and_says_why_where_it_is_not(monkeypatch, tmp_path):
+    from workers.stages import vllm_env
+
+    install = vllm_env.vllm_install()
+    caps = host_capabilities()
+    if isinstance(install, str):
+        assert caps["backends"]["vllm"] == install and caps["vllm"] is None
+    else:
+        # `make vllm` here installs the CPU build, which serves on one "device" whatever GPUs there are.
+        assert caps["vllm"] == install.as_dict() and caps["versions"]["vllm"] == install.version
+        assert caps["backends"]["vllm"] is None
+        assert caps["max_gpus"]["vllm"] == (1 if install.is_cpu else len(caps["gpus"]))
+        if install.is_cpu:
+            assert "vllm.1" in host_queues(caps)
+    monkeypatch.setenv("EAGLE3WEB_VLLM", str(tmp_path / "no-vllm"))
+    assert BACKENDS_BY_NAME["vllm"].probe(1).startswith("vllm is not installed (`make vllm` installs it")
+    fake = tmp_path / "vllm"
+    fake.write_text(f"#!{sys.executable}\n")  # a Python without the vllm package
+    fake.chmod(0o755)
+    monkeypatch.setenv("EAGLE3WEB_VLLM", str(fake))
+    assert BACKENDS_BY_NAME["vllm"].probe(1) == f"{fake} is not a working vLLM install (its Python finds no vllm package)"
 
 
 def test_a_stage_this_host_cannot_run_is_refused_naming_backend_and_reason():

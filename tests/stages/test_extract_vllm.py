@@ -283,5 +283,5 @@ def test_resumed_vllm_extraction_with_every_sample_kept_starts_no_server(vllm_ru
 
 
 def test_missing_vllm_executable_says_to_install_it_or_use_transformers(tiny_target, prepared, layer_ids, tmp_path):
-    with pytest.raises(VllmServerError, match="was not found on PATH: install vLLM .* transformers backend"):
+    with pytest.raises(VllmServerError, match=r"was not found: install vLLM on this worker \(`make vllm`, .* transformers backend"):
         _extract(tiny_target, prepared, layer_ids, tmp_path / "run", vllm_executable="vllm-not-installed-here")

@@ -103,8 +103,14 @@ def _probe_eagle3web(gpus: int, have: int) -> str | None:
 
 
 def _probe_vllm(gpus: int, have: int) -> str | None:
-    if not (_installed("vllm") or _executable("vllm")):
-        return "vllm is not installed"
+    from workers.stages.vllm_env import vllm_install
+
+    install = vllm_install()
+    if isinstance(install, str):
+        return install
+    if install.is_cpu:
+        # vLLM's CPU build serves on this host's CPUs: one "device", whatever GPUs the host has.
+        return None if gpus == 1 else f"vLLM's CPU build ({install.version}) runs on the CPU, not on {gpus} GPUs"
     return _gpu_count_reason(gpus, have)
 
 
@@ -162,8 +168,10 @@ def backend_require(*, name: str, gpus: int) -> None:
 
 
 def vllm_executable() -> str:
-    """`vllm` as this worker finds it (on PATH or beside its Python), for extract_with_vllm."""
-    return _executable("vllm") or "vllm"
+    """`vllm` as this worker finds it (workers.stages.vllm_env), for the stages that start it."""
+    from workers.stages.vllm_env import find_vllm_executable
+
+    return find_vllm_executable() or "vllm"
 
 
 class BackendUnavailable(RuntimeError):
@@ -181,23 +189,26 @@ def stage_queue(*, backend: str, gpus: int) -> str:
 
 
 def host_queues(capabilities: dict) -> list[str]:
-    """The GPU queues a host with these capabilities consumes; none for a host without GPUs (it takes
-    "gpu" only when started with -Q ...,gpu, as `make demo` does)."""
-    if not capabilities.get("gpus"):
-        return []
-    queues = [DEFAULT_GPU_QUEUE]
+    """The queues a host with these capabilities adds to its -Q ones. A host without GPUs adds only
+    the backend queues it runs on its CPU (vLLM's CPU build: "vllm.1"), never "gpu": it takes that
+    only when started with -Q ...,gpu, as `make demo` does."""
+    has_gpus = bool(capabilities.get("gpus"))
+    queues = [DEFAULT_GPU_QUEUE] if has_gpus else []
     for backend in BACKENDS:
         for gpus in range(1, capabilities.get("max_gpus", {}).get(backend.name, 0) + 1):
             queue = stage_queue(backend=backend.name, gpus=gpus)
-            if queue not in queues:
+            if queue not in queues and (has_gpus or queue != DEFAULT_GPU_QUEUE):
                 queues.append(queue)
     return queues
 
 
 def host_capabilities() -> dict:
     """What this host can run, as JSON-ready data (the worker's heartbeat stores it)."""
+    from workers.stages.vllm_env import vllm_install
+
     gpus = detect_gpus()
     most = {b.name: b.max_gpus(len(gpus)) for b in BACKENDS}
+    vllm = vllm_install()
     return {
         "hostname": socket.gethostname(),
         "cpu_count": os.cpu_count() or 1,
@@ -207,7 +218,10 @@ def host_capabilities() -> dict:
         # Why a backend cannot use more GPUs than max_gpus here (e.g. accelerate missing), or None.
         "more_gpus": {b.name: b.check(most[b.name] + 1, len(gpus)) if most[b.name] else None for b in BACKENDS},
         "versions": {"python": platform.python_version(),
-                     **{d: version_of(d) for d in ("torch", "transformers", "accelerate", "speculators", "vllm")}},
+                     **{d: version_of(d) for d in ("torch", "transformers", "accelerate", "speculators")},
+                     "vllm": None if isinstance(vllm, str) else vllm.version},
+        # The vLLM a stage would start (its own environment, see workers.stages.vllm_env): path and build.
+        "vllm": None if isinstance(vllm, str) else vllm.as_dict(),
     }
 
 

@@ -61,6 +61,7 @@ from workers.stages.extract_resume import (
 )
 from workers.stages.progress import ProgressFn
 from workers.stages.target import read_target_config, read_target_json, validate_layer_ids
+from workers.stages.vllm_env import hidden_states_connector, kvcache_gib, server_environment, vllm_install_at
 from workers.stages.vllm_server import VllmServer, VllmServerError, free_port, log_tail, serve_command
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,21 @@ def _fetch_sample(*, client, model_id: str, index: int, token_ids: list[int], st
     return _Done(index=index, tokens=len(token_ids), nbytes=target.stat().st_size)
 
 
+def _install_and_environment(executable: str, *, target_dir: Path, max_model_len: int, concurrency: int,
+                             cached_bytes_per_token: int):
+    """The vLLM behind `executable` (None when it cannot be told: the server's own start then says
+    what is wrong) and the environment its server needs (on the CPU build: KV cache and connector)."""
+    resolved = shutil.which(executable) or executable
+    install = vllm_install_at(resolved) if os.path.isfile(resolved) else None
+    if install is None or isinstance(install, str):
+        return None, None
+    raw = read_target_json(target_dir)
+    config = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    space = kvcache_gib(target_config=config, max_model_len=max_model_len, concurrency=concurrency,
+                        extra_bytes_per_token=cached_bytes_per_token)
+    return install, server_environment(install, kvcache_space_gib=space)
+
+
 def _rows(input_ids, todo: list[int]) -> Iterator[tuple[int, list[int]]]:
     for start in range(0, len(todo), ID_CHUNK):
         chunk = todo[start:start + ID_CHUNK]
@@ -245,10 +261,13 @@ def extract_with_vllm(
 
     if todo:  # a resumed extraction with nothing left to do never starts a server
         port = port or free_port()
+        install, env = _install_and_environment(vllm_executable, target_dir=target_dir, max_model_len=max_model_len,
+                                                concurrency=concurrency, cached_bytes_per_token=num_layers * hidden_size * 2)
         command = serve_command(vllm_executable=vllm_executable, target_dir=target_dir, layer_ids=layer_ids,
                                 staging_dir=staging.resolve(), tensor_parallel_size=tensor_parallel_size,
-                                port=port, max_model_len=max_model_len, dtype=STORE_DTYPE)
-        server = VllmServer(command=command, log_path=out_dir / LOG_NAME, port=port)
+                                port=port, max_model_len=max_model_len, dtype=STORE_DTYPE,
+                                connector=hidden_states_connector(install))
+        server = VllmServer(command=command, log_path=out_dir / LOG_NAME, port=port, env=env)
         log.info("starting %s", " ".join(command))
         with server:
             startup_seconds = server.wait_healthy(timeout_s=startup_timeout_s, should_stop=should_stop,

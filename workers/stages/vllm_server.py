@@ -30,8 +30,6 @@ LOG_TAIL_LINES = 40
 LOG_TAIL_CHARS = 4000
 
 
-
-
 class VllmServerError(RuntimeError):
     """vllm serve could not be started, died, or never became healthy; the message quotes its log."""
 
@@ -45,11 +43,14 @@ def free_port() -> int:
 
 
 def serve_command(*, vllm_executable: str, target_dir: Path, layer_ids: list[int], staging_dir: Path,
-                  tensor_parallel_size: int, port: int, max_model_len: int, dtype: str) -> list[str]:
+                  tensor_parallel_size: int, port: int, max_model_len: int, dtype: str,
+                  connector: dict | None = None) -> list[str]:
     """`vllm serve` configured as speculators' launch_vllm.py configures it.
 
     launch_vllm.py spells the two configs `--speculative_config` / `--kv_transfer_config`; vLLM's
-    FlexibleArgumentParser reads underscores and dashes alike, and we use its documented dashes."""
+    FlexibleArgumentParser reads underscores and dashes alike, and we use its documented dashes.
+    `connector`: kv_transfer_config's connector keys (workers.stages.vllm_env.hidden_states_connector),
+    the stock ExampleHiddenStatesConnector when not given."""
     speculative_config = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
@@ -57,7 +58,7 @@ def serve_command(*, vllm_executable: str, target_dir: Path, layer_ids: list[int
     }
     # hs_connectors.transfer.FileBackend.build_kv_transfer_config: the "file" backend.
     kv_transfer_config = {
-        "kv_connector": "ExampleHiddenStatesConnector",
+        **(connector or {"kv_connector": "ExampleHiddenStatesConnector"}),
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": str(staging_dir)},
     }
@@ -89,8 +90,10 @@ class VllmServer:
     """One `vllm serve` child. Use as a context manager: leaving it stops the server, whatever
     happened inside (an error, should_stop, a KeyboardInterrupt)."""
 
-    def __init__(self, *, command: list[str], log_path: Path, port: int):
+    def __init__(self, *, command: list[str], log_path: Path, port: int, env: dict[str, str] | None = None):
+        """env: variables added to this process's environment for the server (vLLM's CPU settings)."""
         self.command, self.log_path, self.port = command, Path(log_path), port
+        self.env = {**os.environ, **env} if env else None
         self.base_url = f"http://{HOST}:{port}"
         self.proc: subprocess.Popen | None = None
         self.stopped = False
@@ -106,12 +109,12 @@ class VllmServer:
         with open(self.log_path, "wb") as log:
             try:
                 self.proc = subprocess.Popen(
-                    self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                     start_new_session=True, preexec_fn=die_with_parent())
             except FileNotFoundError:
                 raise VllmServerError(
-                    f"{self.command[0]!r} was not found on PATH: install vLLM on this worker "
-                    "(pip install vllm) or run the extraction with the transformers backend") from None
+                    f"{self.command[0]!r} was not found: install vLLM on this worker (`make vllm`, or set "
+                    "EAGLE3WEB_VLLM to its executable) or run the extraction with the transformers backend") from None
 
     def died(self, grace_s: float = 0.0) -> str | None:
         """None while the server runs (after waiting up to grace_s for it to exit); else what its
