@@ -8,8 +8,10 @@ held-out validation conversations with the target alone and with each draft, in 
 - trained: the run's best checkpoint;
 - random: a draft of the same shape, vocabulary mapping and seed, straight from initialisation
   (what the train stage starts from), saved as a speculators checkpoint.
-Both see the same prompts, the same target, the same k and max_new_tokens. tau is tokens per target
-forward (1 + mean accepted draft tokens per verification forward); ratio = tau_trained / tau_random.
+Both see the same prompts, the same target, the same k and max_new_tokens. tau is output tokens per
+verification forward (1 + mean accepted draft tokens per forward, counting only tokens the output
+keeps after the max_new_tokens and EOS cuts); ratio = tau_trained / tau_random. The prompts are the
+first-reply contexts of conversations no training row came from (split.json's val_rows).
 """
 from __future__ import annotations
 

@@ -138,7 +138,9 @@ def test_the_run_measures_acceptance_of_its_best_checkpoint_with_greedy_equal_ou
     assert acceptance["output_matches_greedy"] is True
     k = acceptance["num_speculative_tokens"]
     assert k == 3 and 1.0 <= acceptance["tau"] <= k + 1
-    assert acceptance["tau"] == pytest.approx(1 + sum(acceptance["acceptance_per_position"]))
+    # Tokens per verification forward, counting only the output's (after each prompt's prefill token).
+    emitted = acceptance["new_tokens"] - acceptance["num_prompts"]
+    assert acceptance["tau"] == pytest.approx(emitted / acceptance["verify_forwards"])
     assert best["tau"] == acceptance["tau"] and best["simulated_tau"] == acceptance["simulated_tau"] > 1.0
     assert acceptance["prompt_source"].startswith("validation conversations of")
     # The run's other checkpoint is measured too, on the same prompts.

@@ -1,5 +1,7 @@
 """The evaluate stage: speculative decoding with the tiny demo target and real drafts, one trained by the
-train stage and one untrained of the same shape."""
+train stage and one untrained of the same shape. The trained draft is measured on the conversations its
+training held out (split.json), as the product does. Known answers for tau (stand-in proposers) are in
+test_tau_known_answers.py."""
 from pathlib import Path
 
 import pytest
@@ -9,13 +11,14 @@ from tests.stages.test_train import write_training_inputs
 from workers.stages.evaluate import (
     DraftRunner,
     EvaluationInputError,
-    TargetRunner,
     evaluate,
     load_draft,
     prompts_from_file,
     prompts_from_prepared,
+    validation_rows,
 )
 from workers.stages.extract import load_target
+from workers.stages.speculative import TargetRunner
 from workers.stages.train import build_draft_model, train
 
 K = 3
@@ -49,14 +52,29 @@ def untrained_checkpoint(inputs, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def prompts(tiny_target):
+def prompts(inputs, trained_checkpoint):
+    """The first-reply contexts of the conversations the trained draft never saw."""
+    held_out = validation_rows(trained_checkpoint.parent)
+    from datasets import load_from_disk
+
+    rows = load_from_disk(str(inputs.prepared_dir)).with_format(None)
+    trained_on = {tuple(rows[i]["input_ids"]) for i in range(len(rows)) if i not in held_out}
+    prompts = prompts_from_prepared(inputs.prepared_dir, held_out, limit=6)
+    assert len(prompts) == 6
+    assert not any(tuple(row[:len(p)]) == tuple(p) for p in prompts for row in trained_on)
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def chat_prompts(tiny_target):
+    """Prompts for drafts that never trained on anything (the untrained one)."""
     return prompts_from_file(tiny_target.chats_path, tiny_target.target_dir, limit=6)
 
 
 @pytest.fixture(scope="module")
 def trained_result(tiny_target, trained_checkpoint, prompts):
     return evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=trained_checkpoint, prompts=prompts,
-                    prompt_source="demo chats", max_new_tokens=40)
+                    prompt_source="held-out conversations", max_new_tokens=40)
 
 
 def test_speculative_decoding_with_a_trained_draft_equals_greedy_decoding(trained_result):
@@ -65,19 +83,22 @@ def test_speculative_decoding_with_a_trained_draft_equals_greedy_decoding(traine
     assert all(p.matches_greedy for p in trained_result.prompts)
 
 
-def test_tau_lies_between_one_and_k_plus_one_and_sums_the_positions(trained_result):
+def test_tau_of_the_trained_draft_is_emitted_tokens_per_verification_forward(trained_result):
     assert trained_result.num_speculative_tokens == K
     assert 1.0 <= trained_result.tau <= K + 1
-    assert trained_result.tau == pytest.approx(1 + sum(trained_result.acceptance_per_position))
+    # The output's tokens after each prompt's prefill token, over the forwards that verified drafts:
+    # drafts a last forward verified past max_new_tokens or EOS are not counted.
+    emitted = trained_result.new_tokens - trained_result.num_prompts
+    assert trained_result.tau == pytest.approx(emitted / trained_result.verify_forwards)
+    assert trained_result.verify_forwards == sum(p.verify_forwards for p in trained_result.prompts)
     per_position = trained_result.acceptance_per_position
     assert len(per_position) == K and all(a >= b for a, b in zip(per_position, per_position[1:]))
-    assert trained_result.verify_forwards == sum(p.verify_forwards for p in trained_result.prompts)
 
 
 def test_an_untrained_draft_gives_the_same_text_with_lower_tau(tiny_target, untrained_checkpoint, prompts,
                                                                  trained_result):
     untrained = evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=untrained_checkpoint, prompts=prompts,
-                         prompt_source="demo chats", max_new_tokens=40)
+                         prompt_source="held-out conversations", max_new_tokens=40)
     assert untrained.output_matches_greedy
     assert untrained.new_tokens == trained_result.new_tokens
     assert untrained.tau < trained_result.tau
@@ -85,13 +106,13 @@ def test_an_untrained_draft_gives_the_same_text_with_lower_tau(tiny_target, untr
 
 def test_k_can_be_set_below_the_checkpoints_own(tiny_target, trained_checkpoint, prompts):
     result = evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=trained_checkpoint, prompts=prompts[:2],
-                      prompt_source="demo chats", max_new_tokens=20, num_speculative_tokens=1)
+                      prompt_source="held-out conversations", max_new_tokens=20, num_speculative_tokens=1)
     assert result.num_speculative_tokens == 1 and len(result.acceptance_per_position) == 1
     assert result.output_matches_greedy and 1.0 <= result.tau <= 2.0
 
 
 @torch.inference_mode()
-def test_the_draft_is_fed_exactly_as_speculators_trains_it(inputs, tiny_target, prompts):
+def test_the_draft_is_fed_exactly_as_speculators_trains_it(inputs, tiny_target, chat_prompts):
     """Context entries and chain steps give the tokens speculators' own TTT forward gives at the same
     positions (teacher-forced inputs), so the inference path measures the model that was trained."""
     from transformers import DynamicCache
@@ -99,7 +120,7 @@ def test_the_draft_is_fed_exactly_as_speculators_trains_it(inputs, tiny_target, 
     draft = untrained_draft(inputs).eval()
     target_model = load_target(tiny_target.target_dir, torch.device("cpu"))
     target = TargetRunner(target_model, list(draft.target_layer_ids))
-    seq = prompts[0] + [5, 9, 11, 13, 17, 19]
+    seq = chat_prompts[0] + [5, 9, 11, 13, 17, 19]
     _, aux = target.forward(seq, DynamicCache())
     target.close()
     T = len(seq) - 1
@@ -126,9 +147,9 @@ def test_prompts_from_a_prepared_split_are_the_context_before_each_first_reply(i
     assert prompts[0] == row["input_ids"][:first]
 
 
-def test_a_directory_that_is_no_checkpoint_is_refused(tiny_target, tmp_path, prompts):
+def test_a_directory_that_is_no_checkpoint_is_refused(tiny_target, tmp_path, chat_prompts):
     with pytest.raises(EvaluationInputError, match="config.json"):
-        evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=tmp_path, prompts=prompts,
+        evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=tmp_path, prompts=chat_prompts,
                  prompt_source="demo chats")
 
 

@@ -3,11 +3,11 @@ refused before loading anything on a worker without that many GPUs; with a FAKE 
 standing in for cuda:0), the target is loaded for num_gpus and decodes as on one device.
 
 No GPU here: that the hidden states of layers on other GPUs reach the draft on cuda:0
-(TargetRunner moves them) is reasoned in workers/stages/evaluate.py, not run."""
+(TargetRunner moves them) is reasoned in workers/stages/speculative.py, not run."""
 import pytest
 import torch
 
-from tests.stages.test_evaluate import inputs, prompts, untrained_checkpoint  # noqa: F401 - fixtures
+from tests.stages.test_evaluate import chat_prompts, inputs, untrained_checkpoint  # noqa: F401 - fixtures
 from workers.stages import extract, extract_model
 from workers.stages.evaluate import EvaluationInputError, evaluate
 
@@ -29,7 +29,7 @@ def test_spreading_over_more_gpus_than_the_worker_has_is_refused_before_loading(
 
 
 def test_a_spread_target_is_loaded_for_num_gpus_and_decodes_as_on_one_device(tiny_target, untrained_checkpoint,
-                                                                            prompts, monkeypatch):
+                                                                            chat_prompts, monkeypatch):
     real_load = extract.load_target
     loaded: list[int] = []
 
@@ -40,7 +40,7 @@ def test_a_spread_target_is_loaded_for_num_gpus_and_decodes_as_on_one_device(tin
     monkeypatch.setattr(extract, "load_target", load_on_this_cpu)
     monkeypatch.setattr(extract_model, "spread_device", lambda num_gpus: torch.device("cpu"))  # FAKE cuda:0
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "FAKE H100")
-    common = dict(target_dir=tiny_target.target_dir, checkpoint_dir=untrained_checkpoint, prompts=prompts[:3],
+    common = dict(target_dir=tiny_target.target_dir, checkpoint_dir=untrained_checkpoint, prompts=chat_prompts[:3],
                   prompt_source="demo chats", max_new_tokens=16)
     spread = evaluate(**common, num_gpus=2)
     single = evaluate(**common)

@@ -87,7 +87,7 @@ def test_speculators_split_keeps_the_straddling_conversation_out_of_the_recorded
 
 
 def test_speculators_split_on_a_conversation_boundary_records_every_validation_row():
-    train_rows, info, record = speculators_split(CONTIGUOUS, num_rows=8, val_fraction=0.375, seed=0)
+    train_rows, _, record = speculators_split(CONTIGUOUS, num_rows=8, val_fraction=0.375, seed=0)
     assert train_rows == 5 and record["straddling_conversations"] == []
     assert record["val_rows"] == [5, 6, 7] and record["val_conversations"] == ["c", "d"]
 

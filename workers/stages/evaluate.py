@@ -1,11 +1,10 @@
 """Evaluate stage: a draft's acceptance length, measured by real speculative decoding.
 
-The target (transformers, KV cache) and an EAGLE-3 draft decode greedily together: the draft
-proposes a chain of k tokens, one target forward verifies them, and the longest prefix that
-equals the target's own greedy choice is kept plus the target's next token. tau (tokens per
-target forward) is the mean of accepted + 1 over verification forwards; the prefill forward,
-which every decoder pays once per prompt, is not counted. Acceptance at draft position i is the
-share of verification forwards whose first i+1 drafted tokens were all accepted, so
+The target (transformers, KV cache) and an EAGLE-3 draft decode greedily together
+(workers/stages/speculative.py: the draft proposes a chain of k tokens, one target forward verifies
+them). tau is tokens per verification forward, counting only tokens that reach the output (after
+the max_new_tokens and EOS cuts); the prefill forward is not counted. Acceptance at draft position i
+is the share of verification forwards whose first i+1 drafted tokens were all emitted, so
 tau = 1 + sum(acceptance_per_position).
 
 How the draft is fed mirrors speculators' training forward (`Eagle3DraftModel.forward`,
@@ -35,33 +34,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from workers.stages.acceptance import tau_from_accepted  # noqa: E402
-from workers.stages.errors import StopRequested  # noqa: E402
 from workers.stages.evaluate_prompts import (  # noqa: E402,F401 - the prompts' functions, re-exported here
     EvaluationInputError,
     prompts_from_file,
     prompts_from_prepared,
     validation_rows,
 )
+from workers.stages.speculative import EvaluationStopped, PromptResult, eos_ids, measure  # noqa: E402,F401
 from workers.stages.target import read_target_config  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_MAX_PROMPTS = 32
-
-
-class EvaluationStopped(StopRequested):
-    """should_stop() asked the evaluation to end."""
-
-
-@dataclass(frozen=True)
-class PromptResult:
-    prompt_tokens: int
-    new_tokens: int
-    verify_forwards: int
-    accepted: list[int]  # accepted draft tokens per verification forward
-    matches_greedy: bool
 
 
 @dataclass(frozen=True)
@@ -203,97 +188,25 @@ class DraftRunner:
             self.chain = 0
 
 
-class TargetRunner:
-    """The target with a KV cache and hooks that keep its inputs to the draft's aux layers.
+class Eagle3Proposer:
+    """The EAGLE-3 draft as speculative_decode's proposer: its context entries follow the confirmed
+    positions, and each proposal is a chain from the last one's output hidden state."""
 
-    `device`: where its inputs go and where the aux features are returned, the draft's device (the
-    model's own when not given). A target spread over GPUs (device_map) takes its inputs on cuda:0 and
-    hands back its logits there, but each hooked layer's input lies on that layer's GPU: the aux
-    features are moved to `device`, where the draft reads them."""
+    def __init__(self, draft):
+        self.runner = DraftRunner(draft)
+        self.hidden: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
 
-    def __init__(self, model, aux_layer_ids: list[int], *, device: torch.device | None = None):
-        from workers.stages.extract import LayerCapture
+    def extend(self, aux: torch.Tensor, next_tokens: list[int]) -> None:
+        self.hidden, self.logits = self.runner.extend(aux, next_tokens)
 
-        self.model = model
-        self.device = device if device is not None else model.device
-        self.capture = LayerCapture(model, aux_layer_ids)
-
-    def forward(self, token_ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [n, V], aux features [n, L*H] on `device`) for the new tokens."""
-        ids = torch.tensor([token_ids], device=self.device)
-        logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]
-        aux = self.capture.stacked()[0].to(self.device)
-        return logits, aux.flatten(1)
-
-    def close(self) -> None:
-        self.capture.remove()
-
-
-def _eos_ids(model) -> set[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None) or model.config.eos_token_id
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
-
-
-def _finish(tokens: list[int], max_new: int, eos: set[int]) -> list[int]:
-    tokens = tokens[:max_new]
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[: i + 1]
-    return tokens
-
-
-@torch.inference_mode()
-def greedy_decode(model, prompt: list[int], *, max_new_tokens: int, eos: set[int],
-                  device: torch.device | None = None) -> list[int]:
-    """Plain greedy decoding of the target, one token per forward, with a KV cache. `device`: where its
-    inputs go (cuda:0 for a target spread over GPUs), the model's own when not given."""
-    from transformers import DynamicCache
-
-    device = device if device is not None else model.device
-    cache = DynamicCache()
-    ids = torch.tensor([prompt], device=device)
-    out: list[int] = []
-    while True:
-        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
-        token = int(torch.argmax(logits))
-        out.append(token)
-        if token in eos or len(out) >= max_new_tokens:
-            return out
-        ids = torch.tensor([[token]], device=device)
-
-
-@torch.inference_mode()
-def speculative_decode(target: TargetRunner, draft, prompt: list[int], *, k: int, max_new_tokens: int,
-                       eos: set[int]) -> tuple[list[int], list[int]]:
-    """Greedy speculative decoding with a chain of k draft tokens; (tokens, accepted per forward)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    runner = DraftRunner(draft)
-    logits, aux = target.forward(prompt, cache)
-    out = [int(torch.argmax(logits[-1]))]
-    hidden, draft_logits = runner.extend(aux, prompt[1:] + out)
-    accepted_counts: list[int] = []
-    while len(out) < max_new_tokens and not eos.intersection(out):
-        hidden = hidden[:, -1:]
-        drafts = [runner.to_target(draft_logits[0, -1])]
+    def propose(self, k: int) -> list[int]:
+        hidden = self.hidden[:, -1:]
+        drafts = [self.runner.to_target(self.logits[0, -1])]
         for step in range(1, k):
-            hidden, draft_logits = runner.chain_step(drafts[-1], hidden, step)
-            drafts.append(runner.to_target(draft_logits[0, -1]))
-        logits, aux = target.forward([out[-1], *drafts], cache)
-        choices = torch.argmax(logits, dim=-1).tolist()
-        accepted = 0
-        while accepted < k and drafts[accepted] == choices[accepted]:
-            accepted += 1
-        new = drafts[:accepted] + [choices[accepted]]
-        accepted_counts.append(accepted)
-        if accepted < k:
-            cache.crop(-(k - accepted))  # the target's entries for rejected drafts
-        hidden, draft_logits = runner.extend(aux[: accepted + 1], new)
-        out.extend(new)
-    return _finish(out, max_new_tokens, eos), accepted_counts
+            hidden, logits = self.runner.chain_step(drafts[-1], hidden, step)
+            drafts.append(self.runner.to_target(logits[0, -1]))
+        return drafts
 
 
 def evaluate(
@@ -346,49 +259,32 @@ def evaluate(
         raise EvaluationInputError(
             f"{len(too_long)} prompt(s) (first: #{too_long[0]}, {len(prompts[too_long[0]])} tokens) plus "
             f"{max_new_tokens} new tokens exceed the target's {max_len} positions; lower max_new_tokens")
-    eos = _eos_ids(model)
-    target = TargetRunner(model, aux_ids, device=dev)
-    results, spec_s, greedy_s = [], 0.0, 0.0
     try:
-        for n, prompt in enumerate(prompts):
-            if should_stop is not None and should_stop():
-                raise EvaluationStopped(f"evaluation stopped on request after {n} prompts")
-            t0 = time.perf_counter()
-            reference = greedy_decode(model, prompt, max_new_tokens=max_new_tokens, eos=eos, device=dev)
-            t1 = time.perf_counter()
-            tokens, accepted = speculative_decode(target, draft, prompt, k=k, max_new_tokens=max_new_tokens, eos=eos)
-            t2 = time.perf_counter()
-            greedy_s, spec_s = greedy_s + (t1 - t0), spec_s + (t2 - t1)
-            results.append(PromptResult(prompt_tokens=len(prompt), new_tokens=len(tokens),
-                                        verify_forwards=len(accepted), accepted=accepted,
-                                        matches_greedy=tokens == reference))
-            if on_progress is not None:
-                on_progress(n + 1, len(prompts))
+        # draft is bound as a default, not a closure: it is deleted below
+        measured = measure(model, prompts, aux_layer_ids=aux_ids, new_proposer=lambda _, d=draft: Eagle3Proposer(d),
+                           k=k, max_new_tokens=max_new_tokens, eos=eos_ids(model), device=dev,
+                           on_progress=on_progress, should_stop=should_stop)
     finally:
-        target.close()
         # A target spread by accelerate holds itself in a reference cycle (its wrapped forwards), so it
         # is freed only by the collector; a run's stage then loads it again for its next checkpoint.
-        del target, model, draft
+        del model, draft
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    accepted_all = [a for r in results for a in r.accepted]
-    forwards = len(accepted_all)
-    tau, per_position = tau_from_accepted(accepted_all, k)
-    new_tokens = sum(r.new_tokens for r in results)
-    mismatched = [i for i, r in enumerate(results) if not r.matches_greedy]
+    new_tokens, spec_s, greedy_s = measured.new_tokens, measured.spec_seconds, measured.greedy_seconds
+    tau, per_position, mismatched = measured.tau, measured.acceptance_per_position, measured.mismatched_prompts
     result = EvaluationResult(
         checkpoint_dir=checkpoint_dir, target_dir=target_dir, num_speculative_tokens=k,
-        max_new_tokens=max_new_tokens, num_prompts=len(results), prompt_source=prompt_source,
-        tau=tau, acceptance_per_position=per_position, new_tokens=new_tokens, verify_forwards=forwards,
+        max_new_tokens=max_new_tokens, num_prompts=len(measured.prompts), prompt_source=prompt_source,
+        tau=tau, acceptance_per_position=per_position, new_tokens=new_tokens, verify_forwards=measured.verify_forwards,
         output_matches_greedy=not mismatched, mismatched_prompts=mismatched,
         spec_seconds=spec_s, greedy_seconds=greedy_s,
         spec_tokens_per_s=new_tokens / spec_s if spec_s else 0.0,
         greedy_tokens_per_s=new_tokens / greedy_s if greedy_s else 0.0,
         speedup=greedy_s / spec_s if spec_s else 0.0,
-        device=where, seconds=time.monotonic() - started, prompts=results,
+        device=where, seconds=time.monotonic() - started, prompts=measured.prompts,
     )
     log.info("evaluated %s on %d prompts: tau %.3f (k=%d), acceptance %s, %s greedy output",
-             checkpoint_dir, len(results), tau, k, [round(p, 3) for p in per_position],
+             checkpoint_dir, len(measured.prompts), tau, k, [round(p, 3) for p in per_position],
              "same" if not mismatched else f"DIFFERENT on {len(mismatched)} prompt(s) from")
     return result
