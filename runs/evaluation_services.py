@@ -8,7 +8,7 @@ from pathlib import Path
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from runs.models import Checkpoint, Evaluation
+from runs.models import Checkpoint, Evaluation, StageStatus
 from runs.paths import check_under_data_roots
 from runs.queue import evaluation_enqueue
 from runs.roles import require
@@ -84,8 +84,9 @@ def evaluation_request(
     max_prompts: int = 32,
     num_speculative_tokens: int | None = None,
     enqueue: bool = True,
-) -> Evaluation:
-    """Record an evaluation of `checkpoint` and, after commit, hand it to a GPU worker."""
+) -> tuple[Evaluation, bool]:
+    """Record an evaluation of `checkpoint` and, after commit, hand it to a GPU worker; (it, True).
+    While one with the same settings is queued or running: (that one, False), and nothing new."""
     require(user, "launch")
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise EvaluationRequestError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens}")
@@ -103,9 +104,16 @@ def evaluation_request(
         raise EvaluationRequestError(
             f"checkpoint {checkpoint.pk} was not trained here, so it has no validation conversations; give a prompts file")
     _target_dir(checkpoint)
-    evaluation = Evaluation.objects.create(
-        checkpoint=checkpoint, requested_by=user, prompts_path=prompts, max_new_tokens=max_new_tokens,
-        max_prompts=max_prompts, num_speculative_tokens=num_speculative_tokens)
+    settings = dict(prompts_path=prompts, max_new_tokens=max_new_tokens, max_prompts=max_prompts,
+                    num_speculative_tokens=num_speculative_tokens)
+    # Requests for one checkpoint take turns here, so that two at once (a double click) cannot both
+    # find nothing pending and both create one.
+    Checkpoint.objects.select_for_update().filter(pk=checkpoint.pk).first()
+    pending = Evaluation.objects.filter(checkpoint=checkpoint, status__in=(StageStatus.QUEUED, StageStatus.RUNNING),
+                                        **settings).order_by("id").first()
+    if pending is not None:
+        return pending, False
+    evaluation = Evaluation.objects.create(checkpoint=checkpoint, requested_by=user, **settings)
     if enqueue:
         evaluation_enqueue(evaluation_id=evaluation.pk)
-    return evaluation
+    return evaluation, True

@@ -311,7 +311,7 @@ def checkpoint_evaluate(request: HttpRequest, pk: int) -> HttpResponse:
     """Measure a checkpoint's acceptance length on a GPU worker."""
     checkpoint = selectors.checkpoint_get(pk=pk)
     try:
-        evaluation = evaluation_services.evaluation_request(
+        evaluation, created = evaluation_services.evaluation_request(
             checkpoint=checkpoint, user=request.user,
             prompts_path=request.POST.get("prompts_path", "").strip() or None,
             max_new_tokens=_optional_int(request.POST.get("max_new_tokens"), "max new tokens", 64),
@@ -321,7 +321,12 @@ def checkpoint_evaluate(request: HttpRequest, pk: int) -> HttpResponse:
     except InputError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"Evaluation {evaluation.pk} queued: a worker decodes the prompts with and without the draft.")
+        if created:
+            messages.success(request, f"Evaluation {evaluation.pk} queued: a worker decodes the prompts with and "
+                                      "without the draft.")
+        else:
+            messages.info(request, f"Evaluation {evaluation.pk} with these settings is already {evaluation.status}; "
+                                   "its result appears here when it finishes, so no second one was queued.")
     return redirect(checkpoint)
 
 

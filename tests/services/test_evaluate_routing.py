@@ -81,7 +81,7 @@ def test_a_runs_chain_sends_evaluate_to_transformers_on_its_gpus_and_a_standalon
                     ("evaluate", "transformers.4")]
 
     checkpoint = Checkpoint.objects.create(training_run=run.training_run, epoch=0, path=f"{run.output_dir}/ckpt")
-    evaluation = evaluation_request(checkpoint=checkpoint, user=user, enqueue=False)
+    evaluation, _ = evaluation_request(checkpoint=checkpoint, user=user, enqueue=False)
     sent.clear()
     run_queue._send(PendingEnqueue.Kind.EVALUATION, evaluation.pk)
     assert sent == [(run_queue.EVALUATION_TASK, "gpu")]

@@ -35,11 +35,17 @@ class Command(BaseCommand):
         account = command_user(user)
         try:
             ckpt = self._checkpoint(checkpoint, account)
-            evaluation = evaluation_request(
+            evaluation, _ = evaluation_request(
                 checkpoint=ckpt, user=account, prompts_path=opts["prompts"], max_new_tokens=opts["max_new_tokens"],
                 max_prompts=opts["max_prompts"], num_speculative_tokens=opts["num_speculative_tokens"], enqueue=False)
         except (InputError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
+        # A pending one with these settings is returned instead of a new one: a queued one runs here (its
+        # worker then skips it), a running one is its worker's.
+        if evaluation.status == StageStatus.RUNNING:
+            raise CommandError(f"evaluation {evaluation.pk} of checkpoint {ckpt.pk} with these settings is already "
+                               f"running on {evaluation.worker or 'a worker'}; its result appears on the checkpoint's "
+                               "page when it finishes")
         stage_execute(stage_name="evaluate", record_id=evaluation.pk, worker="cli")
         evaluation = Evaluation.objects.select_related("checkpoint").get(pk=evaluation.pk)
         summary = {"evaluation_id": evaluation.pk, "checkpoint_path": ckpt.path,
