@@ -99,6 +99,21 @@ def worker_gpu_memory(worker: Worker, *, gpus: int) -> int:
                             gpus=gpus)
 
 
+def runs_on_cpu(capabilities: dict, *, backend: str) -> bool:
+    """Whether these capabilities run `backend` on the host's CPU (vLLM's CPU build), where the target's
+    weights go to the host's memory rather than GPUs'."""
+    return backend == "vllm" and ((capabilities.get("vllm") or {}).get("build") == "cpu")
+
+
+def worker_memory(worker: Worker, *, backend: str, gpus: int) -> int:
+    """The memory `backend` on `gpus` GPUs loads the target into on this worker: its GPUs', or its
+    host's for a backend it runs on the CPU."""
+    caps = worker.capabilities or {}
+    if runs_on_cpu(caps, backend=backend):
+        return int(caps.get("memory_bytes") or 0)
+    return worker_gpu_memory(worker, gpus=gpus)
+
+
 def holds(*, memory_bytes: int, weight_bytes: int) -> bool:
     return memory_bytes * MEMORY_HEADROOM >= weight_bytes
 
@@ -150,8 +165,8 @@ def _choice_reason(option: BackendOption, *, gpus: int, live: list[Worker]) -> t
 def _memory_reason(*, live: list[Worker], backend: str, gpus: int, weight_bytes: int) -> str | None:
     """Why not, when no live worker that takes this queue has `gpus` GPUs whose memory holds the target."""
     fitting = [w for w in live if worker_unfit(w, backend=backend, gpus=gpus) is None]
-    best = max(fitting, key=lambda w: worker_gpu_memory(w, gpus=gpus))
-    memory = worker_gpu_memory(best, gpus=gpus)
+    best = max(fitting, key=lambda w: worker_memory(w, backend=backend, gpus=gpus))
+    memory = worker_memory(best, backend=backend, gpus=gpus)
     if holds(memory_bytes=memory, weight_bytes=weight_bytes):
         return None
     where = f"the best live worker that takes {stage_queue(backend=backend, gpus=gpus)}, {best.name},"
@@ -206,7 +221,10 @@ def host_refusals(*, config: RunConfig, weight_bytes: int | None = None) -> list
                 refusals.append((backend_key, f"{backend_key} {name}: {exc}"))
             continue
         if weight_bytes and memory_judged(stage_name=stage_name, backend=name, gpus=gpus):
-            memory = gpu_memory_bytes([gpu.memory_bytes for gpu in this_host.detect_gpus()], gpus=gpus)
+            if runs_on_cpu({"vllm": this_host.vllm_description()}, backend=name):
+                memory = this_host.host_memory_bytes()
+            else:
+                memory = gpu_memory_bytes([gpu.memory_bytes for gpu in this_host.detect_gpus()], gpus=gpus)
             if not holds(memory_bytes=memory, weight_bytes=weight_bytes):
                 refusals.append((gpus_key, f"{gpus_key} {gpus}: {needs}" + too_large(
                     weight_bytes=weight_bytes, label=BACKENDS_BY_NAME[name].label, gpus=gpus,

@@ -210,8 +210,19 @@ class WorkerRow:
 
     @property
     def versions(self) -> list[tuple[str, str | None]]:
+        """(name, version) in VERSION_ORDER; vLLM's with its build and where it lives ("0.32.0+cpu (cpu
+        build, /srv/eagle3web/.venv-vllm/bin/vllm)"): it runs from an environment of its own."""
         versions = self.worker.capabilities.get("versions") or {}
-        return [(name, versions.get(name)) for name in VERSION_ORDER if name in versions]
+        vllm = self.worker.capabilities.get("vllm") or {}
+        shown = []
+        for name in VERSION_ORDER:
+            if name not in versions:
+                continue
+            version = versions.get(name)
+            if name == "vllm" and version and vllm.get("build"):
+                version = f"{version} ({vllm['build']} build, {vllm.get('executable', '?')})"
+            shown.append((name, version))
+        return shown
 
     @property
     def backends(self) -> list[dict]:

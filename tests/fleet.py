@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from runs.fleet_models import Worker
 from runs.fleet_services import worker_heartbeat
-from workers.stages import backends
+from workers.stages import backends, vllm_env
 from workers.stages.backends import host_capabilities, host_queues
 
 H100_BYTES = 85_899_345_920  # what torch reports as total_memory for an 80 GiB H100
@@ -24,21 +24,25 @@ def fake_gpu_host_capabilities(*, gpus: int = 8, vllm: bool = True, speculators:
     missing = {name for name, present in (("vllm", vllm), ("speculators", speculators), ("accelerate", accelerate))
                if not present}
     h100 = backends.Gpu(name="NVIDIA H100 80GB HBM3", memory_bytes=H100_BYTES)
+    install = (vllm_env.VllmInstall(executable="/opt/eagle3web/.venv-vllm/bin/vllm", version="0.33.0", build="cuda")
+               if vllm else "vllm is not installed (`make vllm` installs it beside the project, or set EAGLE3WEB_VLLM)")
     with mock.patch.object(backends, "detect_gpus", lambda: (h100,) * gpus), \
             mock.patch.object(backends, "_installed", lambda module: module not in missing), \
-            mock.patch.object(backends, "_executable", lambda name: None):
+            mock.patch.object(backends, "_executable", lambda name: None), \
+            mock.patch.object(vllm_env, "vllm_install", lambda: install):
         capabilities = host_capabilities()
-    return {**capabilities, "hostname": "fake-gpu-host", "cpu_count": 64,
+    return {**capabilities, "hostname": "fake-gpu-host", "cpu_count": 64, "memory_bytes": 2 << 40,
             "versions": {"python": "3.11.7", "torch": "2.13.0+cu128", "transformers": "5.19.0",
                          "accelerate": "1.15.0" if accelerate else None, "speculators": "0.9.0",
-                         "vllm": "0.11.0" if vllm else None}}
+                         "vllm": "0.33.0" if vllm else None}}
 
 
 _this_host: dict = {}
 
 
 def this_host_capabilities() -> dict:
-    """This test machine, probed for real (no GPU here)."""
+    """This test machine, probed for real (no GPU on the development machines; vLLM's CPU build where
+    `make vllm` ran)."""
     if not _this_host:
         _this_host.update(host_capabilities())
     return dict(_this_host)
@@ -53,8 +57,12 @@ def fake_gpu_worker(name: str = "fake-gpu@fake-gpu-host", queues: list[str] | No
                             queues=queues, started_at=timezone.now())
 
 
-def cpu_worker(name: str = "cpu@this-host", queues: tuple[str, ...] = ("cpu", "gpu")) -> Worker:
-    """A live worker on this machine as it is, started like `make demo`'s (-Q cpu,gpu)."""
+def cpu_worker(name: str = "cpu@this-host", queues: tuple[str, ...] = ("cpu", "gpu"), *,
+               probe_queues: bool = True) -> Worker:
+    """A live worker on this machine as it is, started like `make demo`'s (-Q cpu,gpu): it also takes
+    the queues its probe adds (vllm.1 where `make vllm` installed vLLM's CPU build), unless
+    probe_queues=False (EAGLE3WEB_WORKER_GPU_QUEUES=0: exactly `queues`)."""
     capabilities = this_host_capabilities()
+    taken = list(dict.fromkeys([*queues, *(host_queues(capabilities) if probe_queues else [])]))
     return worker_heartbeat(name=name, hostname=capabilities["hostname"], capabilities=capabilities,
-                            queues=list(queues), started_at=timezone.now())
+                            queues=taken, started_at=timezone.now())

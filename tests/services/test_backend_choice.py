@@ -7,6 +7,8 @@ import io
 import json
 from datetime import timedelta
 
+import re
+
 import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
@@ -60,11 +62,16 @@ def test_defaults_launch_with_no_worker_live_but_nothing_else_does(user, roots):
     assert "no worker is live" in _refused(user, roots, "training_backend", training_backend="speculators")
 
 
-def test_a_cpu_fleet_refuses_vllm_speculators_and_several_gpus_saying_why(user, roots):
+def test_a_cpu_fleet_refuses_speculators_and_several_gpus_and_takes_vllm_only_where_its_cpu_build_is(user, roots):
     cpu_worker("cpu@this-host")
     why_vllm = this_host_capabilities()["backends"]["vllm"]
-    message = _refused(user, roots, "extraction_backend", extraction_backend="vllm")
-    assert f"no live worker has vLLM ({why_vllm})" in message
+    if why_vllm is None:  # `make vllm` ran here: its CPU build extracts on this host's CPU (vllm.1)
+        assert _launch(user, roots, extraction_backend="vllm").config["extraction_backend"] == "vllm"
+        message = _refused(user, roots, "tensor_parallel_size", extraction_backend="vllm", tensor_parallel_size=2)
+        assert "no live worker that runs vLLM has a GPU: it runs on the CPU" in message
+    else:
+        message = _refused(user, roots, "extraction_backend", extraction_backend="vllm")
+        assert f"no live worker has vLLM ({why_vllm})" in message
     message = _refused(user, roots, "training_backend", training_backend="speculators")
     assert "needs a GPU; this host has none" in message
     message = _refused(user, roots, "tensor_parallel_size", tensor_parallel_size=2)
@@ -119,7 +126,7 @@ def test_a_worker_counts_only_for_the_queues_it_takes_not_for_what_it_could_run(
 
 
 def test_a_gpu_count_no_live_worker_takes_is_refused_even_below_the_largest(client, user, roots):
-    cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
+    cpu_worker("cpu@this-host", queues=("cpu", "gpu"), probe_queues=False)
     # FAKE: -Q vllm.2,transformers.2 (measuring acceptance loads the target with Transformers on 2 GPUs)
     fake_gpu_worker("tp2@fake-gpu-host", gpus=2, queues=["vllm.2", "transformers.2"])
     message = _refused(user, roots, "tensor_parallel_size", extraction_backend="vllm", tensor_parallel_size=1)
@@ -141,18 +148,21 @@ def test_transformers_on_several_gpus_needs_accelerate_on_the_worker(user, roots
 
 
 def test_form_offers_only_what_live_workers_run_and_refuses_the_rest_with_a_400(client, user, roots):
-    cpu_worker("cpu@this-host")
+    # Started with EAGLE3WEB_WORKER_GPU_QUEUES=0 -Q cpu,gpu: no vLLM queue, whether vLLM is here or not.
+    cpu_worker("cpu@this-host", probe_queues=False)
+    why = ("no live worker has vLLM" if this_host_capabilities()["backends"]["vllm"]
+           else "no live worker takes a queue of vLLM")
     client.force_login(user)
     page = client.get("/runs/new/").content.decode()
-    assert '<option value="vllm" disabled>vLLM (not available: no live worker has vLLM' in page
+    assert f'<option value="vllm" disabled>vLLM (not available: {why}' in page
     assert '<option value="transformers" selected>Transformers</option>' in page
-    assert "Live workers: Transformers up to 1 GPU; vLLM: no live worker has vLLM" in page
+    assert f"Live workers: Transformers up to 1 GPU; vLLM: {why}" in page
     form = {"target_path": str(roots / "target"), "dataset_path": str(roots / "chats.jsonl"), "max_seq_len": 512,
             "draft_vocab_size": 64, "epochs": 1, "lr": 0.0003, "ttt_steps": 3}
     response = client.post("/runs/new/", {**form, "extraction_backend": "vllm"})
     assert response.status_code == 400 and PipelineRun.objects.count() == 0
     field = response.content.decode().split('for="id_extraction_backend"')[1].split('for="id_tensor_parallel_size"')[0]
-    assert '<div class="field-error">extraction_backend vllm: no live worker has vLLM' in field  # at its field
+    assert f'<div class="field-error">extraction_backend vllm: {why}' in field  # at its field
     response = client.post("/runs/new/", {**form, "train_gpus": 3})
     assert response.status_code == 400 and "train_gpus must be 1 with training_backend eagle3web" in \
         response.content.decode() and PipelineRun.objects.count() == 0
@@ -189,15 +199,22 @@ def test_cli_takes_the_backend_options_and_refuses_naming_the_field(user, roots)
 def test_cli_inline_checks_this_host_not_the_fleet(user, roots):
     common = ["--target", str(roots / "target"), "--dataset", str(roots / "chats.jsonl"), "--draft-vocab-size", "64",
               "--user", user.username, "--inline"]
-    why = this_host_capabilities()["backends"]["vllm"]
-    # A remote vLLM worker is live, but --inline runs extraction in this process, on this CPU host.
+    caps = this_host_capabilities()
+    why = caps["backends"]["vllm"]
+    # A remote vLLM worker is live, but --inline runs extraction in this process, on this host.
     fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=8)  # FAKE
-    with pytest.raises(CommandError, match=r"^extraction_backend vllm: vLLM \(vllm\) on 1 GPU\(s\) cannot run on "
-                                           rf".*: {why}$"):
-        call_command("run_pipeline", *common, "--extraction-backend", "vllm")
-    with pytest.raises(CommandError, match=r"^tensor_parallel_size 2: Transformers \(transformers\) on 2 GPU\(s\) "
-                                           r"cannot run on .*: needs a GPU; this host has none$"):
-        call_command("run_pipeline", *common, "--tensor-parallel-size", "2")
+    if why:
+        with pytest.raises(CommandError, match=r"^extraction_backend vllm: vLLM \(vllm\) on 1 GPU\(s\) cannot run on "
+                                               rf".*: {re.escape(why)}$"):
+            call_command("run_pipeline", *common, "--extraction-backend", "vllm")
+    elif caps["vllm"]["build"] == "cpu":
+        with pytest.raises(CommandError, match=r"^tensor_parallel_size 8: vLLM \(vllm\) on 8 GPU\(s\) cannot run on "
+                                               r".*: vLLM's CPU build \(.*\) runs on the CPU, not on 8 GPUs$"):
+            call_command("run_pipeline", *common, "--extraction-backend", "vllm", "--tensor-parallel-size", "8")
+    if not caps["gpus"]:  # what a GPU host runs, it is not refused
+        with pytest.raises(CommandError, match=r"^tensor_parallel_size 2: Transformers \(transformers\) on 2 GPU\(s\) "
+                                               r"cannot run on .*: needs a GPU; this host has none$"):
+            call_command("run_pipeline", *common, "--tensor-parallel-size", "2")
     assert PipelineRun.objects.count() == 0
 
 
@@ -234,24 +251,32 @@ def test_each_choice_goes_to_the_queue_only_fitting_workers_take():
         == "speculators.8"
     assert [stage_queue(stage_name=s, config={"extraction_backend": "vllm"}) for s in ("prepare", "vocab", "evaluate")] \
         == ["cpu", "cpu", "gpu"]
-    # FAKE 2-GPU host: it takes vLLM on 1 or 2 GPUs, never on 4; this CPU host adds no GPU queue at all.
+    # FAKE 2-GPU host: it takes vLLM on 1 or 2 GPUs, never on 4.
     two = host_queues(fake_gpu_host_capabilities(gpus=2))
     assert two == ["gpu", "transformers.2", "vllm.1", "vllm.2", "speculators.1", "speculators.2"]
     assert host_queues(fake_gpu_host_capabilities(gpus=2, vllm=False, accelerate=False)) == [
         "gpu", "speculators.1", "speculators.2"]
-    assert host_queues(this_host_capabilities()) == []
+    # A host without GPUs adds no GPU queue; with vLLM's CPU build (`make vllm`) it adds vllm.1.
+    here = this_host_capabilities()
+    if not here["gpus"]:
+        assert host_queues(here) == ([] if here["vllm"] is None else ["vllm.1"])
 
 
 def test_a_misrouted_stage_fails_at_start_naming_the_backend_and_why(user, roots):
     from workers.tasks import stage_execute
 
-    fake_gpu_worker("fake-gpu@fake-gpu-host")  # FAKE: lets the launch through; this host has no vLLM
-    run = _launch(user, roots, extraction_backend="vllm")
+    from workers.stages.backends import BACKENDS_BY_NAME
+
+    # FAKE: lets the launch through; this host has no vLLM, or only its CPU build, or fewer than 8 GPUs
+    fake_gpu_worker("fake-gpu@fake-gpu-host")
+    run = _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=8)
+    why = BACKENDS_BY_NAME["vllm"].probe(8)
+    if why is None:
+        pytest.skip("this host runs vLLM on 8 GPUs: nothing is misrouted to it")
     assert stage_execute(stage_name="extract", record_id=run.extract_stage.pk, worker="cpu@this-host") is False
     run.extract_stage.refresh_from_db()
     assert run.extract_stage.status == StageStatus.FAILED
-    why = this_host_capabilities()["backends"]["vllm"]
-    assert f"BackendUnavailable: vLLM (vllm) on 1 GPU(s) cannot run on" in run.extract_stage.error
+    assert "BackendUnavailable: vLLM (vllm) on 8 GPU(s) cannot run on" in run.extract_stage.error
     assert why in run.extract_stage.error
 
 
@@ -264,9 +289,11 @@ def test_a_copy_of_a_run_whose_backend_is_gone_keeps_it_selected_and_is_refused_
     assert client.post("/runs/new/", {**form, "extraction_backend": "vllm", "tensor_parallel_size": 2}).status_code == 302
     run = PipelineRun.objects.get()
     worker.delete()  # the GPU host left the fleet
-    cpu_worker("cpu@this-host")
+    cpu_worker("cpu@this-host", probe_queues=False)
+    why = ("no live worker has vLLM" if this_host_capabilities()["backends"]["vllm"]
+           else "no live worker takes a queue of vLLM")
     page = client.get(f"/runs/new/?copy={run.pk}").content.decode()
-    assert '<option value="vllm" selected>vLLM (not available: no live worker has vLLM' in page
+    assert f'<option value="vllm" selected>vLLM (not available: {why}' in page
     response = client.post("/runs/new/", {**form, "extraction_backend": "vllm", "tensor_parallel_size": 2})
-    assert response.status_code == 400 and "extraction_backend vllm: no live worker has vLLM" in response.content.decode()
+    assert response.status_code == 400 and f"extraction_backend vllm: {why}" in response.content.decode()
     assert PipelineRun.objects.count() == 1

@@ -92,6 +92,7 @@ def test_an_inline_launch_checks_this_hosts_gpus(user, roots, monkeypatch):
     monkeypatch.setitem(backends.BACKENDS_BY_NAME, "vllm", replace(backends.BACKENDS_BY_NAME["vllm"],
                                                                    check=lambda gpus, have: None))
     monkeypatch.setattr(backends, "detect_gpus", lambda: (backends.Gpu("FAKE L4", 24_000_000_000),) * 2)
+    monkeypatch.setattr(backends, "vllm_description", lambda: {"executable": "vllm", "version": "0.33.0", "build": "cuda"})
     _index(roots / "target", 30_000_000_000)
     launch = dict(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl", enqueue=False,
                   check="this_host")

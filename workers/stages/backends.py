@@ -202,6 +202,22 @@ def host_queues(capabilities: dict) -> list[str]:
     return queues
 
 
+def host_memory_bytes() -> int:
+    """This host's memory (where vLLM's CPU build loads a target)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def vllm_description() -> dict | None:
+    """The vLLM a stage here would start (executable, version, build), None when there is none."""
+    from workers.stages.vllm_env import vllm_install
+
+    install = vllm_install()
+    return None if isinstance(install, str) else install.as_dict()
+
+
 def host_capabilities() -> dict:
     """What this host can run, as JSON-ready data (the worker's heartbeat stores it)."""
     from workers.stages.vllm_env import vllm_install
@@ -212,6 +228,7 @@ def host_capabilities() -> dict:
     return {
         "hostname": socket.gethostname(),
         "cpu_count": os.cpu_count() or 1,
+        "memory_bytes": host_memory_bytes(),
         "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in gpus],
         "backends": {b.name: b.probe(1) for b in BACKENDS},
         "max_gpus": most,
