@@ -1,8 +1,9 @@
-"""Worker rows for tests: this host as it really is, and a GPU host we do not have here.
+"""Worker rows for tests: this host without its GPUs, and a GPU host we do not have here.
 
-The GPU host is a stand-in (no GPU, no vLLM on the test machine): its capabilities are what
+The GPU host is a stand-in (no GPU on the development machines): its capabilities are what
 workers.stages.backends.host_capabilities() gives with that host's GPUs and libraries standing in
-for this one's, and named FAKE."""
+for this one's, and named FAKE. The CPU worker is this host probed for real with its GPUs hidden, so
+that a fleet built here is the same on a GPU host."""
 from __future__ import annotations
 
 from unittest import mock
@@ -57,12 +58,24 @@ def fake_gpu_worker(name: str = "fake-gpu@fake-gpu-host", queues: list[str] | No
                             queues=queues, started_at=timezone.now())
 
 
+_cpu_host: dict = {}
+
+
+def cpu_host_capabilities() -> dict:
+    """This test machine probed for real with its GPUs left out: what cpu_worker() reports on any host
+    (on a GPU host its GPUs are hidden, FAKE; the fleet's GPU hosts are fake_gpu_worker rows)."""
+    if not _cpu_host:
+        with mock.patch.object(backends, "detect_gpus", lambda: ()):
+            _cpu_host.update(host_capabilities())
+    return dict(_cpu_host)
+
+
 def cpu_worker(name: str = "cpu@this-host", queues: tuple[str, ...] = ("cpu", "gpu"), *,
                probe_queues: bool = True) -> Worker:
-    """A live worker on this machine as it is, started like `make demo`'s (-Q cpu,gpu): it also takes
-    the queues its probe adds (vllm.1 where `make vllm` installed vLLM's CPU build), unless
-    probe_queues=False (EAGLE3WEB_WORKER_GPU_QUEUES=0: exactly `queues`)."""
-    capabilities = this_host_capabilities()
+    """A live worker on this machine without GPUs (cpu_host_capabilities()), started like `make demo`'s
+    (-Q cpu,gpu): it also takes the queues its probe adds (vllm.1 where `make vllm` installed vLLM's CPU
+    build), unless probe_queues=False (EAGLE3WEB_WORKER_GPU_QUEUES=0: exactly `queues`)."""
+    capabilities = cpu_host_capabilities()
     taken = list(dict.fromkeys([*queues, *(host_queues(capabilities) if probe_queues else [])]))
     return worker_heartbeat(name=name, hostname=capabilities["hostname"], capabilities=capabilities,
                             queues=taken, started_at=timezone.now())

@@ -14,7 +14,9 @@ from runs.fleet_models import Worker
 from runs.models import StageStatus
 from runs.run_config import RunConfig
 from tests.fleet import fake_gpu_worker
+from tests.stages.test_backends import torch_gpus
 from tests.worker import celery_worker
+from workers.stages.backends import host_queues
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -35,15 +37,19 @@ def test_worker_heartbeats_its_capabilities_and_stops_cleanly(data_root, tmp_pat
     with celery_worker(data_root=data_root, log_path=log_path):
         row = wait_for(lambda: Worker.objects.filter(name__startswith="test-worker-").first(), timeout=30,
                        what="the worker's heartbeat row")
-        # `-Q cpu,gpu` on a host without a GPU: exactly those; no backend queue is added.
-        assert row.queues == ["cpu", "gpu"]
         caps = row.capabilities
-        assert caps["gpus"] == [] and caps["cpu_count"] >= 1
+        # The GPUs torch sees here (none on the development machines), and what this host runs with them.
+        assert caps["gpus"] == torch_gpus() and caps["cpu_count"] >= 1
         assert caps["backends"]["transformers"] is None and caps["backends"]["eagle3web"] is None
-        assert caps["backends"]["vllm"] in ("vllm is not installed", "needs a GPU; this host has none")
-        assert caps["backends"]["speculators"] == "needs a GPU; this host has none"
+        vllm = caps["backends"]["vllm"]
+        assert vllm is None or vllm.startswith("vllm is not installed") or vllm == "needs a GPU; this host has none"
+        assert caps["backends"]["speculators"] == (None if caps["gpus"] else "needs a GPU; this host has none")
         assert caps["versions"]["torch"] and caps["versions"]["speculators"] == "0.9.0"
-        assert row.stopped_at is None and "consumes cpu, gpu" in log_path.read_text()
+        # `-Q cpu,gpu`, plus the queues of what the probe found it can run (none on a host without a
+        # GPU or vLLM's CPU build).
+        consumed = sorted({"cpu", "gpu", *host_queues(caps)})
+        assert row.queues == consumed
+        assert row.stopped_at is None and f"consumes {', '.join(consumed)}" in log_path.read_text()
     row.refresh_from_db()
     assert row.stopped_at is not None  # a clean shutdown says so at once
 

@@ -18,7 +18,13 @@ from runs.fleet_models import Worker
 from runs.models import PendingEnqueue, PipelineRun, StageStatus
 from runs.routing import stage_queue
 from runs.run_config import RunConfig, RunConfigError
-from tests.fleet import cpu_worker, fake_gpu_host_capabilities, fake_gpu_worker, this_host_capabilities
+from tests.fleet import (
+    cpu_host_capabilities,
+    cpu_worker,
+    fake_gpu_host_capabilities,
+    fake_gpu_worker,
+    this_host_capabilities,
+)
 from workers.stages.backends import host_queues
 
 pytestmark = pytest.mark.django_db
@@ -64,7 +70,7 @@ def test_defaults_launch_with_no_worker_live_but_nothing_else_does(user, roots):
 
 def test_a_cpu_fleet_refuses_speculators_and_several_gpus_and_takes_vllm_only_where_its_cpu_build_is(user, roots):
     cpu_worker("cpu@this-host")
-    why_vllm = this_host_capabilities()["backends"]["vllm"]
+    why_vllm = cpu_host_capabilities()["backends"]["vllm"]
     if why_vllm is None:  # `make vllm` ran here: its CPU build extracts on this host's CPU (vllm.1)
         assert _launch(user, roots, extraction_backend="vllm").config["extraction_backend"] == "vllm"
         message = _refused(user, roots, "tensor_parallel_size", extraction_backend="vllm", tensor_parallel_size=2)
@@ -150,7 +156,7 @@ def test_transformers_on_several_gpus_needs_accelerate_on_the_worker(user, roots
 def test_form_offers_only_what_live_workers_run_and_refuses_the_rest_with_a_400(client, user, roots):
     # Started with EAGLE3WEB_WORKER_GPU_QUEUES=0 -Q cpu,gpu: no vLLM queue, whether vLLM is here or not.
     cpu_worker("cpu@this-host", probe_queues=False)
-    why = ("no live worker has vLLM" if this_host_capabilities()["backends"]["vllm"]
+    why = ("no live worker has vLLM" if cpu_host_capabilities()["backends"]["vllm"]
            else "no live worker takes a queue of vLLM")
     client.force_login(user)
     page = client.get("/runs/new/").content.decode()
@@ -257,9 +263,8 @@ def test_each_choice_goes_to_the_queue_only_fitting_workers_take():
     assert host_queues(fake_gpu_host_capabilities(gpus=2, vllm=False, accelerate=False)) == [
         "gpu", "speculators.1", "speculators.2"]
     # A host without GPUs adds no GPU queue; with vLLM's CPU build (`make vllm`) it adds vllm.1.
-    here = this_host_capabilities()
-    if not here["gpus"]:
-        assert host_queues(here) == ([] if here["vllm"] is None else ["vllm.1"])
+    here = cpu_host_capabilities()
+    assert host_queues(here) == ([] if here["backends"]["vllm"] else ["vllm.1"])
 
 
 def test_a_misrouted_stage_fails_at_start_naming_the_backend_and_why(user, roots):
@@ -290,7 +295,7 @@ def test_a_copy_of_a_run_whose_backend_is_gone_keeps_it_selected_and_is_refused_
     run = PipelineRun.objects.get()
     worker.delete()  # the GPU host left the fleet
     cpu_worker("cpu@this-host", probe_queues=False)
-    why = ("no live worker has vLLM" if this_host_capabilities()["backends"]["vllm"]
+    why = ("no live worker has vLLM" if cpu_host_capabilities()["backends"]["vllm"]
            else "no live worker takes a queue of vLLM")
     page = client.get(f"/runs/new/?copy={run.pk}").content.decode()
     assert f'<option value="vllm" selected>vLLM (not available: {why}' in page

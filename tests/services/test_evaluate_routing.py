@@ -111,9 +111,11 @@ def test_the_gpus_measuring_acceptance_runs_on_must_hold_the_target(user, roots)
 
 
 def test_an_inline_launch_checks_that_this_host_can_measure_acceptance_on_the_gpus(user, roots, monkeypatch):
-    # FAKE probe: this host runs vLLM; it has no GPU, so Transformers cannot spread a target here.
+    # FAKE probe: this host runs vLLM; it has no GPU (a GPU host's are hidden here), so Transformers
+    # cannot spread a target here.
     monkeypatch.setitem(backends.BACKENDS_BY_NAME, "vllm", replace(backends.BACKENDS_BY_NAME["vllm"],
                                                                    check=lambda gpus, have: None))
+    monkeypatch.setattr(backends, "detect_gpus", lambda: ())
     with pytest.raises(RunConfigError, match=rf"^{re.escape(NEEDS_2)}Transformers \(transformers\) on 2 GPU\(s\) "
                                              r"cannot run on .+: needs a GPU; this host has none$"):
         services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
@@ -157,11 +159,12 @@ def test_retry_of_measuring_acceptance_is_refused_while_nobody_takes_its_gpus(us
     assert services.run_retry(run=run, user=user) == 1
 
 
-def test_a_worker_that_cannot_spread_the_target_fails_the_stage_naming_why(user, roots):
+def test_a_worker_that_cannot_spread_the_target_fails_the_stage_naming_why(user, roots, monkeypatch):
     from workers.tasks import stage_execute
 
-    fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=2)  # FAKE: lets the launch through; this host has no GPU
+    fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=2)  # FAKE: lets the launch through
     run = _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2)
+    monkeypatch.setattr(backends, "detect_gpus", lambda: ())  # this host has no GPU (a GPU host's are hidden)
     assert stage_execute(stage_name="evaluate", record_id=run.evaluation.pk, worker="cpu@this-host") is False
     run.evaluation.refresh_from_db()
     assert run.evaluation.status == StageStatus.FAILED

@@ -43,7 +43,7 @@ def test_a_spread_target_is_loaded_for_num_gpus_and_decodes_as_on_one_device(tin
     common = dict(target_dir=tiny_target.target_dir, checkpoint_dir=untrained_checkpoint, prompts=chat_prompts[:3],
                   prompt_source="demo chats", max_new_tokens=16)
     spread = evaluate(**common, num_gpus=2)
-    single = evaluate(**common)
+    single = evaluate(**common, device="cpu")  # the one device the FAKE spread stands on, GPUs or not
     assert loaded == [2, 1]
     assert (spread.device, single.device) == ("cuda:0-1 (2 x FAKE H100, device_map=auto)", "cpu")
     assert spread.output_matches_greedy and spread.new_tokens == single.new_tokens
