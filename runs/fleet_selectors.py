@@ -238,7 +238,8 @@ def _has_run(model) -> bool:
 
 
 # What each job works on, and its page: (the job row's foreign key, the URL name of that page).
-JOB_SUBJECTS = {"catalogue": ("dataset_id", "runs:dataset_detail"), "verify": ("extraction_id", "runs:extraction_detail")}
+JOB_SUBJECTS = {"catalogue": ("dataset_id", "runs:dataset_detail"), "verify": ("extraction_id", "runs:extraction_detail"),
+                "serve_check": ("checkpoint_id", "runs:checkpoint_detail")}
 
 
 def _subject_url(job_name: str, row) -> str:

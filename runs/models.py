@@ -125,6 +125,7 @@ class PendingEnqueue(models.Model):
         EVALUATION = "evaluation"
         CATALOGUE = "catalogue", "dataset catalogue"
         VERIFY = "verify", "extraction verification"
+        SERVE_CHECK = "serve_check", "vLLM serve check"
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
     object_id = models.PositiveIntegerField(help_text="the run's, the evaluation's or the job's id")
@@ -456,5 +457,5 @@ class Review(models.Model):
 # Curves live in their own module (chunked series); imported here so that Django registers them.
 from runs.metric_models import MetricChunk, MetricSeries  # noqa: E402,F401
 from runs.tag_models import RunTag  # noqa: E402,F401
-from runs.job_models import DatasetCatalogue, VerificationRequest  # noqa: E402,F401
+from runs.job_models import DatasetCatalogue, ServeCheck, VerificationRequest  # noqa: E402,F401
 from runs.fleet_models import Worker  # noqa: E402,F401

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runs.job_models import DatasetCatalogue, VerificationRequest
+from runs.job_models import DatasetCatalogue, ServeCheck, VerificationRequest
 from runs.models import Evaluation, ExtractStage, Preparation, StageRecord, TrainingRun, VocabMapping
 
 
@@ -33,6 +33,9 @@ STAGES = (
 JOBS = (
     StageKind("catalogue", "Catalogue dataset", DatasetCatalogue, "", "cpu"),
     StageKind("verify", "Verify extraction", VerificationRequest, "", "cpu"),
+    # vLLM on one device (its CPU build, or one GPU); a check of a target spread over n GPUs goes to
+    # vllm.<n> (runs.queue.job_queue).
+    StageKind("serve_check", "Check with vLLM", ServeCheck, "", "vllm.1"),
 )
 JOB_NAMES = frozenset(job.name for job in JOBS)
 # Every kind of row a worker runs, by name: the stages of runs and the jobs.

@@ -36,9 +36,20 @@ def _send(kind: str, object_id: int) -> None:
                                      queue=stage_queue(stage_name=stage.name, config=config))
                 for stage in STAGES]).apply_async()
     elif kind in JOB_NAMES:
-        celery_app.send_task(JOB_TASK, args=[kind, object_id], queue=STAGES_BY_NAME[kind].queue)
+        celery_app.send_task(JOB_TASK, args=[kind, object_id], queue=job_queue(job_name=kind, record_id=object_id))
     else:
         celery_app.send_task(EVALUATION_TASK, args=[object_id], queue=STAGES_BY_NAME["evaluate"].queue)
+
+
+def job_queue(*, job_name: str, record_id: int) -> str:
+    """A job's queue: its kind's, or for a serve check of a target spread over n GPUs, vLLM's on n."""
+    if job_name == "serve_check":
+        from runs.job_models import ServeCheck
+        from workers.stages.backends import stage_queue as backend_queue
+
+        gpus = ServeCheck.objects.filter(pk=record_id).values_list("tensor_parallel_size", flat=True).first() or 1
+        return backend_queue(backend="vllm", gpus=gpus)
+    return STAGES_BY_NAME[job_name].queue
 
 
 def _deliver(pending_id: int) -> bool:

@@ -23,6 +23,7 @@ from runs.models import (
     Extraction,
     Manifest,
     Preparation,
+    ServeCheck,
     StageAttempt,
     StageRecord,
     StageStatus,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # the stages import torch; these services only read their dat
     from workers.stages.evaluate import EvaluationResult
     from workers.stages.extract import ExtractionResult
     from workers.stages.prepare import PrepareResult
+    from workers.stages.serve_check import ServeCheckResult
     from workers.stages.train import TrainResult
     from workers.stages.vocab import VocabResult
 
@@ -235,7 +237,7 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
         )
 
 
-def _columns(model: type[models.Model], result) -> dict:
+def result_columns(model: type[models.Model], result) -> dict:
     """Every field of a stage's result dataclass that a row (the stage's, or the artifact it wrote)
     has a column of the same name for, so that nothing the stage counted is lost on the way to the page."""
     columns = {f.name for f in model._meta.concrete_fields} - {"id", "run", "status", "error", "log_tail"}
@@ -249,7 +251,7 @@ def _columns(model: type[models.Model], result) -> dict:
 
 def preparation_record(*, record_id: int, result: PrepareResult, log_tail: str,
                        started_at: datetime | None = None) -> None:
-    stage_succeed(stage_name="prepare", record_id=record_id, fields=_columns(Preparation, result), log_tail=log_tail,
+    stage_succeed(stage_name="prepare", record_id=record_id, fields=result_columns(Preparation, result), log_tail=log_tail,
                   started_at=started_at)
 
 
@@ -262,7 +264,7 @@ def extraction_record(*, record_id: int, result: ExtractionResult, log_tail: str
     stage = ExtractStage.objects.select_related("run__preparation").get(pk=record_id)
     extraction, _ = Extraction.objects.update_or_create(
         produced_by=stage,
-        defaults={"target_id": stage.target_id, "path": str(result.out_dir), **_columns(Extraction, result)},
+        defaults={"target_id": stage.target_id, "path": str(result.out_dir), **result_columns(Extraction, result)},
     )
     manifest_record(extraction=extraction, path=Path(result.manifest_path))
     verification = extraction_verify(extraction=extraction)
@@ -271,14 +273,14 @@ def extraction_record(*, record_id: int, result: ExtractionResult, log_tail: str
         extraction.save(update_fields=["layout"])
     logger.info("extraction %s verification %s: %d checks in %.2f s", extraction.pk,
                 "passed" if verification.passed else "FAILED", len(verification.checks), verification.seconds)
-    stage_succeed(stage_name="extract", record_id=record_id, fields=_columns(ExtractStage, result),
+    stage_succeed(stage_name="extract", record_id=record_id, fields=result_columns(ExtractStage, result),
                   log_tail=log_tail, started_at=started_at)
     return extraction
 
 
 def vocab_mapping_record(*, record_id: int, result: VocabResult, log_tail: str,
                          started_at: datetime | None = None) -> None:
-    stage_succeed(stage_name="vocab", record_id=record_id, fields=_columns(VocabMapping, result), log_tail=log_tail,
+    stage_succeed(stage_name="vocab", record_id=record_id, fields=result_columns(VocabMapping, result), log_tail=log_tail,
                   started_at=started_at)
 
 
@@ -288,21 +290,21 @@ def training_record(*, record_id: int, result: TrainResult, log_tail: str,
     from dataclasses import asdict
 
     checkpoints_register(training_run_id=record_id, checkpoints=[asdict(c) for c in result.checkpoints])
-    fields = {**_columns(TrainingRun, result), "split": result.split.as_dict()}
+    fields = {**result_columns(TrainingRun, result), "split": result.split.as_dict()}
     stage_succeed(stage_name="train", record_id=record_id, fields=fields, log_tail=log_tail,
                   started_at=started_at)
 
 
 def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str,
                       started_at: datetime | None = None) -> None:
-    stage_succeed(stage_name="evaluate", record_id=record_id, fields=_columns(Evaluation, result), log_tail=log_tail,
+    stage_succeed(stage_name="evaluate", record_id=record_id, fields=result_columns(Evaluation, result), log_tail=log_tail,
                   started_at=started_at)
 
 
 def checkpoint_evaluation_record(*, checkpoint_id: int, result: EvaluationResult) -> Evaluation:
     """A measurement the pipeline's evaluate stage made of one of the run's other checkpoints."""
     return Evaluation.objects.create(checkpoint_id=checkpoint_id, status=StageStatus.SUCCEEDED,
-                                     finished_at=timezone.now(), **_columns(Evaluation, result))
+                                     finished_at=timezone.now(), **result_columns(Evaluation, result))
 
 
 def catalogue_record(*, record_id: int, result: CatalogueCounts, log_tail: str,
@@ -317,6 +319,18 @@ def verification_request_record(*, record_id: int, result: Verification, log_tai
                   fields={"verification": result})
 
 
+def serve_check_record(*, record_id: int, result: ServeCheckResult, log_tail: str,
+                       started_at: datetime | None = None) -> None:
+    """What vLLM said, beside our τ on the same prompts (the evaluation's): vLLM's emitted-token τ
+    (our definition) minus ours."""
+    check = ServeCheck.objects.select_related("evaluation").get(pk=record_id)
+    ours = check.evaluation.tau if check.evaluation is not None else None
+    fields = {**result_columns(ServeCheck, result), "tau": ours,
+              "tau_difference": None if ours is None else result.vllm_tau_emitted - ours}
+    stage_succeed(stage_name="serve_check", record_id=record_id, fields=fields, log_tail=log_tail,
+                  started_at=started_at)
+
+
 # What each stage's (and job's) worker records once it succeeded.
 STAGE_RECORDERS = {
     "prepare": preparation_record,
@@ -326,6 +340,7 @@ STAGE_RECORDERS = {
     "evaluate": evaluation_record,
     "catalogue": catalogue_record,
     "verify": verification_request_record,
+    "serve_check": serve_check_record,
 }
 
 

@@ -277,6 +277,19 @@ def _verify(record, reporter: StageReporter):
                              requested_by=record.requested_by)
 
 
+def _serve_check(record, reporter: StageReporter):
+    from runs.serve_check_services import serve_check_plan
+    from workers.stages.backends import vllm_executable
+    from workers.stages.serve_check import serve_check
+
+    plan = serve_check_plan(check=record)
+    return serve_check(target_dir=plan.target_dir, checkpoint_dir=plan.checkpoint_dir, prompts=plan.prompts(),
+                       max_new_tokens=plan.max_new_tokens, num_speculative_tokens=plan.num_speculative_tokens,
+                       tensor_parallel_size=record.tensor_parallel_size, vllm_executable=vllm_executable(),
+                       out_dir=Path(settings.EAGLE3WEB_RUNS_DIR) / "serve_checks" / str(record.pk),
+                       on_progress=reporter.progress, should_stop=reporter.cancelled)
+
+
 # Each runs one stage (or job) for its row and returns the stage's result dataclass.
 STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
     "prepare": _prepare,
@@ -286,6 +299,7 @@ STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
     "evaluate": _evaluate,
     "catalogue": _catalogue,
     "verify": _verify,
+    "serve_check": _serve_check,
 }
 
 

@@ -15,6 +15,17 @@ from runs.models import Checkpoint, Evaluation, StageStatus
 from workers.stages.errors import InputError
 
 
+def checkpoint_from_ref(ref: str, account) -> Checkpoint:
+    """A checkpoint by id, or by directory (imported when it is not registered yet)."""
+    if ref.isdigit():
+        try:
+            return Checkpoint.objects.select_related("training_run__run__target").get(pk=int(ref))
+        except Checkpoint.DoesNotExist:
+            raise CommandError(f"no checkpoint with id {ref}") from None
+    found = Checkpoint.objects.filter(path=str(Path(ref).resolve())).first()
+    return found or checkpoint_import(path=ref, user=account)[0]
+
+
 class Command(BaseCommand):
     help = ("Decode held-out prompts with the target alone and with the draft; print tau (tokens per target "
             "forward), acceptance per draft position and whether the output equals greedy decoding.")
@@ -34,7 +45,7 @@ class Command(BaseCommand):
 
         account = command_user(user)
         try:
-            ckpt = self._checkpoint(checkpoint, account)
+            ckpt = checkpoint_from_ref(checkpoint, account)
             evaluation, _ = evaluation_request(
                 checkpoint=ckpt, user=account, prompts_path=opts["prompts"], max_new_tokens=opts["max_new_tokens"],
                 max_prompts=opts["max_prompts"], num_speculative_tokens=opts["num_speculative_tokens"], enqueue=False)
@@ -61,12 +72,3 @@ class Command(BaseCommand):
         if not evaluation.output_matches_greedy:
             raise CommandError(f"evaluation {evaluation.pk}: the draft changed the output on prompts "
                                f"{evaluation.mismatched_prompts}; speculative decoding must equal greedy decoding")
-
-    def _checkpoint(self, ref: str, account) -> Checkpoint:
-        if ref.isdigit():
-            try:
-                return Checkpoint.objects.select_related("training_run__run__target").get(pk=int(ref))
-            except Checkpoint.DoesNotExist:
-                raise CommandError(f"no checkpoint with id {ref}") from None
-        found = Checkpoint.objects.filter(path=str(Path(ref).resolve())).first()
-        return found or checkpoint_import(path=ref, user=account)[0]
