@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from runs.fleet_models import Worker
-from runs.job_models import DatasetCatalogue, VerificationRequest
+from runs.job_models import DatasetCatalogue, ServeCheck, VerificationRequest
 from runs.models import (
     Checkpoint,
     CurationAction,
@@ -143,6 +143,13 @@ class DatasetCatalogueAdmin(StageAdmin):
 @admin.register(VerificationRequest)
 class VerificationRequestAdmin(StageAdmin):
     list_display = ("id", "extraction", "full", *STAGE_FIELDS, "verification")
+
+
+@admin.register(ServeCheck)
+class ServeCheckAdmin(StageAdmin):
+    list_display = ("id", "checkpoint", "evaluation", *STAGE_FIELDS[:3], "vllm_tau_emitted", "tau", "tau_difference",
+                    "vllm_output_matches_greedy", "vllm_version")
+    list_select_related = ("checkpoint", "evaluation")
 
 
 @admin.register(Evaluation)

@@ -20,6 +20,7 @@ from runs.models import (
     Verification,
 )
 from runs.fleet_selectors import run_backends
+from runs.serve_check_selectors import with_usability
 from runs.upstream_commands import run_speculators_train_command, with_serve_commands
 from runs.pipeline import STAGES
 from runs.reviews import SUBJECTS
@@ -192,7 +193,8 @@ def run_summary(run: PipelineRun) -> dict:
     prep, extract, vocab, training, evaluation = (record for _, _, record in run_stages(run))
     extraction = run_extraction(run)
     manifest = getattr(extraction, "manifest", None)
-    checkpoints = with_serve_commands(checkpoints_with_tau(training.checkpoints.all()), verifier=run.target.path)
+    checkpoints = with_usability(with_serve_commands(checkpoints_with_tau(training.checkpoints.all()),
+                                                     verifier=run.target.path))
     evaluated = next((c for c in checkpoints if c.pk == evaluation.checkpoint_id), None)
     return {
         "run_id": run.pk,
@@ -246,7 +248,8 @@ def run_summary(run: PipelineRun) -> dict:
             {"id": c.pk, "url": c.get_absolute_url(), "epoch": c.epoch, "path": c.path,
              "train_loss": c.train_loss, "val_loss": c.val_loss,
              "is_best": c.is_best, "val_metrics": c.val_metrics, "simulated_tau": c.simulated_tau,
-             "tau": c.measured[0].tau if c.measured else None, "serve_command": c.serve_command}
+             "tau": c.measured[0].tau if c.measured else None, "serve_command": c.serve_command,
+             "usable": not c.unusable_why, "unusable_why": c.unusable_why}
             for c in checkpoints
         ],
     }

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from runs.job_models import ServeCheck
-from runs.models import Checkpoint
+from runs.models import Checkpoint, Evaluation, StageStatus
 
 SERVE_CHECK_FIELDS = (
     "status", "tau", "vllm_tau", "vllm_tau_emitted", "tau_difference", "vllm_acceptance_per_position",
@@ -35,3 +35,34 @@ def serve_check_line(check: ServeCheck) -> str:
 
 def checkpoint_serve_checks(checkpoint: Checkpoint, *, limit: int = 10) -> list[ServeCheck]:
     return list(checkpoint.serve_checks.select_related("requested_by", "evaluation")[:limit])
+
+
+def unusable_reasons(checkpoint_ids) -> dict[int, str]:
+    """Why each of these checkpoints must not be deployed, for those that must not: its speculative
+    output differed from the target's greedy output, in our measurement or in vLLM's. Two queries."""
+    reasons: dict[int, str] = {}
+    for e in Evaluation.objects.filter(checkpoint_id__in=checkpoint_ids, status=StageStatus.SUCCEEDED,
+                                       output_matches_greedy=False).order_by("-id"):
+        reasons.setdefault(e.checkpoint_id, f"its speculative output differed from greedy decoding on "
+                                            f"{len(e.mismatched_prompts)} prompt(s) when its acceptance was measured "
+                                            f"(evaluation {e.pk})")
+    for c in ServeCheck.objects.filter(checkpoint_id__in=checkpoint_ids, status=StageStatus.SUCCEEDED,
+                                       vllm_output_matches_greedy=False).order_by("-id"):
+        reasons.setdefault(c.checkpoint_id, f"vLLM's output with the draft differed from the target's alone on "
+                                            f"{len(c.mismatched_prompts)} prompt(s) (serve check {c.pk})")
+    return reasons
+
+
+def checkpoint_usable(checkpoint: Checkpoint) -> tuple[bool, str]:
+    """(usable, why not): a draft that changes the text it speeds up must not be deployed."""
+    why = unusable_reasons([checkpoint.pk]).get(checkpoint.pk, "")
+    return not why, why
+
+
+def with_usability(checkpoints) -> list[Checkpoint]:
+    """The checkpoints, each with `unusable_why` ("" when nothing says it changes the text)."""
+    checkpoints = list(checkpoints)
+    reasons = unusable_reasons([c.pk for c in checkpoints])
+    for checkpoint in checkpoints:
+        checkpoint.unusable_why = reasons.get(checkpoint.pk, "")
+    return checkpoints

@@ -79,17 +79,3 @@ def serve_check_plan(*, check: ServeCheck) -> ServeCheckPlan:
     return ServeCheckPlan(target_dir=plan.target_dir, checkpoint_dir=Path(check.checkpoint.path), prompts=plan.prompts,
                           max_new_tokens=evaluation.max_new_tokens,
                           num_speculative_tokens=evaluation.num_speculative_tokens)
-
-
-def checkpoint_usable(checkpoint: Checkpoint) -> tuple[bool, str]:
-    """(usable, why not): a draft whose speculative output differs from the target's greedy output,
-    in our measurement or vLLM's, changes the text it speeds up: it must not be deployed."""
-    bad_eval = checkpoint.evaluations.filter(status=StageStatus.SUCCEEDED, output_matches_greedy=False).first()
-    if bad_eval is not None:
-        return False, (f"its speculative output differed from greedy decoding on {len(bad_eval.mismatched_prompts)} "
-                       f"prompt(s) when its acceptance was measured (evaluation {bad_eval.pk})")
-    bad_check = checkpoint.serve_checks.filter(status=StageStatus.SUCCEEDED, vllm_output_matches_greedy=False).first()
-    if bad_check is not None:
-        return False, (f"vLLM's output with the draft differed from the target's alone on "
-                       f"{len(bad_check.mismatched_prompts)} prompt(s) (serve check {bad_check.pk})")
-    return True, ""

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from runs import api, curve_api, views
+from runs import api, curve_api, serve_check_views, views
 
 app_name = "runs"
 urlpatterns = [
@@ -22,6 +22,7 @@ urlpatterns = [
     path("extractions/<int:pk>/override/", views.extraction_override, name="extraction_override"),
     path("checkpoints/<int:pk>/", views.checkpoint_detail, name="checkpoint_detail"),
     path("checkpoints/<int:pk>/evaluate/", views.checkpoint_evaluate, name="checkpoint_evaluate"),
+    path("checkpoints/<int:pk>/serve-check/", serve_check_views.checkpoint_serve_check, name="checkpoint_serve_check"),
     path("reviews/<str:subject>/<int:pk>/", views.review_create, name="review_create"),
     path("api/runs/<int:pk>/", api.run_status, name="api_run_status"),
     path("api/runs/<int:pk>/metrics/", curve_api.run_metrics, name="api_run_metrics"),

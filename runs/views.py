@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from runs import (comparison, evaluation_services, extraction_services, job_selectors, job_services, queue,
-                  reviews, run_table, selectors, services, tag_services, upstream_commands)
+                  reviews, run_table, selectors, serve_check_selectors, services, tag_services, upstream_commands)
 from runs.evaluation_services import EvaluationRequestError
 from runs.demo import demo_paths
 from runs import fleet_selectors
@@ -119,8 +119,8 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "status": summary["status"],
             "layers": layers,
             "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
-            "checkpoints": upstream_commands.with_serve_commands(
-                selectors.checkpoints_with_tau(run.training_run.checkpoints.all()), verifier=run.target.path),
+            "checkpoints": serve_check_selectors.with_usability(upstream_commands.with_serve_commands(
+                selectors.checkpoints_with_tau(run.training_run.checkpoints.all()), verifier=run.target.path)),
             "attempts": run.attempts.all(),
             "waiting_for_queue": queue.run_waiting_for_queue(run_id=run.pk),
             "settings": sorted(comparison.run_settings(run).items()),
@@ -288,11 +288,15 @@ def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
     config = config_path.read_text() if config_path.exists() else None
     evaluations = list(checkpoint.evaluations.select_related("requested_by")[:20])
     measured = next((e for e in evaluations if e.status == "succeeded"), None)
+    serve_checks = serve_check_selectors.checkpoint_serve_checks(checkpoint)
+    usable, unusable_why = serve_check_selectors.checkpoint_usable(checkpoint)
     return render(request, "runs/checkpoint_detail.html", {
+        "serve_checks": serve_checks, "served": next((c for c in serve_checks if c.status == "succeeded"), None),
+        "unusable_why": "" if usable else unusable_why,
         "checkpoint": checkpoint, "config_json": config, "evaluations": evaluations, "measured": measured,
         "serve_command": upstream_commands.checkpoint_serve_command(checkpoint),
         "acceptance_json": json.dumps(measured.acceptance_per_position) if measured else "[]",
-        "evaluating": any(not e.is_finished for e in evaluations),
+        "evaluating": any(not e.is_finished for e in (*evaluations, *serve_checks)),
         "can_evaluate": user_can(request.user, "launch"),
     })
 

@@ -10,7 +10,7 @@ from runs.fleet_services import worker_stopped
 from runs.models import PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline import STAGES
 from runs.run_config import RunConfig, RunConfigError
-from tests.fleet import cpu_worker, fake_gpu_worker
+from tests.fleet import cpu_host_capabilities, cpu_worker, fake_gpu_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -63,7 +63,10 @@ def test_retry_is_refused_while_no_live_worker_takes_the_runs_backend_then_accep
     response = client.post(f"/runs/{run.pk}/retry/", follow=True)
     assert response.redirect_chain == [(f"/runs/{run.pk}/", 302)]
     html = response.content.decode()
-    assert (f"{run} cannot be retried now: extraction_backend vllm: no live worker has vLLM") in html
+    # This host: no vLLM, or vLLM's CPU build, which runs on one device, never on 2 GPUs.
+    why = ("extraction_backend vllm: no live worker has vLLM" if cpu_host_capabilities()["backends"]["vllm"]
+           else "tensor_parallel_size 2: no live worker that runs vLLM has a GPU: it runs on the CPU")
+    assert f"{run} cannot be retried now: {why}" in html
     assert "launch a copy with another backend" in html
     assert set(_statuses(run)) == {StageStatus.CANCELLED} and PendingEnqueue.objects.count() == before
 

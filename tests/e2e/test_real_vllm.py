@@ -1,0 +1,168 @@
+"""vLLM itself (its CPU build, installed by `make vllm`) in the loop: extraction through `vllm serve`
+with our CPU-safe connector, and the serve check of a draft trained here.
+
+Where vLLM is not installed these tests skip, saying so; CI sets EAGLE3WEB_REQUIRE_VLLM=1 (after
+`make vllm`), so there a missing vLLM fails them instead. Each vLLM start takes about a minute on two
+cores: one pipeline run (one start) and one serve check (two) are shared by the tests below."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from django.core.management import call_command
+from django.utils import timezone
+from safetensors.torch import load_file
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+MAX_NEW_TOKENS = 48
+MAX_PROMPTS = 12
+
+
+@pytest.fixture(scope="module")
+def vllm_install():
+    from workers.stages.vllm_env import vllm_install as find
+
+    install = find()
+    if isinstance(install, str):
+        if os.environ.get("EAGLE3WEB_REQUIRE_VLLM") == "1":
+            pytest.fail(f"EAGLE3WEB_REQUIRE_VLLM=1 but {install}")
+        pytest.skip(f"real vLLM is not here: {install}")
+    return install
+
+
+def _cli(name: str, *args) -> dict:
+    out = io.StringIO()
+    call_command(name, *args, "--json", stdout=out)
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def vllm_run(vllm_install, tiny_target, django_db_setup, django_db_blocker, tmp_path_factory):
+    """`run_pipeline --extraction-backend vllm --inline`, shared; its rows are removed afterwards."""
+    from django.contrib.auth import get_user_model
+    from django.test import override_settings
+
+    from runs.models import Dataset, PipelineRun, TargetModel
+
+    root = tmp_path_factory.getbasetemp().resolve()
+    with django_db_blocker.unblock(), override_settings(EAGLE3WEB_DATA_ROOTS=[root], EAGLE3WEB_RUNS_DIR=root / "vllm-runs"):
+        summary = _cli("run_pipeline", "--target", str(tiny_target.target_dir), "--dataset", str(tiny_target.chats_path),
+                       "--layer-ids", "2,4,5", "--max-samples", "40", "--max-seq-len", "256", "--draft-vocab-size",
+                       "256", "--epochs", "2", "--val-fraction", "0.3", "--extraction-backend", "vllm", "--eval-prompts", str(MAX_PROMPTS),
+                       "--eval-max-new-tokens", str(MAX_NEW_TOKENS), "--inline")
+        yield summary
+        PipelineRun.objects.all().delete()
+        TargetModel.objects.all().delete()
+        Dataset.objects.all().delete()
+        get_user_model().objects.all().delete()
+
+
+@pytest.fixture(scope="module")
+def serve_checked(vllm_run, django_db_blocker):
+    """`manage.py serve_check <best checkpoint>` with the run's evaluation settings (reused, not redone)."""
+    best = next(c for c in vllm_run["checkpoints"] if c["is_best"])
+    with django_db_blocker.unblock():
+        return _cli("serve_check", str(best["id"]), "--max-new-tokens", str(MAX_NEW_TOKENS), "--max-prompts",
+                    str(MAX_PROMPTS))
+
+
+def test_inline_run_extracts_with_real_vllm_like_transformers_does(vllm_run, tiny_target, tmp_path):
+    from workers.stages.extract import extract
+    from workers.stages.verify import verify_extraction
+
+    assert [s["status"] for s in vllm_run["stages"]] == ["succeeded"] * 5, vllm_run["stages"]
+    out = Path(vllm_run["manifest_path"]).parent
+    manifest = json.loads((out / "data_config.json").read_text())
+    assert manifest["extraction_backend"] == "vllm"
+    report = verify_extraction(out, target_dir=tiny_target.target_dir, full=True)
+    assert report.passed, report.failures
+    prepared = Path(vllm_run["output_dir"]) / "prepared"
+    reference = extract(target_dir=tiny_target.target_dir, prepared_dir=prepared, out_dir=tmp_path / "hf",
+                        layer_ids=[2, 4, 5, 8], device="cpu")
+    files = sorted((out / "hidden_states").glob("hs_*.safetensors"))
+    assert len(files) == reference.num_samples > 0
+    for path in files:
+        ours, theirs = load_file(str(tmp_path / "hf" / "hidden_states" / path.name)), load_file(str(path))
+        assert torch.equal(ours["token_ids"], theirs["token_ids"]), path.name
+        a, b = ours["hidden_states"].float(), theirs["hidden_states"].float()  # [T, L, H]
+        # vLLM computes in bf16 where we compute in float32 and store bf16: within one bf16 step (8 bits
+        # of mantissa: 2**-7) of each layer's largest magnitude.
+        for layer in range(a.shape[1]):
+            diff, scale = (a[:, layer] - b[:, layer]).abs().max().item(), a[:, layer].abs().max().item()
+            assert diff <= scale * 2 ** -7, f"{path.name} layer {layer}: max diff {diff} at magnitude {scale}"
+
+
+def test_serve_check_of_a_draft_trained_here_agrees_with_our_tau(serve_checked, vllm_run, vllm_install):
+    check = serve_checked
+    assert check["status"] == "succeeded", check["error"]
+    assert check["vllm_output_matches_greedy"] is True and check["mismatched_prompts"] == []
+    # The very prompts our evaluation decoded (the run's held-out conversations), not new ones.
+    assert check["num_prompts"] == vllm_run["acceptance"]["num_prompts"] >= 4
+    assert check["max_new_tokens"] == MAX_NEW_TOKENS
+    assert check["tau"] == pytest.approx(vllm_run["acceptance"]["tau"])  # our decoding is deterministic
+    assert check["vllm_drafts"] > 0 and 1.0 <= check["vllm_tau_emitted"] <= 1 + check["num_speculative_tokens"]
+    assert check["tau"] is not None and abs(check["tau_difference"]) <= 0.05, check
+    assert check["tau_difference"] == pytest.approx(check["vllm_tau_emitted"] - check["tau"])
+    assert check["vllm_version"] == vllm_install.version and check["vllm_build"] == vllm_install.build
+    assert check["vllm_tokens_per_s_with"] > 0 and check["vllm_tokens_per_s_without"] > 0
+    assert " serve " in check["command"] and '"method": "eagle3"' in check["command"]
+    assert check["disagrees"] is False
+
+
+def test_a_checkpoint_vllm_refuses_fails_quoting_its_log_and_stores_no_result(serve_checked, vllm_run, tiny_target,
+                                                                             tmp_path, user):
+    from runs.job_models import ServeCheck
+    from runs.models import Checkpoint, Evaluation, StageStatus
+    from runs.serve_check_services import serve_check_request
+    from workers.tasks import stage_execute
+
+    best = next(c for c in vllm_run["checkpoints"] if c["is_best"])
+    broken = tmp_path / "broken-draft"
+    shutil.copytree(best["path"], broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["transformer_layer_config"]["num_attention_heads"] = 3  # 128 is not a multiple of 3
+    (broken / "config.json").write_text(json.dumps(config))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(tiny_target.chats_path.read_text().splitlines()[:2]) + "\n")
+    checkpoint = Checkpoint.objects.create(epoch=0, path=str(broken), imported_at=timezone.now(), imported_by=user,
+                                           verifier_path=str(tiny_target.target_dir))
+    Evaluation.objects.create(checkpoint=checkpoint, status=StageStatus.SUCCEEDED, tau=2.0, prompts_path=str(prompts),
+                              max_new_tokens=8, max_prompts=2)
+    check, created = serve_check_request(checkpoint=checkpoint, user=user, enqueue=False)
+    assert created and serve_check_request(checkpoint=checkpoint, user=user, enqueue=False) == (check, False)
+    assert stage_execute(stage_name="serve_check", record_id=check.pk, worker="test") is False
+    check = ServeCheck.objects.get(pk=check.pk)
+    assert check.status == StageStatus.FAILED
+    assert "vllm serve stopped before it was ready" in check.error and "last lines of" in check.error
+    assert check.vllm_tau is None and check.vllm_output_matches_greedy is None and check.tau_difference is None
+
+
+def test_a_stop_request_mid_check_leaves_no_vllm_process(serve_checked, vllm_run, tiny_target, tmp_path):
+    from workers.stages.backends import vllm_executable
+    from workers.stages.serve_check import ServeCheckStopped, serve_check
+
+    best = next(c for c in vllm_run["checkpoints"] if c["is_best"])
+    prompts = [[0, 5, 6, 7, 8, 9, 10]] * 4
+    ticks: list[int] = []
+    before = {p.pid for p in psutil.process_iter()}
+    with pytest.raises(ServeCheckStopped, match="after 1 of 4 prompts"):
+        serve_check(target_dir=tiny_target.target_dir, checkpoint_dir=Path(best["path"]), prompts=prompts,
+                    max_new_tokens=8, out_dir=tmp_path / "check", vllm_executable=vllm_executable(),
+                    on_progress=lambda done, total: ticks.append(done), should_stop=lambda: bool(ticks))
+    assert ticks == [1]
+    deadline = time.monotonic() + 30
+    while True:
+        left = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.info["pid"] not in before
+                and "vllm" in " ".join(p.info["cmdline"] or [])]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert left == [], [p.info["cmdline"] for p in left]

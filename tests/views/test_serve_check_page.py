@@ -1,0 +1,86 @@
+"""The checkpoint page's serve check: asking for one (once while pending), what it shows, and a draft
+marked unusable when its speculative text differs from the target's."""
+import json
+
+import pytest
+
+from runs import services
+from runs.job_models import ServeCheck
+from runs.models import Checkpoint, Evaluation, PendingEnqueue, StageStatus
+from runs.queue import job_queue
+from runs.run_config import RunConfig
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def checkpoint(user, roots):
+    run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                              config=RunConfig(), enqueue=False)
+    ckpt_dir = roots / "runs" / "ckpt"
+    ckpt_dir.mkdir(parents=True)
+    (ckpt_dir / "config.json").write_text(json.dumps({"speculators_config": {"proposal_methods": [
+        {"proposal_type": "greedy", "speculative_tokens": 3}]}}))
+    return Checkpoint.objects.create(training_run=run.training_run, epoch=0, path=str(ckpt_dir))
+
+
+def _measured(checkpoint, **fields) -> Evaluation:
+    values = dict(status=StageStatus.SUCCEEDED, tau=2.5, output_matches_greedy=True, max_new_tokens=48, max_prompts=12)
+    return Evaluation.objects.create(checkpoint=checkpoint, **{**values, **fields})
+
+
+def test_a_serve_check_needs_a_measurement_first_and_says_so(client, user, checkpoint):
+    client.force_login(user)
+    page = client.get(checkpoint.get_absolute_url()).content.decode()
+    assert 'id="serve-check-submit" disabled' in page and "not checked yet" in page
+    outbox = PendingEnqueue.objects.count()
+    response = client.post(f"/checkpoints/{checkpoint.pk}/serve-check/", follow=True)
+    assert "has no finished measurement of its acceptance length: measure it first" in response.content.decode()
+    assert ServeCheck.objects.count() == 0 and PendingEnqueue.objects.count() == outbox
+
+
+def test_clicking_twice_queues_one_check_on_vllm_with_the_measurements_settings(client, user, checkpoint):
+    evaluation = _measured(checkpoint)
+    client.force_login(user)
+    first = client.post(f"/checkpoints/{checkpoint.pk}/serve-check/", follow=True).content.decode()
+    check = ServeCheck.objects.get()
+    assert f"Serve check {check.pk} queued on vllm.1" in first
+    assert (check.evaluation, check.max_new_tokens, check.status, check.requested_by) == (
+        evaluation, 48, StageStatus.QUEUED, user)
+    assert job_queue(job_name="serve_check", record_id=check.pk) == "vllm.1"
+    second = client.post(f"/checkpoints/{checkpoint.pk}/serve-check/", follow=True).content.decode()
+    assert f"Serve check {check.pk} of this measurement is already queued" in second
+    assert ServeCheck.objects.count() == 1
+    assert "waiting for a worker with vLLM (queue vllm.1" in second
+
+
+def test_the_page_shows_vllms_tau_beside_ours_and_warns_past_the_tolerance(client, user, checkpoint):
+    evaluation = _measured(checkpoint, tau=2.0)
+    ServeCheck.objects.create(checkpoint=checkpoint, evaluation=evaluation, status=StageStatus.SUCCEEDED, tau=2.0,
+                              vllm_tau=2.2, vllm_tau_emitted=2.1, tau_difference=0.1, vllm_output_matches_greedy=True,
+                              vllm_acceptance_per_position=[0.6, 0.3, 0.2], vllm_version="0.32.0+cpu",
+                              vllm_build="cpu", num_prompts=12, max_new_tokens=48, num_speculative_tokens=3,
+                              vllm_tokens_per_s_with=50.0, vllm_tokens_per_s_without=40.0, vllm_speedup=1.25,
+                              dtype="float32", command="vllm serve /t --speculative-config '{}'")
+    client.force_login(user)
+    page = client.get(checkpoint.get_absolute_url()).content.decode()
+    assert "2.100" in page and "its counters: 2.200" in page and "ours on the same prompts: 2.000" in page
+    assert "differs from ours by 0.100, more than 0.05" in page
+    assert "0.600 / 0.300 / 0.200" in page and "(1.25×)" in page
+    assert 'id="unusable"' not in page
+
+
+@pytest.mark.parametrize("who", ["ours", "vllm"])
+def test_a_draft_that_changes_the_text_is_marked_unusable(client, user, checkpoint, who):
+    evaluation = _measured(checkpoint, output_matches_greedy=who != "ours", mismatched_prompts=[3] if who == "ours" else [])
+    if who == "vllm":
+        ServeCheck.objects.create(checkpoint=checkpoint, evaluation=evaluation, status=StageStatus.SUCCEEDED,
+                                  vllm_output_matches_greedy=False, mismatched_prompts=[0, 4])
+    client.force_login(user)
+    page = client.get(checkpoint.get_absolute_url()).content.decode()
+    assert 'id="unusable"' in page and "Do not deploy this draft" in page
+    assert ("on 1 prompt(s) when its acceptance was measured" if who == "ours"
+            else "output with the draft differed from the target&#x27;s alone on 2 prompt(s)") in page
+    summary = client.get(f"/api/runs/{checkpoint.training_run.run_id}/").json()
+    row = summary["checkpoints"][0]
+    assert row["usable"] is False and "Do not deploy" not in row["unusable_why"] and row["unusable_why"]
