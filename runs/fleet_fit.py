@@ -230,3 +230,22 @@ def host_refusals(*, config: RunConfig, weight_bytes: int | None = None) -> list
                     weight_bytes=weight_bytes, label=BACKENDS_BY_NAME[name].label, gpus=gpus,
                     where=f"this host ({socket.gethostname()})", memory_bytes=memory)))
     return refusals
+
+
+def serve_check_refusal(*, config: RunConfig, live: list[Worker] | None) -> tuple[str, str] | None:
+    """("serve_check", why) when a run asks for a serve check that nobody could run: no live worker
+    taking vLLM's queue (`live`), or, for a run in this process (live None), no vLLM on this host."""
+    if not config.serve_check:
+        return None
+    gpus = config.tensor_parallel_size if config.extraction_backend == "vllm" else 1
+    if live is None:
+        try:
+            backend_require(name="vllm", gpus=gpus)
+        except BackendUnavailable as exc:
+            return "serve_check", f"serve_check: {exc}"
+        return None
+    if any(worker_unfit(w, backend="vllm", gpus=gpus) is None for w in live):
+        return None
+    queue = stage_queue(backend="vllm", gpus=gpus)
+    return "serve_check", (f"serve_check: no live worker takes {queue} (vLLM on {gpus_text(gpus)}): start a worker "
+                           "where `make vllm` ran, or launch without the serve check")

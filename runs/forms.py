@@ -94,6 +94,10 @@ class LaunchForm(forms.Form):
                                          label="Training backend", widget=BackendSelect)
     train_gpus = forms.IntegerField(min_value=1, max_value=MAX_GPUS, initial=1, required=False, label="Training GPUs",
                                     help_text="torchrun processes for speculators' trainer; eagle3web's loop uses one.")
+    serve_check = forms.BooleanField(
+        required=False, label="Check with vLLM",
+        help_text="After measuring acceptance, vLLM itself serves the best checkpoint on the same prompts and counts "
+        "what it accepts (needs a live worker with vLLM).")
 
     def __init__(self, *args, options: dict[str, BackendOption] | None = None, **kwargs):
         """`options`: what the live workers can run (runs.fleet_selectors.launch_options); the
@@ -153,4 +157,5 @@ class LaunchForm(forms.Form):
             tensor_parallel_size=data.get("tensor_parallel_size") or defaults.tensor_parallel_size,
             training_backend=data.get("training_backend") or defaults.training_backend,
             train_gpus=data.get("train_gpus") or defaults.train_gpus,
+            serve_check=bool(data.get("serve_check")),
         )

@@ -82,12 +82,17 @@ class RunConfig:
     training_backend: str = "eagle3web"  # our loop (workers/stages/train.py), or "speculators" under torchrun
     tensor_parallel_size: int = 1  # GPUs for extraction: vLLM's TP size, or transformers' device_map spread
     train_gpus: int = 1  # GPUs for training: torchrun --nproc-per-node for speculators; our loop uses one
+    # After measuring acceptance, vLLM itself serves the best checkpoint and counts it (runs.job_models.ServeCheck).
+    serve_check: bool = False
 
     def __post_init__(self) -> None:
         for name, known in (("extraction_backend", EXTRACTION_BACKENDS), ("training_backend", TRAINING_BACKENDS)):
             value = getattr(self, name)
             if value not in known:
                 raise RunConfigError(f"{name} must be one of {', '.join(known)}, got {str(value)[:40]!r}", field=name)
+        if not isinstance(self.serve_check, bool):
+            raise RunConfigError(f"serve_check must be true or false, got {str(self.serve_check)[:40]!r}",
+                                 field="serve_check")
         for name in INT_FIELDS:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):

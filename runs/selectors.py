@@ -20,7 +20,7 @@ from runs.models import (
     Verification,
 )
 from runs.fleet_selectors import run_backends
-from runs.serve_check_selectors import with_usability
+from runs.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
 from runs.upstream_commands import run_speculators_train_command, with_serve_commands
 from runs.pipeline import STAGES
 from runs.reviews import SUBJECTS
@@ -244,6 +244,7 @@ def run_summary(run: PipelineRun) -> dict:
                      "loss_tokens_trained": training.loss_tokens_trained},
         "attempts": [attempt_dict(a) for a in run.attempts.all()],
         "acceptance": evaluation_dict(evaluation, evaluated.simulated_tau if evaluated else None),
+        "serve_check": serve_check_dict(run_serve_check(evaluation_id=evaluation.pk)),
         "checkpoints": [
             {"id": c.pk, "url": c.get_absolute_url(), "epoch": c.epoch, "path": c.path,
              "train_loss": c.train_loss, "val_loss": c.val_loss,

@@ -8,7 +8,7 @@ SERVE_CHECK_FIELDS = (
     "status", "tau", "vllm_tau", "vllm_tau_emitted", "tau_difference", "vllm_acceptance_per_position",
     "vllm_output_matches_greedy", "mismatched_prompts", "vllm_tokens_per_s_with", "vllm_tokens_per_s_without",
     "vllm_speedup", "vllm_drafts", "vllm_accepted_tokens", "num_prompts", "max_new_tokens", "num_speculative_tokens",
-    "dtype", "tensor_parallel_size", "vllm_version", "vllm_build", "command", "error", "log_tail",
+    "dtype", "tensor_parallel_size", "vllm_version", "vllm_build", "command", "error",
 )
 
 
@@ -31,6 +31,19 @@ def serve_check_line(check: ServeCheck) -> str:
     if check.disagrees:
         line += f"; vLLM's tau and ours differ by {check.tau_difference:+.3f}, more than 0.05"
     return line
+
+
+def run_serve_checks_queued(*, run_id: int) -> list[int]:
+    """The ids of the queued serve checks of a run's measurement, oldest first."""
+    return list(ServeCheck.objects.filter(evaluation__run_id=run_id, status="queued").order_by("id")
+                .values_list("pk", flat=True))
+
+
+def run_serve_check(*, evaluation_id: int | None) -> ServeCheck | None:
+    """The latest serve check of a run's measurement."""
+    if evaluation_id is None:
+        return None
+    return ServeCheck.objects.filter(evaluation_id=evaluation_id).order_by("-id").first()
 
 
 def checkpoint_serve_checks(checkpoint: Checkpoint, *, limit: int = 10) -> list[ServeCheck]:

@@ -21,8 +21,8 @@ from runs.models import (
     TrainingRun,
     VocabMapping,
 )
-from runs.fleet_fit import host_refusals
-from runs.fleet_selectors import launch_refusals, stage_refusals
+from runs.fleet_fit import host_refusals, serve_check_refusal
+from runs.fleet_selectors import launch_refusals, stage_refusals, workers_live
 from runs.paths import check_under_data_roots
 from runs.queue import pipeline_enqueue
 from runs.roles import require
@@ -128,6 +128,9 @@ def run_launch(
     weight_bytes = target_weight_bytes(Path(target.path))
     refusals = (launch_refusals(config=config, weight_bytes=weight_bytes) if check == "fleet"
                 else host_refusals(config=config, weight_bytes=weight_bytes))
+    if not refusals and (why := serve_check_refusal(config=config, live=list(workers_live()) if check == "fleet"
+                                                    else None)):
+        refusals = [why]
     if refusals:  # refused now rather than left in a queue that no live worker takes, or failed at extract
         field, why = refusals[0]
         raise RunConfigError(why, field=field)

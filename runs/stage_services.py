@@ -34,6 +34,7 @@ from runs.models import (
 from runs.curation import CatalogueCounts
 from runs.metric_services import metrics_truncate
 from runs.pipeline import JOBS, STAGES, STAGES_BY_NAME
+from runs.serve_check_services import serve_check_request
 from runs.upstream_commands import recorded_speculative_tokens
 
 if TYPE_CHECKING:  # the stages import torch; these services only read their dataclasses
@@ -297,8 +298,13 @@ def training_record(*, record_id: int, result: TrainResult, log_tail: str,
 
 def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str,
                       started_at: datetime | None = None) -> None:
-    stage_succeed(stage_name="evaluate", record_id=record_id, fields=result_columns(Evaluation, result), log_tail=log_tail,
-                  started_at=started_at)
+    """The measurement; for a run that asked for it, a serve check of the same checkpoint on the same prompts."""
+    with transaction.atomic():
+        stage_succeed(stage_name="evaluate", record_id=record_id, fields=result_columns(Evaluation, result),
+                      log_tail=log_tail, started_at=started_at)
+        evaluation = Evaluation.objects.select_related("run", "checkpoint").get(pk=record_id)
+        if evaluation.run is not None and (evaluation.run.config or {}).get("serve_check") and evaluation.checkpoint:
+            serve_check_request(checkpoint=evaluation.checkpoint, user=None, evaluation=evaluation)
 
 
 def checkpoint_evaluation_record(*, checkpoint_id: int, result: EvaluationResult) -> Evaluation:

@@ -43,6 +43,7 @@ from runs.stage_services import (
 from runs.pipeline import JOB_NAMES, STAGES, STAGES_BY_NAME
 from runs.queue import outbox_flush
 from runs.routing import stage_backend
+from runs.serve_check_selectors import run_serve_checks_queued
 import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
 from workers.stages.errors import StopRequested
 
@@ -376,6 +377,9 @@ def pipeline_run_inline(*, run_id: int) -> None:
     for stage in STAGES:
         stage_execute(stage_name=stage.name, record_id=stage_record_id(stage_name=stage.name, run_id=run_id),
                       worker="inline")
+    # The serve check a run asked for follows its measurement here too (stage_execute skips one a worker took).
+    for check_id in run_serve_checks_queued(run_id=run_id):
+        stage_execute(stage_name="serve_check", record_id=check_id, worker="inline")
 
 
 class Reconciler(threading.Thread):

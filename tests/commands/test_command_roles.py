@@ -34,6 +34,7 @@ ACTING = {
                           "verify"),
     "evaluate_checkpoint": ({"viewer": REFUSED, "launcher": ALLOWED, "reviewer": REFUSED, "admin": ALLOWED},
                             "evaluate"),
+    "serve_check": ({"viewer": REFUSED, "launcher": ALLOWED, "reviewer": REFUSED, "admin": ALLOWED}, "evaluate"),
 }
 # An operator's commands: whoever has a shell on the server runs them; they act for nobody.
 OPERATOR = {"reconcile_stages", "build_demo_assets", "demo_login"}

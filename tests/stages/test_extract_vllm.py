@@ -1,9 +1,12 @@
-"""The vLLM extraction backend, run against a stand-in `vllm` executable on PATH.
+"""The vLLM extraction backend's client and its faults, against a stand-in `vllm` executable on PATH.
 
-vLLM cannot run here (no GPU). tests/standins/vllm takes only the command line speculators'
-launch_vllm.py builds (argparse refuses anything else), answers speculators' HTTP calls and writes
-what vLLM's hidden-states connector writes, with the real tiny target's hidden states: so these
-tests prove our command line, our client and our files, not vLLM's kernels. Names say standin_vllm.
+Real vLLM (its CPU build, `make vllm`) extracts in tests/e2e/test_real_vllm.py: that is where the
+files are proven equal to transformers'. The stand-in (tests/standins/vllm) stays for what real vLLM
+cannot be made to do here on demand, in seconds: a server that exits at start or mid-run, one that is
+never healthy, one that writes a file a token short, a stop while it starts, a SIGKILLed worker; and
+for checking our command line (argparse refuses anything speculators' launch_vllm.py would not
+build) without a minute-long start per test. It writes what vLLM's hidden-states connector writes,
+with the real tiny target's hidden states. Names say standin_vllm.
 """
 import json
 import os

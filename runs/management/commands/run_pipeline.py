@@ -46,6 +46,8 @@ class Command(BaseCommand):
                             help=f"{' or '.join(TRAINING_BACKENDS)} (default %(default)s)")
         parser.add_argument("--train-gpus", type=int, default=RunConfig.train_gpus,
                             help="GPUs for training (torchrun processes for speculators; eagle3web uses one)")
+        parser.add_argument("--serve-check", action="store_true",
+                            help="after measuring acceptance, serve the best checkpoint with vLLM on the same prompts")
         parser.add_argument("--name", default="")
         parser.add_argument("--user", default="", help="owner's username (default: the 'cli' account)")
         mode = parser.add_mutually_exclusive_group()
@@ -74,6 +76,7 @@ class Command(BaseCommand):
                 tensor_parallel_size=opts["tensor_parallel_size"],
                 training_backend=opts["training_backend"],
                 train_gpus=opts["train_gpus"],
+                serve_check=opts["serve_check"],
             )
             run = services.run_launch(
                 user=user, target_path=opts["target"], dataset_path=opts["dataset"], config=config,

@@ -1,0 +1,119 @@
+"""Benchmark (not a test): vLLM's acceptance length against ours for a draft trained on the demo.
+
+    .venv/bin/python bench/serve_check.py --json [--assets data/demo] [--epochs N]
+
+Builds (or reuses, with --assets, a folder `make demo` built) the demo target and chats, runs prepare ->
+extract -> vocab -> train with the launch form's defaults (RunConfig; --epochs overrides), measures τ
+with our decoding on the held-out conversations (workers/stages/evaluate.py), then runs the serve
+check on the very same prompts (workers/stages/serve_check.py): `vllm serve` with the draft, exactly
+the line a checkpoint page prints, then the target alone, greedy, one request at a time, same dtype.
+Needs `make vllm`. Keys: tau (ours), vllm_tau (vLLM's counters: 1 + accepted / drafts),
+vllm_tau_emitted (tokens vLLM emitted after each prompt's first, over its drafts: our definition),
+tau_difference (vllm_tau_emitted - tau), acceptance per position on both sides, whether vLLM's text
+with the draft equals its text without, and tokens/s with and without the draft on both engines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from runs.run_config import RunConfig  # noqa: E402
+from workers.stages.backends import vllm_executable  # noqa: E402
+from workers.stages.demo_assets import build_demo_assets  # noqa: E402
+from workers.stages.evaluate import evaluate, prompts_from_prepared, validation_rows  # noqa: E402
+from workers.stages.extract import extract  # noqa: E402
+from workers.stages.prepare import prepare  # noqa: E402
+from workers.stages.serve_check import serve_check  # noqa: E402
+from workers.stages.target import default_layer_ids, read_target_config  # noqa: E402
+from workers.stages.train import train  # noqa: E402
+from workers.stages.vocab import build_vocab  # noqa: E402
+
+
+def _assets(args, work: Path) -> tuple[Path, Path]:
+    """(target directory, chats file): a folder `make demo` built, or the same recipe built here."""
+    if args.assets:
+        return args.assets / "demo-target", args.assets / "demo-chats.jsonl"
+    built = build_demo_assets(work / "assets")
+    return built.target_dir, built.chats_path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", type=Path, default=None, help="default: a temporary directory")
+    parser.add_argument("--assets", type=Path, default=None, help="a folder `make demo` built (demo-target, chats)")
+    parser.add_argument("--epochs", type=int, default=None, help="default: the launch form's")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    config = RunConfig() if args.epochs is None else replace(RunConfig(), epochs=args.epochs)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="eagle3web-serve-check-"))
+    started = time.monotonic()
+    target_dir, chats_path = _assets(args, work)
+    target = read_target_config(target_dir)
+    layer_ids = default_layer_ids(target.num_layers)
+    run_dir = work / f"run-{int(time.time())}"
+    prep = prepare(tokenizer_dir=target_dir, dataset_path=chats_path, out_dir=run_dir / "prepared",
+                   max_seq_len=config.max_seq_len)
+    ext = extract(target_dir=target_dir, prepared_dir=prep.out_dir, out_dir=run_dir / "extraction",
+                  layer_ids=layer_ids)
+    draft_vocab = min(config.draft_vocab_size, target.vocab_size)
+    vocab = build_vocab(token_freq_path=prep.token_freq_path, out_dir=run_dir / "vocab",
+                        draft_vocab_size=draft_vocab, target_vocab_size=target.vocab_size)
+    trained = train(target_dir=target_dir, prepared_dir=prep.out_dir, hidden_states_dir=ext.hidden_states_dir,
+                    d2t_path=vocab.d2t_path, t2d_path=vocab.t2d_path, out_dir=run_dir / "checkpoints",
+                    layer_ids=layer_ids, epochs=config.epochs, lr=config.lr, ttt_steps=config.ttt_steps,
+                    draft_vocab_size=draft_vocab, val_fraction=config.val_fraction, seed=config.seed,
+                    max_tokens_per_step=config.max_tokens_per_step)
+    best = next(c for c in trained.checkpoints if c.is_best)
+    prompts = prompts_from_prepared(prep.out_dir, validation_rows(run_dir / "checkpoints"), limit=config.eval_prompts)
+    ours = evaluate(target_dir=target_dir, checkpoint_dir=best.path, prompts=prompts,
+                    prompt_source="validation conversations", max_new_tokens=config.eval_max_new_tokens)
+    served = serve_check(target_dir=target_dir, checkpoint_dir=best.path, prompts=prompts,
+                         max_new_tokens=config.eval_max_new_tokens, out_dir=run_dir / "serve_check",
+                         vllm_executable=vllm_executable())
+    result = {
+        "tau": round(ours.tau, 4),
+        "vllm_tau": round(served.vllm_tau, 4),
+        "vllm_tau_emitted": round(served.vllm_tau_emitted, 4),
+        "tau_difference": round(served.vllm_tau_emitted - ours.tau, 4),
+        "acceptance_per_position": [round(p, 4) for p in ours.acceptance_per_position],
+        "vllm_acceptance_per_position": [round(p, 4) for p in served.vllm_acceptance_per_position],
+        "output_matches_greedy": ours.output_matches_greedy,
+        "vllm_output_matches_greedy": served.vllm_output_matches_greedy,
+        "vllm_tokens_per_s_with": round(served.vllm_tokens_per_s_with, 1),
+        "vllm_tokens_per_s_without": round(served.vllm_tokens_per_s_without, 1),
+        "vllm_speedup": round(served.vllm_speedup, 3),
+        "spec_tokens_per_s": round(ours.spec_tokens_per_s, 1),
+        "greedy_tokens_per_s": round(ours.greedy_tokens_per_s, 1),
+        "verify_forwards": ours.verify_forwards,
+        "vllm_drafts": served.vllm_drafts,
+        "new_tokens": ours.new_tokens,
+        "vllm_new_tokens": served.vllm_new_tokens,
+        "k": served.num_speculative_tokens,
+        "prompts": len(prompts),
+        "max_new_tokens": config.eval_max_new_tokens,
+        "dtype": served.dtype,
+        "epochs": config.epochs,
+        "vllm_version": served.vllm_version,
+        "vllm_build": served.vllm_build,
+        "torch_threads": torch.get_num_threads(),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
