@@ -4,10 +4,10 @@ from __future__ import annotations
 from runs.job_models import ServeCheck
 from runs.models import Checkpoint, Evaluation, StageStatus
 
-SERVE_CHECK_FIELDS = (
-    "status", "tau", "vllm_tau", "vllm_tau_emitted", "tau_difference", "vllm_acceptance_per_position",
+SERVE_CHECK_FIELDS = (  # the speed-up first: on a GPU it is what users buy a draft for
+    "vllm_speedup", "status", "tau", "vllm_tau", "vllm_tau_emitted", "tau_difference", "vllm_acceptance_per_position",
     "vllm_output_matches_greedy", "mismatched_prompts", "vllm_tokens_per_s_with", "vllm_tokens_per_s_without",
-    "vllm_speedup", "vllm_drafts", "vllm_accepted_tokens", "num_prompts", "max_new_tokens", "num_speculative_tokens",
+    "vllm_drafts", "vllm_accepted_tokens", "num_prompts", "max_new_tokens", "num_speculative_tokens",
     "dtype", "tensor_parallel_size", "vllm_version", "vllm_build", "command", "error",
 )
 
@@ -25,9 +25,10 @@ def serve_check_line(check: ServeCheck) -> str:
     ours = "not measured" if check.tau is None else f"{check.tau:.3f}"
     text = "the same text as the target alone" if check.vllm_output_matches_greedy else (
         f"a DIFFERENT text from the target alone on {len(check.mismatched_prompts)} prompt(s)")
-    line = (f"vLLM {check.vllm_version} ({check.vllm_build} build): tau {check.vllm_tau_emitted:.3f} on emitted tokens "
-            f"(its counters: {check.vllm_tau:.3f}), ours {ours}; {text}; {check.vllm_tokens_per_s_with:,.1f} tokens/s "
-            f"with the draft, {check.vllm_tokens_per_s_without:,.1f} without")
+    line = (f"vLLM {check.vllm_version} ({check.vllm_build} build) with the draft: {check.vllm_speedup:.2f}x the "
+            f"tokens/s of the target alone ({check.vllm_tokens_per_s_with:,.1f} against "
+            f"{check.vllm_tokens_per_s_without:,.1f}); tau {check.vllm_tau_emitted:.3f} on emitted tokens (its counters: "
+            f"{check.vllm_tau:.3f}), ours {ours}; {text}")
     if check.disagrees:
         line += f"; vLLM's tau and ours differ by {check.tau_difference:+.3f}, more than 0.05"
     return line

@@ -66,7 +66,7 @@ def test_the_page_shows_vllms_tau_beside_ours_and_warns_past_the_tolerance(clien
     page = client.get(checkpoint.get_absolute_url()).content.decode()
     assert "2.100" in page and "its counters: 2.200" in page and "ours on the same prompts: 2.000" in page
     assert "differs from ours by 0.100, more than 0.05" in page
-    assert "0.600 / 0.300 / 0.200" in page and "(1.25×)" in page
+    assert "0.600 / 0.300 / 0.200" in page and "1.25× the tokens/s of the target alone" in page
     assert 'id="unusable"' not in page
 
 
