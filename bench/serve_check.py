@@ -32,13 +32,9 @@ import torch  # noqa: E402
 from runs.run_config import RunConfig  # noqa: E402
 from workers.stages.backends import vllm_executable  # noqa: E402
 from workers.stages.demo_assets import build_demo_assets  # noqa: E402
-from workers.stages.evaluate import evaluate, prompts_from_prepared, validation_rows  # noqa: E402
-from workers.stages.extract import extract  # noqa: E402
-from workers.stages.prepare import prepare  # noqa: E402
+from bench.demo_draft import train_demo_draft  # noqa: E402
+from workers.stages.evaluate import evaluate  # noqa: E402
 from workers.stages.serve_check import serve_check  # noqa: E402
-from workers.stages.target import default_layer_ids, read_target_config  # noqa: E402
-from workers.stages.train import train  # noqa: E402
-from workers.stages.vocab import build_vocab  # noqa: E402
 
 
 def _assets(args, work: Path) -> tuple[Path, Path]:
@@ -62,26 +58,12 @@ def main() -> None:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="eagle3web-serve-check-"))
     started = time.monotonic()
     target_dir, chats_path = _assets(args, work)
-    target = read_target_config(target_dir)
-    layer_ids = default_layer_ids(target.num_layers)
-    run_dir = work / f"run-{int(time.time())}"
-    prep = prepare(tokenizer_dir=target_dir, dataset_path=chats_path, out_dir=run_dir / "prepared",
-                   max_seq_len=config.max_seq_len)
-    ext = extract(target_dir=target_dir, prepared_dir=prep.out_dir, out_dir=run_dir / "extraction",
-                  layer_ids=layer_ids)
-    draft_vocab = min(config.draft_vocab_size, target.vocab_size)
-    vocab = build_vocab(token_freq_path=prep.token_freq_path, out_dir=run_dir / "vocab",
-                        draft_vocab_size=draft_vocab, target_vocab_size=target.vocab_size)
-    trained = train(target_dir=target_dir, prepared_dir=prep.out_dir, hidden_states_dir=ext.hidden_states_dir,
-                    d2t_path=vocab.d2t_path, t2d_path=vocab.t2d_path, out_dir=run_dir / "checkpoints",
-                    layer_ids=layer_ids, epochs=config.epochs, lr=config.lr, ttt_steps=config.ttt_steps,
-                    draft_vocab_size=draft_vocab, val_fraction=config.val_fraction, seed=config.seed,
-                    max_tokens_per_step=config.max_tokens_per_step)
-    best = next(c for c in trained.checkpoints if c.is_best)
-    prompts = prompts_from_prepared(prep.out_dir, validation_rows(run_dir / "checkpoints"), limit=config.eval_prompts)
-    ours = evaluate(target_dir=target_dir, checkpoint_dir=best.path, prompts=prompts,
+    draft = train_demo_draft(target_dir=target_dir, chats_path=chats_path, run_dir=work / f"run-{int(time.time())}",
+                             config=config)
+    prompts, run_dir = draft.prompts, draft.run_dir
+    ours = evaluate(target_dir=target_dir, checkpoint_dir=draft.best_dir, prompts=prompts,
                     prompt_source="validation conversations", max_new_tokens=config.eval_max_new_tokens)
-    served = serve_check(target_dir=target_dir, checkpoint_dir=best.path, prompts=prompts,
+    served = serve_check(target_dir=target_dir, checkpoint_dir=draft.best_dir, prompts=prompts,
                          max_new_tokens=config.eval_max_new_tokens, out_dir=run_dir / "serve_check",
                          vllm_executable=vllm_executable())
     result = {
