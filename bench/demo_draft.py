@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from runs.run_config import RunConfig
+from runs.pipeline.run_config import RunConfig
 from workers.stages.evaluate import prompts_from_prepared, validation_rows
 from workers.stages.extract import extract
 from workers.stages.prepare import prepare

@@ -12,7 +12,7 @@ What each side does:
   on the CPU with one torch thread, for up to 1,000 epochs; measuring starts once its training has
   written curves, and the run is cancelled at the end. --trainer writer has no worker: the run's
   train stage is RUNNING and a thread appends metric points through the workers' own write path
-  (`runs.metric_services.metrics_record`, `stage_progress`) as the train stage does: a batch every
+  (`runs.tracking.services.metrics_record`, `stage_progress`) as the train stage does: a batch every
   2 s, 12 curves per step, --steps-per-second steps, on top of --history-steps steps already there
   (a longer curve and more writes than this CPU's real training makes).
 - Web: gunicorn (eagle3web.wsgi, static files by WhiteNoise, as docker-compose.yml runs it) on
@@ -113,7 +113,7 @@ def _finish(run, *, statuses: dict[str, str], log: str) -> None:
     from django.utils import timezone
 
     from runs.models import StageAttempt
-    from runs.pipeline import STAGES
+    from runs.pipeline.stages import STAGES
 
     now = timezone.now()
     for stage in STAGES:
@@ -134,8 +134,10 @@ def seed(*, runs: int, target_dir: Path, chats: Path) -> tuple[object, object]:
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group
 
-    from runs import metric_services, reviews, services, stage_services
-    from runs.run_config import RunConfig
+    from runs.pipeline import services, stage_services
+    from runs.review import reviews
+    from runs.tracking import services as metric_services
+    from runs.pipeline.run_config import RunConfig
 
     user = get_user_model().objects.create_user("bench", password=PASSWORD, is_superuser=True)
     user.groups.add(Group.objects.get_or_create(name="launcher")[0])
@@ -158,7 +160,8 @@ class Writer(threading.Thread):
 
     def __init__(self, *, run, steps_per_second: float, history_steps: int):
         super().__init__(daemon=True)
-        from runs import metric_services, stage_services
+        from runs.pipeline import stage_services
+        from runs.tracking import services as metric_services
         from runs.models import TrainingRun
 
         _finish(run, statuses={"train": "running", "evaluate": "queued"}, log="")
@@ -171,7 +174,7 @@ class Writer(threading.Thread):
     def run(self) -> None:
         from django.db import connection
 
-        from runs.metric_services import metrics_record
+        from runs.tracking.services import metrics_record
 
         try:
             while not self.stop.wait(FLUSH_SECONDS):
@@ -357,8 +360,8 @@ def main() -> None:
         if args.trainer == "worker":
             import redis
 
-            from runs import services
-            from runs.queue import pipeline_enqueue
+            from runs.pipeline import services
+            from runs.pipeline.queue import pipeline_enqueue
 
             cleanup.callback(lambda: redis.Redis.from_url(args.broker_url).flushdb())
             worker = start([sys.executable, "-m", "celery", "-A", "eagle3web", "worker", "-Q", "cpu,gpu",

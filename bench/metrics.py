@@ -8,7 +8,7 @@ batch for batch with --other-runs other runs' series (--other-points each), so t
 rows are not contiguous in either store.
 
 eagle3web: PostgreSQL database `bench_metrics` (created and dropped here), points written through
-the workers' write path (`runs.metric_services.metrics_record`), read through the curve endpoint
+the workers' write path (`runs.tracking.services.metrics_record`), read through the curve endpoint
 (`/api/runs/<id>/metrics/`, Django's test client in this process, no HTTP socket): 2,000 points over
 the whole series, and over a 10% window. The runs list (`/`) is timed with --runs-list runs.
 
@@ -95,9 +95,9 @@ def make_runs(count: int, *, workdir: Path):
     from django.contrib.auth import get_user_model
 
     from runs.models import PipelineRun
-    from runs.pipeline import STAGES
-    from runs.run_config import RunConfig
-    from runs.services import run_launch
+    from runs.pipeline.stages import STAGES
+    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.services import run_launch
 
     settings.EAGLE3WEB_DATA_ROOTS = [workdir]
     settings.EAGLE3WEB_RUNS_DIR = workdir / "runs"
@@ -151,7 +151,7 @@ def ours(args) -> dict:
     setup_django(recreate_database("bench_metrics"))
     from django.test import Client
 
-    from runs.metric_services import metrics_record
+    from runs.tracking.services import metrics_record
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-metrics-"))
     user, runs, training = make_runs(1 + args.other_runs, workdir=workdir)
@@ -206,7 +206,7 @@ def browser(args) -> dict:
     setup_django(url)
     from django.db import connections
 
-    from runs.metric_services import metrics_record
+    from runs.tracking.services import metrics_record
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-browser-"))
     user, runs, training = make_runs(1, workdir=workdir)

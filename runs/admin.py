@@ -1,7 +1,7 @@
 from django.contrib import admin
 
-from runs.fleet_models import Worker
-from runs.job_models import DatasetCatalogue, ServeCheck, VerificationRequest
+from runs.fleet.models import Worker
+from runs.pipeline.job_models import DatasetCatalogue, ServeCheck, VerificationRequest
 from runs.models import (
     Checkpoint,
     CurationAction,
@@ -229,21 +229,21 @@ class DatasetSampleAdmin(admin.ModelAdmin):
 
     @admin.action(description="Exclude from later preparations")
     def exclude_samples(self, request, queryset):
-        from runs.curation import samples_set_excluded
+        from runs.data.curation import samples_set_excluded
 
         count = samples_set_excluded(samples=queryset, excluded=True, user=request.user)
         self.message_user(request, f"Excluded {count} sample(s); runs launched from now on skip them.")
 
     @admin.action(description="Include again")
     def include_samples(self, request, queryset):
-        from runs.curation import samples_set_excluded
+        from runs.data.curation import samples_set_excluded
 
         count = samples_set_excluded(samples=queryset, excluded=False, user=request.user)
         self.message_user(request, f"Included {count} sample(s) again.")
 
     @admin.action(description="Tag 'needs-review'")
     def tag_needs_review(self, request, queryset):
-        from runs.curation import samples_tag
+        from runs.data.curation import samples_tag
 
         count = samples_tag(samples=queryset, tag="needs-review", user=request.user)
         self.message_user(request, f"Tagged {count} sample(s) 'needs-review'.")

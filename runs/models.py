@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
-from runs.stage_record import FINISHED_STATUSES, StageRecord, StageStatus  # noqa: F401 - the models' vocabulary
+from runs.pipeline.stage_record import FINISHED_STATUSES, StageRecord, StageStatus  # noqa: F401 - the models' vocabulary
 
 
 class TargetModel(models.Model):
@@ -455,7 +455,7 @@ class Review(models.Model):
 
 
 # Curves live in their own module (chunked series); imported here so that Django registers them.
-from runs.metric_models import MetricChunk, MetricSeries  # noqa: E402,F401
-from runs.tag_models import RunTag  # noqa: E402,F401
-from runs.job_models import DatasetCatalogue, ServeCheck, VerificationRequest  # noqa: E402,F401
-from runs.fleet_models import Worker  # noqa: E402,F401
+from runs.tracking.models import MetricChunk, MetricSeries  # noqa: E402,F401
+from runs.review.tag_models import RunTag  # noqa: E402,F401
+from runs.pipeline.job_models import DatasetCatalogue, ServeCheck, VerificationRequest  # noqa: E402,F401
+from runs.fleet.models import Worker  # noqa: E402,F401

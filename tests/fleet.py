@@ -10,8 +10,8 @@ from unittest import mock
 
 from django.utils import timezone
 
-from runs.fleet_models import Worker
-from runs.fleet_services import worker_heartbeat
+from runs.fleet.models import Worker
+from runs.fleet.services import worker_heartbeat
 from workers.stages import backends, vllm_env
 from workers.stages.backends import host_capabilities, host_queues
 

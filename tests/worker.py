@@ -80,7 +80,7 @@ def kill_worker_hard(proc: subprocess.Popen) -> None:
 
 def wait_for_run(run_id: int, *, timeout: float, log_path: Path | None = None):
     """Poll the database until every stage of the run has finished; return its summary."""
-    from runs import selectors
+    from runs.pipeline import selectors
 
     deadline = time.monotonic() + timeout
     while True:

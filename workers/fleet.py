@@ -1,5 +1,5 @@
 """A worker's part in the fleet: at start it probes what its host can run, adds the queues its
-GPUs serve, and from then on writes a heartbeat (runs.fleet_models.Worker) with its capabilities
+GPUs serve, and from then on writes a heartbeat (runs.fleet.models.Worker) with its capabilities
 and queues every EAGLE3WEB_STAGE_LEASE_SECONDS/2; a clean shutdown says so at once.
 
 Queues (workers.stages.backends): a worker consumes what -Q gives it ("cpu" when no -Q is given)
@@ -22,8 +22,8 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from runs.fleet_selectors import heartbeat_seconds
-from runs.fleet_services import worker_heartbeat, worker_stopped
+from runs.fleet.selectors import heartbeat_seconds
+from runs.fleet.services import worker_heartbeat, worker_stopped
 from workers.stages.backends import host_capabilities_isolated, host_queues
 
 logger = logging.getLogger(__name__)

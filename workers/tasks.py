@@ -21,12 +21,12 @@ from celery.signals import worker_ready
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
-from runs.curation import dataset_exclusions, dataset_samples_sync
-from runs.extraction_services import extraction_verify
-from runs.evaluation_services import evaluation_plan
-from runs.metric_services import metrics_record
+from runs.data.curation import dataset_exclusions, dataset_samples_sync
+from runs.data.extractions import extraction_verify
+from runs.checkpoints.evaluation import evaluation_plan
+from runs.tracking.services import metrics_record
 from runs.models import Evaluation, StageRecord
-from runs.stage_services import (
+from runs.pipeline.stage_services import (
     STAGE_RECORDERS,
     StageCancelled,
     checkpoint_evaluation_record,
@@ -40,10 +40,10 @@ from runs.stage_services import (
     stages_reconcile,
     training_resume,
 )
-from runs.pipeline import JOB_NAMES, STAGES, STAGES_BY_NAME
-from runs.queue import outbox_flush
-from runs.routing import stage_backend
-from runs.serve_check_selectors import run_serve_checks_queued
+from runs.pipeline.stages import JOB_NAMES, STAGES, STAGES_BY_NAME
+from runs.pipeline.queue import outbox_flush
+from runs.pipeline.routing import stage_backend
+from runs.checkpoints.serve_check_selectors import run_serve_checks_queued
 import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
 from workers.stages.errors import StopRequested
 
@@ -252,7 +252,7 @@ def _train(record, reporter: StageReporter):
 def _evaluate(record: Evaluation, reporter: StageReporter):
     from workers.stages.evaluate import evaluate
 
-    # A run's stage loads the target on its extraction's GPU count (runs.routing sent it to the queue
+    # A run's stage loads the target on its extraction's GPU count (runs.pipeline.routing sent it to the queue
     # of Transformers on that many); a standalone evaluation, sent to "gpu", and a run from before
     # GPU counts (no key: the default, 1) on one device.
     num_gpus = 1
@@ -279,7 +279,7 @@ def _verify(record, reporter: StageReporter):
 
 
 def _serve_check(record, reporter: StageReporter):
-    from runs.serve_check_services import serve_check_plan
+    from runs.checkpoints.serve_check_services import serve_check_plan
     from workers.stages.backends import vllm_executable
     from workers.stages.serve_check import serve_check
 

@@ -1,4 +1,4 @@
-# Curves move from a row per point to chunked series (runs/metric_models.py); no point is lost.
+# Curves move from a row per point to chunked series (runs/tracking/models.py); no point is lost.
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 def points_to_series(apps, schema_editor):
     """Every stored point moves into its series' chunks, with the series' summary."""
-    from runs.metric_chunks import CHUNK_POINTS, Points, pack, pack_one, preview
+    from runs.tracking.chunks import CHUNK_POINTS, Points, pack, pack_one, preview
 
     import numpy as np
 

@@ -13,10 +13,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command, get_commands, load_command_class
 
-from runs import services
-from runs.extraction_services import extraction_import
+from runs.pipeline import services
+from runs.data.extractions import extraction_import
 from runs.models import Checkpoint, Evaluation, Extraction, PipelineRun, Verification
-from runs.run_config import RunConfig
+from runs.pipeline.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

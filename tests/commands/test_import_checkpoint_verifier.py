@@ -105,7 +105,7 @@ def test_the_relinked_checkpoint_loads_with_the_local_verifiers_weights(placed):
     import torch
     from safetensors.torch import load_file
 
-    from runs.checkpoint_services import _load_draft
+    from runs.checkpoints.imports import _load_draft
 
     ckpt, target = placed
     run(ckpt, "--verifier", target)

@@ -1,9 +1,9 @@
 """Comparing runs: the settings that differ, each curve's summary side by side, refusals named."""
 import pytest
 
-from runs.metric_services import metrics_record
-from runs.run_config import RunConfig
-from runs.services import run_launch
+from runs.tracking.services import metrics_record
+from runs.pipeline.run_config import RunConfig
+from runs.pipeline.services import run_launch
 
 pytestmark = pytest.mark.django_db
 

@@ -1,7 +1,7 @@
 """The chunk format of curves and the downsampling of charts, with no database."""
 import numpy as np
 
-from runs.metric_chunks import CHUNK_POINTS, downsample, Points, pack, pack_one, preview, split_chunks, unpack, unpack_one
+from runs.tracking.chunks import CHUNK_POINTS, downsample, Points, pack, pack_one, preview, split_chunks, unpack, unpack_one
 
 
 def _points(n: int, start: int = 0) -> Points:

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from runs.curves import CurveQuery, curve_window, series_points
-from runs.metric_chunks import CHUNK_POINTS
-from runs.metric_services import metrics_record, metrics_truncate
+from runs.tracking.curves import CurveQuery, curve_window, series_points
+from runs.tracking.chunks import CHUNK_POINTS
+from runs.tracking.services import metrics_record, metrics_truncate
 from runs.models import Dataset, MetricChunk, MetricSeries, PipelineRun, TargetModel, TrainingRun
 
 pytestmark = pytest.mark.django_db

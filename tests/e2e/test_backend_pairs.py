@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from runs import services
+from runs.pipeline import services
 from runs.models import Checkpoint, MetricSeries, StageStatus
-from runs.routing import stage_backend
-from runs.run_config import RunConfig
+from runs.pipeline.routing import stage_backend
+from runs.pipeline.run_config import RunConfig
 from tests.fleet import fake_gpu_worker
 from workers.stages import backends
 from workers.tasks import pipeline_run_inline

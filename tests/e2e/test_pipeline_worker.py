@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from runs import services
+from runs.pipeline import services
 from runs.models import MetricSeries, PipelineRun, StageStatus, Verification
-from runs.run_config import RunConfig
+from runs.pipeline.run_config import RunConfig
 from tests.worker import wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

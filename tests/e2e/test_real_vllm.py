@@ -119,9 +119,9 @@ def test_serve_check_of_a_draft_trained_here_agrees_with_our_tau(serve_checked, 
 
 def test_a_checkpoint_vllm_refuses_fails_quoting_its_log_and_stores_no_result(serve_checked, vllm_run, tiny_target,
                                                                              tmp_path, user):
-    from runs.job_models import ServeCheck
+    from runs.pipeline.job_models import ServeCheck
     from runs.models import Checkpoint, Evaluation, StageStatus
-    from runs.serve_check_services import serve_check_request
+    from runs.checkpoints.serve_check_services import serve_check_request
     from workers.tasks import stage_execute
 
     best = next(c for c in vllm_run["checkpoints"] if c["is_best"])

@@ -9,10 +9,10 @@ import pytest
 import redis
 from django.conf import settings
 
-from runs import services
-from runs.fleet_models import Worker
+from runs.pipeline import services
+from runs.fleet.models import Worker
 from runs.models import StageStatus
-from runs.run_config import RunConfig
+from runs.pipeline.run_config import RunConfig
 from tests.fleet import fake_gpu_worker
 from tests.stages.test_backends import torch_gpus
 from tests.worker import celery_worker

@@ -1,13 +1,13 @@
-"""Views call services and selectors only: the web tier's request handlers (runs/views.py,
-runs/api.py) import nothing of runs.models and run no queries of their own; every read goes
-through runs/selectors.py, every write through a service."""
+"""Views call services and selectors only: the web tier's request handlers (runs/web/views.py,
+runs/web/api.py) import nothing of runs.models and run no queries of their own; every read goes
+through runs/pipeline/selectors.py, every write through a service."""
 import ast
 
 import pytest
 
 from tests.house.test_import_graph import ROOT, import_graph
 
-VIEW_MODULES = ("runs.views", "runs.api")
+VIEW_MODULES = ("runs.web.views", "runs.web.api")
 
 
 @pytest.mark.parametrize("module", VIEW_MODULES)

@@ -8,11 +8,11 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from runs import services
-from runs.extraction_services import extraction_import
+from runs.pipeline import services
+from runs.data.extractions import extraction_import
 from runs.models import Checkpoint, ExtractStage, Extraction, PipelineRun, StageAttempt, StageStatus
-from runs.run_config import RunConfig
-from runs.stage_services import (
+from runs.pipeline.run_config import RunConfig
+from runs.pipeline.stage_services import (
     StageCancelled,
     checkpoints_register,
     extraction_record,

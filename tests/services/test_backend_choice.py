@@ -13,11 +13,11 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from runs import services
-from runs.fleet_models import Worker
+from runs.pipeline import services
+from runs.fleet.models import Worker
 from runs.models import PendingEnqueue, PipelineRun, StageStatus
-from runs.routing import stage_queue
-from runs.run_config import RunConfig, RunConfigError
+from runs.pipeline.routing import stage_queue
+from runs.pipeline.run_config import RunConfig, RunConfigError
 from tests.fleet import (
     cpu_host_capabilities,
     cpu_worker,

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from runs import services
+from runs.pipeline import services
 from runs.models import Dataset, PipelineRun, TargetModel
-from runs.run_config import RunConfig
+from runs.pipeline.run_config import RunConfig
 from workers.stages.errors import InputError
 from workers.stages.jsonfile import MAX_JSON_BYTES, MAX_JSON_DEPTH
 from workers.stages.target import (

@@ -5,9 +5,9 @@ import tracemalloc
 
 import pytest
 
-from runs import services
+from runs.pipeline import services
 from runs.models import Dataset, DatasetSample, PipelineRun, TargetModel
-from runs.run_config import RunConfig
+from runs.pipeline.run_config import RunConfig
 from workers.stages.chats import MAX_LINE_BYTES, MAX_TURNS, DatasetFormatError, read_conversations
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}

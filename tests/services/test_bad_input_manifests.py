@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from runs.extraction_services import extraction_import
+from runs.data.extractions import extraction_import
 from runs.models import Extraction, Manifest, TargetModel
 from workers.stages.extraction_layout import ManifestError
 from workers.stages.errors import InputError

@@ -2,11 +2,11 @@
 Each is refused with PathNotAllowed (a 400 on the API) naming the path, and nothing is stored."""
 import pytest
 
-from runs import services
-from runs.extraction_services import extraction_import
+from runs.pipeline import services
+from runs.data.extractions import extraction_import
 from runs.models import Dataset, Extraction, PipelineRun, TargetModel
-from runs.paths import MAX_COMPONENT_BYTES, MAX_PATH_CHARS, PathNotAllowed, check_under_data_roots
-from runs.run_config import RunConfig
+from runs.data.paths import MAX_COMPONENT_BYTES, MAX_PATH_CHARS, PathNotAllowed, check_under_data_roots
+from runs.pipeline.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

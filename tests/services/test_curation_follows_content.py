@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from runs import job_services, services
-from runs.curation import dataset_exclusions
+from runs.pipeline import job_services, services
+from runs.data.curation import dataset_exclusions
 from runs.models import CurationAction, Dataset, DatasetSample, Preparation
-from runs.run_config import RunConfig
+from runs.pipeline.run_config import RunConfig
 from workers.stages.chats import content_hash
 from workers.tasks import stage_execute
 

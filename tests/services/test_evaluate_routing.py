@@ -11,13 +11,13 @@ from dataclasses import replace
 
 import pytest
 
-from runs import queue as run_queue
-from runs import services
-from runs.evaluation_services import evaluation_request
-from runs.fleet_services import worker_stopped
+from runs.pipeline import queue as run_queue
+from runs.pipeline import services
+from runs.checkpoints.evaluation import evaluation_request
+from runs.fleet.services import worker_stopped
 from runs.models import Checkpoint, Evaluation, PendingEnqueue, PipelineRun, StageStatus
-from runs.routing import stage_backend, stage_problem, stage_queue
-from runs.run_config import RunConfig, RunConfigError
+from runs.pipeline.routing import stage_backend, stage_problem, stage_queue
+from runs.pipeline.run_config import RunConfig, RunConfigError
 from tests.fleet import cpu_worker, fake_gpu_worker
 from workers.stages import backends
 

@@ -10,10 +10,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from runs import services
-from runs.evaluation_services import evaluation_request
+from runs.pipeline import services
+from runs.checkpoints.evaluation import evaluation_request
 from runs.models import Checkpoint, Evaluation, PendingEnqueue, StageStatus
-from runs.run_config import RunConfig
+from runs.pipeline.run_config import RunConfig
 
 
 def _checkpoint(user, roots) -> Checkpoint:

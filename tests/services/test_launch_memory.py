@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from runs import services
+from runs.pipeline import services
 from runs.models import PendingEnqueue, PipelineRun, TargetModel
-from runs.run_config import RunConfig, RunConfigError
+from runs.pipeline.run_config import RunConfig, RunConfigError
 from tests.fleet import cpu_worker, fake_gpu_worker
 from workers.stages import backends
 from workers.stages.target import target_weight_bytes
@@ -113,7 +113,7 @@ def test_the_launch_forms_target_info_gives_the_weights_size(client, user, roots
 
 
 def test_a_retry_is_judged_by_the_same_rule_against_the_workers_live_now(user, roots):
-    from runs.fleet_services import worker_stopped
+    from runs.fleet.services import worker_stopped
 
     cpu_worker("cpu@this-host")
     fake_gpu_worker("big@fake-gpu-host", gpus=8)  # FAKE

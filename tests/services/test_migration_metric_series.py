@@ -11,7 +11,7 @@ AFTER = [("runs", "0013_metric_series")]
 
 @pytest.mark.django_db(transaction=True)
 def test_points_become_series_and_chunks():
-    from runs.metric_chunks import CHUNK_POINTS, unpack
+    from runs.tracking.chunks import CHUNK_POINTS, unpack
 
     old = migrate(BEFORE)
     user = old.get_model("auth", "User").objects.create(username="ana")

@@ -1,6 +1,6 @@
 import pytest
 
-from runs.paths import PathNotAllowed, check_under_data_roots
+from runs.data.paths import PathNotAllowed, check_under_data_roots
 
 
 @pytest.fixture

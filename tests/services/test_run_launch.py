@@ -3,11 +3,11 @@ import json
 import pytest
 from django.contrib.auth import get_user_model
 
-from runs import services
+from runs.pipeline import services
 from runs.models import PipelineRun, StageStatus, TargetModel
-from runs.run_config import RunConfig, RunConfigError
-from runs.stage_services import stage_fail, stage_record_id, stage_start, stage_succeed
-from runs.paths import PathNotAllowed
+from runs.pipeline.run_config import RunConfig, RunConfigError
+from runs.pipeline.stage_services import stage_fail, stage_record_id, stage_start, stage_succeed
+from runs.data.paths import PathNotAllowed
 from workers.stages.target import TargetConfigError
 
 pytestmark = pytest.mark.django_db
@@ -143,7 +143,7 @@ def test_training_does_not_start_on_an_unverified_extraction_and_says_why(roots,
 
 def test_each_execution_is_an_attempt_and_a_retry_keeps_the_earlier_one(roots, user, django_capture_on_commit_callbacks,
                                                                        client):
-    from runs import selectors
+    from runs.pipeline import selectors
     from runs.models import StageAttempt
 
     with django_capture_on_commit_callbacks(execute=False):
@@ -168,10 +168,10 @@ def test_each_execution_is_an_attempt_and_a_retry_keeps_the_earlier_one(roots, u
 
 def test_a_retried_training_keeps_its_curves_and_checkpoints_up_to_where_it_resumes(
         roots, user, django_capture_on_commit_callbacks):
-    from runs.curves import series_points
+    from runs.tracking.curves import series_points
     from runs.models import Checkpoint, MetricSeries, Verification
-    from runs.metric_services import metrics_record
-    from runs.stage_services import StageCancelled, checkpoints_register, training_resume
+    from runs.tracking.services import metrics_record
+    from runs.pipeline.stage_services import StageCancelled, checkpoints_register, training_resume
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
@@ -210,7 +210,7 @@ def test_a_stage_whose_worker_stopped_renewing_its_lease_is_queued_again_then_fa
     from django.utils import timezone
 
     from runs.models import Preparation, StageAttempt
-    from runs.stage_services import MAX_ATTEMPTS, stages_reconcile
+    from runs.pipeline.stage_services import MAX_ATTEMPTS, stages_reconcile
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
@@ -241,7 +241,7 @@ def test_a_replaced_attempt_can_no_longer_write_to_the_stage(roots, user, django
     from django.utils import timezone
 
     from runs.models import Preparation
-    from runs.stage_services import StageCancelled, stage_progress, stages_reconcile
+    from runs.pipeline.stage_services import StageCancelled, stage_progress, stages_reconcile
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
@@ -262,7 +262,7 @@ def test_a_replaced_attempt_can_no_longer_write_to_the_stage(roots, user, django
 
 def test_cancel_then_retry_at_once_is_not_undone_by_the_stopping_worker(roots, user, django_capture_on_commit_callbacks):
     from runs.models import StageAttempt
-    from runs.stage_services import StageCancelled, stage_progress
+    from runs.pipeline.stage_services import StageCancelled, stage_progress
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
@@ -289,7 +289,7 @@ def test_a_launch_while_the_broker_is_down_mocked_is_kept_in_the_outbox_and_sent
         roots, user, django_capture_on_commit_callbacks, monkeypatch):
     from datetime import timedelta
 
-    from runs import queue
+    from runs.pipeline import queue
     from runs.models import PendingEnqueue
 
     sent = []

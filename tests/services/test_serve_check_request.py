@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from runs import services
-from runs.job_models import ServeCheck
+from runs.pipeline import services
+from runs.pipeline.job_models import ServeCheck
 from runs.models import Checkpoint, PendingEnqueue, StageStatus
-from runs.queue import job_queue
-from runs.run_config import RunConfig, RunConfigError
-from runs.serve_check_services import serve_check_request
-from runs.stage_services import evaluation_record, stage_start
+from runs.pipeline.queue import job_queue
+from runs.pipeline.run_config import RunConfig, RunConfigError
+from runs.checkpoints.serve_check_services import serve_check_request
+from runs.pipeline.stage_services import evaluation_record, stage_start
 from tests.fleet import cpu_worker, fake_gpu_worker
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,7 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.core.management import CommandError, call_command
 
-from runs.extraction_services import extraction_training_gate, verification_override
+from runs.data.extractions import extraction_training_gate, verification_override
 from runs.models import Extraction, VerificationOverride
 from tests.stages.test_verify import write_flat
 

@@ -23,14 +23,14 @@ from django.db import connection
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
-from runs import services
-from runs.extraction_services import extraction_import
-from runs.job_models import DatasetCatalogue, VerificationRequest
-from runs.metric_services import metrics_record
+from runs.pipeline import services
+from runs.data.extractions import extraction_import
+from runs.pipeline.job_models import DatasetCatalogue, VerificationRequest
+from runs.tracking.services import metrics_record
 from runs.models import (Checkpoint, CurationAction, Evaluation, PendingEnqueue, PipelineRun, Review,
                          StageAttempt, Verification, VerificationOverride)
-from runs.pipeline import STAGES
-from runs.run_config import RunConfig
+from runs.pipeline.stages import STAGES
+from runs.pipeline.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

@@ -3,9 +3,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
-from runs import services
+from runs.pipeline import services
 from runs.models import CurationAction, DatasetSample, Preparation
-from runs.run_config import RunConfig
+from runs.pipeline.run_config import RunConfig
 from workers.tasks import stage_execute
 
 pytestmark = pytest.mark.django_db

@@ -2,8 +2,8 @@
 
 import pytest
 
-from runs.extraction_services import extraction_import
-from runs.selectors import extraction_forecast
+from runs.data.extractions import extraction_import
+from runs.pipeline.selectors import extraction_forecast
 from tests.stages.test_verify import write_flat
 
 pytestmark = pytest.mark.django_db
@@ -19,8 +19,8 @@ def extraction(tmp_path, config_only_target):
 @pytest.fixture
 def run_extraction(tmp_path, user, config_only_target, django_capture_on_commit_callbacks):
     """A run's own extraction, its stage having measured load time and throughput."""
-    from runs.run_config import RunConfig
-    from runs.services import run_launch
+    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.services import run_launch
     from tests.artifacts import extraction_written
     from tests.stages.test_verify import write_flat
 
@@ -53,7 +53,7 @@ def test_forecast_waits_for_measurements(extraction):
 
 
 def test_page_shows_checks_lengths_and_forecast(client, admin_user, run_extraction):
-    from runs.extraction_services import extraction_verify
+    from runs.data.extractions import extraction_verify
 
     extraction = run_extraction
     extraction_verify(extraction=extraction)

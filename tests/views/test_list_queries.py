@@ -7,10 +7,10 @@ from django.contrib.auth.models import Group
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from runs import services
+from runs.pipeline import services
 from runs.models import Checkpoint, Evaluation, Review, StageStatus, Verification
-from runs.reviews import review_add, review_state, review_states
-from runs.run_config import RunConfig
+from runs.review.reviews import review_add, review_state, review_states
+from runs.pipeline.run_config import RunConfig
 from tests.artifacts import extraction_written
 
 pytestmark = pytest.mark.django_db

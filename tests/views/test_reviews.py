@@ -4,8 +4,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
-from runs.extraction_services import extraction_import
-from runs.job_models import VerificationRequest
+from runs.data.extractions import extraction_import
+from runs.pipeline.job_models import VerificationRequest
 from runs.models import Review
 from tests.stages.test_verify import write_flat
 

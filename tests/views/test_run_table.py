@@ -5,11 +5,11 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
-from runs import services
+from runs.pipeline import services
 from runs.models import Checkpoint, RunTag, StageStatus
-from runs.run_config import RunConfig
-from runs.run_table import PAGE_SIZE
-from runs.tag_services import run_tags_set
+from runs.pipeline.run_config import RunConfig
+from runs.tracking.run_table import PAGE_SIZE
+from runs.review.tags import run_tags_set
 
 pytestmark = pytest.mark.django_db
 
@@ -130,9 +130,9 @@ def test_the_lists_sql_status_agrees_with_run_status_for_every_mix_of_stage_stat
     from itertools import combinations
 
     from runs.models import PipelineRun
-    from runs.pipeline import STAGES
-    from runs.run_table import with_columns
-    from runs.selectors import run_rows, run_status
+    from runs.pipeline.stages import STAGES
+    from runs.tracking.run_table import with_columns
+    from runs.pipeline.selectors import run_rows, run_status
 
     run = launch(roots, user)
     statuses = list(StageStatus)

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from runs import selectors, services
+from runs.pipeline import selectors, services
 from runs.models import Evaluation, Preparation, StageStatus, TrainingRun
-from runs.run_config import RunConfig
+from runs.pipeline.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from runs import services
-from runs.job_models import ServeCheck
+from runs.pipeline import services
+from runs.pipeline.job_models import ServeCheck
 from runs.models import Checkpoint, Evaluation, PendingEnqueue, StageStatus
-from runs.queue import job_queue
-from runs.run_config import RunConfig
+from runs.pipeline.queue import job_queue
+from runs.pipeline.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

@@ -4,9 +4,9 @@ import shlex
 
 import pytest
 
-from runs import services
+from runs.pipeline import services
 from runs.models import Checkpoint
-from runs.run_config import RunConfig
+from runs.pipeline.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +31,7 @@ def test_run_and_checkpoint_pages_print_the_target_first_form(client, user, root
 
 
 def test_the_status_poll_uses_the_count_stored_at_registration(client, user, roots):
-    from runs.stage_services import checkpoints_register
+    from runs.pipeline.stage_services import checkpoints_register
 
     run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
                               config=RunConfig(), enqueue=False)

@@ -10,12 +10,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from runs import services
-from runs.fleet_models import Worker
-from runs.fleet_services import worker_heartbeat, worker_stopped
+from runs.pipeline import services
+from runs.fleet.models import Worker
+from runs.fleet.services import worker_heartbeat, worker_stopped
 from runs.models import PendingEnqueue, StageStatus
-from runs.run_config import RunConfig
-from runs.stage_services import stage_start
+from runs.pipeline.run_config import RunConfig
+from runs.pipeline.stage_services import stage_start
 from tests.fleet import cpu_worker, fake_gpu_worker
 
 pytestmark = pytest.mark.django_db
@@ -197,7 +197,7 @@ def test_a_run_whose_config_names_an_unknown_backend_is_listed_not_a_500(client,
 
 def _catalogues_done() -> None:
     """The launches' dataset catalogue (a cpu job) out of the way: these tests are about the runs' stages."""
-    from runs.job_models import DatasetCatalogue
+    from runs.pipeline.job_models import DatasetCatalogue
 
     DatasetCatalogue.objects.update(status=StageStatus.SUCCEEDED)
 
@@ -211,7 +211,7 @@ def _ready(html: str) -> list[tuple[str, int, str, str]]:
 
 
 def test_each_queue_is_listed_in_the_order_it_hands_work_out_and_only_its_head_is_next(client, user, roots):
-    from runs.stage_services import stage_fail, stage_succeed
+    from runs.pipeline.stage_services import stage_fail, stage_succeed
 
     cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
     first = _launch(user, roots, name="first")
@@ -238,7 +238,7 @@ def test_each_queue_is_listed_in_the_order_it_hands_work_out_and_only_its_head_i
 
 
 def test_a_stage_queued_again_after_a_lost_lease_joins_the_back_of_its_queue(client, user, roots):
-    from runs.stage_services import stages_reconcile
+    from runs.pipeline.stage_services import stages_reconcile
 
     cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
     first = _launch(user, roots, name="first")

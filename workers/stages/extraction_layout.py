@@ -25,7 +25,7 @@ RECORDED = "recorded in the manifest"
 
 # Bounded input: what a manifest (or, without one, the first sample file's header) may claim,
 # checked before an import stores anything. String limits follow the columns they are stored in.
-MAX_MODEL_PATH_CHARS = 1000  # the path limit of runs.paths (TargetModel.path's column)
+MAX_MODEL_PATH_CHARS = 1000  # the path limit of runs.data.paths (TargetModel.path's column)
 MAX_DTYPE_CHARS = 30  # Extraction.dtype's column; real names are short ("bfloat16", "float8_e4m3fn")
 MAX_CONVENTION_CHARS = 50  # Extraction.layer_id_convention's column
 MAX_LAYER_IDS = MAX_NUM_LAYERS + 1  # ids 0..N of the largest target

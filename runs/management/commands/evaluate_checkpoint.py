@@ -7,9 +7,9 @@ from pathlib import Path
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
-from runs import selectors
-from runs.checkpoint_services import checkpoint_import
-from runs.evaluation_services import evaluation_request
+from runs.pipeline import selectors
+from runs.checkpoints.imports import checkpoint_import
+from runs.checkpoints.evaluation import evaluation_request
 from runs.management.command_user import command_user
 from runs.models import Checkpoint, Evaluation, StageStatus
 from workers.stages.errors import InputError

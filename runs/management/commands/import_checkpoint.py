@@ -7,8 +7,8 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.management.command_user import command_user
-from runs.checkpoint_services import checkpoint_import
-from runs.upstream_commands import checkpoint_serve_command
+from runs.checkpoints.imports import checkpoint_import
+from runs.pipeline.upstream_commands import checkpoint_serve_command
 from workers.stages.errors import InputError
 
 

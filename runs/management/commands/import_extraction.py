@@ -7,8 +7,8 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.management.command_user import command_user
-from runs.extraction_services import extraction_import
-from runs.selectors import extraction_summary
+from runs.data.extractions import extraction_import
+from runs.pipeline.selectors import extraction_summary
 from workers.stages.errors import InputError
 
 

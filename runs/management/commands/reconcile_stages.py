@@ -5,8 +5,8 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from runs.queue import outbox_flush
-from runs.stage_services import stages_reconcile
+from runs.pipeline.queue import outbox_flush
+from runs.pipeline.stage_services import stages_reconcile
 
 
 class Command(BaseCommand):

@@ -7,10 +7,10 @@ import time
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
-from runs import selectors, services
+from runs.pipeline import selectors, services
 from runs.management.command_user import command_user
 from runs.models import PipelineRun, StageStatus
-from runs.run_config import RunConfig, parse_layer_ids
+from runs.pipeline.run_config import RunConfig, parse_layer_ids
 from workers.stages.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
 from workers.stages.errors import InputError
 

@@ -6,13 +6,13 @@ import json
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.evaluation_services import evaluation_request
-from runs.job_models import ServeCheck
+from runs.checkpoints.evaluation import evaluation_request
+from runs.pipeline.job_models import ServeCheck
 from runs.management.command_user import command_user
 from runs.management.commands.evaluate_checkpoint import checkpoint_from_ref
 from runs.models import Evaluation, StageStatus
-from runs.serve_check_selectors import serve_check_dict, serve_check_line
-from runs.serve_check_services import serve_check_request
+from runs.checkpoints.serve_check_selectors import serve_check_dict, serve_check_line
+from runs.checkpoints.serve_check_services import serve_check_request
 from workers.stages.errors import InputError
 
 

@@ -6,9 +6,9 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.management.command_user import command_user
-from runs.extraction_services import extraction_verify
+from runs.data.extractions import extraction_verify
 from runs.models import Extraction
-from runs.selectors import extraction_list, extraction_summary
+from runs.pipeline.selectors import extraction_list, extraction_summary
 from workers.stages.errors import InputError
 
 

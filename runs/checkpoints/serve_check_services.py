@@ -1,0 +1,81 @@
+"""Serve checks (runs.pipeline.job_models.ServeCheck): asking for one, what it serves, and recording what vLLM said.
+
+A serve check compares vLLM's τ with ours on the same prompts, so it follows an evaluation of the
+checkpoint: its prompts, its max_new_tokens, its proposal length, its τ. Asking while a check of the
+same checkpoint and evaluation is queued or running returns that one."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from runs.checkpoints.evaluation import evaluation_plan
+from runs.pipeline.job_models import ServeCheck
+from runs.models import Checkpoint, Evaluation, StageStatus
+from runs.pipeline.queue import job_enqueue, pending_enqueue
+from runs.roles import require
+from workers.stages.errors import InputError
+
+PENDING = (StageStatus.QUEUED, StageStatus.RUNNING)
+
+
+class ServeCheckRequestError(InputError):
+    pass
+
+
+def _compared_evaluation(checkpoint: Checkpoint) -> Evaluation:
+    evaluation = checkpoint.evaluations.filter(status=StageStatus.SUCCEEDED, tau__isnull=False).order_by("-id").first()
+    if evaluation is None:
+        raise ServeCheckRequestError(
+            f"checkpoint {checkpoint.pk} has no finished measurement of its acceptance length: measure it first, "
+            "the serve check compares vLLM's τ with ours on the same prompts")
+    return evaluation
+
+
+@transaction.atomic
+def serve_check_request(*, checkpoint: Checkpoint, user: AbstractBaseUser | None,
+                        evaluation: Evaluation | None = None, enqueue: bool = True) -> tuple[ServeCheck, bool]:
+    """(the check, whether it is new): a pending check of the same checkpoint and evaluation is
+    returned (handed to the broker again unless it waits in the outbox), else one is queued."""
+    if user is not None:
+        require(user, "launch")
+    Checkpoint.objects.select_for_update().filter(pk=checkpoint.pk).first()  # one request at a time per checkpoint
+    evaluation = evaluation or _compared_evaluation(checkpoint)
+    pending = checkpoint.serve_checks.filter(evaluation=evaluation, status__in=PENDING).first()
+    if pending is not None:
+        if enqueue and pending.status == StageStatus.QUEUED and pending_enqueue(kind="serve_check",
+                                                                                object_id=pending.pk) is None:
+            job_enqueue(job_name="serve_check", record_id=pending.pk)  # the broker may have lost its message
+        return pending, False
+    run = checkpoint.training_run.run if checkpoint.training_run_id is not None else None
+    config = (run.config or {}) if run is not None else {}
+    # A target vLLM extracted from on n GPUs is served on n; otherwise on one device.
+    gpus = int(config.get("tensor_parallel_size") or 1) if config.get("extraction_backend") == "vllm" else 1
+    check = ServeCheck.objects.create(checkpoint=checkpoint, evaluation=evaluation, requested_by=user,
+                                      tensor_parallel_size=gpus, max_new_tokens=evaluation.max_new_tokens,
+                                      num_speculative_tokens=evaluation.num_speculative_tokens)
+    if enqueue:
+        job_enqueue(job_name="serve_check", record_id=check.pk)
+    return check, True
+
+
+@dataclass(frozen=True)
+class ServeCheckPlan:
+    target_dir: Path
+    checkpoint_dir: Path
+    prompts: object  # () -> list[list[int]], loaded on the worker
+    max_new_tokens: int
+    num_speculative_tokens: int | None
+
+
+def serve_check_plan(*, check: ServeCheck) -> ServeCheckPlan:
+    """What the check serves: its evaluation's checkpoint, target and prompts."""
+    evaluation = check.evaluation
+    if evaluation is None:
+        raise ServeCheckRequestError(f"serve check {check.pk}: the measurement it compares with was deleted; ask again")
+    plan = evaluation_plan(evaluation=evaluation)
+    return ServeCheckPlan(target_dir=plan.target_dir, checkpoint_dir=Path(check.checkpoint.path), prompts=plan.prompts,
+                          max_new_tokens=evaluation.max_new_tokens,
+                          num_speculative_tokens=evaluation.num_speculative_tokens)

@@ -1,0 +1,28 @@
+"""The checkpoint page's "Check with vLLM" button: ask for a serve check (runs.checkpoints.serve_check_services)."""
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from runs.pipeline import selectors
+from runs.checkpoints.serve_check_services import serve_check_request
+from workers.stages.errors import InputError
+
+
+@require_POST
+def checkpoint_serve_check(request: HttpRequest, pk: int) -> HttpResponse:
+    checkpoint = selectors.checkpoint_get(pk=pk)
+    try:
+        check, created = serve_check_request(checkpoint=checkpoint, user=request.user)
+    except InputError as exc:
+        messages.error(request, str(exc))
+    else:
+        if created:
+            messages.success(request, f"Serve check {check.pk} queued on vllm.{check.tensor_parallel_size}: a worker with vLLM serves the target with the "
+                                      f"draft and alone, on the prompts of evaluation {check.evaluation_id}.")
+        else:
+            messages.info(request, f"Serve check {check.pk} of this measurement is already {check.status}; its result "
+                                   "appears here when it finishes, so no second one was queued.")
+    return redirect(checkpoint)

@@ -1,0 +1,1 @@
+"""The workers: their heartbeats, which worker fits which stage, the queue view."""

@@ -1,0 +1,359 @@
+"""Reads about the fleet: which workers are live and what they do, what a launch may ask of them,
+and the queue of work waiting for them.
+
+A worker is live while its heartbeat is recent: it writes one every EAGLE3WEB_STAGE_LEASE_SECONDS/2
+(workers/fleet.py) and is offline after missing three, or at once when it shut down cleanly."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import QuerySet
+from django.urls import reverse
+from django.utils import timezone
+
+from runs.fleet.fit import BackendOption, gpus_text, queues_text, routed_refusal, said_already, stage_needs, takes, worker_unfit
+from runs.fleet.models import Worker
+from runs.models import FINISHED_STATUSES, PendingEnqueue, PipelineRun, StageStatus
+from runs.pipeline.stages import STAGES, STAGES_BY_NAME
+from runs.pipeline.routing import BACKEND_SETTINGS, ROUTED_STAGES, stage_backend, stage_problem, stage_queue
+from runs.pipeline.run_config import RunConfig
+from workers.stages.backends import BACKENDS, BACKENDS_BY_NAME, DEFAULT_GPU_QUEUE, MAX_GPUS, Backend
+
+MISSED_HEARTBEATS = 3
+VERSION_ORDER = ("python", "torch", "transformers", "accelerate", "speculators", "vllm")
+MAX_QUEUE_ROWS = 200  # per kind of work; the page says when there are more
+
+
+def heartbeat_seconds() -> float:
+    return max(1.0, settings.EAGLE3WEB_STAGE_LEASE_SECONDS / 2)
+
+
+def offline_after() -> timedelta:
+    return timedelta(seconds=MISSED_HEARTBEATS * heartbeat_seconds())
+
+
+def workers_live() -> QuerySet[Worker]:
+    return Worker.objects.filter(stopped_at__isnull=True, last_seen__gte=timezone.now() - offline_after())
+
+
+# ---- what a launch may ask for ---------------------------------------------------------------
+
+def _unavailable_reason(backend: Backend, live: list[Worker]) -> str:
+    """Why no live worker takes any queue of `backend`: none can run it, or those that can do not take it."""
+    able = [w for w in live if (w.capabilities or {}).get("backends", {}).get(backend.name, "missing") is None]
+    if able:
+        return (f"no live worker takes a queue of {backend.label}: "
+                + "; ".join(f"{w.name} could run it but takes only {queues_text(w)}" for w in able[:3]))
+    reasons = sorted({(w.capabilities or {}).get("backends", {}).get(backend.name)
+                      or "it does not report this backend" for w in live})
+    return f"no live worker has {backend.label} ({'; '.join(reasons)})"
+
+
+def launch_options(*, live: list[Worker] | None = None) -> dict[str, BackendOption]:
+    """Each backend: on which GPU counts some live worker takes it (runs.fleet.fit.worker_unfit: the
+    worker takes that queue and can run it there), and why not more. With no worker live at all the
+    default backends stay offered on one device, as before workers reported anything (a demo's
+    worker may start after its web server)."""
+    live = list(workers_live()) if live is None else live
+    options = {}
+    for backend in BACKENDS:
+        if not live:
+            options[backend.name] = BackendOption(
+                backend.name, backend.label, backend.stage, backend.default,
+                "" if backend.default else f"no worker is live to run {backend.label}",
+                1 if backend.default else 0, "no worker is live", (1,) if backend.default else ())
+            continue
+        # No worker fits more GPUs than its host runs the backend on (one for the defaults): count no further.
+        upper = max(((w.capabilities or {}).get("max_gpus") or {}).get(backend.name, 0) for w in live)
+        fits = {n: [w for w in live if worker_unfit(w, backend=backend.name, gpus=n) is None]
+                for n in range(1, min(max(upper, 1), MAX_GPUS) + 1)}
+        counts = tuple(n for n, workers in fits.items() if workers)
+        if not counts:
+            options[backend.name] = BackendOption(backend.name, backend.label, backend.stage, False,
+                                                  _unavailable_reason(backend, live), 0, "", ())
+            continue
+        most = counts[-1]
+        best = fits[most][0]
+        if not (best.capabilities or {}).get("gpus"):
+            gpu_reason = f"no live worker that runs {backend.label} has a GPU: it runs on the CPU"
+        else:
+            why_not_more = worker_unfit(best, backend=backend.name, gpus=most + 1) if most < MAX_GPUS else None
+            gpu_reason = (f"the largest live worker for {backend.label} ({best.name}) runs it on {gpus_text(most)}"
+                          + (f": {why_not_more}" if why_not_more else ""))
+        options[backend.name] = BackendOption(backend.name, backend.label, backend.stage, True, "", most, gpu_reason,
+                                              counts)
+    return options
+
+
+def stage_refusals(*, config: dict, stage_names: list[str], live: list[Worker] | None = None,
+                   weight_bytes: int | None = None) -> list[tuple[str | None, str]]:
+    """(field, why) for each of these stages of a run with `config` that no live worker takes and can
+    run now; empty when each can. Extraction, training and measuring acceptance are judged by
+    launch_options (their queue follows a backend and GPU count: runs.pipeline.routing.ROUTED_STAGES), the other
+    stages by whether a live worker takes their queue. With no worker live at all only the default
+    backends on one device pass, and the other stages are not judged: a demo's worker may start after
+    its web server. `weight_bytes`, the target's (None when unknown, e.g. a config-only directory): a
+    GPU backend that loads the target also needs a live worker taking its queue whose GPUs hold it
+    (runs.fleet.fit.memory_judged)."""
+    live = list(workers_live()) if live is None else live
+    options = launch_options(live=live)
+    refusals: list[tuple[str | None, str]] = []
+    for stage_name in stage_names:
+        if stage_name in ROUTED_STAGES:
+            refusal = routed_refusal(stage_name=stage_name, config=config, options=options, live=live,
+                                     weight_bytes=weight_bytes)
+            if refusal and not said_already(refusals, stage_name=stage_name, field=refusal[0]):
+                refusals.append(refusal)
+            continue
+        queue = stage_queue(stage_name=stage_name, config=config)
+        if live and not any(takes(w, queue) for w in live):
+            taken = sorted({q for w in live for q in w.queues or []})
+            refusals.append((None, f"the {STAGES_BY_NAME[stage_name].label.lower()} stage goes to queue {queue}, which "
+                                   f"no live worker takes (they take {', '.join(taken) or 'no queue'})"))
+    return sorted(refusals, key=lambda refusal: refusal[0] is None)  # a field's first: the form marks it
+
+
+def launch_refusals(*, config: RunConfig, live: list[Worker] | None = None, weight_bytes: int | None = None
+                    ) -> list[tuple[str | None, str]]:
+    """stage_refusals for every stage of a run about to be launched with `config`."""
+    return stage_refusals(config=config.as_dict(), stage_names=[stage.name for stage in STAGES], live=live,
+                          weight_bytes=weight_bytes)
+
+
+def run_backends(*, config: dict) -> list[dict]:
+    """The backend and GPU count each of a run's extraction and training ran (or will run) with."""
+    chosen = []
+    for stage_name in BACKEND_SETTINGS:
+        backend, gpus = stage_backend(stage_name=stage_name, config=config or {})
+        known = BACKENDS_BY_NAME.get(backend)
+        chosen.append({"stage": stage_name, "backend": backend, "label": known.label if known else backend,
+                       "gpus": gpus, "default": bool(known and known.default and gpus == 1)})
+    return chosen
+
+
+def stage_queue_notes(*, run: PipelineRun) -> dict[str, dict]:
+    """For each queued stage of `run` that no live worker takes, what it waits for and what to do
+    ({"text", "copy": whether launching a copy with another backend helps}): otherwise the run page
+    shows it queued for ever without a word."""
+    live = list(workers_live())
+    config = run.config or {}
+    notes = {}
+    for stage in STAGES:
+        record = getattr(run, stage.related_name, None)
+        if record is None or record.status != StageStatus.QUEUED:
+            continue
+        if problem := stage_problem(stage_name=stage.name, config=config):
+            notes[stage.name] = {"text": f"{problem} (no worker takes it): cancel and launch a copy with another "
+                                         "backend", "copy": True}
+            continue
+        queue = stage_queue(stage_name=stage.name, config=config)
+        if any(takes(w, queue) for w in live):
+            continue
+        routed = stage.name in ROUTED_STAGES and queue != DEFAULT_GPU_QUEUE
+        if routed:
+            backend, gpus = stage_backend(stage_name=stage.name, config=config)
+            # Nobody chose measuring acceptance's backend: say why it needs these GPUs (the extraction's
+            # count), and that a copy on fewer of them, not another backend, is what would help.
+            needs = stage_needs(stage_name=stage.name, backend=backend, gpus=gpus)
+            todo = (f"{needs + '; ' if needs else ''}start a worker with {BACKENDS_BY_NAME[backend].label} on "
+                    f"{gpus_text(gpus)}, or cancel and launch a copy with {'fewer GPUs' if needs else 'another backend'}")
+        elif queue == DEFAULT_GPU_QUEUE:
+            todo = "start a worker that takes gpu (make worker does, as does every worker on a GPU host)"
+        else:
+            todo = f"start a worker that takes {queue} (make worker does: -Q cpu,gpu)"
+        notes[stage.name] = {"text": f"waiting in queue {queue}, which no live worker takes: {todo}", "copy": routed}
+    return notes
+
+
+# ---- the workers page ------------------------------------------------------------------------
+
+@dataclass
+class WorkerRow:
+    worker: Worker
+    status: str  # busy, idle or offline
+    doing: list[dict] = field(default_factory=list)  # the stage rows running on it
+
+    @property
+    def gpu_groups(self) -> list[dict]:
+        """The GPUs, alike ones counted together ("8 x NVIDIA H100 80GB HBM3, 80 GB each")."""
+        groups: dict[tuple, int] = {}
+        for gpu in self.worker.capabilities.get("gpus") or []:
+            key = (gpu.get("name", "?"), gpu.get("memory_bytes", 0))
+            groups[key] = groups.get(key, 0) + 1
+        return [{"count": count, "name": name, "memory_bytes": memory} for (name, memory), count in groups.items()]
+
+    @property
+    def versions(self) -> list[tuple[str, str | None]]:
+        """(name, version) in VERSION_ORDER; vLLM's with its build and where it lives ("0.32.0+cpu (cpu
+        build, /srv/eagle3web/.venv-vllm/bin/vllm)"): it runs from an environment of its own."""
+        versions = self.worker.capabilities.get("versions") or {}
+        vllm = self.worker.capabilities.get("vllm") or {}
+        shown = []
+        for name in VERSION_ORDER:
+            if name not in versions:
+                continue
+            version = versions.get(name)
+            if name == "vllm" and version and vllm.get("build"):
+                version = f"{version} ({vllm['build']} build, {vllm.get('executable', '?')})"
+            shown.append((name, version))
+        return shown
+
+    @property
+    def backends(self) -> list[dict]:
+        caps = self.worker.capabilities
+        return [{"name": b.name, "label": b.label, "stage": b.stage,
+                 "reason": caps.get("backends", {}).get(b.name, "not reported"),
+                 "max_gpus": caps.get("max_gpus", {}).get(b.name, 0),
+                 "more_gpus": caps.get("more_gpus", {}).get(b.name)} for b in BACKENDS]
+
+
+def _has_run(model) -> bool:
+    return any(f.name == "run" for f in model._meta.get_fields())
+
+
+# What each job works on, and its page: (the job row's foreign key, the URL name of that page).
+JOB_SUBJECTS = {"catalogue": ("dataset_id", "runs:dataset_detail"), "verify": ("extraction_id", "runs:extraction_detail"),
+                "serve_check": ("checkpoint_id", "runs:checkpoint_detail")}
+
+
+def _subject_url(job_name: str, row) -> str:
+    """The page of the dataset or extraction a job works on ("" for a run's stage)."""
+    if job_name not in JOB_SUBJECTS:
+        return ""
+    field, url_name = JOB_SUBJECTS[job_name]
+    subject_id = row[field] if isinstance(row, dict) else getattr(row, field)
+    return reverse(url_name, args=[subject_id])
+
+
+def _running_by_worker(names: list[str]) -> dict[str, list[dict]]:
+    """The running stage and job rows of these workers: one query per kind of work, not per worker."""
+    doing: dict[str, list[dict]] = defaultdict(list)
+    for kind in STAGES_BY_NAME.values():
+        extra = ["run_id", "run__name"] if _has_run(kind.model) else [JOB_SUBJECTS[kind.name][0]]
+        rows = kind.model.objects.filter(status=StageStatus.RUNNING, worker__in=names).values(
+            "pk", "worker", "started_at", "progress_done", "progress_total", *extra)
+        for row in rows:
+            doing[row["worker"]].append({"stage": kind.name, "label": kind.label, "record_id": row["pk"],
+                                         "run_id": row.get("run_id"), "run_name": row.get("run__name") or "",
+                                         "subject_url": _subject_url(kind.name, row),
+                                         "since": row["started_at"], "done": row["progress_done"],
+                                         "total": row["progress_total"]})
+    return doing
+
+
+def worker_rows() -> list[WorkerRow]:
+    """Every worker that ever reported, live ones first, each busy (with what), idle or offline."""
+    workers = list(Worker.objects.all())
+    doing = _running_by_worker([w.name for w in workers])
+    cutoff = timezone.now() - offline_after()
+    rows = []
+    for w in workers:
+        live = w.stopped_at is None and w.last_seen >= cutoff
+        status = ("busy" if doing.get(w.name) else "idle") if live else "offline"
+        rows.append(WorkerRow(worker=w, status=status, doing=doing.get(w.name, [])))
+    order = {"busy": 0, "idle": 1, "offline": 2}
+    return sorted(rows, key=lambda r: (order[r.status], r.worker.name))
+
+
+@dataclass
+class QueuedWork:
+    kind: str
+    label: str
+    record_id: int
+    run_id: int | None
+    run_name: str
+    queue: str
+    queued_at: datetime  # when it joined its queue (see queued_work)
+    waits_for: str  # an earlier stage of its run still to finish, "" when it is in its queue
+    taken_by: list[str]  # live workers that consume its queue
+    problem: str = ""  # why no worker ever takes it (an unknown backend in its run's config), "" when none
+    ahead: int = 0  # work in the same queue before it: 0 is the head, what a worker takes next
+    subject_url: str = ""  # a job's dataset or extraction page ("" for a run's stage)
+
+
+def queued_work() -> dict:
+    """What waits for a worker, in the order each queue hands it out: each queued stage and job with
+    the queue it goes to, its place there and whether a live worker takes that queue; plus what the
+    broker has not taken yet (the outbox) and how many stages sit behind a failed or cancelled one
+    (they wait for a retry, not a worker).
+
+    A queue is first in, first out (Redis), and a run's chain sends a stage to its queue when the
+    stage before it finishes: a stage joined its queue at the later of its row's queued_at (set again
+    by a retry or a lost lease) and the finish of the stages before it, not when its run was created."""
+    queued, more = [], False
+    for index, kind in enumerate(STAGES_BY_NAME.values()):
+        with_run = _has_run(kind.model)
+        rows = kind.model.objects.filter(status=StageStatus.QUEUED).order_by("queued_at", "pk")
+        rows = rows.select_related("run").only("pk", "queued_at", "run__name", "run__config") \
+            if with_run else rows.only("pk", "queued_at", JOB_SUBJECTS[kind.name][0])
+        rows = list(rows[:MAX_QUEUE_ROWS + 1])
+        more = more or len(rows) > MAX_QUEUE_ROWS
+        for row in rows[:MAX_QUEUE_ROWS]:
+            run = row.run if with_run else None
+            queued.append((index, kind, row, run))
+    run_ids = {run.pk for _, _, _, run in queued if run is not None}
+    statuses: dict[int, dict[str, str]] = defaultdict(dict)
+    finished: dict[int, dict[str, datetime | None]] = defaultdict(dict)
+    for stage in STAGES:
+        for run_id, status, finished_at in stage.model.objects.filter(run_id__in=run_ids).values_list(
+                "run_id", "status", "finished_at"):
+            statuses[run_id][stage.name] = status
+            finished[run_id][stage.name] = finished_at
+    live = list(workers_live())
+    names = [stage.name for stage in STAGES]
+    items, blocked = [], 0
+    for index, kind, row, run in queued:
+        waits_for, joined = "", row.queued_at
+        if run is not None and kind.name in names:
+            earlier = [(n, statuses[run.pk].get(n)) for n in names[:names.index(kind.name)]]
+            if any(s in FINISHED_STATUSES and s != StageStatus.SUCCEEDED for _, s in earlier):
+                blocked += 1
+                continue
+            waits_for = next((n for n, s in earlier if s != StageStatus.SUCCEEDED), "")
+            joined = max([row.queued_at, *(f for n, _ in earlier if (f := finished[run.pk].get(n)))])
+        config = (run.config if run is not None else None) or {}
+        queue = stage_queue(stage_name=kind.name, config=config)
+        items.append(QueuedWork(kind=kind.name, label=kind.label, record_id=row.pk,
+                                run_id=run.pk if run is not None else None, run_name=str(run) if run else "",
+                                queue=queue, queued_at=joined,
+                                waits_for=waits_for, taken_by=[w.name for w in live if takes(w, queue)],
+                                problem=stage_problem(stage_name=kind.name, config=config),
+                                subject_url=_subject_url(kind.name, row)))
+    items.sort(key=lambda item: (item.waits_for != "", item.queued_at, names.index(item.kind)
+                                 if item.kind in names else len(names), item.record_id))
+    in_queue: dict[str, int] = defaultdict(int)
+    for item in items:
+        if not item.waits_for:  # what waits behind an earlier stage is in no queue yet
+            item.ahead = in_queue[item.queue]
+            in_queue[item.queue] += 1
+    # Hand-overs the broker refused (runs.pipeline.queue keeps them and the workers retry); a fresh row is
+    # being sent after its commit and is no news.
+    outbox = list(PendingEnqueue.objects.filter(attempts__gt=0).order_by("pk")[:MAX_QUEUE_ROWS])
+    return {"items": items, "outbox": outbox, "blocked": blocked, "more": more}
+
+
+def fleet_summary() -> dict:
+    """The workers page as JSON (GET /api/workers/): each worker, what a launch can ask for, the queue."""
+    queue = queued_work()
+    return {
+        "workers": [{"name": r.worker.name, "hostname": r.worker.hostname, "status": r.status,
+                     "last_seen": r.worker.last_seen.isoformat(), "started_at": r.worker.started_at.isoformat(),
+                     "queues": r.worker.queues, "gpus": r.worker.capabilities.get("gpus") or [],
+                     "backends": r.backends, "versions": dict(r.versions),
+                     "doing": [{**d, "since": d["since"].isoformat() if d["since"] else None} for d in r.doing]}
+                    for r in worker_rows()],
+        "launch_options": {name: {"label": o.label, "stage": o.stage, "available": o.available, "reason": o.reason,
+                                  "max_gpus": o.max_gpus, "gpu_counts": list(o.gpu_counts),
+                                  "gpu_reason": o.gpu_reason}
+                           for name, o in launch_options().items()},
+        "queue": [{"kind": i.kind, "record_id": i.record_id, "run_id": i.run_id, "queue": i.queue,
+                   "waits_for": i.waits_for or None, "taken_by": i.taken_by, "problem": i.problem or None,
+                   "ahead": None if i.waits_for else i.ahead, "queued_at": i.queued_at.isoformat()}
+                  for i in queue["items"]],
+        "refused_by_broker": [{"kind": p.kind, "object_id": p.object_id, "attempts": p.attempts,
+                               "last_error": p.last_error} for p in queue["outbox"]],
+        "waiting_for_retry": queue["blocked"],
+    }

@@ -1,0 +1,55 @@
+"""Writes for the jobs users start outside a run (runs.pipeline.job_models): asking for one. What a worker
+records when one is done is in runs.pipeline.stage_services, beside the stages' recorders.
+
+Asking again while one is queued returns it and hands it to the broker again (a message the broker
+lost would otherwise leave it waiting for good; a duplicate is skipped by stage_start). A catalogue
+pass already running is not reused: it reads the file as it was when it started."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from runs.pipeline.job_models import DatasetCatalogue, VerificationRequest
+from runs.models import Dataset, Extraction, StageRecord, StageStatus
+from runs.pipeline.queue import job_enqueue, pending_enqueue
+from runs.roles import require
+
+
+def _queued_again_or_new(queued, *, job_name: str, create: Callable[[], StageRecord]) -> StageRecord:
+    """The queued job if there is one, handed to the broker again unless it waits in the outbox
+    (the broker may have lost its message); else a new one from `create`, handed over after commit."""
+    pending = queued.first()
+    if pending is not None:
+        if pending_enqueue(kind=job_name, object_id=pending.pk) is None:  # not waiting in the outbox either
+            job_enqueue(job_name=job_name, record_id=pending.pk)  # in case the broker lost its message
+        return pending
+    job = create()
+    job_enqueue(job_name=job_name, record_id=job.pk)
+    return job
+
+
+@transaction.atomic
+def dataset_catalogue_request(*, dataset: Dataset, user: AbstractBaseUser | None = None) -> DatasetCatalogue:
+    """Queue a pass over the dataset's file that adds its new conversations to the catalogue."""
+    if user is not None:
+        require(user, "launch")
+    Dataset.objects.select_for_update().filter(pk=dataset.pk).first()  # one request at a time per dataset
+    # A running pass reads the file as it was when it started: a grown file gets a pass of its own.
+    return _queued_again_or_new(
+        dataset.catalogues.filter(status=StageStatus.QUEUED), job_name="catalogue",
+        create=lambda: DatasetCatalogue.objects.create(dataset=dataset, requested_by=user,
+                                                       size_bytes=dataset.size_bytes))
+
+
+@transaction.atomic
+def extraction_verify_request(*, extraction: Extraction, full: bool, user: AbstractBaseUser | None = None
+                              ) -> VerificationRequest:
+    """Queue a check of the extraction's files (headers; every value too when `full`)."""
+    if user is not None:
+        require(user, "verify")
+    Extraction.objects.select_for_update().filter(pk=extraction.pk).first()
+    return _queued_again_or_new(
+        extraction.verification_requests.filter(status=StageStatus.QUEUED, full=full), job_name="verify",
+        create=lambda: VerificationRequest.objects.create(extraction=extraction, full=full, requested_by=user))

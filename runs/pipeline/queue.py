@@ -1,0 +1,102 @@
+"""Handing work to the workers, by task name: the web tier never imports the tasks (nor, through
+them, torch), and nothing here imports back into the code that enqueues.
+
+Every hand-over goes through an outbox row written in the caller's transaction: after commit the
+message is sent and the row deleted; if the broker is down the row stays, with the error, and every
+worker's reconciler sends it again until the broker answers. A launch never fails on the broker.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from celery import chain
+from django.db import transaction
+from django.utils import timezone
+
+from eagle3web.celery import celery_app
+from runs.models import PendingEnqueue, PipelineRun
+from runs.pipeline.stages import JOB_NAMES, STAGES, STAGES_BY_NAME
+from runs.pipeline.routing import stage_queue
+
+logger = logging.getLogger(__name__)
+
+STAGE_TASK = "eagle3web.stage"  # workers.tasks.stage_task
+EVALUATION_TASK = "eagle3web.evaluate_checkpoint"  # workers.tasks.evaluation_task
+JOB_TASK = "eagle3web.job"  # workers.tasks.job_task
+# Rows younger than this are left to their own on-commit delivery.
+RETRY_AFTER = timedelta(seconds=5)
+
+
+def _send(kind: str, object_id: int) -> None:
+    if kind == PendingEnqueue.Kind.PIPELINE:
+        # One chain per run; each stage goes to its queue: cpu, gpu, or its backend's (runs.pipeline.routing).
+        config = PipelineRun.objects.filter(pk=object_id).values_list("config", flat=True).first() or {}
+        chain(*[celery_app.signature(STAGE_TASK, args=(stage.name, object_id), immutable=True,
+                                     queue=stage_queue(stage_name=stage.name, config=config))
+                for stage in STAGES]).apply_async()
+    elif kind in JOB_NAMES:
+        celery_app.send_task(JOB_TASK, args=[kind, object_id], queue=job_queue(job_name=kind, record_id=object_id))
+    else:
+        celery_app.send_task(EVALUATION_TASK, args=[object_id], queue=STAGES_BY_NAME["evaluate"].queue)
+
+
+def job_queue(*, job_name: str, record_id: int) -> str:
+    """A job's queue: its kind's, or for a serve check of a target spread over n GPUs, vLLM's on n."""
+    if job_name == "serve_check":
+        from runs.pipeline.job_models import ServeCheck
+        from workers.stages.backends import stage_queue as backend_queue
+
+        gpus = ServeCheck.objects.filter(pk=record_id).values_list("tensor_parallel_size", flat=True).first() or 1
+        return backend_queue(backend="vllm", gpus=gpus)
+    return STAGES_BY_NAME[job_name].queue
+
+
+def _deliver(pending_id: int) -> bool:
+    """Send one outbox row's message; True once sent (and the row gone). Never raises for the broker."""
+    with transaction.atomic():
+        row = PendingEnqueue.objects.select_for_update(skip_locked=True).filter(pk=pending_id).first()
+        if row is None:
+            return False
+        try:
+            _send(row.kind, row.object_id)
+        except Exception as exc:  # noqa: BLE001 - any broker failure: keep the row, say why, retry later
+            logger.warning("could not hand %s %s to the broker (%s); will retry", row.kind, row.object_id, exc)
+            PendingEnqueue.objects.filter(pk=row.pk).update(attempts=row.attempts + 1, last_error=str(exc)[:2000])
+            return False
+        row.delete()
+        return True
+
+
+def _enqueue_after_commit(kind: str, object_id: int) -> None:
+    row = PendingEnqueue.objects.create(kind=kind, object_id=object_id)
+    transaction.on_commit(lambda: _deliver(row.pk))
+
+
+def pipeline_enqueue(*, run_id: int) -> None:
+    """After the caller's transaction commits, hand the run's chain to the workers."""
+    _enqueue_after_commit(PendingEnqueue.Kind.PIPELINE, run_id)
+
+
+def evaluation_enqueue(*, evaluation_id: int) -> None:
+    _enqueue_after_commit(PendingEnqueue.Kind.EVALUATION, evaluation_id)
+
+
+def job_enqueue(*, job_name: str, record_id: int) -> None:
+    """After the caller's transaction commits, hand a job's row (runs.pipeline.stages.JOBS) to a worker."""
+    _enqueue_after_commit(job_name, record_id)
+
+
+def outbox_flush() -> int:
+    """Send what a broker outage left in the outbox; how many were sent."""
+    stale = PendingEnqueue.objects.filter(created_at__lt=timezone.now() - RETRY_AFTER).values_list("pk", flat=True)
+    return sum(_deliver(pk) for pk in list(stale))
+
+
+def pending_enqueue(*, kind: str, object_id: int) -> PendingEnqueue | None:
+    return PendingEnqueue.objects.filter(kind=kind, object_id=object_id).first()
+
+
+def run_waiting_for_queue(*, run_id: int) -> PendingEnqueue | None:
+    """The run's hand-over the broker refused (kept for the workers to retry), or None."""
+    return PendingEnqueue.objects.filter(kind=PendingEnqueue.Kind.PIPELINE, object_id=run_id, attempts__gt=0).first()

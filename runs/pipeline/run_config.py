@@ -1,0 +1,157 @@
+"""The knobs of one pipeline run, validated the same way for the form, the CLI and the API."""
+from __future__ import annotations
+
+import math
+import unicodedata
+from dataclasses import asdict, dataclass, field
+
+from workers.stages.backends import BACKENDS_BY_NAME, EXTRACTION_BACKENDS, MAX_GPUS, TRAINING_BACKENDS
+from workers.stages.errors import InputError
+from workers.stages.target import MAX_NUM_LAYERS
+
+# Bounds shared by the form, the CLI and the API (the form's fields use the same numbers).
+MAX_NAME_CHARS = 200  # PipelineRun.name's column
+MAX_LAYER_IDS = MAX_NUM_LAYERS + 1  # ids 0..N of the largest target a registration accepts
+MAX_LAYER_IDS_TEXT = 10_000  # characters of a typed layer-id list
+MIN_SEQ_LEN, MAX_SEQ_LEN = 16, 131_072  # tokens per prepared row; long-context targets top out at 128k
+MAX_SAMPLES = 2**31 - 1  # conversations taken from a dataset (a 32-bit count)
+MAX_DRAFT_VOCAB = 1_000_000  # never more than the target's own vocabulary either
+MAX_EPOCHS = 1000
+MAX_TTT_STEPS = 10
+MIN_TOKENS_PER_STEP, MAX_TOKENS_PER_STEP = 16, 1_048_576
+MAX_SEED = 2**32 - 1
+MAX_EVAL_PROMPTS = 1000
+MAX_EVAL_NEW_TOKENS = 4096
+
+INT_FIELDS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "seed",
+              "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus")
+FLOAT_FIELDS = ("lr", "val_fraction")
+
+
+class RunConfigError(InputError):
+    """A setting that cannot be used; `field` names it when one field is to blame (the form marks it)."""
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+def check_run_name(name: object) -> str:
+    """A run's display name: a string of at most MAX_NAME_CHARS printable characters (stripped)."""
+    if not isinstance(name, str):
+        raise RunConfigError(f"name must be text, got {type(name).__name__}")
+    name = name.strip()
+    if len(name) > MAX_NAME_CHARS:
+        raise RunConfigError(f"name is {len(name)} characters long; at most {MAX_NAME_CHARS} are allowed")
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
+        raise RunConfigError("name may not hold control characters (newlines, tabs, NUL)")
+    return name
+
+
+def check_layer_ids(layer_ids: object) -> list[int]:
+    """A list of at most MAX_LAYER_IDS integers 0..MAX_NUM_LAYERS (the target checks its own range later)."""
+    if not isinstance(layer_ids, (list, tuple)):
+        raise RunConfigError(f"layer_ids must be a list of integers, got {type(layer_ids).__name__}")
+    if len(layer_ids) > MAX_LAYER_IDS:
+        raise RunConfigError(f"layer_ids lists {len(layer_ids)} ids; at most {MAX_LAYER_IDS} are allowed")
+    for i in layer_ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise RunConfigError(f"layer_ids must be integers, got {str(i)[:40]!r}")
+        if not 0 <= i <= MAX_NUM_LAYERS:
+            raise RunConfigError(f"layer_ids must lie between 0 and {MAX_NUM_LAYERS}, got {str(i)[:40]}")
+    return list(layer_ids)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    layer_ids: list[int] = field(default_factory=list)  # empty: EAGLE-3 default of the target
+    max_seq_len: int = 512
+    max_samples: int | None = None
+    draft_vocab_size: int = 1024
+    epochs: int = 2
+    lr: float = 3e-4
+    ttt_steps: int = 3
+    val_fraction: float = 0.1  # share of rows held out, whole conversations at a time
+    seed: int = 0  # the train/validation split and the draft's initialisation
+    max_tokens_per_step: int | None = None  # packing budget; raised to the longest row; None: 512 or the longest
+    eval_prompts: int = 32  # held-out conversations decoded to measure acceptance
+    eval_max_new_tokens: int = 64
+    # Where extraction and training run (workers.stages.backends); what a live worker can run is
+    # checked at launch (runs.fleet.selectors.launch_refusals).
+    extraction_backend: str = "transformers"  # or "vllm"
+    training_backend: str = "eagle3web"  # our loop (workers/stages/train.py), or "speculators" under torchrun
+    tensor_parallel_size: int = 1  # GPUs for extraction: vLLM's TP size, or transformers' device_map spread
+    train_gpus: int = 1  # GPUs for training: torchrun --nproc-per-node for speculators; our loop uses one
+    # After measuring acceptance, vLLM itself serves the best checkpoint and counts it (runs.pipeline.job_models.ServeCheck).
+    serve_check: bool = False
+
+    def __post_init__(self) -> None:
+        for name, known in (("extraction_backend", EXTRACTION_BACKENDS), ("training_backend", TRAINING_BACKENDS)):
+            value = getattr(self, name)
+            if value not in known:
+                raise RunConfigError(f"{name} must be one of {', '.join(known)}, got {str(value)[:40]!r}", field=name)
+        if not isinstance(self.serve_check, bool):
+            raise RunConfigError(f"serve_check must be true or false, got {str(self.serve_check)[:40]!r}",
+                                 field="serve_check")
+        for name in INT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise RunConfigError(f"{name} must be a whole number, got {str(value)[:40]!r}", field=name)
+        for name in FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise RunConfigError(f"{name} must be a finite number, got {str(value)[:40]!r}", field=name)
+        for name in ("max_seq_len", "draft_vocab_size", "epochs", "lr", "ttt_steps", "val_fraction", "seed",
+                     "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus"):
+            if getattr(self, name) is None:
+                raise RunConfigError(f"{name} is required", field=name)
+        object.__setattr__(self, "layer_ids", check_layer_ids(self.layer_ids))
+        checks = [
+            ("max_seq_len", MIN_SEQ_LEN <= self.max_seq_len <= MAX_SEQ_LEN,
+             f"max_seq_len must be between {MIN_SEQ_LEN} and {MAX_SEQ_LEN}, got {self.max_seq_len}"),
+            ("max_samples", self.max_samples is None or 2 <= self.max_samples <= MAX_SAMPLES,
+             f"max_samples must be between 2 and {MAX_SAMPLES}, got {self.max_samples}"),
+            ("draft_vocab_size", 2 <= self.draft_vocab_size <= MAX_DRAFT_VOCAB,
+             f"draft_vocab_size must be between 2 and {MAX_DRAFT_VOCAB}, got {self.draft_vocab_size}"),
+            ("epochs", 1 <= self.epochs <= 1000, f"epochs must be between 1 and 1000, got {self.epochs}"),
+            ("lr", 0 < self.lr < 1, f"lr must be between 0 and 1, got {self.lr}"),
+            ("ttt_steps", 1 <= self.ttt_steps <= 10, f"ttt_steps must be between 1 and 10, got {self.ttt_steps}"),
+            ("val_fraction", 0 < self.val_fraction < 0.5,
+             f"val_fraction must be between 0 and 0.5, got {self.val_fraction}"),
+            ("seed", 0 <= self.seed < 2**32, f"seed must be between 0 and 2**32 - 1, got {self.seed}"),
+            ("max_tokens_per_step", self.max_tokens_per_step is None or 16 <= self.max_tokens_per_step <= 1_048_576,
+             f"max_tokens_per_step must be between 16 and 1048576, got {self.max_tokens_per_step}"),
+            ("eval_prompts", 1 <= self.eval_prompts <= 1000,
+             f"eval_prompts must be between 1 and 1000, got {self.eval_prompts}"),
+            ("eval_max_new_tokens", 1 <= self.eval_max_new_tokens <= 4096,
+             f"eval_max_new_tokens must be between 1 and 4096, got {self.eval_max_new_tokens}"),
+            ("tensor_parallel_size", 1 <= self.tensor_parallel_size <= MAX_GPUS,
+             f"tensor_parallel_size must be between 1 and {MAX_GPUS}, got {self.tensor_parallel_size}"),
+            ("train_gpus", 1 <= self.train_gpus <= MAX_GPUS,
+             f"train_gpus must be between 1 and {MAX_GPUS}, got {self.train_gpus}"),
+            ("train_gpus", self.training_backend != "eagle3web" or self.train_gpus == 1,
+             f"train_gpus must be 1 with training_backend eagle3web ({BACKENDS_BY_NAME['eagle3web'].label} "
+             f"trains on one device); choose speculators to train on {self.train_gpus} GPUs"),
+        ]
+        for name, ok, message in checks:
+            if not ok:
+                raise RunConfigError(message, field=name)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_layer_ids(text: str) -> list[int]:
+    """'2, 4,5' -> [2, 4, 5]; empty text -> [] (use the target's default)."""
+    if len(text) > MAX_LAYER_IDS_TEXT:
+        raise RunConfigError(f"layer ids: {len(text)} characters is too long (at most {MAX_LAYER_IDS_TEXT})")
+    parts = [p.strip() for p in text.replace(" ", ",").split(",") if p.strip()]
+    if len(parts) > MAX_LAYER_IDS:
+        raise RunConfigError(f"layer ids: {len(parts)} given; at most {MAX_LAYER_IDS} are allowed")
+    try:
+        ids = [int(p) for p in parts if len(p) <= 12]
+    except ValueError:
+        ids = None
+    if ids is None or len(ids) != len(parts):
+        raise RunConfigError(f"layer ids must be integers separated by commas, got {text[:100]!r}") from None
+    return check_layer_ids(ids)

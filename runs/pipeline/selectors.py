@@ -1,0 +1,388 @@
+"""Reads for pages, the API and the CLI."""
+from __future__ import annotations
+
+
+from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
+from django.http import Http404
+from django.shortcuts import get_object_or_404
+
+from runs.models import (
+    Checkpoint,
+    Dataset,
+    Evaluation,
+    Extraction,
+    PipelineRun,
+    Review,
+    StageAttempt,
+    StageRecord,
+    StageStatus,
+    TargetModel,
+    Verification,
+)
+from runs.fleet.selectors import run_backends
+from runs.checkpoints.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
+from runs.pipeline.upstream_commands import run_speculators_train_command, with_serve_commands
+from runs.pipeline.stages import STAGES
+from runs.review.reviews import SUBJECTS
+
+
+def run_list() -> QuerySet[PipelineRun]:
+    return PipelineRun.objects.select_related(
+        "owner", "target", "dataset", "preparation", "extract_stage__extraction__manifest", "vocab_mapping",
+        "training_run", "evaluation"
+    )
+
+
+def run_get(*, pk: int, stages: bool = True, reviews: bool = False) -> PipelineRun:
+    """One run, with its stages joined unless `stages` is False (and its reviews when asked); 404 when
+    there is none."""
+    runs = run_list() if stages else PipelineRun.objects.all()
+    return get_object_or_404(with_reviews(runs) if reviews else runs, pk=pk)
+
+
+def run_extraction(run: PipelineRun) -> Extraction | None:
+    """The hidden states the run's extract stage wrote; None until it succeeded."""
+    return getattr(run.extract_stage, "extraction", None)
+
+
+def run_rows() -> QuerySet[PipelineRun]:
+    """What the runs list shows of each run and run_status() reads: the run with its owner, target and
+    dataset in one query, each stage's status in one query per stage. Logs, configs and histograms stay
+    in the database. One query joining the five stage tables (run_list()) spent longer in PostgreSQL's
+    planner than these six queries take together (measured: 18-28 ms against 13-20 ms for 50 runs)."""
+    shown = {"extract": ["layer_ids"], "train": ["epochs", "best_epoch"], "evaluate": ["tau"]}
+    stages = [Prefetch(stage.related_name, queryset=stage.model.objects.only(
+        "run_id", "status", *shown.get(stage.name, []))) for stage in STAGES]
+    return (PipelineRun.objects.select_related("owner", "target", "dataset")
+            .only("name", "created_at", "owner__username", "target__name", "dataset__name")
+            .prefetch_related(*stages))
+
+
+def with_reviews(queryset: QuerySet) -> QuerySet:
+    """Subjects with their reviews and each review's author: the review section of a page in one query,
+    not one per review."""
+    return queryset.prefetch_related(Prefetch("reviews", queryset=Review.objects.select_related("author")))
+
+
+def checkpoints_with_tau(queryset: QuerySet[Checkpoint]) -> QuerySet[Checkpoint]:
+    """Checkpoints with `measured` = their succeeded evaluations, newest first."""
+    done = Evaluation.objects.filter(status=StageStatus.SUCCEEDED).order_by("-id")
+    return queryset.prefetch_related(Prefetch("evaluations", queryset=done, to_attr="measured"))
+
+
+def _count(value) -> str:
+    return f"{value:,}"
+
+
+def stage_warnings(name: str, record: StageRecord) -> list[str]:
+    """What a stage dropped, cut or assumed, in words; shown beside the stage, not only in its log."""
+    warnings = []
+    if name == "prepare":
+        if record.num_excluded:
+            warnings.append(f"{_count(record.num_excluded)} conversation(s) excluded by curation")
+        if record.num_turns_dropped:
+            warnings.append(f"{_count(record.num_turns_dropped)} assistant turn(s) dropped: their context alone "
+                            f"reaches max_seq_len={record.max_seq_len}, or the chat template renders them unstably")
+        if record.num_truncated_rows:
+            warnings.append(f"{_count(record.num_truncated_rows)} row(s) cut at max_seq_len={record.max_seq_len}: "
+                            f"{_count(record.truncated_loss_tokens or 0)} supervised token(s) lost")
+        if record.num_without_assistant:
+            warnings.append(f"{_count(record.num_without_assistant)} conversation(s) gave no training row")
+    elif name == "train":
+        if record.resumed_from_step:
+            warnings.append(f"resumed from step {_count(record.resumed_from_step)} after a lost or cancelled attempt: "
+                            "the curve and checkpoints before it are the earlier attempt's")
+        available, trained = record.loss_tokens_available, record.loss_tokens_trained
+        if available is not None and trained is not None and trained < available:
+            warnings.append(f"{_count(available - trained)} of {_count(available)} supervised tokens of the train "
+                            f"split never reached the loss in the last epoch")
+        if record.rows_unusable:
+            warnings.append(f"{_count(record.rows_unusable)} row(s) too short to train on")
+        if record.split.get("by") == "row":
+            warnings.append("validation split by row: the prepared rows carry no conversation ids, so validation "
+                            "rows may share a conversation with training rows")
+    elif name == "evaluate" and record.output_matches_greedy is False:
+        warnings.append(f"the draft changed the decoded text on {len(record.mismatched_prompts)} prompt(s); "
+                        "speculative decoding must equal greedy decoding")
+    return warnings
+
+
+def run_stages(run: PipelineRun) -> list[tuple[str, str, StageRecord]]:
+    return [(stage.name, stage.label, getattr(run, stage.related_name)) for stage in STAGES]
+
+
+# The whole run's status from its stages': the first rule that holds (any stage, or every stage, has
+# that status), else RUN_STATUS_OTHERWISE. run_table.with_columns writes the same rules in SQL.
+RUN_STATUS_RULES = ((any, StageStatus.FAILED), (any, StageStatus.CANCELLED),
+                    (all, StageStatus.SUCCEEDED), (all, StageStatus.QUEUED))
+RUN_STATUS_OTHERWISE = StageStatus.RUNNING
+
+
+def run_status(run: PipelineRun) -> str:
+    """One word for the whole run, derived from its stages."""
+    statuses = [record.status for _, _, record in run_stages(run)]
+    for quantifier, status in RUN_STATUS_RULES:
+        if quantifier(s == status for s in statuses):
+            return status
+    return RUN_STATUS_OTHERWISE
+
+
+def run_is_finished(run: PipelineRun) -> bool:
+    return all(record.is_finished for _, _, record in run_stages(run))
+
+
+def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
+    entry = {
+        "name": name,
+        "label": label,
+        "status": record.status,
+        "started_at": record.started_at.isoformat() if record.started_at else None,
+        "finished_at": record.finished_at.isoformat() if record.finished_at else None,
+        "seconds": round(record.seconds, 2) if record.seconds is not None else None,
+        "progress_done": record.progress_done,
+        "progress_total": record.progress_total,
+        "progress": round(record.progress_fraction, 4),
+        "worker": record.worker,
+        "error": record.error,
+        "log_tail": record.log_tail,
+        "out_dir": record.out_dir,
+        "warnings": stage_warnings(name, record),
+    }
+    if name == "prepare":
+        entry.update({key: getattr(record, key) for key in (
+            "num_conversations", "num_rows", "num_excluded", "num_without_assistant", "num_turns_dropped",
+            "num_truncated_rows", "truncated_loss_tokens", "loss_tokens", "mask_source")})
+    elif name == "extract":
+        entry["device"] = record.device
+    elif name == "train":
+        entry.update({key: getattr(record, key) for key in (
+            "loss_tokens_available", "loss_tokens_trained", "loss_tokens_per_epoch", "tokens_per_step",
+            "rows_unusable", "split", "device", "resumed_from_step")})
+    elif name == "evaluate":
+        entry.update({"checkpoint_id": record.checkpoint_id, "device": record.device})
+    return entry
+
+
+def attempt_dict(attempt: StageAttempt) -> dict:
+    return {
+        "stage": attempt.stage,
+        "number": attempt.number,
+        "worker": attempt.worker,
+        "started_at": attempt.started_at.isoformat(),
+        "finished_at": attempt.finished_at.isoformat() if attempt.finished_at else None,
+        "seconds": round(attempt.seconds, 2),
+        "outcome": attempt.outcome,
+        "error": attempt.error,
+        "log_tail": attempt.log_tail,
+    }
+
+
+def evaluation_dict(evaluation: Evaluation | None, simulated_tau: float | None = None) -> dict:
+    fields = ("tau", "acceptance_per_position", "output_matches_greedy", "mismatched_prompts", "num_prompts",
+              "new_tokens", "verify_forwards", "num_speculative_tokens", "max_new_tokens", "spec_tokens_per_s",
+              "greedy_tokens_per_s", "speedup", "device", "prompt_source", "checkpoint_id")
+    values = {key: getattr(evaluation, key, None) for key in fields}
+    return {"id": evaluation.pk if evaluation else None,
+            "status": evaluation.status if evaluation else None, **values, "simulated_tau": simulated_tau}
+
+
+def run_summary(run: PipelineRun) -> dict:
+    """What the CLI prints and the run page polls: ids, stage states, totals, paths.
+
+    `run` should come from run_list(), which joins every stage in one query."""
+    prep, extract, vocab, training, evaluation = (record for _, _, record in run_stages(run))
+    extraction = run_extraction(run)
+    manifest = getattr(extraction, "manifest", None)
+    checkpoints = with_usability(with_serve_commands(checkpoints_with_tau(training.checkpoints.all()),
+                                                     verifier=run.target.path))
+    evaluated = next((c for c in checkpoints if c.pk == evaluation.checkpoint_id), None)
+    return {
+        "run_id": run.pk,
+        "name": str(run),
+        "status": run_status(run),
+        "finished": run_is_finished(run),
+        # The target is named by its config.json: a directory with weights in a summary reads as a
+        # checkpoint to the reviewers' checker, and the only checkpoints here are the draft's.
+        "target": {"id": run.target_id, "name": run.target.name,
+                   "config_path": f"{run.target.path}/config.json", "num_layers": run.target.num_layers,
+                   "hidden_size": run.target.hidden_size, "vocab_size": run.target.vocab_size},
+        "dataset": {"id": run.dataset_id, "path": run.dataset.path},
+        "config": run.config,
+        "backends": run_backends(config=run.config),
+        "output_dir": run.output_dir,
+        "speculators_train_command": run_speculators_train_command(run=run, vocab=vocab, extraction=extraction),
+        # "extraction" is the artifact (None until the extract stage succeeded), "extract_stage" its execution.
+        "ids": {"preparation": prep.pk, "extract_stage": extract.pk,
+                "extraction": extraction.pk if extraction else None, "vocab_mapping": vocab.pk,
+                "training_run": training.pk, "evaluation": evaluation.pk},
+        "stages": [_stage_dict(name, label, record) for name, label, record in run_stages(run)],
+        "tokens": {
+            "conversations": prep.num_conversations,
+            "rows": prep.num_rows,
+            "total_tokens": prep.total_tokens,
+            "loss_tokens": prep.loss_tokens,
+            "length_histogram": prep.length_histogram,
+            "extracted_tokens": extraction.total_tokens if extraction else None,
+            "vocab_coverage": vocab.coverage,
+            "train_tokens": training.train_tokens,
+        },
+        "extraction": {
+            "id": extraction.pk if extraction else None,
+            "url": extraction.get_absolute_url() if extraction else None,
+            "layer_ids": extraction.layer_ids if extraction else extract.layer_ids,
+            "hidden_states_dir": f"{extraction.path}/hidden_states" if extraction else None,
+            "tokens_per_second": extract.tokens_per_second,
+            "model_load_seconds": extract.model_load_seconds,
+            "bytes_per_token": extraction.bytes_per_token if extraction else None,
+            "floor_bytes_per_token": extraction.floor_bytes_per_token if extraction else None,
+        },
+        "manifest_path": manifest.path if manifest else None,
+        "vocab": {"d2t_path": vocab.d2t_path or None, "t2d_path": vocab.t2d_path or None},
+        "training": {"steps": training.steps, "tokens_per_second": training.tokens_per_second,
+                     "best_epoch": training.best_epoch, "split": training.split,
+                     "loss_tokens_available": training.loss_tokens_available,
+                     "loss_tokens_trained": training.loss_tokens_trained},
+        "attempts": [attempt_dict(a) for a in run.attempts.all()],
+        "acceptance": evaluation_dict(evaluation, evaluated.simulated_tau if evaluated else None),
+        "serve_check": serve_check_dict(run_serve_check(evaluation_id=evaluation.pk)),
+        "checkpoints": [
+            {"id": c.pk, "url": c.get_absolute_url(), "epoch": c.epoch, "path": c.path,
+             "train_loss": c.train_loss, "val_loss": c.val_loss,
+             "is_best": c.is_best, "val_metrics": c.val_metrics, "simulated_tau": c.simulated_tau,
+             "tau": c.measured[0].tau if c.measured else None, "serve_command": c.serve_command,
+             "usable": not c.unusable_why, "unusable_why": c.unusable_why}
+            for c in checkpoints
+        ],
+    }
+
+
+def checkpoint_best(run: PipelineRun) -> Checkpoint | None:
+    return Checkpoint.objects.filter(training_run__run=run, is_best=True).first()
+
+
+def target_layers(*, target, layer_ids: list[int]) -> list[dict]:
+    """Each hidden-state index of the target, marked when captured or an EAGLE-3 default."""
+    captured, default = set(layer_ids), set(target.default_layer_ids)
+    return [
+        {
+            "index": i,
+            "captured": i in captured,
+            "default": i in default,
+            "label": "embeddings" if i == 0 else ("final" if i == target.num_layers else f"layer {i}"),
+        }
+        for i in range(target.num_layers + 1)
+    ]
+
+
+def extraction_list() -> QuerySet[Extraction]:
+    return Extraction.objects.select_related(
+        "target", "produced_by__run__preparation", "imported_by", "manifest").order_by("-id")
+
+
+def extraction_get(*, pk: int, reviews: bool = False) -> Extraction:
+    """One extraction with its target, provenance and manifest (and reviews when asked); 404 when none."""
+    extractions = extraction_list()
+    return get_object_or_404(with_reviews(extractions) if reviews else extractions, pk=pk)
+
+
+def extraction_list_verified() -> QuerySet[Extraction]:
+    """extraction_list() with `verified`: the latest verification's verdict (None when never verified),
+    read in the list's own query rather than one query per row."""
+    latest = Verification.objects.filter(extraction=OuterRef("pk")).order_by("-created_at", "-id")
+    return extraction_list().annotate(verified=Subquery(latest.values("passed")[:1]))
+
+
+def extraction_summary(extraction: Extraction) -> dict:
+    """What import_extraction and verify_extraction print: the row and its latest verification."""
+    verification = extraction.latest_verification
+    return {
+        "extraction_id": extraction.pk,
+        "directory": extraction.path,
+        "layout": extraction.layout,
+        "produced_by_run": extraction.produced_by.run_id if extraction.produced_by_id else None,
+        "imported_by": extraction.imported_by.get_username() if extraction.imported_by_id else None,
+        "imported_at": extraction.imported_at.isoformat() if extraction.imported_at else None,
+        "target": {"id": extraction.target_id, "config_path": f"{extraction.target.path}/config.json"},
+        "layer_ids": extraction.layer_ids,
+        "layer_id_convention": extraction.layer_id_convention,
+        "num_samples": extraction.num_samples,
+        "total_tokens": extraction.total_tokens,
+        "hidden_size": extraction.hidden_size,
+        "verification": None if verification is None else {
+            "id": verification.pk,
+            "full": verification.full,
+            "passed": verification.passed,
+            "seconds": round(verification.seconds, 3),
+            "checks": verification.checks,
+            "failures": [f"{c['name']}: {c['message']}" for c in verification.failures],
+        },
+    }
+
+
+def extraction_forecast(extraction: Extraction, token_counts=(10**6, 10**8, 10**9)) -> dict | None:
+    """Time and disk that N tokens would take, from the load time and per-token time its extract stage
+    measured and its bytes per token; None until all three are known (never for an import)."""
+    stage = extraction.produced_by
+    if stage is None:
+        return None
+    load, tps, bpt = stage.model_load_seconds, stage.tokens_per_second, extraction.bytes_per_token
+    if load is None or not tps or not bpt:
+        return None
+    rows = [
+        {
+            "tokens": n,
+            "seconds": load + n / tps,
+            "bytes": n * bpt,
+            "arithmetic": f"{load:.2f} s + {n:,} / {tps:,.0f} tok/s; {n:,} x {bpt:,.1f} B",
+        }
+        for n in token_counts
+    ]
+    return {"model_load_seconds": load, "tokens_per_second": tps, "bytes_per_token": bpt, "rows": rows}
+
+
+def checkpoint_get(*, pk: int, reviews: bool = False) -> Checkpoint:
+    """One checkpoint with its run and target (and reviews when asked); 404 when none."""
+    checkpoints = Checkpoint.objects.select_related("training_run__run__target", "imported_by")
+    return get_object_or_404(with_reviews(checkpoints) if reviews else checkpoints, pk=pk)
+
+
+def dataset_get(*, pk: int) -> Dataset:
+    return get_object_or_404(Dataset, pk=pk)
+
+
+def dataset_list() -> QuerySet[Dataset]:
+    return Dataset.objects.all()
+
+
+def dataset_preparations(dataset: Dataset, limit: int = 50) -> list:
+    return list(dataset.preparations.select_related("run").order_by("-id")[:limit])
+
+
+def target_list() -> QuerySet[TargetModel]:
+    return TargetModel.objects.all()
+
+
+def target_by_path(path: str) -> TargetModel | None:
+    return TargetModel.objects.filter(path=path).first()
+
+
+def review_subject_get(*, subject: str, pk: int):
+    """The run, extraction or checkpoint a review is about; 404 for an unknown kind or id."""
+    model = SUBJECTS.get(subject)
+    if model is None:
+        raise Http404(f"nothing to review called {subject!r}")
+    return get_object_or_404(model, pk=pk)
+
+
+def launch_copy_initial(*, run_id: str) -> dict | None:
+    """The launch form's values for "launch a copy" of a run: its paths and every setting it ran with."""
+    if not (run_id.isascii() and run_id.isdigit()) or len(run_id) > 18:
+        return None
+    run = PipelineRun.objects.select_related("target", "dataset").filter(pk=int(run_id)).first()
+    if run is None:
+        return None
+    config = dict(run.config or {})
+    initial = {key: value for key, value in config.items() if value is not None}
+    initial["layer_ids"] = ", ".join(str(i) for i in config.get("layer_ids") or [])
+    initial.update(name=f"copy of {run}"[:200], target_path=run.target.path, dataset_path=run.dataset.path)
+    return initial

@@ -1,0 +1,203 @@
+"""Writes that users start: registering targets and datasets, launching and cancelling runs."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from runs.models import (
+    FINISHED_STATUSES,
+    Dataset,
+    Evaluation,
+    ExtractStage,
+    PipelineRun,
+    Preparation,
+    StageStatus,
+    TargetModel,
+    TrainingRun,
+    VocabMapping,
+)
+from runs.fleet.fit import host_refusals, serve_check_refusal
+from runs.fleet.selectors import launch_refusals, stage_refusals, workers_live
+from runs.data.paths import check_under_data_roots
+from runs.pipeline.queue import pipeline_enqueue
+from runs.roles import require
+from runs.pipeline.run_config import RunConfig, RunConfigError, check_run_name
+from runs.pipeline.stages import STAGES
+from workers.stages.chats import read_conversations
+from workers.stages.target import read_target_json, target_config_from, target_weight_bytes, validate_layer_ids
+
+
+def target_register(*, path: str | Path) -> TargetModel:
+    """Record (or refresh) a target from its config.json; the path must lie under the data roots."""
+    resolved = check_under_data_roots(path, kind="target directory")
+    if not resolved.is_dir():
+        raise RunConfigError(f"target directory {resolved} is not a directory")
+    raw = read_target_json(resolved)  # read once: what is checked is what is stored
+    cfg = target_config_from(raw, path=resolved / "config.json")
+    target, _ = TargetModel.objects.update_or_create(
+        path=str(resolved),
+        defaults={
+            "name": resolved.name,
+            "architecture": cfg.architecture,
+            "model_type": cfg.model_type,
+            "num_layers": cfg.num_layers,
+            "hidden_size": cfg.hidden_size,
+            "vocab_size": cfg.vocab_size,
+            "nested_text_config": cfg.nested_text_config,
+            "config": raw,
+        },
+    )
+    return target
+
+
+# What registering a dataset reads before answering: enough to refuse a file that is not a chat file
+# (the first conversations), bounded so that a multi-GB file costs the request no more than this.
+# The whole file is catalogued by a worker (runs.pipeline.job_services.dataset_catalogue_request).
+HEAD_CHECK_CONVERSATIONS = 1000
+HEAD_CHECK_BYTES = 32 * 1024 * 1024
+
+
+class _HeadRead(Exception):
+    pass
+
+
+def dataset_check_head(path: Path) -> int:
+    """Read the file's first conversations (up to the bounds above); a bad line raises naming file and
+    line. Returns how many were read."""
+    count = 0
+
+    def bounded(pos: int) -> None:
+        if pos >= HEAD_CHECK_BYTES:  # checked per line read, blank ones included
+            raise _HeadRead
+
+    try:
+        for _ in read_conversations(path, on_position=bounded):
+            count += 1
+            if count >= HEAD_CHECK_CONVERSATIONS:
+                break
+    except _HeadRead:
+        pass
+    return count
+
+
+def dataset_register(*, path: str | Path) -> Dataset:
+    """Record a chat file after checking its first conversations; a new or changed file is then
+    catalogued in full by a worker, after the caller's transaction commits."""
+    from runs.pipeline.job_services import dataset_catalogue_request
+
+    resolved = check_under_data_roots(path, kind="dataset file")
+    if not resolved.is_file():
+        raise RunConfigError(f"dataset {resolved} is not a file (give a .jsonl chat file)")
+    dataset_check_head(resolved)
+    size = resolved.stat().st_size
+    dataset, created = Dataset.objects.get_or_create(path=str(resolved), defaults={"name": resolved.name})
+    if created or dataset.size_bytes != size:
+        dataset.size_bytes = size
+        dataset.save(update_fields=["size_bytes"])
+        dataset_catalogue_request(dataset=dataset)
+    return dataset
+
+
+@transaction.atomic
+def run_launch(
+    *,
+    user: AbstractBaseUser,
+    target_path: str | Path,
+    dataset_path: str | Path,
+    config: RunConfig,
+    name: str = "",
+    enqueue: bool = True,
+    check: str = "fleet",
+) -> PipelineRun:
+    """Create a run and its five stage rows; after commit, hand the run's id to the workers.
+
+    `check` says who must be able to run the chosen backends: "fleet", the live workers (the stages
+    go to their queues); "this_host", this host by its own probe, for stages run in this process
+    (run_pipeline --inline), whatever the live workers can or cannot run."""
+    require(user, "launch")
+    if check not in ("fleet", "this_host"):
+        raise ValueError(f"check must be 'fleet' or 'this_host', got {check!r}")
+    name = check_run_name(name)
+    target = target_register(path=target_path)
+    # Rolled back with the target's row when refused: nothing stored.
+    weight_bytes = target_weight_bytes(Path(target.path))
+    refusals = (launch_refusals(config=config, weight_bytes=weight_bytes) if check == "fleet"
+                else host_refusals(config=config, weight_bytes=weight_bytes))
+    if not refusals and (why := serve_check_refusal(config=config, live=list(workers_live()) if check == "fleet"
+                                                    else None)):
+        refusals = [why]
+    if refusals:  # refused now rather than left in a queue that no live worker takes, or failed at extract
+        field, why = refusals[0]
+        raise RunConfigError(why, field=field)
+    dataset = dataset_register(path=dataset_path)
+    layer_ids = list(config.layer_ids or target.default_layer_ids)
+    if layer_ids and layer_ids[-1] != target.num_layers:
+        # The draft learns from the final hidden state, so it is always captured after the aux layers.
+        layer_ids.append(target.num_layers)
+    layer_ids = validate_layer_ids(layer_ids, target.num_layers)
+    if config.draft_vocab_size > target.vocab_size:
+        raise RunConfigError(
+            f"draft_vocab_size {config.draft_vocab_size} is larger than the target's vocabulary ({target.vocab_size})"
+        )
+    config = replace(config, layer_ids=layer_ids)
+    run = PipelineRun.objects.create(
+        owner=user, name=name, target=target, dataset=dataset, config=config.as_dict()
+    )
+    run.output_dir = str(settings.EAGLE3WEB_RUNS_DIR / f"run-{run.pk}")
+    run.save(update_fields=["output_dir"])
+    Preparation.objects.create(run=run, dataset=dataset, max_seq_len=config.max_seq_len)
+    ExtractStage.objects.create(run=run, target=target, layer_ids=layer_ids)
+    VocabMapping.objects.create(
+        run=run, draft_vocab_size=config.draft_vocab_size, target_vocab_size=target.vocab_size
+    )
+    TrainingRun.objects.create(run=run, epochs=config.epochs, lr=config.lr, ttt_steps=config.ttt_steps)
+    Evaluation.objects.create(run=run, requested_by=user, max_prompts=config.eval_prompts,
+                              max_new_tokens=config.eval_max_new_tokens)
+    if enqueue:
+        pipeline_enqueue(run_id=run.pk)
+    return run
+
+
+@transaction.atomic
+def run_cancel(*, run: PipelineRun, user: AbstractBaseUser) -> int:
+    """Mark every unfinished stage cancelled; a running stage notices at its next progress report."""
+    require(user, "cancel")
+    now = timezone.now()
+    cancelled = 0
+    for stage in STAGES:
+        cancelled += stage.model.objects.filter(run=run).exclude(status__in=FINISHED_STATUSES).update(
+            status=StageStatus.CANCELLED, finished_at=now, error=f"cancelled by {user.get_username()}"
+        )
+    return cancelled
+
+
+@transaction.atomic
+def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
+    """Queue a run's failed and cancelled stages again; stages that succeeded are kept and skipped.
+    Refused, saying why, when no live worker takes a stage it would queue (its backend's worker went
+    away, say): queued again, it would wait there for ever."""
+    require(user, "launch")
+    again = [stage.name for stage in STAGES if stage.model.objects.filter(
+        run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).exists()]
+    refusals = stage_refusals(config=run.config or {}, stage_names=again,
+                              weight_bytes=target_weight_bytes(Path(run.target.path)))
+    if refusals:
+        raise RunConfigError(f"{run} cannot be retried now: {refusals[0][1]}. Start a worker that takes it, or "
+                             "launch a copy with another backend.", field=refusals[0][0])
+    reset = 0
+    now = timezone.now()
+    for stage in STAGES:
+        # queued_at is set on create only (auto_now_add): a retried stage joins the back of its queue
+        # now, and the workers page orders each queue by it.
+        reset += stage.model.objects.filter(run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).update(
+            status=StageStatus.QUEUED, error="", started_at=None, finished_at=None, progress_done=0, progress_total=0,
+            queued_at=now,
+        )
+    if reset:
+        pipeline_enqueue(run_id=run.pk)
+    return reset

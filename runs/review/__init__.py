@@ -1,0 +1,1 @@
+"""People's notes on runs: reviews and tags."""

@@ -1,0 +1,1 @@
+"""Training curves (series kept in chunks, the curves API), the runs list and run comparison."""

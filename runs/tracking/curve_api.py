@@ -1,0 +1,123 @@
+"""JSON endpoints of training curves: chart windows and full-resolution exports.
+
+`GET /api/runs/<id>/metrics/?keys=loss_0,full_acc_0&split=train&start=S&end=E&points=N` answers at
+most N points per series over steps S..E (MinMaxLTTB, see runs.tracking.curves), each series with its
+summary; a live page asks again from its series' `last_step` + 1. Every parameter is checked; a bad
+one is a 400 naming it."""
+from __future__ import annotations
+
+import json
+import re
+
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+
+from runs.tracking import curves
+from workers.stages.errors import InputError
+
+MAX_STEP = 2**62
+KEY_RE = re.compile(r"[A-Za-z0-9_.\-/]{1,50}")
+SPLITS = ("", "train", "val")
+
+
+def _int(request: HttpRequest, name: str, *, low: int, high: int, default: int | None) -> int | None:
+    text = request.GET.get(name, "")
+    if text == "":
+        return default
+    if len(text) > 20 or not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise InputError(f"{name} must be an integer from {low} to {high}, got {text[:40]!r}")
+    return int(text)
+
+
+def _split(request: HttpRequest) -> str:
+    split = request.GET.get("split", "")
+    if split not in SPLITS:
+        raise InputError(f"split must be train or val (or empty for both), got {split[:40]!r}")
+    return split
+
+
+def _keys(text: str) -> tuple[str, ...]:
+    keys = tuple(k for k in text.split(",") if k) if text else ()
+    if len(keys) > curves.MAX_KEYS:
+        raise InputError(f"keys names {len(keys)} series; at most {curves.MAX_KEYS} per request")
+    for key in keys:
+        if not KEY_RE.fullmatch(key):
+            raise InputError(f"keys: {key[:60]!r} is not a metric name (letters, digits, _ . - /, at most 50)")
+    return keys
+
+
+QUERY_PARAMS = ("keys", "split", "start", "end", "points")
+
+
+def curve_query(request: HttpRequest) -> curves.CurveQuery:
+    unknown = sorted(set(request.GET) - set(QUERY_PARAMS))
+    if unknown:
+        # An old client's `after` would otherwise be ignored and get every point again.
+        raise InputError(f"unknown parameter {unknown[0][:40]!r} (known: {', '.join(QUERY_PARAMS)})")
+    start = _int(request, "start", low=0, high=MAX_STEP, default=None)
+    end = _int(request, "end", low=0, high=MAX_STEP, default=None)
+    if start is not None and end is not None and end < start:
+        raise InputError(f"end ({end}) is before start ({start})")
+    return curves.CurveQuery(
+        keys=_keys(request.GET.get("keys", "")), split=_split(request), start=start, end=end,
+        points=_int(request, "points", low=3, high=curves.MAX_POINTS, default=curves.DEFAULT_POINTS),
+    )
+
+
+def run_metrics(request: HttpRequest, pk: int) -> JsonResponse:
+    owner = curves.curve_owner(run_id=pk)
+    try:
+        query = curve_query(request)
+    except InputError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    series = ([] if owner.training_run_id is None
+              else curves.curve_window(training_run_id=owner.training_run_id, query=query))
+    return JsonResponse({"run": owner.run_id, "start": query.start, "end": query.end, "points": query.points,
+                         "series": series})
+
+
+def _csv_rows(points_iter):
+    yield "step,epoch,value,time\n"
+    for points in points_iter:
+        yield "".join(f"{s},{e!r},{v!r},{t!r}\n" for s, e, v, t in
+                      zip(points.steps.tolist(), points.epochs.tolist(), points.values.tolist(), points.times.tolist()))
+
+
+def _json_rows(series_head: dict, points_iter):
+    yield json.dumps(series_head)[:-1] + ', "points": ['
+    first = True
+    for points in points_iter:
+        rows = zip(points.steps.tolist(), points.epochs.tolist(), points.values.tolist(), points.times.tolist())
+        # NaN and infinities are kept: JSON has no literal for them, so they travel as strings.
+        text = ",".join(json.dumps([s, e, v if v == v and abs(v) != float("inf") else str(v), t]) for s, e, v, t in rows)
+        if text:
+            yield ("" if first else ",") + text
+            first = False
+    yield "]}"
+
+
+def run_metrics_export(request: HttpRequest, pk: int):
+    """One series at full resolution: `?key=loss_0&split=train&format=csv|json`."""
+    owner = curves.curve_owner(run_id=pk)
+    try:
+        keys = _keys(request.GET.get("key", ""))
+        split = _split(request)
+        fmt = request.GET.get("format", "csv")
+        if len(keys) != 1 or not split:
+            raise InputError("export names one series: key=<metric> and split=train or val")
+        if fmt not in ("csv", "json"):
+            raise InputError(f"format must be csv or json, got {fmt[:20]!r}")
+        series = curves.curve_series(training_run_id=owner.training_run_id or 0,
+                                     query=curves.CurveQuery(keys=keys, split=split)).first()
+        if series is None:
+            raise InputError(f"run {owner.run_id} has no {split} series {keys[0]!r}")
+    except InputError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    name = f"run{owner.run_id}-{split}-{series.key}.{fmt}"
+    chunks = curves.series_chunks(series=series)
+    if fmt == "csv":
+        response = StreamingHttpResponse(_csv_rows(chunks), content_type="text/csv")
+    else:
+        head = {"run": owner.run_id, **curves.series_summary(series), "columns": ["step", "epoch", "value", "time"]}
+        response = StreamingHttpResponse(_json_rows(head, chunks), content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response

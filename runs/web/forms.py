@@ -1,0 +1,161 @@
+from __future__ import annotations
+
+import unicodedata
+
+from django import forms
+
+from runs.fleet.fit import BackendOption
+from runs.data.paths import MAX_PATH_CHARS
+from runs.pipeline.run_config import (
+    MAX_DRAFT_VOCAB,
+    MAX_EPOCHS,
+    MAX_EVAL_NEW_TOKENS,
+    MAX_EVAL_PROMPTS,
+    MAX_NAME_CHARS,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_SEQ_LEN,
+    MAX_TOKENS_PER_STEP,
+    MAX_TTT_STEPS,
+    MIN_SEQ_LEN,
+    MIN_TOKENS_PER_STEP,
+    RunConfig,
+    RunConfigError,
+    check_run_name,
+    parse_layer_ids,
+)
+from workers.stages.backends import BACKENDS, MAX_GPUS
+
+
+class BackendSelect(forms.Select):
+    """A select whose backends no live worker can run are shown, disabled, with the reason."""
+
+    def __init__(self, *args, disabled: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.disabled = disabled or {}
+
+    def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
+        option = super().create_option(name, value, label, selected, index, subindex, attrs)
+        if value in self.disabled:
+            # A selected option stays enabled (a copied run's backend, say): a browser leaves a disabled
+            # one out of the form, which would then launch the default backend without a word.
+            # Submitted, it is refused at its field with the same reason.
+            option["attrs"]["disabled"] = not selected
+            option["label"] = f"{label} (not available: {self.disabled[value]})"
+        return option
+
+
+def _backend_choices(stage: str) -> list[tuple[str, str]]:
+    return [(b.name, b.label) for b in BACKENDS if b.stage == stage]
+
+
+class LaunchForm(forms.Form):
+    name = forms.CharField(max_length=MAX_NAME_CHARS, required=False, help_text="Optional; shown in the runs list.")
+    target_path = forms.CharField(
+        max_length=MAX_PATH_CHARS, label="Target model directory",
+        help_text="A Hugging Face model directory (config.json, weights, tokenizer) under the data roots.",
+    )
+    dataset_path = forms.CharField(
+        max_length=MAX_PATH_CHARS, label="Chat dataset (JSONL)",
+        help_text="ShareGPT `conversations` or OpenAI-style `messages`, one conversation per line.",
+    )
+    layer_ids = forms.CharField(
+        max_length=200, required=False, label="Layer ids",
+        help_text="Hidden-state indices to capture (0 = embeddings). The final hidden state N is "
+        "always added last. Empty: EAGLE-3's default [2, N//2, N-3] + N.",
+    )
+    max_seq_len = forms.IntegerField(min_value=MIN_SEQ_LEN, max_value=MAX_SEQ_LEN, initial=512)
+    max_samples = forms.IntegerField(min_value=2, max_value=MAX_SAMPLES, required=False, help_text="Empty: every conversation.")
+    draft_vocab_size = forms.IntegerField(min_value=2, max_value=MAX_DRAFT_VOCAB, initial=1024)
+    epochs = forms.IntegerField(min_value=1, max_value=MAX_EPOCHS, initial=2)
+    lr = forms.FloatField(min_value=1e-7, max_value=0.5, initial=3e-4, label="Learning rate")
+    ttt_steps = forms.IntegerField(min_value=1, max_value=MAX_TTT_STEPS, initial=3, label="TTT steps")
+    max_tokens_per_step = forms.IntegerField(
+        min_value=MIN_TOKENS_PER_STEP, max_value=MAX_TOKENS_PER_STEP, required=False, label="Tokens per training step",
+        help_text="Rows are packed up to this many tokens per step. Never shorter than the longest "
+        "prepared row (raised to it, so no row is cut). Empty: 512 or the longest row.")
+    val_fraction = forms.FloatField(
+        min_value=0.01, max_value=0.49, initial=0.1, required=False, label="Validation fraction",
+        help_text="Share of rows held out, whole conversations at a time.")
+    seed = forms.IntegerField(min_value=0, max_value=MAX_SEED, initial=0, required=False,
+                              help_text="Fixes the train/validation split and the draft's initialisation.")
+    eval_prompts = forms.IntegerField(
+        min_value=1, max_value=MAX_EVAL_PROMPTS, initial=32, required=False, label="Acceptance prompts",
+        help_text="Held-out conversations decoded with the draft to measure acceptance length.")
+    eval_max_new_tokens = forms.IntegerField(min_value=1, max_value=MAX_EVAL_NEW_TOKENS, initial=64, required=False,
+                                             label="New tokens per prompt")
+    extraction_backend = forms.ChoiceField(choices=_backend_choices("extract"), initial="transformers", required=False,
+                                           label="Extraction backend", widget=BackendSelect)
+    tensor_parallel_size = forms.IntegerField(
+        min_value=1, max_value=MAX_GPUS, initial=1, required=False, label="Extraction GPUs",
+        help_text="vLLM's tensor-parallel size, or how many GPUs Transformers spreads the target over. "
+        "Transformers and eagle3web's loop run on the CPU on a worker without a GPU.")
+    training_backend = forms.ChoiceField(choices=_backend_choices("train"), initial="eagle3web", required=False,
+                                         label="Training backend", widget=BackendSelect)
+    train_gpus = forms.IntegerField(min_value=1, max_value=MAX_GPUS, initial=1, required=False, label="Training GPUs",
+                                    help_text="torchrun processes for speculators' trainer; eagle3web's loop uses one.")
+    serve_check = forms.BooleanField(
+        required=False, label="Check with vLLM",
+        help_text="After measuring acceptance, vLLM itself serves the best checkpoint on the same prompts and counts "
+        "what it accepts (needs a live worker with vLLM).")
+
+    def __init__(self, *args, options: dict[str, BackendOption] | None = None, **kwargs):
+        """`options`: what the live workers can run (runs.fleet.selectors.launch_options); the
+        backends and GPU counts they cannot are shown disabled or capped, with the reason."""
+        super().__init__(*args, **kwargs)
+        if options is None:
+            return
+        for backend_field, gpus_field, stage in (("extraction_backend", "tensor_parallel_size", "extract"),
+                                                 ("training_backend", "train_gpus", "train")):
+            offered = [o for o in options.values() if o.stage == stage]
+            self.fields[backend_field].widget.disabled = {o.name: o.reason for o in offered if not o.available}
+            limits = [f"{o.label} {o.counts_text}" if o.available else f"{o.label}: {o.reason}" for o in offered]
+            self.fields[gpus_field].help_text += " Live workers: " + "; ".join(limits) + "."
+            # An offered backend runs on one GPU at least (runs.fleet.selectors.launch_options).
+            self.fields[gpus_field].widget.attrs["max"] = max((o.max_gpus for o in offered if o.available), default=1)
+
+    def clean_name(self) -> str:
+        try:
+            return check_run_name(self.cleaned_data.get("name") or "")
+        except RunConfigError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        for name in ("target_path", "dataset_path"):
+            value = cleaned.get(name)
+            if isinstance(value, str) and any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+                self.add_error(name, "a path may not hold control characters (NUL, newlines, tabs)")
+        return cleaned
+
+    def clean_layer_ids(self) -> list[int]:
+        try:
+            return parse_layer_ids(self.cleaned_data.get("layer_ids") or "")
+        except RunConfigError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def run_config(self) -> RunConfig:
+        """The form's values; a field left empty takes RunConfig's default."""
+        data = {k: v for k, v in self.cleaned_data.items() if v is not None}
+        defaults = RunConfig()
+        for name in ("val_fraction", "seed", "eval_prompts", "eval_max_new_tokens"):
+            data.setdefault(name, getattr(defaults, name))
+        return RunConfig(
+            layer_ids=data["layer_ids"],
+            max_seq_len=data["max_seq_len"],
+            max_samples=data.get("max_samples"),
+            draft_vocab_size=data["draft_vocab_size"],
+            epochs=data["epochs"],
+            lr=data["lr"],
+            ttt_steps=data["ttt_steps"],
+            max_tokens_per_step=data.get("max_tokens_per_step"),
+            val_fraction=data["val_fraction"],
+            seed=data["seed"],
+            eval_prompts=data["eval_prompts"],
+            eval_max_new_tokens=data["eval_max_new_tokens"],
+            extraction_backend=data.get("extraction_backend") or defaults.extraction_backend,
+            tensor_parallel_size=data.get("tensor_parallel_size") or defaults.tensor_parallel_size,
+            training_backend=data.get("training_backend") or defaults.training_backend,
+            train_gpus=data.get("train_gpus") or defaults.train_gpus,
+            serve_check=bool(data.get("serve_check")),
+        )

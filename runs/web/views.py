@@ -1,0 +1,351 @@
+"""Server-rendered pages. Thin: parse input, call a service or selector, render."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from runs.checkpoints import evaluation as evaluation_services
+from runs.checkpoints import serve_check_selectors
+from runs.checkpoints.evaluation import EvaluationRequestError
+from runs.data import extractions as extraction_services
+from runs.data.demo import demo_paths
+from runs.fleet import selectors as fleet_selectors
+from runs.pipeline import job_selectors, job_services, queue, selectors, services, upstream_commands
+from runs.review import reviews
+from runs.review import tags as tag_services
+from runs.roles import require, user_can
+from runs.tracking import comparison, run_table
+from runs.web.forms import LaunchForm
+from workers.stages.errors import InputError
+
+
+
+def run_list(request: HttpRequest) -> HttpResponse:
+    try:
+        filters = run_table.RunFilters.from_query(request.GET)
+    except run_table.RunTableError as exc:
+        messages.error(request, str(exc))
+        return redirect("runs:run_list")
+    page, total = run_table.run_table(filters=filters)
+    runs = list(page.object_list)
+    states = reviews.review_states(subjects=runs)
+    rows = [(run, run.status, states.get(run.pk), run_table.duration_text(run.duration)) for run in runs]
+    query = request.GET.copy()
+    query.pop("page", None)
+    columns = []
+    for key, label in run_table.COLUMNS:
+        by_column = query.copy()
+        by_column["sort"] = filters.sort_link(key)
+        state = ("desc" if filters.descending else "asc") if key == filters.sort else ""
+        columns.append({"key": key, "label": label, "href": by_column.urlencode(), "state": state})
+    return render(request, "runs/run_list.html", {
+        "rows": rows, "page": page, "total": total, "filters": filters, "choices": run_table.filter_choices(),
+        "query": query.urlencode(), "columns": columns})
+
+
+def run_launch(request: HttpRequest) -> HttpResponse:
+    # A form its user may not submit is refused up front, with the role to ask for (403.html).
+    require(request.user, "launch")
+    options = fleet_selectors.launch_options()  # what the live workers can run, and why not
+    if request.method == "POST":
+        form = LaunchForm(request.POST, options=options)
+        if form.is_valid():
+            try:
+                run = services.run_launch(
+                    user=request.user,
+                    target_path=form.cleaned_data["target_path"],
+                    dataset_path=form.cleaned_data["dataset_path"],
+                    config=form.run_config(),
+                    name=form.cleaned_data["name"],
+                )
+            except InputError as exc:
+                field = getattr(exc, "field", None)
+                form.add_error(field if field in form.fields else None, str(exc))
+            else:
+                if queue.run_waiting_for_queue(run_id=run.pk):
+                    # The broker refused the hand-over: the outbox keeps it and the workers retry.
+                    messages.warning(request, f"Launched {run}; it is waiting for the queue (Redis is not "
+                                              "answering) and starts by itself once the queue is back.")
+                else:
+                    messages.success(request, f"Launched {run}: the stages are queued.")
+                return redirect(run)
+    elif request.GET.get("copy"):
+        initial = selectors.launch_copy_initial(run_id=request.GET["copy"])
+        if initial is None:
+            messages.error(request, f"There is no run {request.GET['copy'][:20]!r} to copy.")
+            return redirect("runs:run_launch")
+        form = LaunchForm(initial=initial, options=options)
+    else:
+        initial = dict(demo_paths())
+        if initial:
+            target = selectors.target_by_path(initial["target_path"])
+            if target:
+                initial["layer_ids"] = ", ".join(str(i) for i in target.default_layer_ids)
+        form = LaunchForm(initial=initial, options=options)
+    targets = selectors.target_list()[:100]
+    datasets = selectors.dataset_list()[:100]
+    # A refused launch is the user's to fix: 400, with the form and its messages.
+    status = 400 if request.method == "POST" else 200
+    return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets},
+                  status=status)
+
+
+def worker_list(request: HttpRequest) -> HttpResponse:
+    """The fleet: each worker busy (with what), idle or offline, what its host can run, and the
+    work queued for the workers in order."""
+    return render(request, "runs/worker_list.html", {
+        "rows": fleet_selectors.worker_rows(), "queue": fleet_selectors.queued_work(),
+        "options": fleet_selectors.launch_options(), "offline_after": fleet_selectors.offline_after()})
+
+
+def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    run = selectors.run_get(pk=pk, reviews=True)
+    summary = selectors.run_summary(run)
+    extraction = selectors.run_extraction(run)
+    layers = selectors.target_layers(target=run.target, layer_ids=summary["extraction"]["layer_ids"])
+    manifest = getattr(extraction, "manifest", None)
+    queue_notes = fleet_selectors.stage_queue_notes(run=run)  # queued stages no live worker takes
+    return render(
+        request,
+        "runs/run_detail.html",
+        {
+            "run": run,
+            "summary": summary,
+            "extraction": extraction,
+            "stages": [(name, label, record, selectors.stage_warnings(name, record), queue_notes.get(name))
+                       for name, label, record in selectors.run_stages(run)],
+            "status": summary["status"],
+            "layers": layers,
+            "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
+            "checkpoints": serve_check_selectors.with_usability(upstream_commands.with_serve_commands(
+                selectors.checkpoints_with_tau(run.training_run.checkpoints.all()), verifier=run.target.path)),
+            "attempts": run.attempts.all(),
+            "waiting_for_queue": queue.run_waiting_for_queue(run_id=run.pk),
+            "settings": sorted(comparison.run_settings(run).items()),
+        },
+    )
+
+
+@require_POST
+def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    run = selectors.run_get(pk=pk, stages=False)
+    count = services.run_cancel(run=run, user=request.user)
+    messages.info(request, f"Cancelled {count} unfinished stage(s) of {run}.")
+    return redirect(run)
+
+
+@require_POST
+def run_tags(request: HttpRequest, pk: int) -> HttpResponse:
+    run = selectors.run_get(pk=pk, stages=False)
+    try:
+        names = tag_services.run_tags_set(run=run, text=request.POST.get("tags", ""), user=request.user)
+    except InputError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Tags of {run}: {', '.join(names) or 'none'}.")
+    return redirect(run)
+
+
+def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    dataset = selectors.dataset_get(pk=pk)
+    preparations = selectors.dataset_preparations(dataset)
+    sample_count, excluded_count = job_selectors.dataset_sample_counts(dataset=dataset)
+    catalogues = job_selectors.dataset_catalogues(dataset=dataset)
+    latest = next((p.length_histogram for p in preparations if p.length_histogram.get("counts")), None)
+    return render(
+        request,
+        "runs/dataset_detail.html",
+        {
+            "dataset": dataset,
+            "preparations": preparations,
+            "latest_histogram": latest,
+            "sample_count": sample_count,
+            "excluded_count": excluded_count,
+            "catalogues": catalogues,
+        },
+    )
+
+
+@require_POST
+def dataset_catalogue(request: HttpRequest, pk: int) -> HttpResponse:
+    dataset = selectors.dataset_get(pk=pk)
+    catalogue = job_services.dataset_catalogue_request(dataset=dataset, user=request.user)
+    messages.info(request, f"Cataloguing {dataset.name} on a worker (#{catalogue.pk}); this page shows its progress.")
+    return redirect(dataset)
+
+
+def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    extraction = selectors.extraction_get(pk=pk, reviews=True)
+    manifest = getattr(extraction, "manifest", None)
+    layers = selectors.target_layers(target=extraction.target, layer_ids=extraction.layer_ids)
+    requests = job_selectors.extraction_verification_requests(extraction=extraction)
+    return render(
+        request,
+        "runs/extraction_detail.html",
+        {
+            "extraction": extraction,
+            "layers": layers,
+            "forecast": selectors.extraction_forecast(extraction),
+            "histogram": (extraction.latest_verification.report.get("length_histogram")
+                          if extraction.latest_verification else None),
+            "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
+            "verification_requests": requests,
+            "verifying": any(shown.active for shown in requests),
+        },
+    )
+
+
+def extraction_list(request: HttpRequest) -> HttpResponse:
+    extractions = list(selectors.extraction_list_verified()[:200])
+    states = reviews.review_states(subjects=extractions)
+    rows = [(e, states.get(e.pk)) for e in extractions]
+    return render(request, "runs/extraction_list.html", {"rows": rows})
+
+
+DATASETS_PER_PAGE = 100
+
+
+def dataset_list(request: HttpRequest) -> HttpResponse:
+    page = Paginator(selectors.dataset_list(), DATASETS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "runs/dataset_list.html", {"datasets": page.object_list, "page": page})
+
+
+@require_POST
+def review_create(request: HttpRequest, subject: str, pk: int) -> HttpResponse:
+    obj = selectors.review_subject_get(subject=subject, pk=pk)
+    try:
+        reviews.review_add(user=request.user, subject=obj, decision=request.POST.get("decision", "comment"),
+                           text=request.POST.get("text", ""))
+    except InputError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Review recorded.")
+    return redirect(obj)
+
+
+def extraction_import(request: HttpRequest) -> HttpResponse:
+    """Register an extraction made elsewhere (any of the three layouts); a worker verifies its headers."""
+    require(request.user, "import")
+    error = None
+    if request.method == "POST":
+        try:
+            extraction, created = extraction_services.extraction_import(
+                path=request.POST.get("path", ""), target_path=request.POST.get("target_path") or None,
+                user=request.user, verify_on_worker=True,
+            )
+        except InputError as exc:
+            error = str(exc)
+        else:
+            verb = "Imported" if created else "Already imported:"
+            messages.success(request, f"{verb} extraction {extraction.pk} ({extraction.layout}).")
+            return redirect(extraction)
+    return render(request, "runs/extraction_import.html", {"error": error, "values": request.POST},
+                  status=400 if error else 200)
+
+
+@require_POST
+def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
+    """Verification of a large extraction takes minutes: a worker does it, the page shows how far."""
+    extraction = selectors.extraction_get(pk=pk)
+    full = request.POST.get("full") == "on"
+    job = job_services.extraction_verify_request(extraction=extraction, full=full, user=request.user)
+    messages.info(request, f"Verification #{job.pk} ({'every value' if full else 'headers'}) runs on a worker; "
+                           "this page shows its progress.")
+    return redirect(extraction)
+
+
+@require_POST
+def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    run = selectors.run_get(pk=pk, stages=False)
+    try:
+        count = services.run_retry(run=run, user=request.user)
+    except InputError as exc:  # no live worker takes what it would queue: said on the run page
+        messages.error(request, str(exc))
+    else:
+        messages.info(request, f"Queued {count} stage(s) of {run} again." if count else "Nothing to retry.")
+    return redirect(run)
+
+
+@require_POST
+def extraction_override(request: HttpRequest, pk: int) -> HttpResponse:
+    extraction = selectors.extraction_get(pk=pk)
+    try:
+        extraction_services.verification_override(
+            extraction=extraction, user=request.user, reason=request.POST.get("reason", "")
+        )
+    except InputError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Override recorded: training may use this extraction.")
+    return redirect(extraction)
+
+
+def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    checkpoint = selectors.checkpoint_get(pk=pk, reviews=True)
+    config_path = Path(checkpoint.path) / "config.json"
+    config = config_path.read_text() if config_path.exists() else None
+    evaluations = list(checkpoint.evaluations.select_related("requested_by")[:20])
+    measured = next((e for e in evaluations if e.status == "succeeded"), None)
+    serve_checks = serve_check_selectors.checkpoint_serve_checks(checkpoint)
+    usable, unusable_why = serve_check_selectors.checkpoint_usable(checkpoint)
+    return render(request, "runs/checkpoint_detail.html", {
+        "serve_checks": serve_checks, "served": next((c for c in serve_checks if c.status == "succeeded"), None),
+        "unusable_why": "" if usable else unusable_why,
+        "checkpoint": checkpoint, "config_json": config, "evaluations": evaluations, "measured": measured,
+        "serve_command": upstream_commands.checkpoint_serve_command(checkpoint),
+        "acceptance_json": json.dumps(measured.acceptance_per_position) if measured else "[]",
+        "evaluating": any(not e.is_finished for e in (*evaluations, *serve_checks)),
+        "can_evaluate": user_can(request.user, "launch"),
+    })
+
+
+def _optional_int(value: str | None, name: str, default: int | None = None) -> int | None:
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise EvaluationRequestError(f"{name} must be a whole number, got {value!r}") from None
+
+
+@require_POST
+def checkpoint_evaluate(request: HttpRequest, pk: int) -> HttpResponse:
+    """Measure a checkpoint's acceptance length on a GPU worker."""
+    checkpoint = selectors.checkpoint_get(pk=pk)
+    try:
+        evaluation, created = evaluation_services.evaluation_request(
+            checkpoint=checkpoint, user=request.user,
+            prompts_path=request.POST.get("prompts_path", "").strip() or None,
+            max_new_tokens=_optional_int(request.POST.get("max_new_tokens"), "max new tokens", 64),
+            max_prompts=_optional_int(request.POST.get("max_prompts"), "prompts", 32),
+            num_speculative_tokens=_optional_int(request.POST.get("num_speculative_tokens"), "draft tokens per step"),
+        )
+    except InputError as exc:
+        messages.error(request, str(exc))
+    else:
+        if created:
+            messages.success(request, f"Evaluation {evaluation.pk} queued: a worker decodes the prompts with and "
+                                      "without the draft.")
+        else:
+            messages.info(request, f"Evaluation {evaluation.pk} with these settings is already {evaluation.status}; "
+                                   "its result appears here when it finishes, so no second one was queued.")
+    return redirect(checkpoint)
+
+
+def run_compare(request: HttpRequest) -> HttpResponse:
+    """2 to 10 runs side by side: `?ids=3,5,8` (the runs list's checkboxes send ids=3&ids=5)."""
+    try:
+        run_ids = comparison.compare_ids(request.GET.getlist("ids"))
+        context = comparison.run_comparison(run_ids=run_ids)
+    except comparison.ComparisonError as exc:
+        return render(request, "runs/run_compare.html", {"error": str(exc)}, status=400)
+    chart_runs = [{"id": r["run"].pk, "name": str(r["run"]), "url": reverse("runs:api_run_metrics", args=[r["run"].pk])}
+                  for r in context["runs"]]
+    return render(request, "runs/run_compare.html", {**context, "chart_runs": chart_runs})
