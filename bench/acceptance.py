@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from runs.pipeline.run_config import RunConfig  # noqa: E402
-from workers.stages.demo_assets import build_demo_assets  # noqa: E402
+from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from bench.demo_draft import train_demo_draft  # noqa: E402
-from workers.stages.evaluate import evaluate  # noqa: E402
-from workers.stages.train import build_draft_model  # noqa: E402
+from workers.stages.evaluate.measure import evaluate  # noqa: E402
+from workers.stages.train.loop import build_draft_model  # noqa: E402
 
 
 def main() -> None:
@@ -59,7 +59,7 @@ def main() -> None:
                   max_new_tokens=config.eval_max_new_tokens)
     with_trained = evaluate(checkpoint_dir=best.path, **common)
     with_random = evaluate(checkpoint_dir=random_dir, **common)
-    from workers.stages.acceptance import cond_accuracies, simulated_tau
+    from workers.contract.acceptance import cond_accuracies, simulated_tau
 
     result = {
         "tau_trained": round(with_trained.tau, 4),

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runs.pipeline.run_config import RunConfig
-from workers.stages.evaluate import prompts_from_prepared, validation_rows
-from workers.stages.extract import extract
+from workers.stages.evaluate.measure import prompts_from_prepared, validation_rows
+from workers.stages.extract.with_transformers import extract
 from workers.stages.prepare import prepare
-from workers.stages.target import default_layer_ids, read_target_config
-from workers.stages.train import TrainResult, train
+from workers.contract.target import default_layer_ids, read_target_config
+from workers.stages.train.loop import TrainResult, train
 from workers.stages.vocab import VocabResult, build_vocab
 
 

@@ -8,8 +8,8 @@ Llama-architecture target with random weights (hidden 2048, 16 layers, 32 heads 
 intermediate 8192, vocabulary 32,000: 1.1B parameters), and single-reply chats of 1,024-2,048 tokens
 made from the demo chats' texts. Then the stages' own functions, with no Django and no database:
 prepare -> extract (transformers) -> vocab -> train (our loop), and, when there is time left and a
-GPU, extract with vLLM (workers.stages.extract_vllm, when vllm imports) and train with speculators'
-Trainer (workers.stages.train_speculators, when it exists). The optional stages run last so that a
+GPU, extract with vLLM (workers.stages.extract.with_vllm, when vllm imports) and train with speculators'
+Trainer (workers.stages.train.with_speculators.trainer, when it exists). The optional stages run last so that a
 slow engine start cannot cost the core figures.
 
 Prints one JSON object: GPU, date, and per stage the wall time, tokens/s, peak GPU memory
@@ -107,8 +107,8 @@ def build_target(work: Path, shape: dict, device: torch.device, seed: int) -> tu
     """(target dir with config, random weights and tokenizer; the demo chats; what was built)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from workers.stages.demo_assets import _save_tokenizer, train_demo_tokenizer
-    from workers.stages.demo_chats import read_chat_messages, write_demo_chats
+    from workers.stages.demo.assets import _save_tokenizer, train_demo_tokenizer
+    from workers.stages.demo.chats import read_chat_messages, write_demo_chats
 
     started = time.perf_counter()
     target_dir, chats_path = work / "target", work / "demo-chats.jsonl"
@@ -144,7 +144,7 @@ def build_target(work: Path, shape: dict, device: torch.device, seed: int) -> tu
 def write_long_chats(path: Path, target_dir: Path, demo_chats: Path, shape: dict, seed: int) -> None:
     """Single-reply chats of min..max tokens (uniform), their texts drawn from the demo chats:
     one prepared row each, about 1/8 prompt and 7/8 reply."""
-    from workers.stages.demo_chats import read_chat_messages
+    from workers.stages.demo.chats import read_chat_messages
     from workers.stages.prepare import load_tokenizer
 
     tokenizer = load_tokenizer(target_dir)
@@ -207,10 +207,10 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
     torch.set_num_threads(args.threads)
 
     from workers.stages.device import device_label, resolve_device
-    from workers.stages.extract import extract
+    from workers.stages.extract.with_transformers import extract
     from workers.stages.prepare import prepare
-    from workers.stages.target import default_layer_ids
-    from workers.stages.train import build_draft_model, train
+    from workers.contract.target import default_layer_ids
+    from workers.stages.train.loop import build_draft_model, train
     from workers.stages.vocab import build_vocab
 
     device = resolve_device(args.device)
@@ -308,8 +308,8 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
            tokens_per_s_is="tokens over the training steps' time (validation and checkpoints excluded)")
 
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    optional = [("extract_vllm", "workers.stages.extract_vllm", "extract_with_vllm", "vllm"),
-                ("train_speculators", "workers.stages.train_speculators", "train_with_speculators", None)]
+    optional = [("extract_vllm", "workers.stages.extract.with_vllm", "extract_with_vllm", "vllm"),
+                ("train_speculators", "workers.stages.train.with_speculators.trainer", "train_with_speculators", None)]
     for name, module, function, needs in optional:
         if name in skip:
             skipped(name, "left out with --skip")

@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 PASSWORD = "bench-load-password-1"
 CURVES_PER_STEP = 12  # loss, loss_k, full_acc_k, cond_acc_k for 3 ttt steps, lr, tokens_per_s
-FLUSH_SECONDS = 2.0  # workers.stages.train.METRICS_FLUSH_SECONDS
+FLUSH_SECONDS = 2.0  # workers.stages.train.loop.METRICS_FLUSH_SECONDS
 
 
 def parse_args() -> argparse.Namespace:
@@ -207,7 +207,7 @@ def stop(proc: subprocess.Popen) -> None:
 def demo_assets(env: dict) -> tuple[Path, Path]:
     """A small demo target and its chats, built once into data/bench-load-assets and reused."""
     out = REPO / "data" / "bench-load-assets"
-    code = ("import json, sys; from workers.stages.demo_assets import build_demo_assets; "
+    code = ("import json, sys; from workers.stages.demo.assets import build_demo_assets; "
             "a = build_demo_assets(__import__('pathlib').Path(sys.argv[1]), num_conversations=300, train_steps=30); "
             "print(json.dumps([str(a.target_dir), str(a.chats_path)]))")
     done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=REPO, env=env, check=True,

@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from workers.stages import train as train_stage  # noqa: E402
-from workers.stages.demo_assets import build_demo_assets  # noqa: E402
-from workers.stages.extract import (  # noqa: E402
+from workers.stages.train import loop as train_stage  # noqa: E402
+from workers.stages.demo.assets import build_demo_assets  # noqa: E402
+from workers.stages.extract.with_transformers import (  # noqa: E402
     ExtractionResult,
     batch_token_budget,
     extract,
@@ -47,7 +47,7 @@ from workers.stages.extract import (  # noqa: E402
     resolve_device,
 )
 from workers.stages.prepare import prepare  # noqa: E402
-from workers.stages.target import default_layer_ids, read_target_config  # noqa: E402
+from workers.contract.target import default_layer_ids, read_target_config  # noqa: E402
 from workers.stages.vocab import build_vocab  # noqa: E402
 
 

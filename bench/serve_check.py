@@ -4,8 +4,8 @@
 
 Builds (or reuses, with --assets, a folder `make demo` built) the demo target and chats, runs prepare ->
 extract -> vocab -> train with the launch form's defaults (RunConfig; --epochs overrides), measures τ
-with our decoding on the held-out conversations (workers/stages/evaluate.py), then runs the serve
-check on the very same prompts (workers/stages/serve_check.py): `vllm serve` with the draft, exactly
+with our decoding on the held-out conversations (workers/stages/evaluate/measure.py), then runs the serve
+check on the very same prompts (workers/stages/evaluate/serve_check.py): `vllm serve` with the draft, exactly
 the line a checkpoint page prints, then the target alone, greedy, one request at a time, same dtype.
 Needs `make vllm`. Keys: tau (ours), vllm_tau (vLLM's counters: 1 + accepted / drafts),
 vllm_tau_emitted (tokens vLLM emitted after each prompt's first, over its drafts: our definition),
@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from runs.pipeline.run_config import RunConfig  # noqa: E402
-from workers.stages.backends import vllm_executable  # noqa: E402
-from workers.stages.demo_assets import build_demo_assets  # noqa: E402
+from workers.contract.backends import vllm_executable  # noqa: E402
+from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from bench.demo_draft import train_demo_draft  # noqa: E402
-from workers.stages.evaluate import evaluate  # noqa: E402
-from workers.stages.serve_check import serve_check  # noqa: E402
+from workers.stages.evaluate.measure import evaluate  # noqa: E402
+from workers.stages.evaluate.serve_check import serve_check  # noqa: E402
 
 
 def _assets(args, work: Path) -> tuple[Path, Path]:

@@ -142,7 +142,7 @@ EAGLE3WEB_TORCH_THREADS = env_int("EAGLE3WEB_TORCH_THREADS", os.cpu_count() or 1
 # A running stage's worker renews its lease every third of this; a stage whose lease lapsed lost its
 # worker and is queued again (at most 3 attempts) by the reconciler every worker runs.
 EAGLE3WEB_STAGE_LEASE_SECONDS = env_int("EAGLE3WEB_STAGE_LEASE_SECONDS", 60)
-# Padded tokens per extraction forward; 0: the default measured for the device (workers.stages.extract).
+# Padded tokens per extraction forward; 0: the default measured for the device (workers.stages.extract.with_transformers).
 # Lower it when a large target's activations do not fit the accelerator beside its weights.
 EAGLE3WEB_EXTRACT_BATCH_TOKENS = env_int("EAGLE3WEB_EXTRACT_BATCH_TOKENS", 0)
 # Flags this worker adds to every run of speculators' trainer, as a shell would split them

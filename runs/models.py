@@ -33,7 +33,7 @@ class TargetModel(models.Model):
 
     @property
     def default_layer_ids(self) -> list[int]:
-        from workers.stages.target import default_layer_ids
+        from workers.contract.target import default_layer_ids
 
         return default_layer_ids(self.num_layers)
 
@@ -69,7 +69,7 @@ class DatasetSample(models.Model):
     excluded = models.BooleanField(default=False, db_index=True)
     tags = models.CharField(max_length=500, blank=True, help_text="comma-separated")
     notes = models.TextField(blank=True)
-    # sha256 of the conversation (workers.stages.chats.content_hash): curation follows it when a row
+    # sha256 of the conversation (workers.contract.chats.content_hash): curation follows it when a row
     # without an "id" moves to another line. "" until a catalogue pass after migration 0018 fills it.
     content_hash = models.CharField(max_length=64, blank=True, db_index=True)
 
@@ -259,7 +259,7 @@ class Extraction(models.Model):
     @property
     def floor_bytes_per_token(self) -> int | None:
         """L x H elements of the stored dtype per token (bfloat16, the layouts' default, when unrecorded)."""
-        from workers.stages.dtypes import floor_bytes_per_token
+        from workers.contract.dtypes import floor_bytes_per_token
 
         return floor_bytes_per_token(len(self.layer_ids or []), self.hidden_size, self.dtype or "bfloat16")
 
@@ -388,7 +388,7 @@ class Checkpoint(models.Model):
     @property
     def simulated_tau(self) -> float | None:
         """Acceptance length implied by this checkpoint's validation accuracies."""
-        from workers.stages.acceptance import cond_accuracies, simulated_tau
+        from workers.contract.acceptance import cond_accuracies, simulated_tau
 
         return simulated_tau(cond_accuracies(self.val_metrics))
 

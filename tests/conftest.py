@@ -12,13 +12,13 @@ import pytest  # noqa: E402
 def tiny_target(tmp_path_factory):
     """A trained 8-layer Llama (hidden 128) with its tokenizer and the chats it learned.
 
-    Returns `workers.stages.demo_assets.DemoAssets`: `.target_dir` (config.json,
+    Returns `workers.stages.demo.assets.DemoAssets`: `.target_dir` (config.json,
     model.safetensors, tokenizer.json, tokenizer_config.json with a chat_template that marks
     assistant tokens via {% generation %}) and `.chats_path` (JSONL, ShareGPT- and OpenAI-style
     rows). Built once per session, a few seconds on 2 cores; treat it as read-only.
     """
     # Imported here so tests that never ask for a model do not pay for importing torch.
-    from workers.stages.demo_assets import build_demo_assets
+    from workers.stages.demo.assets import build_demo_assets
 
     return build_demo_assets(tmp_path_factory.mktemp("tiny-target"), num_conversations=150, train_steps=12, seed=0)
 

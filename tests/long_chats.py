@@ -83,7 +83,7 @@ def build_training_inputs(target_dir: Path, chats_path: Path, out: Path, *, max_
     from transformers import LlamaForCausalLM
 
     from workers.stages.prepare import prepare
-    from workers.stages.target import default_layer_ids
+    from workers.contract.target import default_layer_ids
 
     prepared = prepare(tokenizer_dir=target_dir, dataset_path=chats_path, out_dir=out / "prepared",
                        max_seq_len=max_seq_len)

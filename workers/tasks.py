@@ -45,7 +45,7 @@ from runs.pipeline.queue import outbox_flush
 from runs.pipeline.routing import stage_backend
 from runs.checkpoints.serve_check_selectors import run_serve_checks_queued
 import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
-from workers.stages.errors import StopRequested
+from workers.contract.errors import StopRequested
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def _prepare(record, reporter: StageReporter):
 def _backend(run, stage_name: str) -> tuple[str, int]:
     """The run's backend and GPU count for this stage, refused (naming both and why) on a worker
     that cannot run them: routing sends them elsewhere, so this only catches a misrouted message."""
-    from workers.stages.backends import backend_require
+    from workers.contract.backends import backend_require
 
     backend, gpus = stage_backend(stage_name=stage_name, config=run.config or {})
     backend_require(name=backend, gpus=gpus)
@@ -176,7 +176,7 @@ def _backend(run, stage_name: str) -> tuple[str, int]:
 
 
 def _extract(record, reporter: StageReporter):
-    from workers.stages.extract_resume import RESUME_NAME
+    from workers.stages.extract.resume import RESUME_NAME
 
     run = record.run
     backend, gpus = _backend(run, "extract")
@@ -184,18 +184,18 @@ def _extract(record, reporter: StageReporter):
                   out_dir=_resumable_dir(Path(run.output_dir) / "extraction", marker=RESUME_NAME),
                   layer_ids=record.layer_ids, on_progress=reporter.progress)
     if backend == "vllm":
-        from workers.stages.backends import vllm_executable
-        from workers.stages.extract_vllm import extract_with_vllm
+        from workers.contract.backends import vllm_executable
+        from workers.stages.extract.with_vllm import extract_with_vllm
 
         return extract_with_vllm(**common, tensor_parallel_size=gpus, vllm_executable=vllm_executable(),
                                  should_stop=reporter.cancelled)
-    from workers.stages.extract import extract
+    from workers.stages.extract.with_transformers import extract
 
     return extract(**common, num_gpus=gpus, batch_tokens=settings.EAGLE3WEB_EXTRACT_BATCH_TOKENS or None)
 
 
 def _vocab(record, reporter: StageReporter):
-    from workers.stages.speculators_layout import run_data_link
+    from workers.contract.speculators_layout import run_data_link
     from workers.stages.vocab import build_vocab
 
     run = record.run
@@ -219,11 +219,11 @@ def _train(record, reporter: StageReporter):
     options = dict(val_fraction=run.config.get("val_fraction", 0.1),
                    max_tokens_per_step=run.config.get("max_tokens_per_step"))
     if backend == "speculators":
-        from workers.stages.train_speculators import train_with_speculators as trainer
+        from workers.stages.train.with_speculators.trainer import train_with_speculators as trainer
 
         options.update(num_gpus=gpus, extra_args=settings.EAGLE3WEB_SPECULATORS_ARGS)
     else:
-        from workers.stages.train import train as trainer
+        from workers.stages.train.loop import train as trainer
     return trainer(
         **options,
         target_dir=Path(run.target.path),
@@ -250,7 +250,7 @@ def _train(record, reporter: StageReporter):
 
 
 def _evaluate(record: Evaluation, reporter: StageReporter):
-    from workers.stages.evaluate import evaluate
+    from workers.stages.evaluate.measure import evaluate
 
     # A run's stage loads the target on its extraction's GPU count (runs.pipeline.routing sent it to the queue
     # of Transformers on that many); a standalone evaluation, sent to "gpu", and a run from before
@@ -280,8 +280,8 @@ def _verify(record, reporter: StageReporter):
 
 def _serve_check(record, reporter: StageReporter):
     from runs.checkpoints.serve_check_services import serve_check_plan
-    from workers.stages.backends import vllm_executable
-    from workers.stages.serve_check import serve_check
+    from workers.contract.backends import vllm_executable
+    from workers.stages.evaluate.serve_check import serve_check
 
     plan = serve_check_plan(check=record)
     return serve_check(target_dir=plan.target_dir, checkpoint_dir=plan.checkpoint_dir, prompts=plan.prompts(),

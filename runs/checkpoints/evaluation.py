@@ -12,7 +12,7 @@ from runs.models import Checkpoint, Evaluation, StageStatus
 from runs.data.paths import check_under_data_roots
 from runs.pipeline.queue import evaluation_enqueue
 from runs.roles import require
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 MAX_PROMPTS_LIMIT = 1000
 MAX_NEW_TOKENS_LIMIT = 4096
@@ -43,7 +43,7 @@ def _target_dir(checkpoint: Checkpoint) -> Path:
 
 def evaluation_plan(*, evaluation: Evaluation) -> EvaluationPlan:
     """The checkpoint (for the pipeline's stage: the run's best), its target and its prompts."""
-    from workers.stages.evaluate import prompts_from_file, prompts_from_prepared, validation_rows
+    from workers.stages.evaluate.prompts import prompts_from_file, prompts_from_prepared, validation_rows
 
     checkpoint = evaluation.checkpoint
     also = []

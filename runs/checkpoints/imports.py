@@ -10,9 +10,9 @@ from runs.models import Checkpoint
 from runs.data.paths import check_under_data_roots
 from runs.roles import require
 from runs.pipeline.upstream_commands import recorded_speculative_tokens
-from workers.stages.errors import InputError
-from workers.stages.jsonfile import read_json_object
-from workers.stages.target import read_target_config, read_target_json
+from workers.contract.errors import InputError
+from workers.contract.jsonfile import read_json_object
+from workers.contract.target import read_target_config, read_target_json
 
 PASS_VERIFIER = ("pass --verifier PATH naming a local copy of the target it was trained for "
                  "(`manage.py import_checkpoint DIR --verifier PATH`)")

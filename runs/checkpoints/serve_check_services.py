@@ -16,7 +16,7 @@ from runs.pipeline.job_models import ServeCheck
 from runs.models import Checkpoint, Evaluation, StageStatus
 from runs.pipeline.queue import job_enqueue, pending_enqueue
 from runs.roles import require
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 PENDING = (StageStatus.QUEUED, StageStatus.RUNNING)
 

@@ -8,7 +8,7 @@ from django.views.decorators.http import require_POST
 
 from runs.pipeline import selectors
 from runs.checkpoints.serve_check_services import serve_check_request
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 
 @require_POST

@@ -10,8 +10,8 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 
 from runs.models import CurationAction, Dataset, DatasetSample
-from workers.stages.chats import read_conversations
-from workers.stages.errors import InputError
+from workers.contract.chats import read_conversations
+from workers.contract.errors import InputError
 
 
 # Conversations stored per INSERT while cataloguing; each batch commits, so a lost worker's retry

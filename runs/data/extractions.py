@@ -13,8 +13,8 @@ from runs.models import FINISHED_STATUSES, Extraction, Manifest, TargetModel, Ve
 from runs.data.paths import PathNotAllowed, check_under_data_roots
 from runs.roles import require
 from runs.pipeline.services import target_register
-from workers.stages.errors import InputError
-from workers.stages.verify import detect_layout, read_manifest, verify_extraction
+from workers.contract.errors import InputError
+from workers.contract.verify import detect_layout, read_manifest, verify_extraction
 
 
 def _target_for(*, target_path: str | Path | None, model_path: str | None) -> TargetModel:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 MAX_PATH_CHARS = 1000
 MAX_COMPONENT_BYTES = 255

@@ -20,7 +20,7 @@ from runs.models import FINISHED_STATUSES, PendingEnqueue, PipelineRun, StageSta
 from runs.pipeline.stages import STAGES, STAGES_BY_NAME
 from runs.pipeline.routing import BACKEND_SETTINGS, ROUTED_STAGES, stage_backend, stage_problem, stage_queue
 from runs.pipeline.run_config import RunConfig
-from workers.stages.backends import BACKENDS, BACKENDS_BY_NAME, DEFAULT_GPU_QUEUE, MAX_GPUS, Backend
+from workers.contract.backends import BACKENDS, BACKENDS_BY_NAME, DEFAULT_GPU_QUEUE, MAX_GPUS, Backend
 
 MISSED_HEARTBEATS = 3
 VERSION_ORDER = ("python", "torch", "transformers", "accelerate", "speculators", "vllm")

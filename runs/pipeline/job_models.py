@@ -49,7 +49,7 @@ class VerificationRequest(StageRecord):
 
 class ServeCheck(StageRecord):
     """vLLM itself serving a checkpoint with its target, then the target alone, on the prompts an
-    evaluation measured our τ on (workers.stages.serve_check): vLLM's τ beside ours, whether the
+    evaluation measured our τ on (workers.stages.evaluate.serve_check): vLLM's τ beside ours, whether the
     text stays the target's, and the speed with and without the draft. Asked for on a checkpoint's
     page or by `manage.py serve_check`, and after a run's evaluation when the run asks for it."""
 
@@ -88,6 +88,6 @@ class ServeCheck(StageRecord):
     @property
     def disagrees(self) -> bool:
         """vLLM's τ and ours differ by more than the check allows (a warning naming both)."""
-        from workers.stages.serve_check import TAU_WARNING
+        from workers.stages.evaluate.serve_check import TAU_WARNING
 
         return self.tau_difference is not None and abs(self.tau_difference) > TAU_WARNING

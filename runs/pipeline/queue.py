@@ -45,7 +45,7 @@ def job_queue(*, job_name: str, record_id: int) -> str:
     """A job's queue: its kind's, or for a serve check of a target spread over n GPUs, vLLM's on n."""
     if job_name == "serve_check":
         from runs.pipeline.job_models import ServeCheck
-        from workers.stages.backends import stage_queue as backend_queue
+        from workers.contract.backends import stage_queue as backend_queue
 
         gpus = ServeCheck.objects.filter(pk=record_id).values_list("tensor_parallel_size", flat=True).first() or 1
         return backend_queue(backend="vllm", gpus=gpus)

@@ -1,12 +1,12 @@
 """Where each stage of a run is sent: the queue follows the run's backend and GPU count for
-extraction and training (workers.stages.backends.stage_queue), the extraction's GPU count for
+extraction and training (workers.contract.backends.stage_queue), the extraction's GPU count for
 measuring acceptance, the stage's own queue otherwise."""
 from __future__ import annotations
 
 from runs.pipeline.stages import STAGES, STAGES_BY_NAME
 from runs.pipeline.run_config import RunConfig
-from workers.stages.backends import BACKENDS_BY_NAME, MAX_GPUS
-from workers.stages.backends import stage_queue as backend_queue
+from workers.contract.backends import BACKENDS_BY_NAME, MAX_GPUS
+from workers.contract.backends import stage_queue as backend_queue
 
 # (backend setting, GPU-count setting) of the stages whose backend a run chooses on the launch form.
 BACKEND_SETTINGS = {

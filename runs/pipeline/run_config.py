@@ -5,9 +5,9 @@ import math
 import unicodedata
 from dataclasses import asdict, dataclass, field
 
-from workers.stages.backends import BACKENDS_BY_NAME, EXTRACTION_BACKENDS, MAX_GPUS, TRAINING_BACKENDS
-from workers.stages.errors import InputError
-from workers.stages.target import MAX_NUM_LAYERS
+from workers.contract.backends import BACKENDS_BY_NAME, EXTRACTION_BACKENDS, MAX_GPUS, TRAINING_BACKENDS
+from workers.contract.errors import InputError
+from workers.contract.target import MAX_NUM_LAYERS
 
 # Bounds shared by the form, the CLI and the API (the form's fields use the same numbers).
 MAX_NAME_CHARS = 200  # PipelineRun.name's column
@@ -76,10 +76,10 @@ class RunConfig:
     max_tokens_per_step: int | None = None  # packing budget; raised to the longest row; None: 512 or the longest
     eval_prompts: int = 32  # held-out conversations decoded to measure acceptance
     eval_max_new_tokens: int = 64
-    # Where extraction and training run (workers.stages.backends); what a live worker can run is
+    # Where extraction and training run (workers.contract.backends); what a live worker can run is
     # checked at launch (runs.fleet.selectors.launch_refusals).
     extraction_backend: str = "transformers"  # or "vllm"
-    training_backend: str = "eagle3web"  # our loop (workers/stages/train.py), or "speculators" under torchrun
+    training_backend: str = "eagle3web"  # our loop (workers/stages/train/loop.py), or "speculators" under torchrun
     tensor_parallel_size: int = 1  # GPUs for extraction: vLLM's TP size, or transformers' device_map spread
     train_gpus: int = 1  # GPUs for training: torchrun --nproc-per-node for speculators; our loop uses one
     # After measuring acceptance, vLLM itself serves the best checkpoint and counts it (runs.pipeline.job_models.ServeCheck).

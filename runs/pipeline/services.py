@@ -28,8 +28,8 @@ from runs.pipeline.queue import pipeline_enqueue
 from runs.roles import require
 from runs.pipeline.run_config import RunConfig, RunConfigError, check_run_name
 from runs.pipeline.stages import STAGES
-from workers.stages.chats import read_conversations
-from workers.stages.target import read_target_json, target_config_from, target_weight_bytes, validate_layer_ids
+from workers.contract.chats import read_conversations
+from workers.contract.target import read_target_json, target_config_from, target_weight_bytes, validate_layer_ids
 
 
 def target_register(*, path: str | Path) -> TargetModel:

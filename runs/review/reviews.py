@@ -9,7 +9,7 @@ from django.db.models import Model, OuterRef, Subquery
 
 from runs.models import Checkpoint, Extraction, PipelineRun, Review
 from runs.roles import require
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 SUBJECTS = {"run": PipelineRun, "extraction": Extraction, "checkpoint": Checkpoint}
 MAX_REVIEW_CHARS = 10_000  # a review is a paragraph or a few, not a document

@@ -9,7 +9,7 @@ from django.db import transaction
 from runs.models import PipelineRun, RunTag
 from runs.roles import require
 from runs.review.tag_models import MAX_TAG_CHARS
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 MAX_TAGS_PER_RUN = 20
 

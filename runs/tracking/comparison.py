@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from runs.pipeline import selectors
 from runs.tracking import curves
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 MIN_RUNS, MAX_RUNS = 2, 10
 

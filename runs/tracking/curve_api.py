@@ -12,7 +12,7 @@ import re
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 
 from runs.tracking import curves
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 MAX_STEP = 2**62
 KEY_RE = re.compile(r"[A-Za-z0-9_.\-/]{1,50}")

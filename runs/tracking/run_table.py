@@ -14,7 +14,7 @@ from django.db.models.functions import Coalesce, Now
 from runs.models import Checkpoint, Dataset, PipelineRun, RunTag, StageStatus, TargetModel
 from runs.pipeline.stages import STAGES
 from runs.pipeline.selectors import RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, run_rows, run_status
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 PAGE_SIZE = 50
 MAX_CHOICES = 500  # entries of a filter menu; the search box finds the rest

@@ -8,8 +8,8 @@ from django.http import HttpRequest, JsonResponse
 from runs.fleet import selectors as fleet_selectors
 from runs.pipeline import selectors
 from runs.data.paths import check_under_data_roots
-from workers.stages.errors import InputError
-from workers.stages.target import default_layer_ids, read_target_config, target_weight_bytes
+from workers.contract.errors import InputError
+from workers.contract.target import default_layer_ids, read_target_config, target_weight_bytes
 
 
 MAX_ID = 2**63 - 1  # ids are 64-bit columns

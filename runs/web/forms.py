@@ -24,7 +24,7 @@ from runs.pipeline.run_config import (
     check_run_name,
     parse_layer_ids,
 )
-from workers.stages.backends import BACKENDS, MAX_GPUS
+from workers.contract.backends import BACKENDS, MAX_GPUS
 
 
 class BackendSelect(forms.Select):

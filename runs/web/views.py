@@ -23,7 +23,7 @@ from runs.review import tags as tag_services
 from runs.roles import require, user_can
 from runs.tracking import comparison, run_table
 from runs.web.forms import LaunchForm
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 
 

@@ -38,8 +38,8 @@ def made_elsewhere(tmp_path_factory):
     """(target the checkpoint was trained for, checkpoint directory recording ELSEWHERE as its verifier)."""
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    from workers.stages.target import default_layer_ids
-    from workers.stages.train import build_draft_model
+    from workers.contract.target import default_layer_ids
+    from workers.stages.train.loop import build_draft_model
 
     work = tmp_path_factory.mktemp("ckpt-src")
     target = _llama(work / "target")

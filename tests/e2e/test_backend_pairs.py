@@ -19,7 +19,7 @@ from runs.models import Checkpoint, MetricSeries, StageStatus
 from runs.pipeline.routing import stage_backend
 from runs.pipeline.run_config import RunConfig
 from tests.fleet import fake_gpu_worker
-from workers.stages import backends
+from workers.contract import backends
 from workers.tasks import pipeline_run_inline
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]

@@ -28,7 +28,7 @@ MAX_PROMPTS = 12
 
 @pytest.fixture(scope="module")
 def vllm_install():
-    from workers.stages.vllm_env import vllm_install as find
+    from workers.contract.vllm_env import vllm_install as find
 
     install = find()
     if isinstance(install, str):
@@ -75,8 +75,8 @@ def serve_checked(vllm_run, django_db_blocker):
 
 
 def test_inline_run_extracts_with_real_vllm_like_transformers_does(vllm_run, tiny_target, tmp_path):
-    from workers.stages.extract import extract
-    from workers.stages.verify import verify_extraction
+    from workers.stages.extract.with_transformers import extract
+    from workers.contract.verify import verify_extraction
 
     assert [s["status"] for s in vllm_run["stages"]] == ["succeeded"] * 5, vllm_run["stages"]
     out = Path(vllm_run["manifest_path"]).parent
@@ -146,8 +146,8 @@ def test_a_checkpoint_vllm_refuses_fails_quoting_its_log_and_stores_no_result(se
 
 
 def test_a_stop_request_mid_check_leaves_no_vllm_process(serve_checked, vllm_run, tiny_target, tmp_path):
-    from workers.stages.backends import vllm_executable
-    from workers.stages.serve_check import ServeCheckStopped, serve_check
+    from workers.contract.backends import vllm_executable
+    from workers.stages.evaluate.serve_check import ServeCheckStopped, serve_check
 
     best = next(c for c in vllm_run["checkpoints"] if c["is_best"])
     prompts = [[0, 5, 6, 7, 8, 9, 10]] * 4

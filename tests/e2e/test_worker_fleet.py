@@ -16,7 +16,7 @@ from runs.pipeline.run_config import RunConfig
 from tests.fleet import fake_gpu_worker
 from tests.stages.test_backends import torch_gpus
 from tests.worker import celery_worker
-from workers.stages.backends import host_queues
+from workers.contract.backends import host_queues
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -69,8 +69,59 @@ def test_no_module_imports_itself_back():
     assert cycle is None, " -> ".join(cycle)
 
 
-def test_stages_import_nothing_of_the_django_app():
+def top_level_imports(path: Path) -> set[str]:
+    """What a module imports when it is imported: statements outside functions (a function's own
+    imports run only where it is called) and outside `if TYPE_CHECKING:`."""
+    found: set[str] = set()
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)
+                continue
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                visit(getattr(node, field, []) or [])
+
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def test_workers_import_nothing_of_the_django_app():
     graph = import_graph()
     offenders = {m: sorted(d for d in deps if d.startswith(("runs", "eagle3web")))
-                 for m, deps in graph.items() if m.startswith("workers.stages")}
+                 for m, deps in graph.items() if m.startswith(("workers.stages", "workers.contract"))}
     assert {m: d for m, d in offenders.items() if d} == {}
+
+
+def test_the_contract_imports_no_stage():
+    """workers.contract is what the web tier and the workers share: it imports nothing else of workers/."""
+    graph = import_graph()
+    offenders = {m: sorted(d for d in deps if d.startswith("workers") and not d.startswith("workers.contract"))
+                 for m, deps in graph.items() if m.startswith("workers.contract")}
+    assert {m: d for m, d in offenders.items() if d} == {}
+
+
+def test_the_contract_imports_no_torch_when_imported():
+    heavy = ("torch", "transformers", "speculators", "vllm", "safetensors", "datasets")
+    offenders = {str(p.relative_to(ROOT)): sorted(i for i in top_level_imports(p) if i.split(".")[0] in heavy)
+                 for p in (ROOT / "workers" / "contract").rglob("*.py")}
+    assert {m: d for m, d in offenders.items() if d} == {}
+
+
+def test_the_web_tier_imports_only_the_contract_of_workers():
+    """The one boundary: what runs/ and eagle3web/ import of workers/ when they are imported is workers.contract;
+    a stage is imported only inside a function a worker or a command runs."""
+    offenders = {}
+    for pkg in ("runs", "eagle3web"):
+        for p in (ROOT / pkg).rglob("*.py"):
+            bad = sorted(i for i in top_level_imports(p)
+                         if i.split(".")[0] == "workers" and not i.startswith("workers.contract"))
+            if bad:
+                offenders[str(p.relative_to(ROOT))] = bad
+    assert offenders == {}

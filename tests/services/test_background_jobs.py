@@ -216,7 +216,7 @@ def test_a_verification_keeps_who_asked_for_it_and_no_override_while_one_is_unde
 
     from runs.data.extractions import verification_override
     from runs.models import Verification
-    from workers.stages.errors import InputError
+    from workers.contract.errors import InputError
 
     user.groups.add(Group.objects.get_or_create(name="reviewer")[0])
     extraction, _ = extraction_import(path=write_flat(tmp_path / "e", total_samples=5), target_path=config_only_target)

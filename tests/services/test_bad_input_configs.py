@@ -7,9 +7,9 @@ import pytest
 from runs.pipeline import services
 from runs.models import Dataset, PipelineRun, TargetModel
 from runs.pipeline.run_config import RunConfig
-from workers.stages.errors import InputError
-from workers.stages.jsonfile import MAX_JSON_BYTES, MAX_JSON_DEPTH
-from workers.stages.target import (
+from workers.contract.errors import InputError
+from workers.contract.jsonfile import MAX_JSON_BYTES, MAX_JSON_DEPTH
+from workers.contract.target import (
     MAX_HIDDEN_SIZE,
     MAX_NUM_LAYERS,
     MAX_VOCAB_SIZE,

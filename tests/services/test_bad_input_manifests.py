@@ -6,8 +6,8 @@ import pytest
 
 from runs.data.extractions import extraction_import
 from runs.models import Extraction, Manifest, TargetModel
-from workers.stages.extraction_layout import ManifestError
-from workers.stages.errors import InputError
+from workers.contract.extraction_layout import ManifestError
+from workers.contract.errors import InputError
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from runs.pipeline import job_services, services
 from runs.data.curation import dataset_exclusions
 from runs.models import CurationAction, Dataset, DatasetSample, Preparation
 from runs.pipeline.run_config import RunConfig
-from workers.stages.chats import content_hash
+from workers.contract.chats import content_hash
 from workers.tasks import stage_execute
 
 pytestmark = pytest.mark.django_db
@@ -54,7 +54,7 @@ def sample(dataset: Dataset, sample_id: str) -> DatasetSample:
 def test_content_hash_is_canonical_over_role_content_and_thinking():
     from pathlib import Path
 
-    from workers.stages.chats import parse_row
+    from workers.contract.chats import parse_row
 
     sharegpt = parse_row(json.dumps({"conversations": [{"from": "human", "value": "hi"},
                                                        {"from": "gpt", "value": "yo", "thinking": "hm"}]}),

@@ -19,7 +19,7 @@ from runs.models import Checkpoint, Evaluation, PendingEnqueue, PipelineRun, Sta
 from runs.pipeline.routing import stage_backend, stage_problem, stage_queue
 from runs.pipeline.run_config import RunConfig, RunConfigError
 from tests.fleet import cpu_worker, fake_gpu_worker
-from workers.stages import backends
+from workers.contract import backends
 
 pytestmark = pytest.mark.django_db
 

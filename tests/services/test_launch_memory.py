@@ -13,8 +13,8 @@ from runs.pipeline import services
 from runs.models import PendingEnqueue, PipelineRun, TargetModel
 from runs.pipeline.run_config import RunConfig, RunConfigError
 from tests.fleet import cpu_worker, fake_gpu_worker
-from workers.stages import backends
-from workers.stages.target import target_weight_bytes
+from workers.contract import backends
+from workers.contract.target import target_weight_bytes
 
 pytestmark = pytest.mark.django_db
 

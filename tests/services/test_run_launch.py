@@ -8,7 +8,7 @@ from runs.models import PipelineRun, StageStatus, TargetModel
 from runs.pipeline.run_config import RunConfig, RunConfigError
 from runs.pipeline.stage_services import stage_fail, stage_record_id, stage_start, stage_succeed
 from runs.data.paths import PathNotAllowed
-from workers.stages.target import TargetConfigError
+from workers.contract.target import TargetConfigError
 
 pytestmark = pytest.mark.django_db
 

@@ -23,7 +23,7 @@ def _launch(user, roots, **config):
 
 def _measured(run, tau: float = 2.5):
     """The run's evaluate stage recording a measurement of its best checkpoint, as a worker does."""
-    from workers.stages.evaluate import EvaluationResult
+    from workers.stages.evaluate.measure import EvaluationResult
 
     checkpoint = Checkpoint.objects.create(training_run=run.training_run, epoch=0, path=f"{run.output_dir}/ckpt",
                                            is_best=True)

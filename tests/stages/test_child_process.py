@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from workers.stages.train_speculators import _Trainer
-from workers.stages.vllm_server import VllmServer
+from workers.stages.train.with_speculators.trainer import _Trainer
+from workers.stages.extract.vllm_server import VllmServer
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's (prctl)")
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]

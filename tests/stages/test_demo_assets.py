@@ -4,13 +4,13 @@ import time
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workers.stages.demo_assets import (
+from workers.stages.demo.assets import (
     BUILD_INFO_FILENAME,
     build_demo_assets,
     read_chat_messages,
     write_demo_chats,
 )
-from workers.stages.target import default_layer_ids, read_target_config
+from workers.contract.target import default_layer_ids, read_target_config
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.stages.test_train import write_training_inputs
-from workers.stages.evaluate import (
+from workers.stages.evaluate.measure import (
     DraftRunner,
     EvaluationInputError,
     evaluate,
@@ -17,9 +17,9 @@ from workers.stages.evaluate import (
     prompts_from_prepared,
     validation_rows,
 )
-from workers.stages.extract import load_target
-from workers.stages.speculative import TargetRunner
-from workers.stages.train import build_draft_model, train
+from workers.stages.extract.with_transformers import load_target
+from workers.stages.evaluate.speculative import TargetRunner
+from workers.stages.train.loop import build_draft_model, train
 
 K = 3
 

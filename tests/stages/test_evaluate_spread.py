@@ -3,13 +3,13 @@ refused before loading anything on a worker without that many GPUs; with a FAKE 
 standing in for cuda:0), the target is loaded for num_gpus and decodes as on one device.
 
 No GPU here: that the hidden states of layers on other GPUs reach the draft on cuda:0
-(TargetRunner moves them) is reasoned in workers/stages/speculative.py, not run."""
+(TargetRunner moves them) is reasoned in workers/stages/evaluate/speculative.py, not run."""
 import pytest
 import torch
 
 from tests.stages.test_evaluate import chat_prompts, inputs, untrained_checkpoint  # noqa: F401 - fixtures
-from workers.stages import extract, extract_model
-from workers.stages.evaluate import EvaluationInputError, evaluate
+from workers.stages.extract import with_transformers as extract, model as extract_model
+from workers.stages.evaluate.measure import EvaluationInputError, evaluate
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])

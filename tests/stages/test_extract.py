@@ -9,8 +9,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from workers.stages import extract as extract_module
-from workers.stages.extract import (
+from workers.stages.extract import with_transformers as extract_module
+from workers.stages.extract.with_transformers import (
     HiddenBatch,
     batch_token_budget,
     extract,
@@ -20,7 +20,7 @@ from workers.stages.extract import (
     plan_forward_batches,
 )
 from workers.stages.prepare import prepare
-from workers.stages.target import TargetConfigError, default_layer_ids
+from workers.contract.target import TargetConfigError, default_layer_ids
 
 SUBSET = 10
 CHECK_SCRIPT = Path(__file__).resolve().parents[3] / "shared" / "tools" / "check_run_outputs.py"

@@ -10,10 +10,10 @@ import shutil
 
 import pytest
 
-from workers.stages.extract import extract
-from workers.stages.extract_resume import RESUME_NAME, sample_is_whole
+from workers.stages.extract.with_transformers import extract
+from workers.stages.extract.resume import RESUME_NAME, sample_is_whole
 from workers.stages.prepare import prepare
-from workers.stages.target import default_layer_ids
+from workers.contract.target import default_layer_ids
 
 CONVERSATIONS = 12
 ROWS = 21  # the 12 conversations prepare into 21 rows (one per assistant turn)
@@ -117,7 +117,7 @@ def test_a_truncated_or_foreign_sample_and_a_stray_temp_file_are_redone(tiny_tar
 
 def test_a_finished_extraction_run_again_reuses_everything_without_loading_the_model(
         tiny_target, prepared, layer_ids, tmp_path, monkeypatch):
-    from workers.stages import extract as extract_module
+    from workers.stages.extract import with_transformers as extract_module
 
     out = tmp_path / "out"
     first = run_extract(tiny_target, prepared, out, layer_ids)

@@ -22,8 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers.stages.extract import extract, open_prepared
-from workers.stages.extract_vllm import (
+from workers.stages.extract.with_transformers import extract, open_prepared
+from workers.stages.extract.with_vllm import (
     LOG_NAME,
     STAGING_DIRNAME,
     ExtractionStopped,
@@ -31,9 +31,9 @@ from workers.stages.extract_vllm import (
     extract_with_vllm,
 )
 from workers.stages.prepare import prepare
-from workers.stages.target import default_layer_ids
-from workers.stages.verify import verify_extraction
-from workers.stages.vllm_server import VllmServerError, serve_command
+from workers.contract.target import default_layer_ids
+from workers.contract.verify import verify_extraction
+from workers.stages.extract.vllm_server import VllmServerError, serve_command
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
 CONVERSATIONS = 6
@@ -208,7 +208,7 @@ def test_standin_vllm_server_dying_mid_run_fails_with_its_log_tail(standin_vllm,
 
 def test_standin_vllm_server_does_not_outlive_a_killed_worker(tiny_target, prepared, layer_ids, tmp_path):
     out = tmp_path / "run"
-    code = ("import sys; from workers.stages.extract_vllm import extract_with_vllm; "
+    code = ("import sys; from workers.stages.extract.with_vllm import extract_with_vllm; "
             "extract_with_vllm(target_dir=sys.argv[1], prepared_dir=sys.argv[2], out_dir=sys.argv[3], "
             "layer_ids=[int(i) for i in sys.argv[4].split(',')], startup_timeout_s=600)")
     env = {**os.environ, **_standin_env(), "STANDIN_VLLM_LOAD_SECONDS": "600"}

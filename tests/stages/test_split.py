@@ -1,9 +1,9 @@
 """The train/validation split: whole conversations on one side, deterministic for a seed."""
 import pytest
 
-from workers.stages.evaluate_prompts import EvaluationInputError, validation_rows
-from workers.stages.speculators_plan import speculators_split
-from workers.stages.split import SplitError, split_record, split_train_val, write_split
+from workers.stages.evaluate.prompts import EvaluationInputError, validation_rows
+from workers.stages.train.with_speculators.plan import speculators_split
+from workers.stages.train.split import SplitError, split_record, split_train_val, write_split
 
 # 12 conversations of 1-5 rows each, rows of a conversation adjacent as prepare writes them.
 IDS = [f"c{c}" for c in range(12) for _ in range(1 + c % 5)]

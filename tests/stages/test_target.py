@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from workers.stages.target import TargetConfigError, default_layer_ids, read_target_config, validate_layer_ids
+from workers.contract.target import TargetConfigError, default_layer_ids, read_target_config, validate_layer_ids
 
 
 def test_nested_text_config_wins(tmp_path):

@@ -14,16 +14,16 @@ import math
 import pytest
 import torch
 
-from workers.stages.evaluate import prompts_from_file
-from workers.stages.extract import load_target
-from workers.stages.speculative import (
+from workers.stages.evaluate.measure import prompts_from_file
+from workers.stages.extract.with_transformers import load_target
+from workers.stages.evaluate.speculative import (
     TargetRunner,
     eos_ids,
     greedy_decode,
     measure,
     speculative_decode,
 )
-from workers.stages.target import default_layer_ids
+from workers.contract.target import default_layer_ids
 
 K = 3
 FULL_CHAINS = 5

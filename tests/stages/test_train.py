@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from workers.stages import train as train_stage
-from workers.stages.demo_assets import read_chat_messages
-from workers.stages.target import default_layer_ids, read_target_config
-from workers.stages.train import (
+from workers.stages.train import loop as train_stage
+from workers.stages.demo.assets import read_chat_messages
+from workers.contract.target import default_layer_ids, read_target_config
+from workers.stages.train.loop import (
     TrainingStopped,
     TrainInputError,
     build_draft_model,
@@ -221,7 +221,7 @@ def test_a_one_token_row_is_counted_unusable_and_adds_no_available_tokens(inputs
     from datasets import Dataset, load_from_disk
     from safetensors.torch import load_file, save_file
 
-    from workers.stages.split import split_train_val
+    from workers.stages.train.split import split_train_val
 
     rows = load_from_disk(str(inputs.prepared_dir)).with_format(None).to_dict()
     first = load_file(str(inputs.hidden_states_dir / "hs_0.safetensors"))

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.long_chats import build_training_inputs, write_long_chats
-from workers.stages import train as train_stage
-from workers.stages.train import device_label, iter_batches, plan_training_steps, resolve_device, train
+from workers.stages.train import loop as train_stage
+from workers.stages.train.loop import device_label, iter_batches, plan_training_steps, resolve_device, train
 
 MAX_SEQ_LEN = 640  # the demo target takes 2048 positions
 DRAFT_VOCAB = 512
@@ -67,7 +67,7 @@ def test_every_supervised_token_reaches_the_loss_in_every_epoch(long_trained, lo
 
 
 def test_a_requested_budget_below_the_longest_row_is_raised_and_logged(long_inputs, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="workers.stages.train_data"):
+    with caplog.at_level(logging.WARNING, logger="workers.stages.train.data"):
         result = run_train(long_inputs, tmp_path / "out", epochs=1, max_tokens_per_step=256)
     longest = max(long_inputs.lengths)
     assert result.tokens_per_step == longest

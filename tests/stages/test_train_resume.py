@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.stages.test_train import run_train, write_training_inputs
-from workers.stages.train_resume import state_path
+from workers.stages.train.resume import state_path
 
 NUM_ROWS = 16
 
@@ -90,7 +90,7 @@ def assert_same_training(resumed, recorder, uninterrupted):
 def test_killed_in_the_second_epoch_it_resumes_from_the_first_epochs_end(inputs, uninterrupted, tmp_path, monkeypatch):
     # Every step's metrics handed on at once: whether the lost attempt had flushed past its saved state
     # must not hang on the 2-second flush timer (it did on a busy machine, and not on a quiet one).
-    monkeypatch.setattr("workers.stages.train.METRICS_FLUSH_STEPS", 1)
+    monkeypatch.setattr("workers.stages.train.loop.METRICS_FLUSH_STEPS", 1)
     out, recorder = tmp_path / "out", Recorder()
     kill_at = uninterrupted.epoch0_steps + 2
     with pytest.raises(Killed):

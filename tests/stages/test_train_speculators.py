@@ -16,13 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers.stages.extract import extract
+from workers.stages.extract.with_transformers import extract
 from workers.stages.prepare import prepare
-from workers.stages.speculators_layout import SpeculatorsLayoutError, run_data_link, speculators_data_link
-from workers.stages.speculators_plan import plan_epochs, read_rows
-from workers.stages.target import default_layer_ids
-from workers.stages.train import TrainingStopped, TrainInputError
-from workers.stages.train_speculators import SpeculatorsTrainError, speculators_command, train_with_speculators
+from workers.contract.speculators_layout import SpeculatorsLayoutError, run_data_link, speculators_data_link
+from workers.stages.train.with_speculators.plan import plan_epochs, read_rows
+from workers.contract.target import default_layer_ids
+from workers.stages.train.loop import TrainingStopped, TrainInputError
+from workers.stages.train.with_speculators.trainer import SpeculatorsTrainError, speculators_command, train_with_speculators
 from workers.stages.vocab import build_vocab
 
 SEAM = Path(__file__).resolve().parent / "speculators_cpu_seam"
@@ -120,7 +120,7 @@ def test_command_carries_processes_fsdp_and_the_run_paths_for_several_gpus(tmp_p
         draft_vocab_size=32000, epochs=5, lr=1e-4, ttt_steps=3, seed=7, total_seq_len=8192, train_data_ratio=0.9,
         hidden_states_backend="fp8", extra_args=["--num-workers", "8"])
     assert command[:6] == ["/opt/venv/bin/torchrun", "--standalone", "--nproc-per-node", "4", "-m",
-                           "workers.stages.speculators_entry"]
+                           "workers.stages.train.with_speculators.entry"]
     flags = " ".join(command[6:])
     for expected in ("--verifier-name-or-path /models/target", f"--data-path {tmp_path / 'speculators_data'}",
                      f"--save-path {tmp_path / 'checkpoints'}", "--target-layer-ids 2 16 29",

@@ -46,7 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from workers.stages.chats import (  # noqa: E402,F401 - re-exported for callers of prepare
+from workers.contract.chats import (  # noqa: E402,F401 - re-exported for callers of prepare
     ROLE_ALIASES,
     Conversation,
     DatasetFormatError,
@@ -54,8 +54,8 @@ from workers.stages.chats import (  # noqa: E402,F401 - re-exported for callers 
     parse_row,
     read_conversations,
 )
-from workers.stages.errors import InputError  # noqa: E402
-from workers.stages.progress import ProgressFn  # noqa: E402
+from workers.contract.errors import InputError  # noqa: E402
+from workers.contract.progress import ProgressFn  # noqa: E402
 
 log = logging.getLogger(__name__)
 

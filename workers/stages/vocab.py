@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workers.stages.errors import InputError
-from workers.stages.progress import ProgressFn
+from workers.contract.errors import InputError
+from workers.contract.progress import ProgressFn
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, out_dir: Path, conversations: int | None, train_steps: int | None, as_json: bool,
                **opts):
-        from workers.stages.demo_assets import build_demo_assets
+        from workers.stages.demo.assets import build_demo_assets
 
         logging.getLogger("workers").setLevel(logging.INFO)
         kwargs = {"num_conversations": conversations} if conversations else {}

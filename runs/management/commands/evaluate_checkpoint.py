@@ -12,7 +12,7 @@ from runs.checkpoints.imports import checkpoint_import
 from runs.checkpoints.evaluation import evaluation_request
 from runs.management.command_user import command_user
 from runs.models import Checkpoint, Evaluation, StageStatus
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 
 def checkpoint_from_ref(ref: str, account) -> Checkpoint:

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from runs.management.command_user import command_user
 from runs.checkpoints.imports import checkpoint_import
 from runs.pipeline.upstream_commands import checkpoint_serve_command
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 
 class Command(BaseCommand):

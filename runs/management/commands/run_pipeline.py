@@ -11,8 +11,8 @@ from runs.pipeline import selectors, services
 from runs.management.command_user import command_user
 from runs.models import PipelineRun, StageStatus
 from runs.pipeline.run_config import RunConfig, parse_layer_ids
-from workers.stages.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
-from workers.stages.errors import InputError
+from workers.contract.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
+from workers.contract.errors import InputError
 
 
 class Command(BaseCommand):

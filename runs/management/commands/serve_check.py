@@ -13,7 +13,7 @@ from runs.management.commands.evaluate_checkpoint import checkpoint_from_ref
 from runs.models import Evaluation, StageStatus
 from runs.checkpoints.serve_check_selectors import serve_check_dict, serve_check_line
 from runs.checkpoints.serve_check_services import serve_check_request
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 
 class Command(BaseCommand):

@@ -9,7 +9,7 @@ from runs.management.command_user import command_user
 from runs.data.extractions import extraction_verify
 from runs.models import Extraction
 from runs.pipeline.selectors import extraction_list, extraction_summary
-from workers.stages.errors import InputError
+from workers.contract.errors import InputError
 
 
 class Command(BaseCommand):

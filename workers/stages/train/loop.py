@@ -1,0 +1,377 @@
+"""Train speculators' Eagle3DraftModel from speculators 0.9 files, on CUDA when the worker has it, else CPU.
+
+speculators' `Trainer` needs an accelerator, so this is a small loop of our own that reuses
+speculators' pieces wherever they run on a CPU and mirrors the rest line for line:
+
+- samples: `speculators.train.data.ArrowDataset._get_raw_data` + `BaseDataset.__getitem__`
+  (aux layers flattened to [T, L_aux*H], last layer as `verifier_last_hidden_states`); files are
+  read with `hs_connectors.FP8Transfer`, which also dequantizes fp8 hidden states;
+- alignment and packing: `speculators.models.eagle3.data.shift_batch`, `CollateFn` and
+  `MultipackDistributedBatchSamplerV2`, called directly;
+- the step: `speculators.train.trainer.Trainer.train_epoch` (forward, backward, clip 1.0,
+  AdamW from `train.optimizers.build_optimizers`, linear warmup schedule); validation:
+  `Trainer.val_epoch`; metric ratios: `speculators.train.utils.normalize_counted_metrics`;
+- checkpoints: `speculators.train.checkpointer.SingleGPUCheckpointer` plus
+  `Trainer.maybe_save_checkpoint` / `_save_training_state` / `maybe_update_best`.
+
+On CPU compute is fp32 without autocast: on this CPU (no AVX-512 BF16) bf16 autocast was 5-6x
+slower per token; bf16 hidden states are cast to fp32 as CollateFn copies them into the batch. On
+CUDA, as `Trainer.train_epoch` does: model and batches on the device, batches collated in bf16,
+forward under `torch.autocast("cuda", dtype=torch.bfloat16)`.
+
+No row is ever cut (see workers.stages.train.data): the budget per step is at least the longest
+prepared row, and the result counts the supervised tokens that reached the loss in each epoch
+against those in the train split. The split keeps each conversation on one side (workers.stages.train.split).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import logging  # noqa: E402
+import math  # noqa: E402
+import re  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from speculators.models.eagle3 import Eagle3DraftModel  # noqa: E402
+from speculators.train.checkpointer import SingleGPUCheckpointer  # noqa: E402
+from speculators.train.cli import create_transformer_layer_config  # noqa: E402
+from speculators.train.utils import normalize_counted_metrics  # noqa: E402
+from transformers import get_linear_schedule_with_warmup  # noqa: E402
+
+from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
+from workers.contract.errors import StopRequested  # noqa: E402
+from workers.stages.train.split import SplitError, SplitInfo, split_record, split_train_val, write_split  # noqa: E402,F401
+from workers.contract.target import read_target_config, validate_layer_ids  # noqa: E402
+from workers.stages.train.checkpoints import _clear_previous_run, save_epoch_checkpoint  # noqa: E402,F401
+from workers.stages.train.resume import (  # noqa: E402
+    Progress,
+    discard_state,
+    load_state,
+    remaining_plan,
+    restore,
+    save_state,
+    train_fingerprint,
+)
+from workers.stages.train.data import (  # noqa: E402,F401  (re-exported: tests and bench use them from here)
+    DEFAULT_TOKENS_PER_STEP,
+    HiddenStateSamples,
+    TrainInputError,
+    batch_dtype,
+    compute_context,
+    iter_batches,
+    plan_training_steps,
+    to_device,
+    token_budget,
+)
+
+logger = logging.getLogger(__name__)
+
+METRICS_FLUSH_SECONDS = 2.0
+METRICS_FLUSH_STEPS = 50
+# Besides each epoch's end, a resume state is saved this often within an epoch, so that a lost worker
+# costs at most this much training (an epoch of a large dataset can take hours).
+RESUME_SAVE_SECONDS = 600.0
+_METRIC_KEY = re.compile(r"^(loss|loss_\d+|full_acc_\d+|cond_acc_\d+)$")
+
+
+class TrainingStopped(StopRequested):
+    """should_stop() asked the loop to end; nothing after the last finished epoch was saved."""
+
+    def __init__(self, steps_done: int):
+        super().__init__(f"training stopped on request after {steps_done} steps")
+        self.steps_done = steps_done
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    epoch: int
+    path: Path
+    train_loss: float
+    val_loss: float
+    val_metrics: dict
+    is_best: bool
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    out_dir: Path
+    checkpoints: list[CheckpointInfo]
+    best_epoch: int
+    steps: int
+    train_tokens: int
+    tokens_per_second: float
+    seconds: float
+    tokens_per_step: int  # the packing budget used: max(requested or 512, longest prepared row)
+    # Supervised tokens that can reach the loss: loss_mask[1:] summed over the train split's rows
+    # (shift_batch drops position 0, which nothing predicts; prepared rows never mask it). Rows of
+    # fewer than 2 tokens are counted here too, though they add nothing, and in rows_unusable.
+    loss_tokens_available: int
+    loss_tokens_trained: int  # loss_mask summed over the shifted batches of the last epoch
+    loss_tokens_per_epoch: list[int]
+    rows_unusable: int  # train-split rows under 2 tokens: shift_batch leaves nothing to train on
+    split: SplitInfo
+    device: str  # e.g. "cpu" or "cuda:0 (NVIDIA H200)"
+    # A retried training continues from the resume state an earlier attempt saved (0: from the start).
+    # steps, train_tokens and the loss figures cover the whole training, earlier attempts included;
+    # tokens_per_second and seconds are this attempt's (the earlier attempts' when this one had no step left).
+    resumed_from_step: int = 0
+
+
+def build_draft_model(*, target_dir: Path, layer_ids: list[int], d2t_path: Path, t2d_path: Path,
+                      draft_vocab_size: int, ttt_steps: int, seed: int = 0) -> Eagle3DraftModel:
+    """A fresh 1-layer draft exactly as `speculators train` builds one with its eagle3 defaults."""
+    target = read_target_config(target_dir)
+    validate_layer_ids(layer_ids, target.num_layers)
+    d2t = torch.from_numpy(np.load(d2t_path))
+    t2d = torch.from_numpy(np.load(t2d_path))
+    if d2t.shape[0] != draft_vocab_size:
+        raise TrainInputError(f"{d2t_path}: {d2t.shape[0]} entries, but draft_vocab_size is {draft_vocab_size}")
+    if t2d.shape[0] != target.vocab_size:
+        raise TrainInputError(f"{t2d_path}: {t2d.shape[0]} entries, but the target vocabulary has {target.vocab_size}")
+    torch.manual_seed(seed)
+    # TrainConfig._resolve_derived_defaults for eagle3: llama draft, 1 layer, norm_before_fc,
+    # norm_output, norm_before_residual; DraftArgs: sliding_window 2048, no full-attention layers.
+    layer_config = create_transformer_layer_config(
+        verifier_name_or_path=str(target_dir), num_layers=1, draft_arch="llama", hidden_act=None,
+        sliding_window=2048, full_attention_indices=[])
+    model = Eagle3DraftModel.from_training_args(
+        verifier_config=layer_config, t2d=t2d.to(torch.bool), d2t=d2t.to(torch.long),
+        verifier_name_or_path=str(target_dir), draft_vocab_size=draft_vocab_size, norm_before_residual=True,
+        norm_before_fc=True, norm_output=True, ttt_steps=ttt_steps, target_layer_ids=list(layer_ids[:-1]),
+        draft_attn_impl="eager")
+    Eagle3DraftModel.verify_training_compatible(model)
+    return model
+
+
+def model_call_kwargs(ttt_steps: int) -> dict:
+    """Eagle3DraftModel.get_trainer_kwargs with loss kl_div, eager implementation, no decay."""
+    train_kwargs, _ = Eagle3DraftModel.get_trainer_kwargs(
+        loss_fn="kl_div", loss_implementation="eager", ttt_steps=ttt_steps, ttt_step_loss_decay=1.0)
+    return train_kwargs
+
+
+def make_optimizer(model: torch.nn.Module, *, lr: float, total_steps: int):
+    """AdamW as build_optimizers("adamw") makes it; linear decay with 1% warmup (at least one step)."""
+    optimizer = torch.optim.AdamW(model.named_parameters(), lr=lr, weight_decay=0.01)
+    warmup = max(1, total_steps // 100)
+    return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, max(total_steps, warmup + 1))
+
+
+def train_step(model, batch: dict, optimizer, scheduler, call_kwargs: dict,
+               device: torch.device = torch.device("cpu")) -> tuple[torch.Tensor, dict]:
+    """One Trainer.train_epoch step: forward (autocast on CUDA), backward, clip at 1.0, step, schedule."""
+    with compute_context(device):
+        _draft_tokens, loss, metrics = model(**to_device(batch, device), **call_kwargs)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    return loss, metrics
+
+
+def _public_metrics(raw: dict) -> dict[str, float]:
+    values = normalize_counted_metrics({k: float(v) for k, v in raw.items()})
+    return {k: v for k, v in values.items() if _METRIC_KEY.match(k)}
+
+
+@torch.no_grad()
+def evaluate(model, samples: HiddenStateSamples, plan: list[list[int]], *, max_tokens: int, call_kwargs: dict,
+             should_stop: Callable[[], bool] | None = None, steps_done: int = 0,
+             device: torch.device = torch.device("cpu")) -> dict[str, float]:
+    """Trainer.val_epoch: sum every _sum/_total over batches, divide by batch count, normalize."""
+    model.eval()
+    accumulated: dict[str, float] = {}
+    num_batches = 0
+    for batch in iter_batches(samples, plan, max_tokens=max_tokens, dtype=batch_dtype(device)):
+        if should_stop is not None and should_stop():
+            raise TrainingStopped(steps_done)
+        with compute_context(device):
+            _tokens, _loss, metrics = model(**to_device(batch, device), **call_kwargs)
+        for k, v in metrics.items():
+            accumulated[k] = accumulated.get(k, 0.0) + float(v)
+        num_batches += 1
+    model.train()
+    return normalize_counted_metrics({k: v / max(num_batches, 1) for k, v in accumulated.items()})
+
+
+class _MetricSink:
+    def __init__(self, on_metrics):
+        self.on_metrics = on_metrics
+        self.pending: list[dict] = []
+        self.steps_since = 0
+        self.last = time.monotonic()
+
+    def add(self, step: int, epoch: float, split: str, values: dict[str, float]) -> None:
+        self.pending.extend({"step": step, "epoch": round(epoch, 6), "split": split, "key": k, "value": float(v)}
+                            for k, v in values.items())
+        self.steps_since += 1
+        if self.steps_since >= METRICS_FLUSH_STEPS or time.monotonic() - self.last >= METRICS_FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending and self.on_metrics is not None:
+            self.on_metrics(self.pending)
+        self.pending, self.steps_since, self.last = [], 0, time.monotonic()
+
+
+def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_path: Path, t2d_path: Path,
+          out_dir: Path, layer_ids: list[int], epochs: int, lr: float, ttt_steps: int, draft_vocab_size: int,
+          val_fraction: float = 0.1, max_tokens_per_step: int | None = None, seed: int = 0, device: str = "auto",
+          on_progress: Callable[[int, int], None] | None = None,
+          on_metrics: Callable[[list[dict]], None] | None = None,
+          should_stop: Callable[[], bool] | None = None,
+          on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
+          on_resume: Callable[[int, int], None] | None = None,
+          resume_every_steps: int | None = None,
+          resume_every_seconds: float | None = RESUME_SAVE_SECONDS) -> TrainResult:
+    """Train the draft; `on_checkpoint` hears of each epoch's checkpoint as soon as it is on disk
+    (is_best False until the end, when the returned result marks the best). The split (by
+    conversation, see workers.stages.train.split) is written to out_dir/split.json before training.
+
+    A resume state (workers.stages.train.resume) is saved at each epoch's end and every
+    `resume_every_steps` steps or `resume_every_seconds`; a later call with the same inputs continues
+    from it. `on_resume(step, epochs_done)` is told where training continues (0, 0 when it starts
+    afresh) before any metric is reported, so that metrics and checkpoints an earlier attempt
+    reported past that point can be dropped."""
+    started = time.monotonic()
+    if epochs < 1 or ttt_steps < 1 or lr <= 0:
+        raise ValueError(f"need epochs >= 1, ttt_steps >= 1, lr > 0; got {epochs}, {ttt_steps}, {lr}")
+    run_on = resolve_device(device)
+    target = read_target_config(target_dir)
+    validate_layer_ids(layer_ids, target.num_layers)
+    samples = HiddenStateSamples(prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir,
+                                 layer_ids=layer_ids, hidden_size=target.hidden_size)
+    try:
+        train_idx, val_idx, split = split_train_val(samples.source_ids, val_fraction=val_fraction, seed=seed,
+                                                    num_rows=len(samples))
+    except SplitError as exc:
+        raise TrainInputError(f"{prepared_dir}: {exc}") from None
+    budget = token_budget(max_tokens_per_step, samples.lengths)
+    rows_unusable = sum(1 for i in train_idx if samples.lengths[i] < 2)
+    available = sum(samples.trainable_loss_tokens[i] for i in train_idx)
+    plans = [plan_training_steps(samples.lengths, train_idx, max_tokens=budget, seed=seed, epoch=e) for e in range(epochs)]
+    val_plan = plan_training_steps(samples.lengths, val_idx, max_tokens=budget, seed=0, epoch=0)
+    total_steps = sum(len(p) for p in plans)
+    model = build_draft_model(target_dir=target_dir, layer_ids=layer_ids, d2t_path=d2t_path, t2d_path=t2d_path,
+                              draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, seed=seed)
+    model.to(run_on)
+    model.train()
+    call_kwargs = model_call_kwargs(ttt_steps)
+    optimizer, scheduler = make_optimizer(model, lr=lr, total_steps=total_steps)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fingerprint = train_fingerprint(
+        target_dir=target_dir, prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir, d2t_path=d2t_path,
+        t2d_path=t2d_path, train_rows=train_idx, val_rows=val_idx, plans=plans,
+        hyper={"layer_ids": list(layer_ids), "epochs": epochs, "lr": lr, "ttt_steps": ttt_steps, "seed": seed,
+               "draft_vocab_size": draft_vocab_size, "val_fraction": val_fraction, "tokens_per_step": budget})
+    state = load_state(out_dir, fingerprint=fingerprint)
+    if state is None:
+        discard_state(out_dir)
+        progress = Progress()
+    else:
+        progress = restore(state, model=model, optimizer=optimizer, scheduler=scheduler)
+        del state
+    resumed_from = progress.global_step
+    _clear_previous_run(out_dir, keep_epochs=progress.epoch)
+    if on_resume is not None:
+        on_resume(progress.global_step, progress.epoch)
+    write_split(out_dir, split_record(train_idx, val_idx, split, samples.source_ids))
+    checkpointer = SingleGPUCheckpointer(out_dir)
+    sink = _MetricSink(on_metrics)
+    logger.info("training on %s: %d train / %d val rows (split by %s: %d / %d conversations), %d tokens per step, "
+                "%d steps over %d epochs into %s", device_label(run_on), len(train_idx), len(val_idx), split.by,
+                split.train_conversations, split.val_conversations, budget, total_steps, epochs, out_dir)
+    if progress.global_step or progress.epoch:
+        logger.info("resumed from step %d (epoch %d, %d batches into it): %d of %d steps left", resumed_from,
+                    progress.epoch, progress.local_step, total_steps - resumed_from, total_steps)
+    if rows_unusable:
+        logger.warning("%d train rows have fewer than 2 tokens and cannot be trained on", rows_unusable)
+
+    def save_resume() -> None:
+        sink.flush()  # every metric up to this state's step is handed on before the state says so
+        if should_stop is not None and should_stop():  # a replaced attempt must not overwrite its successor's state
+            raise TrainingStopped(progress.global_step)
+        save_state(out_dir, fingerprint=fingerprint, model=model, optimizer=optimizer, scheduler=scheduler,
+                   progress=progress)
+
+    step, attempt_tokens, attempt_seconds, last_save = progress.global_step, 0, 0.0, time.monotonic()
+    if on_progress is not None:
+        on_progress(step, total_steps)
+    try:
+        for epoch in range(progress.epoch, epochs):
+            plan = plans[epoch]
+            todo = remaining_plan(plan, samples.lengths, progress.local_step)
+            batches = iter_batches(samples, todo, max_tokens=budget, dtype=batch_dtype(run_on))
+            t0 = time.perf_counter()
+            for local_step, batch in enumerate(batches, progress.local_step + 1):
+                if should_stop is not None and should_stop():
+                    raise TrainingStopped(step)
+                lr_now = optimizer.param_groups[0]["lr"]
+                tokens = int((batch["document_ids"] != -1).sum())
+                progress.loss_tokens += int(batch["loss_mask"].sum())
+                loss, raw = train_step(model, batch, optimizer, scheduler, call_kwargs, device=run_on)
+                t1 = time.perf_counter()
+                step, attempt_tokens, attempt_seconds = step + 1, attempt_tokens + tokens, attempt_seconds + (t1 - t0)
+                progress.global_step, progress.local_step = step, local_step
+                progress.train_tokens += tokens
+                progress.train_seconds += t1 - t0
+                values = _public_metrics(raw)
+                progress.losses.append(values["loss"])
+                values.update(lr=lr_now, tokens_per_s=tokens / max(t1 - t0, 1e-9), tokens_seen=progress.train_tokens)
+                sink.add(step, epoch + local_step / len(plan), "train", values)
+                if on_progress is not None:
+                    on_progress(step, total_steps)
+                if ((resume_every_steps and step % resume_every_steps == 0)
+                        or (resume_every_seconds is not None and time.monotonic() - last_save >= resume_every_seconds)):
+                    save_resume()
+                    last_save = time.monotonic()
+                t0 = time.perf_counter()
+            loss_tokens = progress.loss_tokens
+            progress.loss_tokens_per_epoch.append(loss_tokens)
+            if loss_tokens != available:
+                logger.warning("epoch %d: %d of %d supervised tokens reached the loss", epoch, loss_tokens, available)
+            val = evaluate(model, samples, val_plan, max_tokens=budget, call_kwargs=call_kwargs,
+                           should_stop=should_stop, steps_done=step, device=run_on)
+            val_public = {k: float(v) for k, v in val.items() if _METRIC_KEY.match(k)}
+            sink.add(step, epoch + 1.0, "val", val_public)
+            sink.flush()
+            path = save_epoch_checkpoint(checkpointer, model, optimizer, scheduler, epoch=epoch, global_step=step,
+                                         val_metrics=val)
+            train_loss = float(np.mean(progress.losses)) if progress.losses else math.nan
+            progress.epoch_rows.append([epoch, str(path), train_loss, val_public])
+            logger.info("epoch %d: train loss %.4f, val loss %.4f, %d of %d supervised tokens trained, checkpoint %s",
+                        epoch, train_loss, val_public.get("loss", math.nan), loss_tokens, available, path)
+            if on_checkpoint is not None:
+                on_checkpoint(CheckpointInfo(epoch=epoch, path=path, train_loss=train_loss,
+                                             val_loss=val_public.get("loss", math.nan), val_metrics=val_public,
+                                             is_best=False))
+            progress.epoch, progress.local_step, progress.losses, progress.loss_tokens = epoch + 1, 0, [], 0
+            save_resume()
+            last_save = time.monotonic()
+    except TrainingStopped:
+        sink.flush()
+        logger.info("training stopped on request after %d steps", step)
+        raise
+
+    epoch_rows = [(e, Path(p), tl, v) for e, p, tl, v in progress.epoch_rows]
+    best_epoch = min(epoch_rows, key=lambda r: r[3].get("loss", math.inf))[0]
+    checkpointer.update_best_symlink(best_epoch)
+    checkpoints = [CheckpointInfo(epoch=e, path=p, train_loss=tl, val_loss=v.get("loss", math.nan), val_metrics=v,
+                                  is_best=e == best_epoch) for e, p, tl, v in epoch_rows]
+    tokens_per_second = (attempt_tokens / max(attempt_seconds, 1e-9) if attempt_tokens
+                         else progress.train_tokens / max(progress.train_seconds, 1e-9))
+    return TrainResult(out_dir=out_dir, checkpoints=checkpoints, best_epoch=best_epoch, steps=step,
+                       train_tokens=progress.train_tokens, tokens_per_second=tokens_per_second,
+                       seconds=time.monotonic() - started, tokens_per_step=budget, loss_tokens_available=available,
+                       loss_tokens_trained=progress.loss_tokens_per_epoch[-1],
+                       loss_tokens_per_epoch=list(progress.loss_tokens_per_epoch), rows_unusable=rows_unusable,
+                       split=split, device=device_label(run_on), resumed_from_step=resumed_from)

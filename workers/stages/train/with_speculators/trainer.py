@@ -1,0 +1,374 @@
+"""The speculators training backend: speculators 0.9's own Trainer under torchrun, one node, N GPUs.
+
+What runs (read from the installed speculators 0.9.0, speculators/train/):
+  torchrun --standalone --nproc-per-node N -m workers.stages.train.with_speculators.entry
+      --verifier-name-or-path TARGET --data-path RUN/speculators_data --save-path RUN/checkpoints
+      --target-layer-ids A B C --draft-vocab-size V --epochs E --lr LR --ttt-steps K --seed S
+      --total-seq-len T --train-data-ratio R --on-missing raise --log-dir RUN/checkpoints/logs
+      [--hidden-states-backend fp8] [--fsdp-shard] [extra flags]
+- the entry module is `speculators/train/__main__.py` (`main(TrainConfig.resolve())`) plus a logging
+  handler (workers.stages.train.with_speculators.entry); the flags are `train/config/schema.py`'s. The data
+  directory is links into the run (workers.contract.speculators_layout): `d2t-V.npy`/`t2d-V.npy` are
+  found there by `cli.py parse_vocab_mappings`, `hidden_states/` by the file backend.
+- `--on-missing raise`: its default, `generate`, asks a vLLM server for hidden states it lacks.
+- Processes: `maybe_setup_distributed` (train/distributed.py) calls init_process_group when torchrun
+  set LOCAL_RANK; then `Trainer.setup_model` wraps in DDP, or FSDP2 `fully_shard` per decoder layer with
+  `--fsdp-shard` (default here when N > 1; DistributedCheckpointer gathers full weights on rank 0).
+  Each rank moves the model to accelerator `LOCAL_RANK`: on a host without one it stops with "Cannot
+  access accelerator device when none is available" (there is no device flag), so this backend needs
+  GPUs; tests run it on the CPU through a test-only seam (tests/stages/speculators_cpu_seam/).
+- Metrics: per logged step (`--log-freq`, default 1) a dict on logger `speculators.metrics`:
+  {"train": {loss, loss_k, full_acc_k, cond_acc_k per TTT step k, error_records}, "profile":
+  {step_ms, tokens_per_s, ...}, "epoch", "lr" (a float, or {optimizer: lr} with muon), "global_step"
+  (before the step)}; per epoch {"val": {same keys + "_epoch"}, "epoch"} with extra step = steps done.
+  They become our points: keys as workers.stages.train.loop reports them, train step = global_step + 1.
+- Checkpoints (train/trainer.py maybe_save_checkpoint, checkpointer.py): after each epoch
+  `save_path/{epoch}/` (config.json with speculators_model_type "eagle3", model.safetensors with
+  d2t/t2d, optimizer_state_dict.pt, scheduler_state_dict.pt, training_state.json), a link
+  `epoch{e}_end`, then validation, then `val_metrics.json` and `checkpoint_best` when the loss
+  improved; `run.yaml` and `train_command.txt` in save_path. One is registered when its validation
+  was logged and the folder is whole; on SIGTERM it saves `interrupted/`, which it never resumes from.
+- Resume: its own, from the highest finished epoch folder (see workers.stages.train.with_speculators.ledger).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from workers.stages.child_process import die_with_parent, stop_group
+from workers.stages.train.with_speculators.entry import METRICS_PATH_ENV
+from workers.contract.speculators_layout import default_data_dir, speculators_data_link
+from workers.stages.train.with_speculators.ledger import EpochDone, checkpoint_whole, ledger_open, ledger_save
+from workers.stages.train.with_speculators.plan import (
+    check_hidden_states,
+    plan_epochs,
+    read_rows,
+    speculators_split,
+    total_seq_len_for,
+)
+from workers.stages.train.split import SplitError, write_split
+from workers.contract.target import read_target_config, validate_layer_ids
+from workers.stages.train.loop import _METRIC_KEY, CheckpointInfo, TrainingStopped, TrainInputError, TrainResult
+from workers.stages.train.resume import train_fingerprint
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[4]
+ENTRY_MODULE = "workers.stages.train.with_speculators.entry"
+METRICS_FILE = "speculators_metrics.jsonl"
+LOG_FILE = "speculators_train.log"
+POLL_SECONDS = 0.5
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_METRIC_ECHO = re.compile(r"\b(train|val|profile)/\w+=")  # speculators' console copy of a metric record
+_PROGRESS_BAR = re.compile(r"━|\d+%\|")  # tqdm/rich bars: in the log file, not in the stage's log lines
+_RICH_SOURCE = re.compile(r"\s+\w+\.py:\d+$")  # RichHandler's right-aligned "trainer.py:739"
+
+
+class SpeculatorsTrainError(RuntimeError):
+    """speculators' trainer exited with an error; the message ends with its last log lines."""
+
+
+def default_torchrun() -> str:
+    found = shutil.which("torchrun") or shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if found is None:
+        raise SpeculatorsTrainError("torchrun not found on PATH or beside this Python; it is installed with torch")
+    return found
+
+
+def speculators_command(*, torchrun: str, num_gpus: int, fsdp: bool, target_dir: Path, data_dir: Path,
+                        out_dir: Path, aux_layer_ids: Sequence[int], draft_vocab_size: int, epochs: int, lr: float,
+                        ttt_steps: int, seed: int, total_seq_len: int, train_data_ratio: float,
+                        hidden_states_backend: str = "file", extra_args: Sequence[str] = ()) -> list[str]:
+    command = [torchrun, "--standalone", "--nproc-per-node", str(num_gpus), "-m", ENTRY_MODULE,
+               "--verifier-name-or-path", str(target_dir), "--data-path", str(data_dir), "--save-path", str(out_dir),
+               "--target-layer-ids", *[str(i) for i in aux_layer_ids], "--draft-vocab-size", str(draft_vocab_size),
+               "--epochs", str(epochs), "--lr", repr(float(lr)), "--ttt-steps", str(ttt_steps), "--seed", str(seed),
+               "--total-seq-len", str(total_seq_len), "--train-data-ratio", repr(train_data_ratio),
+               "--on-missing", "raise", "--log-dir", str(Path(out_dir) / "logs")]
+    if hidden_states_backend != "file":
+        command += ["--hidden-states-backend", hidden_states_backend]
+    if fsdp:
+        command.append("--fsdp-shard")
+    return command + list(extra_args)
+
+
+class _Capture:
+    """Turns the entry module's metric lines into our points, epochs and checkpoints."""
+
+    def __init__(self, *, path: Path, plan, out_dir: Path, ledger, on_metrics, on_checkpoint, on_progress):
+        self.path, self.plan, self.out_dir, self.ledger = path, plan, out_dir, ledger
+        self.on_metrics, self.on_checkpoint, self.on_progress = on_metrics, on_checkpoint, on_progress
+        self.offset, self.points, self.device = 0, [], ""
+        self.step = ledger.global_step
+        self.losses: dict[int, list[float]] = collections.defaultdict(list)
+        self.profiled: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+        self.pending_val: dict[int, tuple[int, dict]] = {}
+        self.dropped_samples = 0.0
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self.offset += len(whole)
+        for line in whole.decode("utf-8").splitlines():
+            self._line(json.loads(line))
+        self._register_checkpoints()
+        self.flush()
+
+    def _line(self, line: dict) -> None:
+        if "device" in line:
+            self.device = line["device"]
+            return
+        record = line["record"]
+        if "train" in record:
+            self._train(record)
+        elif "val" in record:
+            epoch, step = int(record["epoch"]), int(line["step"])
+            values = {k.removesuffix("_epoch"): float(v) for k, v in record["val"].items()
+                      if _METRIC_KEY.match(k.removesuffix("_epoch"))}
+            self.points += [{"step": step, "epoch": float(epoch + 1), "split": "val", "key": k, "value": v}
+                            for k, v in values.items()]
+            self.pending_val[epoch] = (step, values)
+
+    def _train(self, record: dict) -> None:
+        epoch, step = int(record["epoch"]), int(record["global_step"]) + 1
+        local = step - self.plan.steps_before(epoch)
+        values = {k: float(v) for k, v in record["train"].items() if _METRIC_KEY.match(k)}
+        self.dropped_samples += float(record["train"].get("error_records", 0.0))
+        lr = record.get("lr")
+        if isinstance(lr, Mapping):  # muon: {"Muon": lr, "AdamW": lr}; --lr sets AdamW's
+            lr = lr.get("AdamW", next(iter(lr.values()), None))
+        if isinstance(lr, (int, float)):
+            values["lr"] = float(lr)
+        if 1 <= local <= self.plan.steps_per_epoch[epoch]:
+            tokens = self.plan.step_tokens[epoch][local - 1]
+            values["tokens_seen"] = float(self.plan.tokens_through(epoch, local))
+            step_ms = (record.get("profile") or {}).get("step_ms")
+            if isinstance(step_ms, (int, float)) and step_ms > 0:
+                values["tokens_per_s"] = tokens / (step_ms / 1000)
+                self.profiled[epoch][0] += tokens
+                self.profiled[epoch][1] += step_ms / 1000
+        if "loss" in values:
+            self.losses[epoch].append(values["loss"])
+        fraction = epoch + local / max(self.plan.steps_per_epoch[epoch], 1)
+        self.points += [{"step": step, "epoch": round(fraction, 6), "split": "train", "key": k, "value": v}
+                        for k, v in values.items()]
+        self.step = step
+        if self.on_progress is not None:
+            self.on_progress(step, self.plan.total_steps)
+
+    def flush(self) -> None:
+        if self.points and self.on_metrics is not None:
+            self.on_metrics(self.points)
+        self.points = []
+
+    def _register_checkpoints(self) -> None:
+        for epoch in sorted(self.pending_val):
+            folder = self.out_dir / str(epoch)
+            if epoch != len(self.ledger.epochs) or not checkpoint_whole(folder, epoch):
+                continue
+            step, values = self.pending_val.pop(epoch)
+            losses = self.losses.pop(epoch, [])
+            train_loss = sum(losses) / len(losses) if losses else math.nan
+            tokens, seconds = self.profiled.pop(epoch, [0, 0.0])
+            self.flush()  # the curve up to this checkpoint is stored before the checkpoint is
+            info = CheckpointInfo(epoch=epoch, path=folder, train_loss=train_loss,
+                                  val_loss=values.get("loss", math.nan), val_metrics=values, is_best=False)
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(info)
+            self.ledger.epochs.append(EpochDone(epoch=epoch, path=str(folder), train_loss=train_loss,
+                                                val_metrics=values, global_step=step, profiled_tokens=int(tokens),
+                                                profiled_seconds=seconds))
+            ledger_save(self.out_dir, self.ledger)
+            logger.info("epoch %d: train loss %.4f, val loss %.4f, checkpoint %s", epoch, train_loss,
+                        values.get("loss", math.nan), folder)
+
+
+class _Trainer:
+    """The torchrun process group: its output copied to a log file and our logger, stopped on request."""
+
+    def __init__(self, command: list[str], *, cwd: Path, env: dict, log_path: Path):
+        self.log_path = log_path
+        self.tail: collections.deque[str] = collections.deque(maxlen=60)
+        self.log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in wait()
+        self.log.write(f"$ {' '.join(command)}\n")
+        self.proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, errors="replace", start_new_session=True,
+                                     preexec_fn=die_with_parent())  # torchrun passes SIGTERM on to its ranks
+        self.reader = threading.Thread(target=self._read, name="speculators-output", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            line = _ANSI.sub("", raw).rstrip()
+            self.log.write(line + "\n")
+            self.log.flush()
+            if line.strip():
+                self.tail.append(line)
+                if not (_METRIC_ECHO.search(line) or _PROGRESS_BAR.search(line)):
+                    logger.info("speculators: %s", " ".join(_RICH_SOURCE.sub("", line).split()))
+
+    def stop(self, grace_seconds: float) -> None:
+        """SIGTERM to torchrun and every rank (speculators saves `interrupted/` and exits), SIGKILL
+        to what is left after the grace period."""
+        if stop_group(self.proc, grace_seconds):
+            logger.warning("speculators did not stop within %.0f s of SIGTERM; killed it", grace_seconds)
+
+    def wait(self) -> int:
+        rc = self.proc.wait()
+        self.reader.join(timeout=10)
+        self.log.close()
+        return rc
+
+
+def train_with_speculators(
+        *, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_path: Path, t2d_path: Path,
+        out_dir: Path, layer_ids: list[int], epochs: int, lr: float, ttt_steps: int, draft_vocab_size: int,
+        num_gpus: int = 1, seed: int = 0, val_fraction: float = 0.1, max_tokens_per_step: int | None = None,
+        fsdp: bool | None = None, data_dir: Path | None = None, extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None, stop_grace_seconds: float = 20.0,
+        on_progress: Callable[[int, int], None] | None = None,
+        on_metrics: Callable[[list[dict]], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
+        on_resume: Callable[[int, int], None] | None = None,
+        torchrun_executable: str | None = None) -> TrainResult:
+    """Train the draft with speculators' Trainer; same callbacks and result as workers.stages.train.loop.train.
+
+    `data_dir` (default: beside out_dir, `speculators_data`) is (re)written as links to the run's
+    files. `fsdp` None shards with FSDP when num_gpus > 1. `extra_args` go to speculators as they
+    are (e.g. --optimizer adamw, --num-workers 4). `env` is added to the trainer's environment.
+    On a retry speculators resumes from the last finished epoch and `on_resume(step, epochs_done)`
+    says so before any metric is reported."""
+    started = time.monotonic()
+    if epochs < 1 or ttt_steps < 1 or lr <= 0 or num_gpus < 1:
+        raise ValueError(f"need epochs, ttt_steps, num_gpus >= 1 and lr > 0; got {epochs}, {ttt_steps}, {num_gpus}, {lr}")
+    out_dir = Path(out_dir).absolute()
+    target = read_target_config(target_dir)
+    layer_ids = validate_layer_ids(list(layer_ids), target.num_layers)
+    rows = read_rows(prepared_dir)
+    backend = check_hidden_states(hidden_states_dir, rows.lengths, layers=len(layer_ids), width=target.hidden_size)
+    data = speculators_data_link(prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir, d2t_path=d2t_path,
+                                 t2d_path=t2d_path, out_dir=data_dir or default_data_dir(out_dir.parent))
+    if data.draft_vocab_size != draft_vocab_size:
+        raise TrainInputError(f"{d2t_path}: {data.draft_vocab_size} entries, but draft_vocab_size is {draft_vocab_size}")
+    ratio = 1.0 - val_fraction
+    try:
+        train_rows, split, split_json = speculators_split(rows.source_ids, num_rows=len(rows.lengths),
+                                                          val_fraction=val_fraction, seed=seed)
+    except SplitError as exc:
+        raise TrainInputError(f"{prepared_dir}: {exc}") from None
+    total_seq_len = total_seq_len_for(max_tokens_per_step, rows.lengths)
+    plan = plan_epochs(rows, train_rows=train_rows, total_seq_len=total_seq_len, world_size=num_gpus, seed=seed,
+                       epochs=epochs)
+    fsdp = num_gpus > 1 if fsdp is None else fsdp
+    fingerprint = train_fingerprint(
+        target_dir=target_dir, prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir, d2t_path=d2t_path,
+        t2d_path=t2d_path, train_rows=list(range(train_rows)), val_rows=list(range(train_rows, len(rows.lengths))),
+        plans=[], hyper={"backend": "speculators", "layer_ids": layer_ids, "epochs": epochs, "lr": lr,
+                         "ttt_steps": ttt_steps, "seed": seed, "draft_vocab_size": draft_vocab_size,
+                         "total_seq_len": total_seq_len, "world_size": num_gpus, "extra_args": list(extra_args)})
+    ledger = ledger_open(out_dir, fingerprint=fingerprint)
+    resumed_from = ledger.global_step
+    if on_resume is not None:
+        on_resume(resumed_from, len(ledger.epochs))
+    write_split(out_dir, split_json)
+    if split_json["straddling_conversations"]:
+        logger.warning("speculators splits by position: conversation %s has rows on both sides (left out of the "
+                       "held-out prompts)", split_json["straddling_conversations"][0])
+    metrics_path = out_dir / METRICS_FILE
+    metrics_path.unlink(missing_ok=True)
+    capture = _Capture(path=metrics_path, plan=plan, out_dir=out_dir, ledger=ledger, on_metrics=on_metrics,
+                       on_checkpoint=on_checkpoint, on_progress=on_progress)
+    if on_progress is not None:
+        on_progress(resumed_from, plan.total_steps)
+    if len(ledger.epochs) < epochs:
+        command = speculators_command(
+            torchrun=torchrun_executable or default_torchrun(), num_gpus=num_gpus, fsdp=fsdp, target_dir=target_dir,
+            data_dir=data.data_dir, out_dir=out_dir, aux_layer_ids=layer_ids[:-1], draft_vocab_size=draft_vocab_size,
+            epochs=epochs, lr=lr, ttt_steps=ttt_steps, seed=seed, total_seq_len=total_seq_len, train_data_ratio=ratio,
+            hidden_states_backend=backend, extra_args=extra_args)
+        _run(command, capture=capture, out_dir=out_dir, env=env, should_stop=should_stop,
+             stop_grace_seconds=stop_grace_seconds)
+    return _result(capture, plan=plan, split=split, epochs=epochs, out_dir=out_dir, num_gpus=num_gpus, fsdp=fsdp,
+                   resumed_from=resumed_from, seconds=time.monotonic() - started)
+
+
+def _run(command: list[str], *, capture: _Capture, out_dir: Path, env, should_stop, stop_grace_seconds: float) -> None:
+    child_env = {**os.environ, **(env or {})}
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (child_env.get("PYTHONPATH"), str(REPO_ROOT)) if p)
+    child_env.update({METRICS_PATH_ENV: str(capture.path), "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
+    child_env.setdefault("HF_HUB_OFFLINE", "1")
+    logger.info("starting speculators' trainer: %s", " ".join(command))
+    trainer = _Trainer(command, cwd=out_dir, env=child_env, log_path=out_dir / LOG_FILE)
+    try:
+        while trainer.proc.poll() is None:
+            time.sleep(POLL_SECONDS)
+            capture.poll()
+            if should_stop is not None and should_stop():
+                trainer.stop(stop_grace_seconds)
+                trainer.wait()
+                capture.poll()
+                raise TrainingStopped(capture.step)
+    except BaseException:
+        if trainer.proc.poll() is None:  # an error of ours (a callback's): the trainer must not outlive it
+            trainer.stop(stop_grace_seconds)
+        raise
+    rc = trainer.wait()
+    capture.poll()
+    if rc != 0:
+        tail = "\n".join(trainer.tail)
+        raise SpeculatorsTrainError(f"speculators' trainer exited with code {rc}; the end of its log "
+                                    f"({trainer.log_path}):\n{tail}")
+
+
+def _result(capture: _Capture, *, plan, split, epochs: int, out_dir: Path, num_gpus: int, fsdp: bool,
+            resumed_from: int, seconds: float) -> TrainResult:
+    done = capture.ledger.epochs
+    if len(done) != epochs:
+        raise SpeculatorsTrainError(f"speculators' trainer finished, but {len(done)} of {epochs} epochs have a "
+                                    f"checkpoint and a validation in {out_dir}; see {out_dir / LOG_FILE}")
+    if capture.dropped_samples:
+        logger.warning("speculators dropped %d samples (hidden states unreadable or not matching their rows): "
+                       "the supervised-token counts assume every row trained", round(capture.dropped_samples))
+    if done[-1].global_step != plan.total_steps:
+        logger.warning("speculators trained %d steps where its sampler gave %d (extra flags such as --max-steps?): "
+                       "the token counts reported are the sampler's", done[-1].global_step, plan.total_steps)
+    if any(plan.rows_left_out):
+        logger.warning("speculators' sampler left %d train rows out of each epoch (fewer than %d processes)",
+                       max(plan.rows_left_out), num_gpus)
+    best = min(done, key=lambda e: e.val_metrics.get("loss", math.inf)).epoch
+    best_link = out_dir / "checkpoint_best"
+    if not best_link.is_symlink() or best_link.readlink() != Path(str(best)):
+        best_link.unlink(missing_ok=True)  # a resumed speculators chose among its own epochs only
+        best_link.symlink_to(Path(str(best)), target_is_directory=True)
+    checkpoints = [CheckpointInfo(epoch=e.epoch, path=Path(e.path), train_loss=e.train_loss,
+                                  val_loss=e.val_metrics.get("loss", math.nan), val_metrics=e.val_metrics,
+                                  is_best=e.epoch == best) for e in done]
+    # This attempt's throughput, as workers.stages.train.loop reports it; the earlier attempts' when none was left.
+    timed = [e for e in done if e.global_step > resumed_from] or done
+    tokens, spent = sum(e.profiled_tokens for e in timed), sum(e.profiled_seconds for e in timed)
+    ran_on = capture.device or "the earlier attempt's devices"
+    device = f"{num_gpus} x {ran_on} (speculators, torchrun{', FSDP' if fsdp else ''})"
+    return TrainResult(out_dir=out_dir, checkpoints=checkpoints, best_epoch=best, steps=done[-1].global_step,
+                       train_tokens=sum(sum(t) for t in plan.step_tokens), tokens_per_second=tokens / spent if spent else 0.0,
+                       seconds=seconds, tokens_per_step=plan.total_seq_len,
+                       loss_tokens_available=plan.loss_tokens_available,
+                       loss_tokens_trained=plan.loss_tokens_per_epoch[-1],
+                       loss_tokens_per_epoch=list(plan.loss_tokens_per_epoch), rows_unusable=plan.rows_unusable,
+                       split=split, device=device[:100], resumed_from_step=resumed_from)
