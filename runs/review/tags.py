@@ -8,7 +8,7 @@ from django.db import transaction
 
 from runs.models import PipelineRun, RunTag
 from runs.roles import require
-from runs.review.tag_models import MAX_TAG_CHARS
+from runs.review.models import MAX_TAG_CHARS
 from workers.contract.errors import InputError
 
 MAX_TAGS_PER_RUN = 20

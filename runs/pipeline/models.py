@@ -1,0 +1,154 @@
+"""A pipeline run, its outbox row (PendingEnqueue), its stage attempts and one row per stage.
+
+runs/models.py imports these so Django finds them."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+
+from runs.pipeline.stage_record import StageRecord, StageStatus
+
+
+class PipelineRun(models.Model):
+    """One launch: prepare -> extract -> vocab -> train, each stage a row of its own."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="pipeline_runs")
+    name = models.CharField(max_length=200, blank=True)
+    target = models.ForeignKey("runs.TargetModel", on_delete=models.PROTECT, related_name="runs")
+    dataset = models.ForeignKey("runs.Dataset", on_delete=models.PROTECT, related_name="runs")
+    config = models.JSONField(default=dict)
+    output_dir = models.CharField(max_length=1000, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name or f"run {self.pk}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("runs:run_detail", args=[self.pk])
+
+
+class PendingEnqueue(models.Model):
+    """Work written to the database but not yet handed to the broker (an outbox): created in the
+    same transaction as the run, deleted once the broker took the message, retried while it is down."""
+
+    class Kind(models.TextChoices):
+        PIPELINE = "pipeline"
+        EVALUATION = "evaluation"
+        CATALOGUE = "catalogue", "dataset catalogue"
+        VERIFY = "verify", "extraction verification"
+        SERVE_CHECK = "serve_check", "vLLM serve check"
+
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    object_id = models.PositiveIntegerField(help_text="the run's, the evaluation's or the job's id")
+    created_at = models.DateTimeField(auto_now_add=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class StageAttempt(models.Model):
+    """One execution of a stage's row: where and when it ran, how it ended, its log. The stage's row
+    holds the latest state; a retry adds an attempt and keeps the earlier ones."""
+
+    run = models.ForeignKey(PipelineRun, on_delete=models.CASCADE, null=True, blank=True, related_name="attempts")
+    stage = models.CharField(max_length=20)
+    record_id = models.PositiveIntegerField(help_text="the stage row's id (Preparation, ExtractStage, ...)")
+    number = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=StageStatus.choices, default=StageStatus.RUNNING)
+    error = models.TextField(blank=True)
+    log_tail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["stage", "record_id", "number"], name="unique_attempt_number")]
+        indexes = [models.Index(fields=["stage", "record_id"], name="attempt_stage_record")]
+
+    @property
+    def seconds(self) -> float | None:
+        from django.utils import timezone
+
+        return ((self.finished_at or timezone.now()) - self.started_at).total_seconds()
+
+
+class Preparation(StageRecord):
+    """Tokenized chats with loss masks, in speculators 0.9's prepared layout."""
+
+    run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, related_name="preparation")
+    dataset = models.ForeignKey("runs.Dataset", on_delete=models.PROTECT, related_name="preparations")
+    max_seq_len = models.PositiveIntegerField()
+    num_conversations = models.PositiveIntegerField(null=True, blank=True)
+    num_rows = models.PositiveIntegerField(null=True, blank=True)
+    num_skipped = models.PositiveIntegerField(null=True, blank=True)
+    total_tokens = models.BigIntegerField(null=True, blank=True)
+    loss_tokens = models.BigIntegerField(null=True, blank=True)
+    length_histogram = models.JSONField(default=dict, blank=True)
+    token_freq_path = models.CharField(max_length=1000, blank=True)
+    # What preparation left out, and why: shown as warnings on the run page and in the summary.
+    num_excluded = models.PositiveIntegerField(null=True, blank=True, help_text="conversations excluded by curation")
+    num_without_assistant = models.PositiveIntegerField(null=True, blank=True, help_text="conversations with no row")
+    num_turns_dropped = models.PositiveIntegerField(null=True, blank=True, help_text="assistant turns not trainable")
+    num_truncated_rows = models.PositiveIntegerField(null=True, blank=True, help_text="rows cut at max_seq_len")
+    truncated_loss_tokens = models.BigIntegerField(null=True, blank=True, help_text="supervised tokens cut off")
+    mask_source = models.CharField(max_length=30, blank=True)
+
+
+class ExtractStage(StageRecord):
+    """The extract stage of a run: what it plans to capture, and what its execution measured. The
+    hidden states it wrote are its Extraction (`extraction`), created when it succeeds."""
+
+    run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, related_name="extract_stage")
+    target = models.ForeignKey("runs.TargetModel", on_delete=models.PROTECT, related_name="extract_stages")
+    layer_ids = models.JSONField(default=list, help_text="the hidden-state ids the stage captures")
+    device = models.CharField(max_length=100, blank=True)
+    model_load_seconds = models.FloatField(null=True, blank=True)
+    forward_seconds = models.FloatField(null=True, blank=True)
+    tokens_per_second = models.FloatField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"extract stage of run {self.run_id}"
+
+
+class VocabMapping(StageRecord):
+    """d2t/t2d: which target tokens the draft can propose."""
+
+    run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, related_name="vocab_mapping")
+    draft_vocab_size = models.PositiveIntegerField()
+    target_vocab_size = models.PositiveIntegerField()
+    distinct_tokens = models.PositiveIntegerField(null=True, blank=True)
+    coverage = models.FloatField(null=True, blank=True)
+    filler_tokens = models.PositiveIntegerField(null=True, blank=True,
+                                                help_text="draft entries filled with ids the data never used")
+    d2t_path = models.CharField(max_length=1000, blank=True)
+    t2d_path = models.CharField(max_length=1000, blank=True)
+
+
+class TrainingRun(StageRecord):
+    """Training of the EAGLE-3 draft; its curves are MetricSeries, its outputs Checkpoints."""
+
+    run = models.OneToOneField(PipelineRun, on_delete=models.CASCADE, related_name="training_run")
+    epochs = models.PositiveIntegerField()
+    lr = models.FloatField()
+    ttt_steps = models.PositiveIntegerField()
+    steps = models.PositiveIntegerField(null=True, blank=True)
+    train_tokens = models.BigIntegerField(null=True, blank=True)
+    tokens_per_second = models.FloatField(null=True, blank=True)
+    best_epoch = models.PositiveIntegerField(null=True, blank=True)
+    device = models.CharField(max_length=100, blank=True)
+    tokens_per_step = models.PositiveIntegerField(null=True, blank=True, help_text="packing budget actually used")
+    loss_tokens_available = models.BigIntegerField(null=True, blank=True, help_text="supervised tokens in the train split")
+    loss_tokens_trained = models.BigIntegerField(null=True, blank=True, help_text="of those, reached the loss in the last epoch")
+    loss_tokens_per_epoch = models.JSONField(default=list, blank=True)
+    rows_unusable = models.PositiveIntegerField(null=True, blank=True, help_text="rows too short to train on")
+    split = models.JSONField(default=dict, blank=True, help_text="how rows were split into train and validation")
+    resumed_from_step = models.PositiveIntegerField(null=True, blank=True,
+                                                    help_text="the step a retried training continued from (0: from scratch)")
+
