@@ -19,7 +19,7 @@ from runs.models import Checkpoint, MetricSeries, StageStatus
 from runs.pipeline.routing import stage_backend
 from runs.pipeline.run_config import RunConfig
 from tests.fleet import fake_gpu_worker
-from workers.contract import backends
+from workers.contract import backends, vllm_env
 from workers.tasks import pipeline_run_inline
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -33,6 +33,11 @@ def fake_gpu_host(monkeypatch, settings):
     # The stand-in runs on this venv's Python (its `#!/usr/bin/env python3` finds it first).
     monkeypatch.setenv("PATH", os.pathsep.join([str(TESTS / "standins"), str(Path(sys.executable).parent),
                                                 os.environ["PATH"]]))
+    # The worker's probe reads vLLM's version with the executable's Python; the stand-in has none, so
+    # the probe is told what a GPU host's vLLM would say (FAKE, as the GPU).
+    standin = str(TESTS / "standins" / "vllm")
+    monkeypatch.setattr(vllm_env, "vllm_install",
+                        lambda: vllm_env.VllmInstall(executable=standin, version="0.33.0", build="cuda"))
     # speculators' CPU seam, and its GPU kernels swapped for eager ones (flags a CPU host would set).
     monkeypatch.setenv("EAGLE3WEB_TEST_CPU_AS_DEVICE", "1")
     monkeypatch.setenv("PYTHONPATH", str(TESTS / "stages" / "speculators_cpu_seam"))

@@ -50,7 +50,7 @@ def vllm_run(vllm_install, tiny_target, django_db_setup, django_db_blocker, tmp_
     from django.contrib.auth import get_user_model
     from django.test import override_settings
 
-    from runs.models import Dataset, PipelineRun, TargetModel
+    from runs.models import Checkpoint, Dataset, PipelineRun, StageAttempt, TargetModel
 
     root = tmp_path_factory.getbasetemp().resolve()
     with django_db_blocker.unblock(), override_settings(EAGLE3WEB_DATA_ROOTS=[root], EAGLE3WEB_RUNS_DIR=root / "vllm-runs"):
@@ -59,6 +59,9 @@ def vllm_run(vllm_install, tiny_target, django_db_setup, django_db_blocker, tmp_
                        "256", "--epochs", "2", "--val-fraction", "0.3", "--extraction-backend", "vllm", "--eval-prompts", str(MAX_PROMPTS),
                        "--eval-max-new-tokens", str(MAX_NEW_TOKENS), "--inline")
         yield summary
+        # The measurement and serve check asked for by `serve_check` are attempts without a run.
+        StageAttempt.objects.all().delete()
+        Checkpoint.objects.all().delete()
         PipelineRun.objects.all().delete()
         TargetModel.objects.all().delete()
         Dataset.objects.all().delete()

@@ -84,3 +84,16 @@ def test_a_draft_that_changes_the_text_is_marked_unusable(client, user, checkpoi
     summary = client.get(f"/api/runs/{checkpoint.training_run.run_id}/").json()
     row = summary["checkpoints"][0]
     assert row["usable"] is False and "Do not deploy" not in row["unusable_why"] and row["unusable_why"]
+
+
+def test_the_run_page_shows_the_serve_check_of_its_measurement(client, user, checkpoint):
+    run = checkpoint.training_run.run
+    type(run.evaluation).objects.filter(pk=run.evaluation.pk).update(
+        checkpoint=checkpoint, status=StageStatus.SUCCEEDED, tau=2.0, output_matches_greedy=True)
+    ServeCheck.objects.create(checkpoint=checkpoint, evaluation_id=run.evaluation.pk, status=StageStatus.FAILED,
+                              error="VllmServerError: vllm serve stopped before it was ready: exit code 1")
+    client.force_login(user)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert "serve check failed" in page and "vllm serve stopped before it was ready" in page
+    summary = client.get(f"/api/runs/{run.pk}/").json()["serve_check"]
+    assert summary["status"] == "failed" and summary["vllm_tau"] is None
