@@ -113,7 +113,6 @@ def test_serve_check_of_a_draft_trained_here_agrees_with_our_tau(serve_checked, 
     assert check["tau"] == pytest.approx(vllm_run["acceptance"]["tau"])  # our decoding is deterministic
     assert check["vllm_drafts"] > 0 and 1.0 <= check["vllm_tau_emitted"] <= 1 + check["num_speculative_tokens"]
     assert check["tau"] is not None and abs(check["tau_difference"]) <= 0.05, check
-    assert check["tau_difference"] == pytest.approx(check["vllm_tau_emitted"] - check["tau"])
     assert check["vllm_version"] == vllm_install.version and check["vllm_build"] == vllm_install.build
     assert check["vllm_tokens_per_s_with"] > 0 and check["vllm_tokens_per_s_without"] > 0
     assert " serve " in check["command"] and '"method": "eagle3"' in check["command"]
