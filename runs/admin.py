@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from runs.fleet.models import Worker
-from runs.pipeline.job_models import DatasetCatalogue, ServeCheck, VerificationRequest
+from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, ServeCheck, VerificationRequest
 from runs.models import (
     Checkpoint,
     CurationAction,
@@ -150,6 +150,14 @@ class ServeCheckAdmin(StageAdmin):
     list_display = ("id", "checkpoint", "evaluation", *STAGE_FIELDS[:3], "vllm_tau_emitted", "tau", "tau_difference",
                     "vllm_output_matches_greedy", "vllm_version")
     list_select_related = ("checkpoint", "evaluation")
+
+
+@admin.register(DatasetRegeneration)
+class DatasetRegenerationAdmin(StageAdmin):
+    list_display = ("id", "source", "target", "backend", "temperature", "max_new_tokens", *STAGE_FIELDS[:3], "dataset",
+                    "conversations", "turns_regenerated", "replies_cut", "failures")
+    list_select_related = ("source", "target", "dataset")
+    list_filter = ("backend", "status")
 
 
 @admin.register(Evaluation)

@@ -17,7 +17,12 @@ from runs.data.models import (  # noqa: F401
     VerificationOverride,
 )
 from runs.fleet.models import Worker  # noqa: F401
-from runs.pipeline.job_models import DatasetCatalogue, ServeCheck, VerificationRequest  # noqa: F401
+from runs.pipeline.job_models import (  # noqa: F401
+    DatasetCatalogue,
+    DatasetRegeneration,
+    ServeCheck,
+    VerificationRequest,
+)
 from runs.pipeline.models import (  # noqa: F401
     ExtractStage,
     PendingEnqueue,

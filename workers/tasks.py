@@ -23,6 +23,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from runs.data.curation import dataset_exclusions, dataset_samples_sync
 from runs.data.extractions import extraction_verify
+from runs.data.regeneration import regeneration_record
 from runs.checkpoints.evaluation import evaluation_plan
 from runs.tracking.services import metrics_record
 from runs.models import Evaluation, StageRecord
@@ -291,6 +292,32 @@ def _serve_check(record, reporter: StageReporter):
                        on_progress=reporter.progress, should_stop=reporter.cancelled)
 
 
+def _regenerate(record, reporter: StageReporter):
+    from runs.data.regeneration import regeneration_plan
+    from workers.contract.backends import vllm_executable
+    from workers.stages.regenerate import RegenerateSettings, regenerate
+
+    plan = regeneration_plan(job=record)
+    if record.backend == "transformers":  # jobs skip torch's thread setting; this one runs a model here
+        import torch
+
+        torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
+    return regenerate(
+        target_dir=plan.target_dir, source_path=plan.source_path, out_path=plan.output_path, backend=record.backend,
+        settings=RegenerateSettings(max_new_tokens=record.max_new_tokens, temperature=record.temperature,
+                                    seed=record.seed, max_samples=record.max_samples),
+        exclude_ids=plan.exclude_ids, exclude_hashes=plan.exclude_hashes, exclude_own_ids=plan.exclude_own_ids,
+        vllm_executable=vllm_executable() if record.backend == "vllm" else None,
+        tensor_parallel_size=record.tensor_parallel_size,
+        work_dir=Path(settings.EAGLE3WEB_RUNS_DIR) / "regenerations" / str(record.pk),
+        on_progress=reporter.progress, should_stop=reporter.cancelled)
+
+
+# What each stage's (and job's) worker records once it succeeded. The regeneration's recorder lives with
+# its service (runs.data.regeneration), which itself records through runs.pipeline.stage_services.
+RECORDERS = {**STAGE_RECORDERS, "regenerate": regeneration_record}
+
+
 # Each runs one stage (or job) for its row and returns the stage's result dataclass.
 STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
     "prepare": _prepare,
@@ -301,6 +328,7 @@ STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
     "catalogue": _catalogue,
     "verify": _verify,
     "serve_check": _serve_check,
+    "regenerate": _regenerate,
 }
 
 
@@ -332,7 +360,7 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
         logger.info("%s %s started on %s", stage_name, record_id, worker)
         result = STAGE_BODIES[stage_name](record, reporter)
         logger.info("%s %s finished", stage_name, record_id)
-        with_db_retry("result", STAGE_RECORDERS[stage_name], record_id=record_id, result=result, log_tail=reporter.tail,
+        with_db_retry("result", RECORDERS[stage_name], record_id=record_id, result=result, log_tail=reporter.tail,
                       started_at=fence)
         return True
     except (StageCancelled, StopRequested) as exc:  # a user's cancel: no traceback, not a failure

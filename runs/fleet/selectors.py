@@ -216,7 +216,23 @@ def _has_run(model) -> bool:
 
 # What each job works on, and its page: (the job row's foreign key, the URL name of that page).
 JOB_SUBJECTS = {"catalogue": ("dataset_id", "runs:dataset_detail"), "verify": ("extraction_id", "runs:extraction_detail"),
-                "serve_check": ("checkpoint_id", "runs:checkpoint_detail")}
+                "serve_check": ("checkpoint_id", "runs:checkpoint_detail"),
+                "regenerate": ("source_id", "runs:dataset_detail")}
+
+
+# The columns a job's queue depends on (runs.pipeline.queue.job_queue), read with its row.
+JOB_QUEUE_FIELDS = {"serve_check": ("tensor_parallel_size",), "regenerate": ("backend", "tensor_parallel_size")}
+
+
+def _job_row_queue(job_name: str, row) -> str:
+    """The queue runs.pipeline.queue.job_queue sent this job to, from the row in hand."""
+    from workers.contract.backends import stage_queue as backend_queue
+
+    if job_name == "serve_check":
+        return backend_queue(backend="vllm", gpus=row.tensor_parallel_size or 1)
+    if job_name == "regenerate":
+        return backend_queue(backend=row.backend, gpus=row.tensor_parallel_size or 1)
+    return STAGES_BY_NAME[job_name].queue
 
 
 def _subject_url(job_name: str, row) -> str:
@@ -225,7 +241,7 @@ def _subject_url(job_name: str, row) -> str:
         return ""
     field, url_name = JOB_SUBJECTS[job_name]
     subject_id = row[field] if isinstance(row, dict) else getattr(row, field)
-    return reverse(url_name, args=[subject_id])
+    return reverse(url_name, args=[subject_id]) if subject_id is not None else ""  # its subject was deleted
 
 
 def _running_by_worker(names: list[str]) -> dict[str, list[dict]]:
@@ -288,7 +304,7 @@ def queued_work() -> dict:
         with_run = _has_run(kind.model)
         rows = kind.model.objects.filter(status=StageStatus.QUEUED).order_by("queued_at", "pk")
         rows = rows.select_related("run").only("pk", "queued_at", "run__name", "run__config") \
-            if with_run else rows.only("pk", "queued_at", JOB_SUBJECTS[kind.name][0])
+            if with_run else rows.only("pk", "queued_at", JOB_SUBJECTS[kind.name][0], *JOB_QUEUE_FIELDS.get(kind.name, ()))
         rows = list(rows[:MAX_QUEUE_ROWS + 1])
         more = more or len(rows) > MAX_QUEUE_ROWS
         for row in rows[:MAX_QUEUE_ROWS]:
@@ -315,7 +331,7 @@ def queued_work() -> dict:
             waits_for = next((n for n, s in earlier if s != StageStatus.SUCCEEDED), "")
             joined = max([row.queued_at, *(f for n, _ in earlier if (f := finished[run.pk].get(n)))])
         config = (run.config if run is not None else None) or {}
-        queue = stage_queue(stage_name=kind.name, config=config)
+        queue = stage_queue(stage_name=kind.name, config=config) if run is not None else _job_row_queue(kind.name, row)
         items.append(QueuedWork(kind=kind.name, label=kind.label, record_id=row.pk,
                                 run_id=run.pk if run is not None else None, run_name=str(run) if run else "",
                                 queue=queue, queued_at=joined,

@@ -91,3 +91,58 @@ class ServeCheck(StageRecord):
         from workers.stages.evaluate.serve_check import TAU_WARNING
 
         return self.tau_difference is not None and abs(self.tau_difference) > TAU_WARNING
+
+
+class DatasetRegeneration(StageRecord):
+    """A dataset's replies written again by a target (workers.stages.regenerate): every user turn answered
+    by the target given the regenerated history before it, so that a draft learns the target's own
+    distribution (on-policy data). Asked for on a dataset's page or by `manage.py regenerate_dataset`;
+    it makes a new Dataset (`dataset`) whose lineage is this row.
+
+    `settings_key` names what makes the output: the source file as it was (path, size, mtime), the
+    target, the backend, the sampling settings, the seed, the sample cap and curation's exclusions.
+    Asking again with the same key returns this row, and its file path is derived from it, so a
+    retried or re-asked job resumes the file an earlier attempt left."""
+
+    source = models.ForeignKey("runs.Dataset", on_delete=models.SET_NULL, null=True, blank=True,
+                               related_name="regenerations", help_text="the dataset whose replies were regenerated")
+    source_path = models.CharField(max_length=1000, help_text="kept when the source's row is deleted")
+    source_size_bytes = models.BigIntegerField(default=0)
+    source_sha256 = models.CharField(max_length=64, blank=True, help_text="the source file's content, read by the worker")
+    target = models.ForeignKey("runs.TargetModel", on_delete=models.PROTECT, related_name="regenerations")
+    backend = models.CharField(max_length=20, help_text="vllm or transformers")
+    backend_version = models.CharField(max_length=50, blank=True)
+    tensor_parallel_size = models.PositiveIntegerField(default=1)
+    max_new_tokens = models.PositiveIntegerField()
+    temperature = models.FloatField(default=0.0)
+    seed = models.BigIntegerField(default=0)
+    max_samples = models.PositiveIntegerField(null=True, blank=True)
+    exclusions = models.JSONField(default=dict, blank=True,
+                                  help_text="curation's exclusions when asked: ids, hashes, own_ids")
+    settings_key = models.CharField(max_length=64, db_index=True)
+    output_path = models.CharField(max_length=1000)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                     related_name="+")
+    dataset = models.OneToOneField("runs.Dataset", on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="regeneration", help_text="the dataset it made")
+    conversations = models.PositiveIntegerField(null=True, blank=True)
+    turns_regenerated = models.PositiveIntegerField(null=True, blank=True)
+    replies_cut = models.PositiveIntegerField(null=True, blank=True,
+                                              help_text="replies that stopped at max_new_tokens, not at the end")
+    failures = models.PositiveIntegerField(null=True, blank=True)
+    failure_examples = models.JSONField(default=list, blank=True)
+    skipped_excluded = models.PositiveIntegerField(null=True, blank=True)
+    resumed_from = models.PositiveIntegerField(null=True, blank=True)
+    generated_tokens = models.BigIntegerField(null=True, blank=True)
+    tokens_per_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-queued_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"regeneration {self.pk}"
+
+    @property
+    def excluded_count(self) -> int:
+        """Samples curation excluded when it was asked (by id, or by content through their own id)."""
+        return len((self.exclusions or {}).get("ids", [])) + len((self.exclusions or {}).get("own_ids", []))

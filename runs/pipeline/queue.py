@@ -42,13 +42,20 @@ def _send(kind: str, object_id: int) -> None:
 
 
 def job_queue(*, job_name: str, record_id: int) -> str:
-    """A job's queue: its kind's, or for a serve check of a target spread over n GPUs, vLLM's on n."""
+    """A job's queue: its kind's, or for a serve check of a target spread over n GPUs, vLLM's on n, or for a
+    regeneration its backend's."""
     if job_name == "serve_check":
         from runs.pipeline.job_models import ServeCheck
         from workers.contract.backends import stage_queue as backend_queue
 
         gpus = ServeCheck.objects.filter(pk=record_id).values_list("tensor_parallel_size", flat=True).first() or 1
         return backend_queue(backend="vllm", gpus=gpus)
+    if job_name == "regenerate":
+        from runs.pipeline.job_models import DatasetRegeneration
+        from workers.contract.backends import stage_queue as backend_queue
+
+        row = DatasetRegeneration.objects.filter(pk=record_id).values_list("backend", "tensor_parallel_size").first()
+        return backend_queue(backend=row[0], gpus=row[1]) if row else STAGES_BY_NAME[job_name].queue
     return STAGES_BY_NAME[job_name].queue
 
 

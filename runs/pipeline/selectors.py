@@ -20,6 +20,7 @@ from runs.models import (
     Verification,
 )
 from runs.fleet.selectors import run_backends
+from runs.data.regeneration_selectors import regeneration_dict, run_data_policy
 from runs.checkpoints.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
 from runs.pipeline.upstream_commands import run_speculators_train_command, with_serve_commands
 from runs.pipeline.stages import STAGES
@@ -196,6 +197,7 @@ def run_summary(run: PipelineRun) -> dict:
     checkpoints = with_usability(with_serve_commands(checkpoints_with_tau(training.checkpoints.all()),
                                                      verifier=run.target.path))
     evaluated = next((c for c in checkpoints if c.pk == evaluation.checkpoint_id), None)
+    policy = run_data_policy(run=run)
     return {
         "run_id": run.pk,
         "name": str(run),
@@ -206,7 +208,10 @@ def run_summary(run: PipelineRun) -> dict:
         "target": {"id": run.target_id, "name": run.target.name,
                    "config_path": f"{run.target.path}/config.json", "num_layers": run.target.num_layers,
                    "hidden_size": run.target.hidden_size, "vocab_size": run.target.vocab_size},
-        "dataset": {"id": run.dataset_id, "path": run.dataset.path},
+        "dataset": {"id": run.dataset_id, "path": run.dataset.path, "on_policy": policy.on_policy,
+                    "data_policy": policy.why},
+        # The dataset's provenance when it was regenerated from another (None for a file a user brought).
+        "regenerated_from": regeneration_dict(policy.regeneration) if policy.regeneration else None,
         "config": run.config,
         "backends": run_backends(config=run.config),
         "output_dir": run.output_dir,
@@ -351,7 +356,8 @@ def dataset_get(*, pk: int) -> Dataset:
 
 
 def dataset_list() -> QuerySet[Dataset]:
-    return Dataset.objects.all()
+    """Datasets with the regeneration that made each (`regeneration`; absent for a file a user brought)."""
+    return Dataset.objects.select_related("regeneration__source", "regeneration__target")
 
 
 def dataset_preparations(dataset: Dataset, limit: int = 50) -> list:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runs.pipeline.job_models import DatasetCatalogue, ServeCheck, VerificationRequest
+from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, ServeCheck, VerificationRequest
 from runs.models import Evaluation, ExtractStage, Preparation, StageRecord, TrainingRun, VocabMapping
 
 
@@ -36,6 +36,8 @@ JOBS = (
     # vLLM on one device (its CPU build, or one GPU); a check of a target spread over n GPUs goes to
     # vllm.<n> (runs.pipeline.queue.job_queue).
     StageKind("serve_check", "Check with vLLM", ServeCheck, "", "vllm.1"),
+    # Its backend's queue (runs.pipeline.queue.job_queue): "gpu" for transformers on one device, vllm.<n>.
+    StageKind("regenerate", "Regenerate replies", DatasetRegeneration, "", "gpu"),
 )
 JOB_NAMES = frozenset(job.name for job in JOBS)
 # Every kind of row a worker runs, by name: the stages of runs and the jobs.

@@ -41,7 +41,11 @@ def _flat(config: dict, prefix: str = "") -> dict[str, object]:
 
 def run_settings(run) -> dict[str, object]:
     """Every setting a run ran with, flat: its paths and each field of its config."""
+    from runs.data.regeneration_selectors import run_data_policy
+
+    policy = run_data_policy(run=run)
     return {"target": run.target.name, "target path": run.target.path, "dataset": run.dataset.path,
+            "data": f"{'on-policy' if policy.on_policy else 'off-policy'}: {policy.why}",
             **_flat(run.config or {})}
 
 

@@ -24,6 +24,8 @@ from runs.pipeline.run_config import (
     check_run_name,
     parse_layer_ids,
 )
+from runs.data.regeneration import MAX_NEW_TOKENS_LIMIT, MAX_SEED as MAX_REGENERATE_SEED, MAX_TEMPERATURE, RegenerationSettings
+from runs.models import TargetModel
 from workers.contract.backends import BACKENDS, MAX_GPUS
 
 
@@ -159,3 +161,26 @@ class LaunchForm(forms.Form):
             train_gpus=data.get("train_gpus") or defaults.train_gpus,
             serve_check=bool(data.get("serve_check")),
         )
+
+
+class RegenerateForm(forms.Form):
+    target = forms.ModelChoiceField(queryset=TargetModel.objects.all(), empty_label=None,
+                                    help_text="Its replies replace the file's; its tokenizer's chat template formats "
+                                              "each conversation.")
+    backend = forms.ChoiceField(choices=[("auto", "auto: vLLM where a worker runs it, else transformers"),
+                                         ("vllm", "vLLM (vllm serve, its chat endpoint)"),
+                                         ("transformers", "transformers (generate)")], initial="auto")
+    max_new_tokens = forms.IntegerField(min_value=1, max_value=MAX_NEW_TOKENS_LIMIT, initial=512,
+                                        help_text="Per reply. A reply cut here is counted and shown: it would teach "
+                                                  "the draft to stop nowhere.")
+    temperature = forms.FloatField(min_value=0.0, max_value=MAX_TEMPERATURE, initial=0.0,
+                                   help_text="0 is greedy: the replies the target itself would give.")
+    seed = forms.IntegerField(min_value=0, max_value=MAX_REGENERATE_SEED, initial=0)
+    max_samples = forms.IntegerField(min_value=1, required=False,
+                                     help_text="The first N conversations not excluded by curation; empty for all.")
+
+    def regeneration_settings(self) -> RegenerationSettings:
+        data = self.cleaned_data
+        return RegenerationSettings(backend=data["backend"], max_new_tokens=data["max_new_tokens"],
+                                    temperature=float(data["temperature"]), seed=data["seed"],
+                                    max_samples=data["max_samples"])

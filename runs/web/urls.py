@@ -1,6 +1,7 @@
 from django.urls import path
 
 from runs.checkpoints import serve_check_views
+from runs.data import regeneration_views
 from runs.tracking import curve_api
 from runs.web import api, views
 
@@ -17,6 +18,9 @@ urlpatterns = [
     path("datasets/", views.dataset_list, name="dataset_list"),
     path("datasets/<int:pk>/", views.dataset_detail, name="dataset_detail"),
     path("datasets/<int:pk>/catalogue/", views.dataset_catalogue, name="dataset_catalogue"),
+    path("datasets/<int:pk>/regenerate/", regeneration_views.dataset_regenerate, name="dataset_regenerate"),
+    path("regenerations/<int:pk>/cancel/", regeneration_views.regeneration_cancel, name="regeneration_cancel"),
+    path("regenerations/<int:pk>/retry/", regeneration_views.regeneration_retry, name="regeneration_retry"),
     path("extractions/", views.extraction_list, name="extraction_list"),
     path("extractions/import/", views.extraction_import, name="extraction_import"),
     path("extractions/<int:pk>/", views.extraction_detail, name="extraction_detail"),

@@ -16,13 +16,15 @@ from runs.checkpoints import serve_check_selectors
 from runs.checkpoints.evaluation import EvaluationRequestError
 from runs.data import extractions as extraction_services
 from runs.data.demo import demo_paths
+from runs.data import regeneration_selectors
+from runs.data.regeneration_selectors import dataset_options
 from runs.fleet import selectors as fleet_selectors
 from runs.pipeline import job_selectors, job_services, queue, selectors, services, upstream_commands
 from runs.review import reviews
 from runs.review import tags as tag_services
 from runs.roles import require, user_can
 from runs.tracking import comparison, run_table
-from runs.web.forms import LaunchForm
+from runs.web.forms import LaunchForm, RegenerateForm
 from workers.contract.errors import InputError
 
 
@@ -90,7 +92,7 @@ def run_launch(request: HttpRequest) -> HttpResponse:
                 initial["layer_ids"] = ", ".join(str(i) for i in target.default_layer_ids)
         form = LaunchForm(initial=initial, options=options)
     targets = selectors.target_list()[:100]
-    datasets = selectors.dataset_list()[:100]
+    datasets = dataset_options()  # each brought file followed by what was regenerated from it
     # A refused launch is the user's to fix: 400, with the form and its messages.
     status = 400 if request.method == "POST" else 200
     return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets},
@@ -153,7 +155,7 @@ def run_tags(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect(run)
 
 
-def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def dataset_detail(request: HttpRequest, pk: int, regenerate_form=None) -> HttpResponse:
     dataset = selectors.dataset_get(pk=pk)
     preparations = selectors.dataset_preparations(dataset)
     sample_count, excluded_count = job_selectors.dataset_sample_counts(dataset=dataset)
@@ -169,6 +171,10 @@ def dataset_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "sample_count": sample_count,
             "excluded_count": excluded_count,
             "catalogues": catalogues,
+            # Lineage: what it was made from, what was made from it, and the form to make more.
+            "made_by": regeneration_selectors.dataset_made_by(dataset=dataset),
+            "regenerations": regeneration_selectors.dataset_regenerations(dataset=dataset),
+            "regenerate_form": regenerate_form or RegenerateForm(),
         },
     )
 

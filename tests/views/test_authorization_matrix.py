@@ -25,7 +25,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
 from runs.pipeline import services
 from runs.data.extractions import extraction_import
-from runs.pipeline.job_models import DatasetCatalogue, VerificationRequest
+from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, VerificationRequest
 from runs.tracking.services import metrics_record
 from runs.models import (Checkpoint, CurationAction, Evaluation, PendingEnqueue, PipelineRun, Review,
                          StageAttempt, Verification, VerificationOverride)
@@ -89,6 +89,11 @@ APP = {
     "datasets/": Entry("/datasets/", get=READ),
     "datasets/<int:pk>/": Entry("/datasets/{dataset}/", get=READ),
     "datasets/<int:pk>/catalogue/": Entry("/datasets/{dataset}/catalogue/", get=POST_ONLY, post=LAUNCHERS),
+    # The world has no worker to regenerate on: a launcher's request is refused on the form, saying so (400).
+    "datasets/<int:pk>/regenerate/": Entry("/datasets/{dataset}/regenerate/", get=POST_ONLY,
+                                           post=by_role(LOGIN, FORBIDDEN, "400", FORBIDDEN, "400"), data="regenerate_form"),
+    "regenerations/<int:pk>/cancel/": Entry("/regenerations/{regeneration}/cancel/", get=POST_ONLY, post=LAUNCHERS),
+    "regenerations/<int:pk>/retry/": Entry("/regenerations/{regeneration}/retry/", get=POST_ONLY, post=LAUNCHERS),
     "extractions/": Entry("/extractions/", get=READ),
     "extractions/import/": Entry("/extractions/import/", get=LAUNCHERS_PAGE, post=LAUNCHERS, data="import_form"),
     "extractions/<int:pk>/": Entry("/extractions/{extraction}/", get=READ),
@@ -213,10 +218,13 @@ class World:
         failed = Verification.objects.filter(passed=False).first()
         VerificationOverride.objects.create(verification=failed, reviewer=self.users["admin"], reason="seed")
         self.import_count = 0
+        self.regeneration = DatasetRegeneration.objects.create(
+            source=self.run.dataset, source_path=str(self.dataset_path), target=self.run.target, backend="transformers",
+            max_new_tokens=16, settings_key="matrix", output_path=str(tmp_path / "regenerated" / "out.jsonl"))
 
     def ids(self) -> dict:
         return {"run": self.run.pk, "other_run": self.other_run.pk, "dataset": self.run.dataset_id, "extraction": self.extraction.pk,
-                "checkpoint": self.checkpoint.pk, "target_path": str(self.target),
+                "checkpoint": self.checkpoint.pk, "regeneration": self.regeneration.pk, "target_path": str(self.target),
                 "admin_user": self.users["admin"].pk,
                 "run_content_type": ContentType.objects.get_for_model(PipelineRun).pk}
 
@@ -230,6 +238,10 @@ class World:
         self.import_count += 1
         path = write_flat(self.tmp_path / f"matrix-import-{self.import_count}")
         return {"path": str(path), "target_path": str(self.target)}
+
+    def regenerate_form(self) -> dict:
+        return {"target": self.run.target_id, "backend": "transformers", "max_new_tokens": 16, "temperature": 0,
+                "seed": 0}
 
     def tags_form(self) -> dict:
         return {"tags": "baseline, matrix"}
