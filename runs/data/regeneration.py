@@ -121,7 +121,10 @@ def dataset_regenerate_request(*, dataset: Dataset, target: TargetModel, setting
     source = check_under_data_roots(dataset.path, kind="dataset file")
     if not source.is_file():
         raise RegenerationRequestError(f"dataset {dataset.name}: {source} is not a file any more", field="dataset")
-    target_chat_check(Path(target.path))  # no tokenizer or chat template: say so now, not on a worker
+    try:
+        target_chat_check(Path(target.path))  # no tokenizer or chat template: say so now, not on a worker
+    except InputError as exc:
+        raise RegenerationRequestError(str(exc), field="target") from None
     backend = regeneration_backend(requested=settings.backend, gpus=settings.tensor_parallel_size, where=where)
     Dataset.objects.select_for_update().filter(pk=dataset.pk).first()  # one request at a time per dataset
     exclusions = dataset_exclusions(dataset=dataset)

@@ -24,7 +24,6 @@ from runs.pipeline import services
 from runs.pipeline.job_models import DatasetRegeneration
 from runs.pipeline.run_config import RunConfig
 from tests.fleet import cpu_worker
-from workers.contract.chat_template import TargetCannotChat
 
 pytestmark = pytest.mark.django_db
 
@@ -117,9 +116,10 @@ def test_bad_settings_are_refused_naming_the_field_and_nothing_is_stored(world, 
 def test_a_target_that_cannot_chat_is_refused_before_any_worker(world, user, tmp_path, kwargs, words):
     _, dataset = world
     target = services.target_register(path=_target(tmp_path, "base-model", **kwargs))
-    with pytest.raises(TargetCannotChat, match=words):
+    with pytest.raises(RegenerationRequestError, match=words) as caught:
         dataset_regenerate_request(dataset=dataset, target=target, user=user,
                                    settings=RegenerationSettings(backend="transformers"))
+    assert caught.value.field == "target"
     assert not DatasetRegeneration.objects.exists()
 
 
