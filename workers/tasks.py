@@ -40,6 +40,7 @@ from runs.pipeline.stage_services import (
     stage_waits_for_previous,
     stages_reconcile,
     training_resume,
+    training_split_record,
 )
 from runs.pipeline.stages import JOB_NAMES, STAGES, STAGES_BY_NAME
 from runs.pipeline.queue import outbox_flush
@@ -245,6 +246,8 @@ def _train(record, reporter: StageReporter):
         on_checkpoint=lambda c: with_db_retry("checkpoint", checkpoints_register, training_run_id=record.pk,
                                               checkpoints=[asdict(c)]),
         # resumes from the state an earlier attempt saved in out_dir; what it reported later goes
+        on_split=lambda split: with_db_retry("split", training_split_record, training_run_id=record.pk, split=split,
+                                             started_at=reporter.started_at),
         on_resume=lambda step, epochs_done: training_resume(training_run_id=record.pk, step=step,
                                                             epochs_done=epochs_done, started_at=reporter.started_at),
     )

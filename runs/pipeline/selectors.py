@@ -21,6 +21,7 @@ from runs.models import (
 )
 from runs.fleet.selectors import run_backends
 from runs.data.regeneration_selectors import regeneration_dict, run_data_policy
+from runs.pipeline.glance import run_glance
 from runs.checkpoints.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
 from runs.pipeline.upstream_commands import run_speculators_train_command, with_serve_commands
 from runs.pipeline.stages import STAGES
@@ -198,7 +199,7 @@ def run_summary(run: PipelineRun) -> dict:
                                                      verifier=run.target.path))
     evaluated = next((c for c in checkpoints if c.pk == evaluation.checkpoint_id), None)
     policy = run_data_policy(run=run)
-    return {
+    summary = {
         "run_id": run.pk,
         "name": str(run),
         "status": run_status(run),
@@ -259,6 +260,9 @@ def run_summary(run: PipelineRun) -> dict:
             for c in checkpoints
         ],
     }
+    summary["glance"] = run_glance(stages=summary["stages"], checkpoints=summary["checkpoints"],
+                                   training_run_id=training.pk, tau=evaluation.tau)
+    return summary
 
 
 def checkpoint_best(run: PipelineRun) -> Checkpoint | None:

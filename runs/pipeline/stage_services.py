@@ -132,6 +132,11 @@ def stage_progress(*, stage_name: str, record_id: int, done: int, total: int, lo
         raise StageCancelled(f"{stage_name} {record_id} is no longer running")
 
 
+def training_split_record(*, training_run_id: int, split: dict, started_at: datetime | None = None) -> None:
+    """The split a training runs on, as soon as it is made (the result repeats it at the end)."""
+    _stage_qs("train", training_run_id, started_at).filter(status=StageStatus.RUNNING).update(split=split)
+
+
 @transaction.atomic
 def training_resume(*, training_run_id: int, step: int, epochs_done: int, started_at: datetime | None = None) -> int:
     """A training (re)starts at `step` with `epochs_done` epochs finished (0 and 0: from scratch).

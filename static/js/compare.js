@@ -1,34 +1,138 @@
-// Compare page: each metric family in one chart, every run's series overlaid (a colour per run,
-// validation dashed), at most 1,000 points per series (MinMaxLTTB on the server).
+// Compare page: each metric family in one chart with every run's series overlaid, with the run page's
+// controls (smoothing, log scale, x by step, epoch, tokens or wall time, which series). A colour per run
+// and a line style per TTT step; validation with markers. The legend sits right of the plot, clear of
+// the axis titles. τ and acceptance per position of each run side by side below.
 (function () {
   "use strict";
   const root = document.getElementById("compare-plots");
   if (!root) return;
   const runs = JSON.parse(document.getElementById("compare-chart-runs").textContent);
   const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
+  const DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"];
+  const UNSMOOTHED = new Set(["lr", "tokens_seen", "epoch"]);  // schedules and running totals, as on the run page
   const familyOf = (key) => key.replace(/_\d+$/, "");
+  const tttOf = (key) => { const m = key.match(/_(\d+)$/); return m ? Number(m[1]) : 0; };
+  const opts = {smooth: 0, log: false, x: "step", split: "both", hidden: new Set()};
+  const data = [];  // per run: {run, colour, series: [...]}
+  const divs = {};
 
-  async function load() {
-    const families = {};
-    await Promise.all(runs.map(async (run, i) => {
-      const resp = await fetch(run.url + "?points=1000", {headers: {Accept: "application/json"}});
-      for (const s of (await resp.json()).series) {
-        const f = familyOf(s.key);
-        (families[f] = families[f] || []).push({
-          x: s.steps, y: s.values, name: `${run.name}: ${s.split} ${s.key}`, legendgroup: String(run.id),
-          type: s.split === "val" ? "scatter" : "scattergl", mode: s.split === "val" ? "lines+markers" : "lines",
-          line: {color: PALETTE[i % PALETTE.length], dash: s.split === "val" ? "dash" : "solid", width: 1.5},
-        });
+  function smoothed(values) {  // TensorBoard's debiased EMA, as curves.js
+    const w = opts.smooth;
+    if (!w) return values;
+    const out = new Array(values.length);
+    let last = 0;
+    for (let i = 0; i < values.length; i++) { last = last * w + (1 - w) * values[i]; out[i] = last / (1 - Math.pow(w, i + 1)); }
+    return out;
+  }
+
+  function tokensAt(tokens, step) {  // tokens_seen is cumulative: interpolate between its points
+    if (!tokens || !tokens.steps.length) return null;
+    const st = tokens.steps, v = tokens.values;
+    if (step <= st[0]) return v[0];
+    if (step >= st[st.length - 1]) return v[v.length - 1];
+    let lo = 0, hi = st.length - 1;
+    while (hi - lo > 1) { const mid = (lo + hi) >> 1; if (st[mid] <= step) lo = mid; else hi = mid; }
+    return v[lo] + (step - st[lo]) / (st[hi] - st[lo]) * (v[hi] - v[lo]);
+  }
+
+  function xs(entry, s) {
+    if (opts.x === "epoch") return s.epochs;
+    if (opts.x === "tokens") return s.steps.map((step) => tokensAt(entry.tokens, step));
+    if (opts.x === "time") return s.times.map((t) => t - entry.t0);  // seconds since the run's first point
+    return s.steps;
+  }
+
+  function traces(family) {
+    const out = [];
+    for (const entry of data) {
+      for (const s of entry.series) {
+        if (familyOf(s.key) !== family || opts.hidden.has(s.key)) continue;
+        if (opts.split !== "both" && s.split !== opts.split) continue;
+        const val = s.split === "val";
+        const y = !val && !UNSMOOTHED.has(family) ? smoothed(s.values) : s.values;
+        out.push({x: xs(entry, s), y, name: `${entry.run.name}: ${s.split} ${s.key}`, legendgroup: String(entry.run.id),
+          type: val ? "scatter" : "scattergl", mode: val ? "lines+markers" : "lines",
+          line: {color: entry.colour, dash: DASHES[tttOf(s.key) % DASHES.length], width: 1.6}, marker: {size: 5}});
       }
-    }));
-    for (const family of Object.keys(families).sort()) {
+    }
+    return out;
+  }
+
+  function draw(family) {
+    if (!divs[family]) {
       const div = document.createElement("div");
       div.className = "plot";
       div.id = "compare-" + family;
       root.appendChild(div);
-      Plotly.newPlot(div, families[family], {title: {text: family}, height: 340, margin: {l: 60, r: 10, t: 40, b: 40},
-        xaxis: {title: {text: "step"}}, legend: {orientation: "h", y: -0.25}}, {displaylogo: false, responsive: true});
+      divs[family] = div;
     }
+    const xTitle = {step: "step", epoch: "epoch", tokens: "tokens seen", time: "seconds since the run's first point"}[opts.x];
+    // The legend sits right of the plot, in its own margin: it can never cover an axis or its title.
+    Plotly.react(divs[family], traces(family), {
+      title: {text: family}, height: 380, margin: {l: 60, r: 260, t: 40, b: 50},
+      xaxis: {title: {text: xTitle}}, yaxis: {type: opts.log ? "log" : "linear"},
+      legend: {orientation: "v", x: 1.02, xanchor: "left", y: 1, yanchor: "top", font: {size: 10}},
+    }, {displaylogo: false, responsive: true});
+  }
+
+  function drawAll() {
+    const families = [...new Set(data.flatMap((e) => e.series.map((s) => familyOf(s.key))))].sort();
+    for (const f of families) draw(f);
+  }
+
+  function seriesPicker() {
+    const keys = [...new Set(data.flatMap((e) => e.series.map((s) => s.key)))].sort();
+    const box = document.getElementById("compare-series");
+    box.insertAdjacentHTML("beforeend", keys.map((k) =>
+      `<label><input type="checkbox" data-key="${k}" checked> ${k}</label>`).join(" "));
+    box.addEventListener("change", (ev) => {
+      const key = ev.target.dataset.key;
+      if (ev.target.checked) opts.hidden.delete(key); else opts.hidden.add(key);
+      drawAll();
+    });
+  }
+
+  function drawAcceptance() {
+    const measured = runs.filter((r) => r.tau != null);
+    if (!measured.length) {
+      document.getElementById("compare-tau").textContent = "None of these runs has a measured τ yet.";
+      return;
+    }
+    Plotly.newPlot("compare-tau", [{type: "bar", x: measured.map((r) => r.name), y: measured.map((r) => r.tau),
+      marker: {color: measured.map((r) => PALETTE[runs.indexOf(r) % PALETTE.length])},
+      text: measured.map((r) => r.tau.toFixed(2)), textposition: "auto", hovertemplate: "%{x}: τ %{y:.3f}<extra></extra>"}],
+      {title: {text: "τ measured"}, height: 320, margin: {l: 50, r: 10, t: 40, b: 80}, yaxis: {rangemode: "tozero"}},
+      {displaylogo: false, responsive: true});
+    Plotly.newPlot("compare-acceptance", measured.map((r) => ({type: "bar", name: r.name,
+      x: r.acceptance_per_position.map((_, i) => "position " + (i + 1)), y: r.acceptance_per_position,
+      marker: {color: PALETTE[runs.indexOf(r) % PALETTE.length]}})),
+      {title: {text: "Acceptance per draft position"}, barmode: "group", height: 320,
+        margin: {l: 50, r: 10, t: 40, b: 80}, yaxis: {range: [0, 1]}, legend: {orientation: "h", y: -0.25}},
+      {displaylogo: false, responsive: true});
+  }
+
+  async function load() {
+    await Promise.all(runs.map(async (run, i) => {
+      const resp = await fetch(run.url + "?points=1000", {headers: {Accept: "application/json"}});
+      const series = (await resp.json()).series;
+      const times = series.flatMap((s) => s.times.slice(0, 1));
+      data[i] = {run, colour: PALETTE[i % PALETTE.length], series,
+        tokens: series.find((s) => s.split === "train" && s.key === "tokens_seen"),
+        t0: times.length ? Math.min(...times) : 0};
+    }));
+    seriesPicker();
+    drawAll();
+    drawAcceptance();
+    root.dataset.drawn = "1";
+  }
+
+  for (const [id, key] of [["compare-smooth", "smooth"], ["compare-log", "log"], ["compare-x", "x"], ["compare-split", "split"]]) {
+    const input = document.getElementById(id);
+    input.addEventListener("input", () => {
+      opts[key] = input.type === "checkbox" ? input.checked : input.type === "range" ? Number(input.value) : input.value;
+      if (key === "smooth") document.getElementById("compare-smooth-value").textContent = opts.smooth.toFixed(2);
+      drawAll();
+    });
   }
   load();
 })();

@@ -56,16 +56,21 @@
     return s.steps;
   }
 
+  // Smoothing means something for noisy per-step figures, not for a schedule or a running total.
+  const UNSMOOTHED = new Set(["lr", "tokens_seen", "epoch"]);
+
   function traces(ids, source = series) {
     const out = [];
+    // One colour per curve of the chart (train and val of the same key share it, val dashed).
+    const keys = [...new Set(ids.map((id) => source[id].key))];
     for (const id of ids) {
       const s = source[id];
-      const color = PALETTE[tttOf(s.key) % PALETTE.length];
+      const color = PALETTE[keys.indexOf(s.key) % PALETTE.length];
       const val = s.split === "val";
       const name = `${s.split} ${s.key}`;
       const base = {x: xs(s), type: val ? "scatter" : "scattergl", legendgroup: name,
         hovertemplate: `${name}<br>%{x}: %{y:.5g}<extra></extra>`};
-      if (opts.smooth && !val) {
+      if (opts.smooth && !val && !UNSMOOTHED.has(familyOf(s.key))) {
         out.push({...base, y: s.values, name, showlegend: false, mode: "lines", line: {color, width: 1}, opacity: 0.25});
         out.push({...base, y: smoothed(s.values), name, mode: "lines", line: {color, width: 2}});
       } else {
@@ -77,10 +82,12 @@
 
   function layout(family, chart) {
     return {
-      title: {text: TITLES[family] || family}, height: 320, margin: {l: 60, r: 10, t: 40, b: 40},
+      // The legend in its own right margin: below the plot it ran into the x axis title.
+      title: {text: TITLES[family] || family}, height: 320, margin: {l: 60, r: 125, t: 40, b: 40},
       xaxis: {title: {text: {step: "step", epoch: "epoch", time: "wall time", tokens: "tokens seen"}[opts.x]}, type: opts.x === "time" ? "date" : "linear"},
       yaxis: {type: opts.log ? "log" : "linear", exponentformat: family === "lr" ? "e" : "none"},
-      legend: {orientation: "h", y: -0.25}, uirevision: opts.x + opts.log, datarevision: Date.now(),
+      legend: {orientation: "v", x: 1.02, xanchor: "left", y: 1, yanchor: "top", font: {size: 10}},
+      uirevision: opts.x + opts.log, datarevision: Date.now(),
     };
   }
 

@@ -69,6 +69,26 @@
     renderCheckpoints(summary.checkpoints);
     renderAcceptance(summary.acceptance);
     renderAttempts(summary.attempts);
+    renderGlance(summary.glance);
+  }
+
+  function renderGlance(g) {
+    // The header (templates/runs/_glance.html) from the summary's `glance` (runs.pipeline.glance).
+    if (!g) return;
+    const set = (key, text) => { const el = document.querySelector(`[data-glance="${key}"]`); if (el) el.textContent = text; };
+    const list = (values) => (values && values.length ? values.map((v) => (v == null ? "–" : v.toFixed(3))).join(" · ") : null);
+    set("stage", g.stage_label);
+    const status = document.querySelector('[data-glance="stage_status"]');
+    if (status) { status.textContent = g.stage_status; status.className = "status " + g.stage_status; }
+    set("progress", g.progress_total ? fmt.format(g.progress_done) + " / " + fmt.format(g.progress_total) : "–");
+    set("eta", g.eta_seconds == null ? "–" : Math.round(g.eta_seconds) + " s");
+    set("train_step", g.train_steps ? fmt.format(g.train_step || 0) + " of " + fmt.format(g.train_steps) : "–");
+    set("loss", list(g.latest.train.loss) || "–");
+    const val = list(g.latest.val.full_acc);
+    set("acc", val ? val + " (val)" : list(g.latest.train.full_acc) || "–");
+    set("tau", g.best_tau == null ? "–" : g.best_tau.toFixed(2));
+    const warnings = document.querySelector('[data-glance="warnings"]');
+    if (warnings) { warnings.textContent = g.warnings; warnings.className = g.warnings ? "warning" : ""; }
   }
 
   function renderAttempts(attempts) {
@@ -100,6 +120,8 @@
     cell("speeds").textContent = fmt.format(Math.round(a.spec_tokens_per_s)) + " / " +
       fmt.format(Math.round(a.greedy_tokens_per_s)) + " on " + a.device;
     cell("prompts").textContent = a.num_prompts + " prompts, " + fmt.format(a.new_tokens) + " tokens";
+    const note = document.getElementById("speed-note");
+    if (note) note.hidden = a.device !== "cpu";
     window.drawAcceptance("plot-acceptance", a.acceptance_per_position);
   }
 

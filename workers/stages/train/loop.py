@@ -230,6 +230,7 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
           should_stop: Callable[[], bool] | None = None,
           on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
           on_resume: Callable[[int, int], None] | None = None,
+          on_split: Callable[[dict], None] | None = None,
           resume_every_steps: int | None = None,
           resume_every_seconds: float | None = RESUME_SAVE_SECONDS) -> TrainResult:
     """Train the draft; `on_checkpoint` hears of each epoch's checkpoint as soon as it is on disk
@@ -285,6 +286,8 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
     if on_resume is not None:
         on_resume(progress.global_step, progress.epoch)
     write_split(out_dir, split_record(train_idx, val_idx, split, samples.source_ids))
+    if on_split is not None:  # the page shows the split while training runs, not only at its end
+        on_split(split.as_dict())
     checkpointer = SingleGPUCheckpointer(out_dir)
     sink = _MetricSink(on_metrics)
     logger.info("training on %s: %d train / %d val rows (split by %s: %d / %d conversations), %d tokens per step, "

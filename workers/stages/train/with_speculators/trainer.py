@@ -247,6 +247,7 @@ def train_with_speculators(
         should_stop: Callable[[], bool] | None = None,
         on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
         on_resume: Callable[[int, int], None] | None = None,
+        on_split: Callable[[dict], None] | None = None,
         torchrun_executable: str | None = None) -> TrainResult:
     """Train the draft with speculators' Trainer; same callbacks and result as workers.stages.train.loop.train.
 
@@ -288,6 +289,8 @@ def train_with_speculators(
     if on_resume is not None:
         on_resume(resumed_from, len(ledger.epochs))
     write_split(out_dir, split_json)
+    if on_split is not None:  # the page shows the split while training runs, not only at its end
+        on_split(split.as_dict())
     if split_json["straddling_conversations"]:
         logger.warning("speculators splits by position: conversation %s has rows on both sides (left out of the "
                        "held-out prompts)", split_json["straddling_conversations"][0])
