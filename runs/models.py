@@ -1,10 +1,12 @@
 """What the database holds, by part: every model of the app, imported here so Django sees one app
 `runs` and `from runs.models import X` works for any of them. Each part keeps its own models:
 data (targets, datasets, extractions), pipeline (runs, stage rows, attempts, jobs), checkpoints
-(checkpoints, evaluations), tracking (curves), review (reviews, tags), fleet (workers).
+(checkpoints, evaluations), tracking (curves), review (reviews, tags), fleet (workers), sweeps (sweeps and
+their runs).
 
 Workflows live in each part's services; the models hold fields, constraints and small derived values.
 """
+from runs.api.models import AccountSettings, ApiAuditEntry, ApiToken  # noqa: F401
 from runs.checkpoints.models import Checkpoint, Evaluation  # noqa: F401
 from runs.data.models import (  # noqa: F401
     CurationAction,
@@ -34,4 +36,5 @@ from runs.pipeline.models import (  # noqa: F401
 )
 from runs.pipeline.stage_record import FINISHED_STATUSES, StageRecord, StageStatus  # noqa: F401 - the models' vocabulary
 from runs.review.models import Review, RunTag  # noqa: F401
+from runs.sweeps.models import Sweep, SweepRun  # noqa: F401
 from runs.tracking.models import MetricChunk, MetricSeries  # noqa: F401

@@ -1,8 +1,10 @@
 """Writes that users start: registering targets and datasets, launching and cancelling runs."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -25,10 +27,12 @@ from runs.fleet.fit import host_refusals, serve_check_refusal
 from runs.fleet.selectors import launch_refusals, stage_refusals, workers_live
 from runs.data.paths import check_under_data_roots
 from runs.pipeline.queue import pipeline_enqueue
-from runs.roles import require
+from runs.roles import require, require_on_run
 from runs.pipeline.run_config import RunConfig, RunConfigError, check_run_name
 from runs.pipeline.stages import STAGES
+from runs.sweeps.release import sweep_release_after
 from workers.contract.chats import read_conversations
+from workers.contract.errors import InputError
 from workers.contract.target import read_target_json, target_config_from, target_weight_bytes, validate_layer_ids
 
 
@@ -103,6 +107,18 @@ def dataset_register(*, path: str | Path) -> Dataset:
     return dataset
 
 
+@contextmanager
+def _blames(field: str) -> Iterator[None]:
+    """An input error raised inside names `field` unless it names one already: the launch form shows
+    it on that field (and in its summary), a sweep names the swept value to blame."""
+    try:
+        yield
+    except InputError as exc:
+        if not getattr(exc, "field", None):
+            exc.field = field
+        raise
+
+
 @transaction.atomic
 def run_launch(
     *,
@@ -123,7 +139,8 @@ def run_launch(
     if check not in ("fleet", "this_host"):
         raise ValueError(f"check must be 'fleet' or 'this_host', got {check!r}")
     name = check_run_name(name)
-    target = target_register(path=target_path)
+    with _blames("target_path"):
+        target = target_register(path=target_path)
     # Rolled back with the target's row when refused: nothing stored.
     weight_bytes = target_weight_bytes(Path(target.path))
     refusals = (launch_refusals(config=config, weight_bytes=weight_bytes) if check == "fleet"
@@ -134,16 +151,18 @@ def run_launch(
     if refusals:  # refused now rather than left in a queue that no live worker takes, or failed at extract
         field, why = refusals[0]
         raise RunConfigError(why, field=field)
-    dataset = dataset_register(path=dataset_path)
+    with _blames("dataset_path"):
+        dataset = dataset_register(path=dataset_path)
     layer_ids = list(config.layer_ids or target.default_layer_ids)
     if layer_ids and layer_ids[-1] != target.num_layers:
         # The draft learns from the final hidden state, so it is always captured after the aux layers.
         layer_ids.append(target.num_layers)
-    layer_ids = validate_layer_ids(layer_ids, target.num_layers)
+    with _blames("layer_ids"):
+        layer_ids = validate_layer_ids(layer_ids, target.num_layers)
     if config.draft_vocab_size > target.vocab_size:
         raise RunConfigError(
-            f"draft_vocab_size {config.draft_vocab_size} is larger than the target's vocabulary ({target.vocab_size})"
-        )
+            f"draft_vocab_size {config.draft_vocab_size} is larger than the target's vocabulary ({target.vocab_size})",
+            field="draft_vocab_size")
     config = replace(config, layer_ids=layer_ids)
     run = PipelineRun.objects.create(
         owner=user, name=name, target=target, dataset=dataset, config=config.as_dict()
@@ -166,13 +185,14 @@ def run_launch(
 @transaction.atomic
 def run_cancel(*, run: PipelineRun, user: AbstractBaseUser) -> int:
     """Mark every unfinished stage cancelled; a running stage notices at its next progress report."""
-    require(user, "cancel")
+    require_on_run(user, run, "cancel")
     now = timezone.now()
     cancelled = 0
     for stage in STAGES:
         cancelled += stage.model.objects.filter(run=run).exclude(status__in=FINISHED_STATUSES).update(
             status=StageStatus.CANCELLED, finished_at=now, error=f"cancelled by {user.get_username()}"
         )
+    sweep_release_after(run_id=run.pk)  # its sweep's next run, if it had one waiting
     return cancelled
 
 
@@ -181,7 +201,7 @@ def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
     """Queue a run's failed and cancelled stages again; stages that succeeded are kept and skipped.
     Refused, saying why, when no live worker takes a stage it would queue (its backend's worker went
     away, say): queued again, it would wait there for ever."""
-    require(user, "launch")
+    require_on_run(user, run, "retry")
     again = [stage.name for stage in STAGES if stage.model.objects.filter(
         run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).exists()]
     refusals = stage_refusals(config=run.config or {}, stage_names=again,

@@ -2,6 +2,7 @@ from django.urls import path
 
 from runs.checkpoints import serve_check_views
 from runs.data import regeneration_views
+from runs.sweeps import views as sweep_views
 from runs.tracking import curve_api
 from runs.web import api, views
 
@@ -14,6 +15,9 @@ urlpatterns = [
     path("runs/<int:pk>/cancel/", views.run_cancel, name="run_cancel"),
     path("runs/<int:pk>/retry/", views.run_retry, name="run_retry"),
     path("runs/<int:pk>/tags/", views.run_tags, name="run_tags"),
+    path("sweeps/", sweep_views.sweep_list, name="sweep_list"),
+    path("sweeps/<int:pk>/", sweep_views.sweep_detail, name="sweep_detail"),
+    path("sweeps/<int:pk>/cancel/", sweep_views.sweep_cancel, name="sweep_cancel"),
     path("workers/", views.worker_list, name="worker_list"),
     path("datasets/", views.dataset_list, name="dataset_list"),
     path("datasets/<int:pk>/", views.dataset_detail, name="dataset_detail"),
@@ -35,4 +39,5 @@ urlpatterns = [
     path("api/runs/<int:pk>/metrics/export/", curve_api.run_metrics_export, name="api_run_metrics_export"),
     path("api/targets/inspect/", api.target_inspect, name="api_target_inspect"),
     path("api/workers/", api.worker_list, name="api_worker_list"),
+    path("api/sweeps/<int:pk>/", sweep_views.sweep_status, name="api_sweep_status"),
 ]

@@ -85,6 +85,9 @@ APP = {
     "runs/<int:pk>/retry/": Entry("/runs/{run}/retry/", get=POST_ONLY, post=LAUNCHERS),
     "runs/<int:pk>/tags/": Entry("/runs/{run}/tags/", get=POST_ONLY, post=LAUNCHERS, data="tags_form"),
     "runs/compare/": Entry("/runs/compare/?ids={run},{other_run}", get=READ),
+    "sweeps/": Entry("/sweeps/", get=READ),
+    "sweeps/<int:pk>/": Entry("/sweeps/{sweep}/", get=READ),
+    "sweeps/<int:pk>/cancel/": Entry("/sweeps/{sweep}/cancel/", get=POST_ONLY, post=LAUNCHERS),
     "workers/": Entry("/workers/", get=READ),
     "datasets/": Entry("/datasets/", get=READ),
     "datasets/<int:pk>/": Entry("/datasets/{dataset}/", get=READ),
@@ -112,6 +115,7 @@ APP = {
     "api/runs/<int:pk>/metrics/export/": Entry("/api/runs/{run}/metrics/export/?key=loss&split=train", get=READ),
     "api/targets/inspect/": Entry("/api/targets/inspect/?path={target_path}", get=READ),
     "api/workers/": Entry("/api/workers/", get=READ),
+    "api/sweeps/<int:pk>/": Entry("/api/sweeps/{sweep}/", get=READ),
 }
 
 # The admin site: its own login and logout, and everything else for staff only, whatever the model
@@ -221,10 +225,16 @@ class World:
         self.regeneration = DatasetRegeneration.objects.create(
             source=self.run.dataset, source_path=str(self.dataset_path), target=self.run.target, backend="transformers",
             max_new_tokens=16, settings_key="matrix", output_path=str(tmp_path / "regenerated" / "out.jsonl"))
+        from runs.sweeps.services import sweep_launch
+        from runs.sweeps.spec import parse_vary
+
+        self.sweep = sweep_launch(user=self.users["admin"], target_path=self.target, dataset_path=self.dataset_path,
+                                  config=RunConfig(draft_vocab_size=64), varied=[parse_vary("seed=1,2")])
 
     def ids(self) -> dict:
         return {"run": self.run.pk, "other_run": self.other_run.pk, "dataset": self.run.dataset_id, "extraction": self.extraction.pk,
                 "checkpoint": self.checkpoint.pk, "regeneration": self.regeneration.pk, "target_path": str(self.target),
+                "sweep": self.sweep.pk,
                 "admin_user": self.users["admin"].pk,
                 "run_content_type": ContentType.objects.get_for_model(PipelineRun).pk}
 

@@ -15,6 +15,29 @@ from workers.contract.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
 from workers.contract.errors import InputError
 
 
+def run_config_from(opts: dict) -> RunConfig:
+    """The run's settings from the options below (launch_sweep takes the same options)."""
+    return RunConfig(
+        layer_ids=parse_layer_ids(opts["layer_ids"]),
+        max_seq_len=opts["max_seq_len"],
+        max_samples=opts["max_samples"],
+        draft_vocab_size=opts["draft_vocab_size"],
+        epochs=opts["epochs"],
+        lr=opts["lr"],
+        ttt_steps=opts["ttt_steps"],
+        max_tokens_per_step=opts["max_tokens_per_step"],
+        val_fraction=opts["val_fraction"],
+        seed=opts["seed"],
+        eval_prompts=opts["eval_prompts"],
+        eval_max_new_tokens=opts["eval_max_new_tokens"],
+        extraction_backend=opts["extraction_backend"],
+        tensor_parallel_size=opts["tensor_parallel_size"],
+        training_backend=opts["training_backend"],
+        train_gpus=opts["train_gpus"],
+        serve_check=opts["serve_check"],
+    )
+
+
 class Command(BaseCommand):
     help = "Launch a pipeline run (prepare, extract, vocab, train, evaluate) and print a JSON summary."
 
@@ -59,25 +82,7 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         user = command_user(opts["user"])
         try:
-            config = RunConfig(
-                layer_ids=parse_layer_ids(opts["layer_ids"]),
-                max_seq_len=opts["max_seq_len"],
-                max_samples=opts["max_samples"],
-                draft_vocab_size=opts["draft_vocab_size"],
-                epochs=opts["epochs"],
-                lr=opts["lr"],
-                ttt_steps=opts["ttt_steps"],
-                max_tokens_per_step=opts["max_tokens_per_step"],
-                val_fraction=opts["val_fraction"],
-                seed=opts["seed"],
-                eval_prompts=opts["eval_prompts"],
-                eval_max_new_tokens=opts["eval_max_new_tokens"],
-                extraction_backend=opts["extraction_backend"],
-                tensor_parallel_size=opts["tensor_parallel_size"],
-                training_backend=opts["training_backend"],
-                train_gpus=opts["train_gpus"],
-                serve_check=opts["serve_check"],
-            )
+            config = run_config_from(opts)
             run = services.run_launch(
                 user=user, target_path=opts["target"], dataset_path=opts["dataset"], config=config,
                 name=opts["name"], enqueue=not opts["inline"],

@@ -1,0 +1,126 @@
+"""Reads of sweeps: the list, one sweep's runs with their swept settings, status and tau, the best run,
+and the launch form's values for "launch the best again with more data"."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import Count, QuerySet
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+
+from runs.models import PipelineRun, StageStatus, Sweep, SweepRun
+from runs.pipeline import selectors as run_selectors
+from runs.pipeline.run_config import MAX_SAMPLES
+
+# Two taus equal to this many decimals (as the pages show them) are a tie.
+TAU_DECIMALS = 3
+HELD = "held"  # a run its sweep has not handed to the queue yet (runs.sweeps.release)
+
+
+def sweep_list() -> QuerySet[Sweep]:
+    return Sweep.objects.select_related("owner").annotate(run_count=Count("entries")).order_by("-created_at", "-id")
+
+
+def sweep_get(*, pk: int) -> Sweep:
+    return get_object_or_404(Sweep.objects.select_related("owner"), pk=pk)
+
+
+@dataclass
+class SweepRow:
+    position: int
+    run: PipelineRun
+    settings: dict[str, str]  # swept key -> value as typed
+    status: str  # the run's status, or HELD while its sweep holds it back
+    tau: float | None  # measured acceptance length, once its evaluate stage succeeded
+    is_best: bool = False
+
+    def as_dict(self) -> dict:
+        return {"position": self.position, "run_id": self.run.pk, "name": str(self.run),
+                "url": self.run.get_absolute_url(), "settings": self.settings, "status": self.status,
+                "tau": self.tau, "is_best": self.is_best}
+
+
+@dataclass
+class SweepBest:
+    """The run with the highest measured tau; on a tie (equal to TAU_DECIMALS) the earliest of the sweep,
+    with the others it ties with. Runs not measured (queued, running, failed) are not candidates:
+    `measured` of `total` says how many were, and the best is "so far" until every run finished."""
+
+    row: SweepRow | None
+    tied_with: list[SweepRow]
+    measured: int
+    total: int
+    finished: bool
+
+
+def sweep_rows(*, sweep: Sweep) -> tuple[list[SweepRow], SweepBest]:
+    entries = list(SweepRun.objects.filter(sweep=sweep).order_by("position").values_list(
+        "position", "run_id", "values", "released_at"))
+    runs = {run.pk: run for run in run_selectors.run_rows().filter(pk__in=[e[1] for e in entries])}
+    rows = []
+    for position, run_id, values, released_at in entries:
+        run = runs[run_id]
+        status = run_selectors.run_status(run)
+        if released_at is None and status == StageStatus.QUEUED:
+            status = HELD
+        evaluation = run.evaluation
+        tau = evaluation.tau if evaluation.status == StageStatus.SUCCEEDED else None
+        # In the sweep's order of keys: a JSON object column (jsonb) keeps no order of its own.
+        settings = {key: values.get(key, "") for key in sweep.keys}
+        rows.append(SweepRow(position=position, run=run, settings=settings, status=status, tau=tau))
+    measured = [row for row in rows if row.tau is not None]
+    best, tied = None, []
+    if measured:
+        top = max(round(row.tau, TAU_DECIMALS) for row in measured)
+        at_top = [row for row in measured if round(row.tau, TAU_DECIMALS) == top]  # in sweep order
+        best, tied = at_top[0], at_top[1:]
+        best.is_best = True
+    finished = all(row.status in (StageStatus.SUCCEEDED, StageStatus.FAILED, StageStatus.CANCELLED) for row in rows)
+    return rows, SweepBest(row=best, tied_with=tied, measured=len(measured), total=len(rows), finished=finished)
+
+
+def sweep_summary(*, sweep: Sweep) -> dict:
+    """The sweep as JSON: what launch_sweep prints and the sweep page polls."""
+    rows, best = sweep_rows(sweep=sweep)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.status] = counts.get(row.status, 0) + 1
+    return {
+        "sweep_id": sweep.pk, "name": sweep.name, "mode": sweep.mode, "parallel": sweep.parallel,
+        "url": sweep.get_absolute_url(), "keys": sweep.keys, "varied": dict(sweep.varied),
+        "run_ids": [row.run.pk for row in rows], "runs": [row.as_dict() for row in rows], "statuses": counts,
+        "best": {"run_id": best.row.run.pk, "tau": best.row.tau, "settings": best.row.settings,
+                 "tied_with": [row.run.pk for row in best.tied_with]} if best.row else None,
+        "measured": best.measured, "finished": best.finished,
+        "again_url": best_again_url(run_id=best.row.run.pk) if best.row else None,
+    }
+
+
+def sweep_of_run(*, run_id: int) -> Sweep | None:
+    entry = SweepRun.objects.select_related("sweep").filter(run_id=run_id).first()
+    return entry.sweep if entry else None
+
+
+def best_again_url(*, run_id: int) -> str:
+    return f"{reverse('runs:run_launch')}?copy={run_id}&more_data=1"
+
+
+def more_data_initial(*, run_id: str) -> tuple[dict, str] | None:
+    """The launch form's values for "launch the best again with more data": a copy of the run's settings
+    with twice its max_samples (a run that read every conversation keeps them all: the note asks for
+    another dataset), and a note that says what changed. None when there is no such run."""
+    initial = run_selectors.launch_copy_initial(run_id=run_id)
+    if initial is None:
+        return None
+    run = PipelineRun.objects.select_related("dataset").get(pk=int(run_id))
+    sweep = sweep_of_run(run_id=run.pk)
+    of_sweep = f", the best of sweep {sweep.name}" if sweep else ""
+    before = initial.get("max_samples")
+    if before:
+        initial["max_samples"] = more = min(before * 2, MAX_SAMPLES)
+        note = f"Prefilled from {run}{of_sweep}: max_samples {before:,} → {more:,}. Or choose another dataset below."
+    else:
+        note = (f"Prefilled from {run}{of_sweep}: it already trained on every conversation of {run.dataset.name}; "
+                "choose a larger dataset below.")
+    initial["name"] = f"{run} with more data"[:200]
+    return initial, note

@@ -1,0 +1,148 @@
+"""What a sweep varies, parsed and expanded: `--vary KEY=V1,V2` (the command line) or one such line
+per key (the launch form), into the settings of each run. Pure: no database, no files.
+
+Keys are run_pipeline's option names (`--layer-ids` -> `layer_ids`; a hyphen or an underscore, either
+way), plus `dataset`. Values are separated by commas; a list value (layer ids) separates its own items
+with colons (`layer_ids=2:4:5,1:3:5` is two runs), since its commas already separate values. `default`
+stands for an option's empty value: the target's default layers, every conversation, the packing
+budget chosen from the data."""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from runs.pipeline.run_config import MAX_LAYER_IDS, RunConfigError, check_layer_ids
+
+GRID, LIST = "grid", "list"
+MODES = (GRID, LIST)
+MAX_SWEEP_RUNS = 64  # a sweep's runs are stored and validated in one request: a typo must not make 10,000
+MAX_VALUES_TEXT = 10_000  # characters of one key's values
+VALUE_SEPARATOR, ITEM_SEPARATOR = ",", ":"
+DEFAULT = "default"
+
+INT_KEYS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "seed", "max_tokens_per_step",
+            "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus")
+FLOAT_KEYS = ("lr", "val_fraction")
+TEXT_KEYS = ("extraction_backend", "training_backend")
+# Keys whose empty value means "let the run choose": `default` in a sweep.
+OPTIONAL_KEYS = ("layer_ids", "max_samples", "max_tokens_per_step")
+SWEEP_KEYS = ("layer_ids", *INT_KEYS, *FLOAT_KEYS, *TEXT_KEYS, "dataset")
+
+
+class SweepError(RunConfigError):
+    """A sweep that cannot be launched; its field is the form's `vary` unless a run's own field is to blame."""
+
+    def __init__(self, message: str, *, field: str | None = "vary"):
+        super().__init__(message, field=field)
+
+
+@dataclass(frozen=True)
+class Varied:
+    """One swept option: its key and its values, each as typed (shown in tables) and as the run takes it."""
+
+    key: str
+    texts: tuple[str, ...]
+    values: tuple[Any, ...]
+
+
+def normalise_key(raw: str) -> str:
+    key = raw.strip().lstrip("-").replace("-", "_").lower()
+    if key not in SWEEP_KEYS:
+        raise SweepError(f"--vary {raw.strip()[:40]!r}: not an option a sweep can vary; vary one of "
+                         f"{', '.join(SWEEP_KEYS)}")
+    return key
+
+
+def parse_value(key: str, text: str) -> Any:
+    """One value as the run takes it; a value that cannot be one names the key and the value."""
+    shown = f"--vary {key}={text[:60]}"
+    if text.lower() == DEFAULT:
+        if key not in OPTIONAL_KEYS:
+            raise SweepError(f"{shown}: only {', '.join(OPTIONAL_KEYS)} have a default to sweep over")
+        return [] if key == "layer_ids" else None
+    if key == "layer_ids":
+        items = [i.strip() for i in text.split(ITEM_SEPARATOR)]
+        if len(items) > MAX_LAYER_IDS or not all(i.isascii() and i.isdigit() and len(i) <= 6 for i in items):
+            raise SweepError(f"{shown}: layer ids are whole numbers separated by '{ITEM_SEPARATOR}' within one value "
+                             f"(commas separate the values), e.g. layer_ids=2:4:5,1:3:5")
+        try:
+            return check_layer_ids([int(i) for i in items])
+        except RunConfigError as exc:
+            raise SweepError(f"{shown}: {exc}") from None
+    if key in INT_KEYS:
+        try:
+            return int(text.replace("_", ""), 10)
+        except ValueError:
+            raise SweepError(f"{shown}: {key} takes whole numbers") from None
+    if key in FLOAT_KEYS:
+        try:
+            value = float(text)
+        except ValueError:
+            raise SweepError(f"{shown}: {key} takes numbers, such as 3e-4") from None
+        if not math.isfinite(value):
+            raise SweepError(f"{shown}: {key} must be a finite number")
+        return value
+    return text  # backends and datasets: checked as a single launch checks them
+
+
+def parse_vary(raw: str) -> Varied:
+    """'lr=1e-4,3e-4' -> Varied('lr', ('1e-4', '3e-4'), (0.0001, 0.0003))."""
+    key_text, sep, values_text = raw.partition("=")
+    if not sep:
+        raise SweepError(f"--vary {raw.strip()[:60]!r}: write KEY=V1,V2 (e.g. lr=1e-4,3e-4)")
+    key = normalise_key(key_text)
+    if len(values_text) > MAX_VALUES_TEXT:
+        raise SweepError(f"--vary {key}: {len(values_text):,} characters of values; at most {MAX_VALUES_TEXT:,}")
+    texts = tuple(t.strip() for t in values_text.split(VALUE_SEPARATOR))
+    if not values_text.strip() or any(not t for t in texts):
+        raise SweepError(f"--vary {key}={values_text.strip()[:60]}: an empty value (write `default` for the "
+                         "option's default, where it has one)")
+    values = tuple(parse_value(key, t) for t in texts)
+    seen: dict[str, str] = {}
+    for text, value in zip(texts, values):
+        if (same := seen.get(repr(value))) is not None:
+            raise SweepError(f"--vary {key}: {same} and {text} are the same value; each run of a sweep differs")
+        seen[repr(value)] = text
+    return Varied(key=key, texts=texts, values=values)
+
+
+def parse_vary_lines(text: str) -> list[Varied]:
+    """The launch form's box: one KEY=V1,V2 line per swept key; blank lines are skipped."""
+    return check_keys([parse_vary(line) for line in text.splitlines() if line.strip()])
+
+
+def check_keys(varied: list[Varied]) -> list[Varied]:
+    keys = [v.key for v in varied]
+    if repeated := sorted({k for k in keys if keys.count(k) > 1}):
+        raise SweepError(f"--vary {repeated[0]} is given twice; list all its values in one --vary")
+    return varied
+
+
+def expand(varied: list[Varied], *, mode: str) -> list[dict[str, tuple[str, Any]]]:
+    """Each run's swept settings {key: (text, value)}, in order: the product of the values (grid) or
+    the i-th value of every key together (list)."""
+    if mode not in MODES:
+        raise SweepError(f"mode must be {' or '.join(MODES)}, got {str(mode)[:20]!r}", field="mode")
+    if not varied:
+        raise SweepError("a sweep varies at least one option (--vary KEY=V1,V2)")
+    columns = [list(zip(v.texts, v.values)) for v in varied]
+    if mode == LIST:
+        lengths = {v.key: len(v.values) for v in varied}
+        if len(set(lengths.values())) > 1:
+            counts = ", ".join(f"{k} has {n}" for k, n in lengths.items())
+            raise SweepError(f"--list pairs the i-th values of every key, so each key needs as many values: {counts}")
+        count = len(varied[0].values)
+    else:
+        count = math.prod(len(c) for c in columns)
+    if count > MAX_SWEEP_RUNS:
+        raise SweepError(f"this sweep would launch {count:,} runs; at most {MAX_SWEEP_RUNS} at once "
+                         f"(vary fewer values, or use --list)")
+    combos = zip(*columns) if mode == LIST else itertools.product(*columns)
+    return [{v.key: pair for v, pair in zip(varied, combo)} for combo in combos]
+
+
+def settings_text(settings: dict[str, str]) -> str:
+    """'lr=1e-4 epochs=2': how a run's swept settings are named (in its name and in errors)."""
+    return " ".join(f"{k}={t}" for k, t in settings.items())

@@ -1,0 +1,42 @@
+"""The sweeps list, a sweep's page, the JSON it polls, and cancelling a sweep. Thin: a selector or a
+service, then render."""
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from runs.roles import user_can
+from runs.sweeps import selectors, services
+from runs.sweeps.spec import FLOAT_KEYS, INT_KEYS
+
+
+def sweep_list(request: HttpRequest) -> HttpResponse:
+    page = Paginator(selectors.sweep_list(), 50).get_page(request.GET.get("page"))
+    return render(request, "runs/sweep_list.html", {"page": page, "sweeps": page.object_list})
+
+
+def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    sweep = selectors.sweep_get(pk=pk)
+    rows, best = selectors.sweep_rows(sweep=sweep)
+    return render(request, "runs/sweep_detail.html", {
+        "sweep": sweep, "rows": rows, "best": best, "keys": sweep.keys,
+        # The chart places numbers on a number axis; other settings (layers, datasets, backends) by name.
+        "numeric_keys": [k for k in sweep.keys if k in INT_KEYS or k in FLOAT_KEYS],
+        "summary": selectors.sweep_summary(sweep=sweep),
+        "again_url": selectors.best_again_url(run_id=best.row.run.pk) if best.row else None,
+        "can_cancel": user_can(request.user, "cancel") and not best.finished})
+
+
+def sweep_status(request: HttpRequest, pk: int) -> JsonResponse:
+    return JsonResponse(selectors.sweep_summary(sweep=selectors.sweep_get(pk=pk)))
+
+
+@require_POST
+def sweep_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    sweep = selectors.sweep_get(pk=pk)
+    count = services.sweep_cancel(sweep=sweep, user=request.user)
+    messages.info(request, f"Cancelled {count} unfinished stage(s) of the runs of {sweep}.")
+    return redirect(sweep)

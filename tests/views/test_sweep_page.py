@@ -1,0 +1,37 @@
+"""The sweep page: its runs with the swept settings as columns, status and tau, the best marked with
+the button that launches it again with more data; the sweeps list in the navigation."""
+import pytest
+
+from runs.models import Evaluation, StageStatus, SweepRun
+from runs.pipeline.run_config import RunConfig
+from runs.pipeline.stages import STAGES
+from runs.sweeps.services import sweep_launch
+from runs.sweeps.spec import parse_vary
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def sweep(user, roots):
+    return sweep_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                        config=RunConfig(draft_vocab_size=64, max_samples=30), name="vocab sweep",
+                        varied=[parse_vary("draft_vocab_size=32,64"), parse_vary("lr=1e-4,3e-4")])
+
+
+def test_the_page_lists_each_run_with_its_swept_settings_status_and_tau(client, user, sweep):
+    ids = list(SweepRun.objects.filter(sweep=sweep).order_by("position").values_list("run_id", flat=True))
+    for stage in STAGES:
+        stage.model.objects.filter(run_id=ids[2]).update(status=StageStatus.SUCCEEDED)
+    Evaluation.objects.filter(run_id=ids[2]).update(tau=2.345)
+    client.force_login(user)
+    html = client.get(f"/sweeps/{sweep.pk}/").content.decode()
+    assert "<th><code>draft_vocab_size</code></th><th><code>lr</code></th><th>Status</th><th>τ</th>" in html
+    row = html.split(f'<tr data-run="{ids[2]}" class="best">')[1].split("</tr>")[0]
+    assert '<td data-key="draft_vocab_size"><code>64</code></td><td data-key="lr"><code>1e-4</code></td>' in row
+    assert '<span class="badge" data-field="best">best τ</span>' in row and '<td data-field="tau">2.345</td>' in row
+    held = html.split(f'<tr data-run="{ids[3]}">')[1].split("</tr>")[0]
+    assert ">held</span>" in held
+    assert f'href="/runs/new/?copy={ids[2]}&amp;more_data=1"' in html
+    assert "1 of 4 runs measured" in html
+    assert '<a href="/sweeps/">Sweeps</a>' in html
+
