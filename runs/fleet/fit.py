@@ -61,7 +61,11 @@ class BackendOption:
 
 
 def gb_text(count_bytes: int) -> str:
-    return f"{count_bytes / 1e9:.1f} GB"
+    """140.0 GB, 8.7 MB: decimal units, the largest under which the size is at least 1 (as the launch form's)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count_bytes >= scale:
+            return f"{count_bytes / scale:.1f} {unit}"
+    return f"{count_bytes} bytes"
 
 
 def gpus_text(count: int) -> str:

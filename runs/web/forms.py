@@ -24,6 +24,8 @@ from runs.pipeline.run_config import (
     check_run_name,
     parse_layer_ids,
 )
+from runs.sweeps.services import MAX_PARALLEL
+from runs.sweeps.spec import ITEM_SEPARATOR, MODES, SweepError, Varied, parse_vary_lines
 from runs.data.regeneration import MAX_NEW_TOKENS_LIMIT, MAX_SEED as MAX_REGENERATE_SEED, MAX_TEMPERATURE, RegenerationSettings
 from runs.models import TargetModel
 from workers.contract.backends import BACKENDS, MAX_GPUS
@@ -100,6 +102,24 @@ class LaunchForm(forms.Form):
         required=False, label="Check with vLLM",
         help_text="After measuring acceptance, vLLM itself serves the best checkpoint on the same prompts and counts "
         "what it accepts (needs a live worker with vLLM).")
+    vary = forms.CharField(
+        required=False, max_length=20_000, label="Vary", widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        help_text="One setting per line, KEY = V1, V2, named as run_pipeline names them: lr = 1e-4, 3e-4 · "
+        f"epochs = 1, 2 · layer_ids = 2{ITEM_SEPARATOR}4{ITEM_SEPARATOR}5, 1{ITEM_SEPARATOR}3{ITEM_SEPARATOR}5 "
+        f"(ids within one value by '{ITEM_SEPARATOR}') · ttt_steps, draft_vocab_size, max_samples, dataset, ... "
+        "`default` for an empty setting. Each run takes the settings above with its own values. Empty: one run.")
+    sweep_mode = forms.ChoiceField(choices=[("grid", "Grid: every combination"),
+                                            ("list", "List: the i-th values of every line together")],
+                                   initial="grid", required=False, label="Combine")
+    parallel = forms.IntegerField(
+        min_value=1, max_value=MAX_PARALLEL, initial=1, required=False, label="Runs of the sweep at once",
+        help_text="The others wait until one finishes, so that a sweep never queues ahead of other people's runs.")
+
+    # Folded under "Advanced settings" (open when one of them has an error), and the sweep box.
+    ADVANCED = ("max_tokens_per_step", "val_fraction", "seed", "eval_prompts", "eval_max_new_tokens",
+                "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "serve_check")
+    SWEEP = ("vary", "sweep_mode", "parallel")
+    WIDE = ("name", "target_path", "dataset_path", "vary")  # the whole width of the form
 
     def __init__(self, *args, options: dict[str, BackendOption] | None = None, **kwargs):
         """`options`: what the live workers can run (runs.fleet.selectors.launch_options); the
@@ -115,6 +135,41 @@ class LaunchForm(forms.Form):
             self.fields[gpus_field].help_text += " Live workers: " + "; ".join(limits) + "."
             # An offered backend runs on one GPU at least (runs.fleet.selectors.launch_options).
             self.fields[gpus_field].widget.attrs["max"] = max((o.max_gpus for o in offered if o.available), default=1)
+
+    def basic_fields(self) -> list:
+        return [f for f in self if f.name not in self.ADVANCED and f.name not in self.SWEEP]
+
+    def advanced_fields(self) -> list:
+        return [self[name] for name in self.ADVANCED]
+
+    def sweep_fields(self) -> list:
+        return [self[name] for name in self.SWEEP]
+
+    def advanced_has_errors(self) -> bool:
+        return any(self.errors.get(name) for name in self.ADVANCED)
+
+    def sweep_open(self) -> bool:
+        return bool(self.data.get("vary", "").strip()) or any(self.errors.get(name) for name in self.SWEEP)
+
+    def error_summary(self) -> list[tuple[str, str, str]]:
+        """Every error of the form for the summary at its top, (field id or "", label, message), in the
+        form's order: each field's error is also under its field, where the summary links to."""
+        summary = [("", "", str(e)) for e in self.non_field_errors()]
+        for field in self:
+            summary.extend((field.id_for_label, str(field.label), str(e)) for e in field.errors)
+        return summary
+
+    def clean_vary(self) -> list[Varied]:
+        try:
+            return parse_vary_lines(self.cleaned_data.get("vary") or "")
+        except SweepError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_sweep_mode(self) -> str:
+        return self.cleaned_data.get("sweep_mode") or MODES[0]
+
+    def clean_parallel(self) -> int:
+        return self.cleaned_data.get("parallel") or 1
 
     def clean_name(self) -> str:
         try:
@@ -138,7 +193,7 @@ class LaunchForm(forms.Form):
 
     def run_config(self) -> RunConfig:
         """The form's values; a field left empty takes RunConfig's default."""
-        data = {k: v for k, v in self.cleaned_data.items() if v is not None}
+        data = {k: v for k, v in self.cleaned_data.items() if v is not None and k not in self.SWEEP}
         defaults = RunConfig()
         for name in ("val_fraction", "seed", "eval_prompts", "eval_max_new_tokens"):
             data.setdefault(name, getattr(defaults, name))

@@ -21,6 +21,7 @@ from runs.data.regeneration_selectors import dataset_options
 from runs.fleet import selectors as fleet_selectors
 from runs.pipeline import job_selectors, job_services, queue, selectors, services, upstream_commands
 from runs.review import reviews
+from runs.sweeps import selectors as sweep_selectors, services as sweep_services
 from runs.review import tags as tag_services
 from runs.roles import require, user_can
 from runs.tracking import comparison, run_table
@@ -60,29 +61,22 @@ def run_launch(request: HttpRequest) -> HttpResponse:
         form = LaunchForm(request.POST, options=options)
         if form.is_valid():
             try:
-                run = services.run_launch(
-                    user=request.user,
-                    target_path=form.cleaned_data["target_path"],
-                    dataset_path=form.cleaned_data["dataset_path"],
-                    config=form.run_config(),
-                    name=form.cleaned_data["name"],
-                )
+                launched = _launch_from(request, form)
             except InputError as exc:
                 field = getattr(exc, "field", None)
                 form.add_error(field if field in form.fields else None, str(exc))
             else:
-                if queue.run_waiting_for_queue(run_id=run.pk):
-                    # The broker refused the hand-over: the outbox keeps it and the workers retry.
-                    messages.warning(request, f"Launched {run}; it is waiting for the queue (Redis is not "
-                                              "answering) and starts by itself once the queue is back.")
-                else:
-                    messages.success(request, f"Launched {run}: the stages are queued.")
-                return redirect(run)
+                return launched
     elif request.GET.get("copy"):
-        initial = selectors.launch_copy_initial(run_id=request.GET["copy"])
-        if initial is None:
+        # "Launch the best again with more data" (a sweep's page): the copy asks for more conversations.
+        found = (sweep_selectors.more_data_initial(run_id=request.GET["copy"]) if request.GET.get("more_data")
+                 else (selectors.launch_copy_initial(run_id=request.GET["copy"]), None))
+        if found is None or found[0] is None:
             messages.error(request, f"There is no run {request.GET['copy'][:20]!r} to copy.")
             return redirect("runs:run_launch")
+        initial, note = found
+        if note:
+            messages.info(request, note)
         form = LaunchForm(initial=initial, options=options)
     else:
         initial = dict(demo_paths())
@@ -97,6 +91,29 @@ def run_launch(request: HttpRequest) -> HttpResponse:
     status = 400 if request.method == "POST" else 200
     return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets},
                   status=status)
+
+
+def _launch_from(request: HttpRequest, form: LaunchForm) -> HttpResponse:
+    """Launch the valid form's run, or its sweep when it varies settings; the page to go to."""
+    data = form.cleaned_data
+    if data["vary"]:
+        sweep = sweep_services.sweep_launch(
+            user=request.user, target_path=data["target_path"], dataset_path=data["dataset_path"],
+            config=form.run_config(), varied=data["vary"], mode=data["sweep_mode"], name=data["name"],
+            parallel=data["parallel"])
+        count = len(sweep_selectors.sweep_summary(sweep=sweep)["run_ids"])
+        messages.success(request, f"Launched {sweep}: {count} runs, {sweep.parallel} at a time in the queues; each "
+                                  "of the others follows when an earlier one finishes.")
+        return redirect(sweep)
+    run = services.run_launch(user=request.user, target_path=data["target_path"], dataset_path=data["dataset_path"],
+                              config=form.run_config(), name=data["name"])
+    if queue.run_waiting_for_queue(run_id=run.pk):
+        # The broker refused the hand-over: the outbox keeps it and the workers retry.
+        messages.warning(request, f"Launched {run}; it is waiting for the queue (Redis is not "
+                                  "answering) and starts by itself once the queue is back.")
+    else:
+        messages.success(request, f"Launched {run}: the stages are queued.")
+    return redirect(run)
 
 
 def worker_list(request: HttpRequest) -> HttpResponse:

@@ -38,6 +38,7 @@ def test_gpu_backends_are_disabled_with_a_reason_then_chosen_once_a_fake_gpu_wor
     expect(page.locator('#id_extraction_backend option[value="vllm"]')).to_be_enabled()
     page.fill("#id_target_path", str(roots / "target"))
     page.fill("#id_dataset_path", str(roots / "chats.jsonl"))
+    page.click("#advanced > summary")  # backends and GPU counts are advanced settings, folded
     page.select_option("#id_extraction_backend", "vllm")
     page.fill("#id_tensor_parallel_size", "2")
     page.select_option("#id_training_backend", "speculators")

@@ -35,3 +35,12 @@ def test_the_page_lists_each_run_with_its_swept_settings_status_and_tau(client, 
     assert "1 of 4 runs measured" in html
     assert '<a href="/sweeps/">Sweeps</a>' in html
 
+
+
+def test_launch_the_best_again_prefills_a_copy_with_twice_the_conversations(client, user, sweep):
+    run_id = SweepRun.objects.filter(sweep=sweep, position=2).values_list("run_id", flat=True).get()
+    client.force_login(user)
+    html = client.get(f"/runs/new/?copy={run_id}&more_data=1").content.decode()
+    assert 'name="max_samples" value="60"' in html
+    assert "max_samples 30 → 60" in html and "the best of sweep vocab sweep" in html
+    assert 'name="draft_vocab_size" value="32"' in html and 'name="lr" value="0.0003"' in html
