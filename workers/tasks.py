@@ -44,6 +44,7 @@ from runs.pipeline.stage_services import (
 )
 from runs.pipeline.stages import JOB_NAMES, STAGES, STAGES_BY_NAME
 from runs.pipeline.queue import outbox_flush
+from runs.sweeps.release import sweeps_release
 from runs.pipeline.routing import stage_backend
 from runs.checkpoints.serve_check_selectors import run_serve_checks_queued
 import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
@@ -426,6 +427,7 @@ class Reconciler(threading.Thread):
             try:
                 close_old_connections()
                 stages_reconcile()
+                sweeps_release()  # a sweep's next run, where a finished run's hand-over was missed
                 outbox_flush()  # what a broker outage kept from the queue
             except Exception:  # noqa: BLE001 - a database or broker away for a while: try again later
                 logger.warning("reconciling stages failed; trying again in %.0f s", period, exc_info=True)

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
 from runs.fleet.fit import BackendOption, gpus_text, queues_text, routed_refusal, said_already, stage_needs, takes, worker_unfit
 from runs.fleet.models import Worker
-from runs.models import FINISHED_STATUSES, PendingEnqueue, PipelineRun, StageStatus
+from runs.models import FINISHED_STATUSES, PendingEnqueue, PipelineRun, StageStatus, SweepRun
 from runs.pipeline.stages import STAGES, STAGES_BY_NAME
 from runs.pipeline.routing import BACKEND_SETTINGS, ROUTED_STAGES, stage_backend, stage_problem, stage_queue
 from runs.pipeline.run_config import RunConfig
@@ -303,6 +303,8 @@ def queued_work() -> dict:
     for index, kind in enumerate(STAGES_BY_NAME.values()):
         with_run = _has_run(kind.model)
         rows = kind.model.objects.filter(status=StageStatus.QUEUED).order_by("queued_at", "pk")
+        if with_run:  # a run its sweep holds back is in no queue yet (runs.sweeps.release): counted below
+            rows = rows.filter(Q(run__sweep_entry__isnull=True) | Q(run__sweep_entry__released_at__isnull=False))
         rows = rows.select_related("run").only("pk", "queued_at", "run__name", "run__config") \
             if with_run else rows.only("pk", "queued_at", JOB_SUBJECTS[kind.name][0], *JOB_QUEUE_FIELDS.get(kind.name, ()))
         rows = list(rows[:MAX_QUEUE_ROWS + 1])
@@ -348,7 +350,8 @@ def queued_work() -> dict:
     # Hand-overs the broker refused (runs.pipeline.queue keeps them and the workers retry); a fresh row is
     # being sent after its commit and is no news.
     outbox = list(PendingEnqueue.objects.filter(attempts__gt=0).order_by("pk")[:MAX_QUEUE_ROWS])
-    return {"items": items, "outbox": outbox, "blocked": blocked, "more": more}
+    held = SweepRun.objects.filter(released_at__isnull=True).count()
+    return {"items": items, "outbox": outbox, "blocked": blocked, "more": more, "held_by_sweeps": held}
 
 
 def fleet_summary() -> dict:
@@ -372,4 +375,5 @@ def fleet_summary() -> dict:
         "refused_by_broker": [{"kind": p.kind, "object_id": p.object_id, "attempts": p.attempts,
                                "last_error": p.last_error} for p in queue["outbox"]],
         "waiting_for_retry": queue["blocked"],
+        "held_by_sweeps": queue["held_by_sweeps"],
     }

@@ -36,6 +36,7 @@ from runs.tracking.services import metrics_truncate
 from runs.pipeline.stages import JOBS, STAGES, STAGES_BY_NAME
 from runs.checkpoints.serve_check_services import serve_check_request
 from runs.pipeline.upstream_commands import recorded_speculative_tokens
+from runs.sweeps.release import sweep_release_after
 
 if TYPE_CHECKING:  # the stages import torch; these services only read their dataclasses
     from workers.stages.evaluate.measure import EvaluationResult
@@ -215,6 +216,9 @@ def stage_succeed(*, stage_name: str, record_id: int, fields: dict, log_tail: st
         raise StageCancelled(f"{stage_name} {record_id} was cancelled before it could finish")
     _attempt_close(stage_name=stage_name, record_id=record_id, outcome=StageStatus.SUCCEEDED, log_tail=log_tail,
                    started_at=started_at)
+    if stage_name == STAGES[-1].name and (run_id := _stage_qs(stage_name, record_id).values_list(
+            "run_id", flat=True).first()) is not None:
+        sweep_release_after(run_id=run_id)  # the run is done: its sweep's next run goes to the queue
 
 
 @transaction.atomic
@@ -241,6 +245,7 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
         STAGES_BY_NAME[later].model.objects.filter(run_id=run_id, status=StageStatus.QUEUED).update(
             status=StageStatus.CANCELLED, finished_at=now, error=f"not started: {stage_name} did not succeed"
         )
+    sweep_release_after(run_id=run_id)  # the run is over: its sweep's next run goes to the queue
 
 
 def result_columns(model: type[models.Model], result) -> dict:

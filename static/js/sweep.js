@@ -47,7 +47,7 @@
         hovertemplate: `best: ${best.name}<br>τ %{y:.3f}<extra></extra>`});
     }
     const measured = summary.runs.filter((r) => r.tau !== null).length;
-    const xaxis = {title: {text: x}, type: axis.type, automargin: true};
+    const xaxis = {title: {text: x}, type: axis.type, automargin: true, exponentformat: "e"};
     if (axis.order) { xaxis.categoryorder = "array"; xaxis.categoryarray = axis.order; }
     Plotly.react("plot-sweep", traces, {
       height: 360, margin: {l: 60, r: 10, t: 30, b: 50}, xaxis, yaxis: {title: {text: "τ (acceptance length)"}},

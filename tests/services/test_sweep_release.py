@@ -84,3 +84,33 @@ def test_the_best_is_the_highest_measured_tau_and_a_tie_goes_to_the_earliest(use
     assert [r["is_best"] for r in summary["runs"]] == [False, True, False, False]
     assert summary["measured"] == 3 and summary["again_url"] == f"/runs/new/?copy={ids[1]}&more_data=1"
 
+
+
+def test_a_run_that_fails_or_succeeds_on_a_worker_hands_over_the_next(user, roots):
+    from runs.pipeline.stage_services import stage_fail, stage_record_id, stage_start, stage_succeed
+
+    sweep = launch(user, roots)
+    first, second, third = run_ids(sweep)
+    prepare = stage_record_id(stage_name="prepare", run_id=first)
+    stage_start(stage_name="prepare", record_id=prepare, worker="w")
+    stage_fail(stage_name="prepare", record_id=prepare, error="boom", log_tail="")
+    assert handed_over() == [first, second]
+    for stage in STAGES[:-1]:
+        stage.model.objects.filter(run_id=second).update(status=StageStatus.SUCCEEDED)
+    evaluate = stage_record_id(stage_name="evaluate", run_id=second)
+    stage_start(stage_name="evaluate", record_id=evaluate, worker="w")
+    stage_succeed(stage_name="evaluate", record_id=evaluate, fields={"tau": 2.0}, log_tail="")
+    assert handed_over() == [first, second, third]
+
+
+def test_the_workers_page_counts_held_runs_apart_from_the_queue(user, roots, client):
+    from runs.fleet.selectors import queued_work
+
+    sweep = launch(user, roots)
+    first, second, third = run_ids(sweep)
+    queue = queued_work()
+    assert {item.run_id for item in queue["items"] if item.run_id} == {first}
+    assert queue["held_by_sweeps"] == 2
+    client.force_login(user)
+    html = client.get("/workers/").content.decode()
+    assert "2 runs held back by their sweeps: each joins the queue when an earlier run of its sweep finishes" in html
