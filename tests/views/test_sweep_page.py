@@ -44,3 +44,23 @@ def test_launch_the_best_again_prefills_a_copy_with_twice_the_conversations(clie
     assert 'name="max_samples" value="60"' in html
     assert "max_samples 30 → 60" in html and "the best of sweep vocab sweep" in html
     assert 'name="draft_vocab_size" value="32"' in html and 'name="lr" value="0.0003"' in html
+
+
+def test_a_sweep_from_the_form_refused_on_a_value_stores_nothing_and_says_so_at_the_box(client, user, roots):
+    from runs.models import Dataset, PipelineRun, Sweep, TargetModel
+
+    client.force_login(user)
+    form = {"target_path": str(roots / "target"), "dataset_path": str(roots / "chats.jsonl"), "max_seq_len": 512,
+            "draft_vocab_size": 64, "epochs": 1, "lr": 0.0003, "ttt_steps": 3, "sweep_mode": "grid", "parallel": 1}
+    response = client.post("/runs/new/", {**form, "vary": "epochs = 1, 2\nlayer_ids = 2:4, 2:9"})
+    assert response.status_code == 400
+    html = response.content.decode()
+    box = html.split('data-field="vary"')[1].split("</div>\n</div>")[0]
+    message = "--vary layer_ids=2:9: layer ids [9] are outside this target"
+    assert message in box and message in html.split('id="launch-errors"')[1].split("</div>")[0]
+    assert '<details class="fold" id="sweep" open>' in html
+    assert not any(m.objects.exists() for m in (Sweep, PipelineRun, TargetModel, Dataset))
+    response = client.post("/runs/new/", {**form, "vary": "epochs = 1, 2"})
+    sweep = Sweep.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/sweeps/{sweep.pk}/"
+    assert sorted(PipelineRun.objects.values_list("config__epochs", flat=True)) == [1, 2]
