@@ -2,7 +2,9 @@
 timing, progress, log, and the lease its worker renews. Abstract: each kind has its own table."""
 from __future__ import annotations
 
-from django.db import models
+from django.db import models, transaction
+
+from runs.pipeline import changes
 
 
 class StageStatus(models.TextChoices):
@@ -14,6 +16,24 @@ class StageStatus(models.TextChoices):
 
 
 FINISHED_STATUSES = (StageStatus.SUCCEEDED, StageStatus.FAILED, StageStatus.CANCELLED)
+
+
+class StageQuerySet(models.QuerySet):
+    """Stage and job rows whose `.update()` counts for the runs of the rows it wrote (runs.pipeline.changes),
+    so that a live page sees every write, whoever made it."""
+
+    def update(self, **kwargs):
+        lookups = changes.run_lookups(self.model)
+        if not lookups or set(kwargs) <= changes.UNSHOWN_FIELDS:
+            return super().update(**kwargs)
+        with transaction.atomic(using=self.db, savepoint=False):
+            # The rows are locked as they are found, so exactly those are written and counted.
+            rows = list(self.select_for_update(of=("self",)).values_list("pk", *lookups))
+            if not rows:
+                return 0
+            written = models.QuerySet.update(self.model._base_manager.filter(pk__in=[row[0] for row in rows]), **kwargs)
+            changes.runs_changed(run_ids=[value for row in rows for value in row[1:]])
+        return written
 
 
 class StageRecord(models.Model):
@@ -32,8 +52,14 @@ class StageRecord(models.Model):
     # Renewed by the running worker's heartbeat; a running stage whose lease lapsed has lost its worker.
     lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
+    objects = StageQuerySet.as_manager()
+
     class Meta:
         abstract = True
+
+    def save(self, *args, **kwargs):
+        super().save(*args, **kwargs)
+        changes.stage_row_saved(self)
 
     @property
     def is_finished(self) -> bool:

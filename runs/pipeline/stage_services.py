@@ -33,6 +33,7 @@ from runs.models import (
 )
 from runs.data.curation import CatalogueCounts
 from runs.tracking.services import metrics_truncate
+from runs.pipeline.changes import training_changed
 from runs.pipeline.stages import JOBS, STAGES, STAGES_BY_NAME
 from runs.checkpoints.serve_check_services import serve_check_request
 from runs.pipeline.upstream_commands import recorded_speculative_tokens
@@ -149,7 +150,8 @@ def training_resume(*, training_run_id: int, step: int, epochs_done: int, starte
             status=StageStatus.RUNNING).exists():
         raise StageCancelled(f"train {training_run_id} is no longer running")
     removed = metrics_truncate(training_run_id=training_run_id, after_step=step)
-    Checkpoint.objects.filter(training_run_id=training_run_id, epoch__gte=epochs_done).delete()
+    if Checkpoint.objects.filter(training_run_id=training_run_id, epoch__gte=epochs_done).delete()[0]:
+        training_changed(training_run_id=training_run_id)
     if step:
         logger.info("training %s resumes at step %d (%d epochs done); %d later metric points dropped",
                     training_run_id, step, epochs_done, removed)
@@ -386,4 +388,6 @@ def checkpoints_register(*, training_run_id: int, checkpoints: list[dict]) -> li
             },
         )
         saved.append(row)
+    if saved:
+        training_changed(training_run_id=training_run_id)  # the run page's checkpoints (runs.pipeline.changes)
     return saved

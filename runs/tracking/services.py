@@ -13,6 +13,7 @@ from collections import defaultdict
 import numpy as np
 from django.db import transaction
 
+from runs.pipeline.changes import curves_changed
 from runs.tracking.chunks import CHUNK_POINTS, MERGE_AT, Points, pack, pack_one, preview, split_chunks, unpack
 from runs.models import MetricChunk, MetricSeries
 
@@ -108,6 +109,7 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
             kept += len(new)
         series.num_refused += refused
         series.save()
+    curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.changes)
     return kept
 
 
@@ -127,6 +129,8 @@ def metrics_truncate(*, training_run_id: int, after_step: int) -> int:
             MetricChunk.objects.create(series=series, **_chunk_fields(kept))
         _summary_rebuild(series)
     MetricSeries.objects.filter(training_run_id=training_run_id, num_points=0).delete()
+    if removed:
+        curves_changed(training_run_id=training_run_id)
     return removed
 
 

@@ -1,0 +1,120 @@
+"""Change counters: how a live page learns, in one indexed read, whether anything it shows changed.
+
+Each run counts the writes to what its pages show (`PipelineRun.changes`: its stage rows, attempts,
+checkpoints, measurements, serve checks and curves) and, apart, the writes to its curves alone
+(`PipelineRun.curve_changes`). The status and curve endpoints derive their ETags from them and key the
+answers they cache by them (runs.web.live): a poll of an unchanged run costs one small query and no
+rendering, and a cached answer is never stale because a write moves the key instead of deleting it.
+
+Who moves them:
+- every stage or job row (runs.pipeline.stage_record.StageRecord), through its manager: `.update()` and
+  `.save()` count for the runs of the rows they wrote (StageQuerySet), so no writer of a stage can forget;
+  a job of no run (a catalogue, a verification, a regeneration) counts for none;
+- the curves' write path (runs.tracking.services) through curves_changed;
+- checkpoint writes (runs.pipeline.stage_services) through training_changed.
+Reviews and tags do not count here: the runs list reads their own tables' counts (runs_list_version),
+and the run page reads them on each request.
+
+A count moves once the write is committed (transaction.on_commit; at once outside a transaction):
+readers read the counter before the rows, so the worst they do is file newer rows under the older
+count, which the bump then retires; and no transaction holds a run's row while it waits for another
+lock (a worker failing a stage while a user cancels the run would otherwise deadlock). A bump that
+fails after its commit is logged and lost: pages already open miss that write until the run's next
+one, pages opened later read it (runs.web.live keeps a running run's answers for seconds only).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.apps import apps
+from django.db import connection, transaction
+from django.db.models import F
+
+# Fields a worker renews without changing anything a page shows: writing only these counts for nothing.
+UNSHOWN_FIELDS = frozenset({"lease_expires_at"})
+
+
+def _model(name: str):
+    # By name: the stage rows' manager (runs.pipeline.stage_record) uses this module, and the models import it.
+    return apps.get_model("runs", name)
+
+
+@dataclass(frozen=True)
+class CounterBump:
+    """Moving the counters of the runs `run_filter` picks, once the write is committed (a callback of
+    transaction.on_commit; tests that count the queue's hand-overs among those callbacks leave these out)."""
+
+    run_filter: tuple
+    curves: bool
+
+    def __call__(self) -> None:
+        fields = {"changes": F("changes") + 1}
+        if self.curves:
+            fields["curve_changes"] = F("curve_changes") + 1
+        _model("PipelineRun").objects.filter(**dict(self.run_filter)).update(**fields)
+
+
+def _bump(*, curves: bool, **run_filter) -> None:
+    transaction.on_commit(CounterBump(run_filter=tuple(sorted(run_filter.items())), curves=curves), robust=True)
+
+
+def runs_changed(*, run_ids: Iterable[int | None]) -> None:
+    """Count a write to what these runs' pages show (None entries: rows of no run)."""
+    ids = sorted({pk for pk in run_ids if pk is not None})
+    if ids:
+        _bump(curves=False, pk__in=ids)
+
+
+def training_changed(*, training_run_id: int) -> None:
+    """Count a write to a training's checkpoints for its run."""
+    _bump(curves=False, training_run__pk=training_run_id)
+
+
+def curves_changed(*, training_run_id: int) -> None:
+    """Count a write to a training's curves: both counters move (the run's summary shows the latest values)."""
+    _bump(curves=True, training_run__pk=training_run_id)
+
+
+def run_lookups(model) -> tuple[str, ...]:
+    """How a stage or job row reaches the runs whose pages show it: its own `RUN_LOOKUPS`, else its
+    `run` when it has one (a pipeline stage), else nothing (a job of no run)."""
+    lookups = getattr(model, "RUN_LOOKUPS", None)
+    if lookups is not None:
+        return tuple(lookups)
+    return ("run_id",) if any(f.name == "run" for f in model._meta.concrete_fields) else ()
+
+
+def stage_row_saved(row) -> None:
+    """A stage or job row was saved: count it for its runs (one query for a job reached through others)."""
+    lookups = run_lookups(type(row))
+    if lookups == ("run_id",):
+        runs_changed(run_ids=[row.run_id])
+    elif lookups:
+        values = type(row)._base_manager.filter(pk=row.pk).values_list(*lookups).first() or ()
+        runs_changed(run_ids=values)
+
+
+@dataclass(frozen=True)
+class RunCounters:
+    changes: int
+    curve_changes: int
+
+
+def run_counters(*, run_id: int) -> RunCounters | None:
+    """A run's two counters (None when there is no such run): what a poll reads first."""
+    row = _model("PipelineRun").objects.filter(pk=run_id).values_list("changes", "curve_changes").first()
+    return None if row is None else RunCounters(*row)
+
+
+def runs_list_version() -> str:
+    """What the runs list shows moves this (one query): how many runs, their counters' sum and the
+    newest id; how many reviews and tag links there are and the newest of each."""
+    runs, reviews = _model("PipelineRun")._meta.db_table, _model("Review")._meta.db_table
+    links = _model("RunTag").runs.through._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT (SELECT COUNT(*) FROM "{runs}"), (SELECT SUM("changes") FROM "{runs}"), '
+            f'(SELECT MAX("id") FROM "{runs}"), (SELECT COUNT(*) FROM "{reviews}"), (SELECT MAX("id") FROM "{reviews}"), '
+            f'(SELECT COUNT(*) FROM "{links}"), (SELECT MAX("id") FROM "{links}")')
+        return ".".join(str(value or 0) for value in cursor.fetchone())
