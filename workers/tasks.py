@@ -19,8 +19,9 @@ from typing import Callable
 from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import close_old_connections, connection
 
+from eagle3web.db import db_retry
 from runs.data.curation import dataset_exclusions, dataset_samples_sync
 from runs.data.extractions import extraction_verify
 from runs.data.regeneration import regeneration_record
@@ -53,27 +54,6 @@ from workers.contract.errors import StopRequested
 logger = logging.getLogger(__name__)
 
 
-# A stage rides out a database away for about this long (a restart, a failover, a network blip)
-# before its writes give up and fail it.
-DB_OUTAGE_SECONDS = 90
-
-
-def with_db_retry(what: str, write: Callable, /, **kwargs):
-    """Call a service's write, retrying with backoff while the database is unreachable; each retry
-    starts from a fresh connection (a dropped one stays broken otherwise)."""
-    deadline, delay = time.monotonic() + DB_OUTAGE_SECONDS, 0.5
-    while True:
-        try:
-            return write(**kwargs)
-        except (OperationalError, InterfaceError):
-            if time.monotonic() > deadline:
-                raise
-            logger.warning("%s: the database is not answering; trying again in %.1f s", what, delay)
-            close_old_connections()
-            time.sleep(delay)
-            delay = min(delay * 2, 8.0)
-
-
 class StageReporter(logging.Handler):
     """Collects the stage's log lines and writes progress at most every few seconds."""
 
@@ -99,8 +79,8 @@ class StageReporter(logging.Handler):
         now = time.monotonic()
         if now - self._last_write >= self.interval or done >= total:
             self._last_write = now
-            with_db_retry("progress", stage_progress, stage_name=self.stage_name, record_id=self.record_id,
-                          done=done, total=total, log_tail=self.tail, started_at=self.started_at)
+            db_retry("progress", stage_progress, stage_name=self.stage_name, record_id=self.record_id,
+                     done=done, total=total, log_tail=self.tail, started_at=self.started_at)
 
     def cancelled(self) -> bool:
         try:
@@ -242,15 +222,15 @@ def _train(record, reporter: StageReporter):
         draft_vocab_size=run.vocab_mapping.draft_vocab_size,
         seed=run.config.get("seed", 0),
         on_progress=reporter.progress,
-        on_metrics=lambda points: with_db_retry("metrics", metrics_record, training_run_id=record.pk, points=points),
+        on_metrics=lambda points: db_retry("metrics", metrics_record, training_run_id=record.pk, points=points),
         should_stop=reporter.cancelled,
-        on_checkpoint=lambda c: with_db_retry("checkpoint", checkpoints_register, training_run_id=record.pk,
-                                              checkpoints=[asdict(c)]),
+        on_checkpoint=lambda c: db_retry("checkpoint", checkpoints_register, training_run_id=record.pk,
+                                         checkpoints=[asdict(c)]),
         # resumes from the state an earlier attempt saved in out_dir; what it reported later goes
-        on_split=lambda split: with_db_retry("split", training_split_record, training_run_id=record.pk, split=split,
-                                             started_at=reporter.started_at),
-        on_resume=lambda step, epochs_done: training_resume(training_run_id=record.pk, step=step,
-                                                            epochs_done=epochs_done, started_at=reporter.started_at),
+        on_split=lambda split: db_retry("split", training_split_record, training_run_id=record.pk, split=split,
+                                        started_at=reporter.started_at),
+        on_resume=lambda step, epochs_done: db_retry("resume", training_resume, training_run_id=record.pk, step=step,
+                                                     epochs_done=epochs_done, started_at=reporter.started_at),
     )
 
 
@@ -270,7 +250,8 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
                   max_new_tokens=record.max_new_tokens, num_speculative_tokens=record.num_speculative_tokens,
                   num_gpus=num_gpus, should_stop=reporter.cancelled)
     for checkpoint_id, path in plan.also:
-        checkpoint_evaluation_record(checkpoint_id=checkpoint_id, result=evaluate(checkpoint_dir=path, **common))
+        db_retry("evaluation", checkpoint_evaluation_record, checkpoint_id=checkpoint_id,
+                 result=evaluate(checkpoint_dir=path, **common))
     return evaluate(checkpoint_dir=plan.checkpoint_dir, on_progress=reporter.progress, **common)
 
 
@@ -337,8 +318,12 @@ STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
 
 
 def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
-    """Run one stage row; True if it succeeded. Failures are recorded, not raised."""
-    started = stage_start(stage_name=stage_name, record_id=record_id, worker=worker)
+    """Run one stage row; True if it succeeded. Failures are recorded, not raised.
+
+    Every write here rides out a locked or unreachable database (eagle3web.db.db_retry): a task that
+    raised before marking its row would leave it queued with its message gone, and one that raised
+    instead of recording its failure would leave it running until its lease lapsed."""
+    started = db_retry("start", stage_start, stage_name=stage_name, record_id=record_id, worker=worker)
     if started is None:
         logger.info("%s %s is not queued any more; skipping", stage_name, record_id)
         return False
@@ -360,22 +345,23 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
         log.setLevel(logging.INFO)
     try:
         related = () if kind.is_job else ("run__target", "run__dataset")
-        record = kind.model.objects.select_related(*related).get(pk=record_id)
+        record = db_retry("load", kind.model.objects.select_related(*related).get, pk=record_id)
         logger.info("%s %s started on %s", stage_name, record_id, worker)
         result = STAGE_BODIES[stage_name](record, reporter)
         logger.info("%s %s finished", stage_name, record_id)
-        with_db_retry("result", RECORDERS[stage_name], record_id=record_id, result=result, log_tail=reporter.tail,
-                      started_at=fence)
+        db_retry("result", RECORDERS[stage_name], record_id=record_id, result=result, log_tail=reporter.tail,
+                 started_at=fence)
         return True
     except (StageCancelled, StopRequested) as exc:  # a user's cancel: no traceback, not a failure
         logger.info("%s", exc)
-        stage_fail(stage_name=stage_name, record_id=record_id, error=str(exc), log_tail=reporter.tail, cancelled=True,
-                   started_at=fence)
+        db_retry("cancel", stage_fail, stage_name=stage_name, record_id=record_id, error=str(exc),
+                 log_tail=reporter.tail, cancelled=True, started_at=fence)
         return False
     except Exception as exc:  # noqa: BLE001 - every failure must reach the page
         logger.exception("%s %s failed", stage_name, record_id)
         error = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
-        stage_fail(stage_name=stage_name, record_id=record_id, error=error, log_tail=reporter.tail, started_at=fence)
+        db_retry("failure", stage_fail, stage_name=stage_name, record_id=record_id, error=error,
+                 log_tail=reporter.tail, started_at=fence)
         return False
     finally:
         heartbeat.stopped.set()
@@ -385,11 +371,11 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
 
 @shared_task(bind=True, name="eagle3web.stage", acks_late=True)
 def stage_task(self, stage_name: str, run_id: int) -> bool:
-    waiting_for = stage_waits_for_previous(stage_name=stage_name, run_id=run_id)
+    waiting_for = db_retry("order", stage_waits_for_previous, stage_name=stage_name, run_id=run_id)
     if waiting_for:
         logger.info("%s of run %s waits for %s to succeed; skipping", stage_name, run_id, waiting_for)
         return False
-    record_id = stage_record_id(stage_name=stage_name, run_id=run_id)
+    record_id = db_retry("lookup", stage_record_id, stage_name=stage_name, run_id=run_id)
     return stage_execute(stage_name=stage_name, record_id=record_id, worker=self.request.hostname or "celery")
 
 

@@ -9,6 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Q, QuerySet
 
+from eagle3web.db import db_retry
 from runs.models import CurationAction, Dataset, DatasetSample
 from workers.contract.chats import read_conversations
 from workers.contract.errors import InputError
@@ -79,19 +80,21 @@ def _moved(*, dataset: Dataset, sample: DatasetSample, curation: _Curation) -> C
 
 
 @transaction.atomic
-def _stored_batch(dataset: Dataset, batch: dict[str, DatasetSample], *, by_line: set[str],
-                  curated: dict[str, _Curation], deferred: list[tuple[int, DatasetSample]]) -> None:
+def _stored_batch(*, dataset: Dataset, batch: dict[str, DatasetSample], by_line: set[str],
+                  curated: dict[str, _Curation]) -> list[tuple[int, DatasetSample]]:
     """Add the batch's conversations the catalogue lacks and bring known ids up to the file.
 
     A row keyed by its line (`by_line`) whose id now holds another conversation takes the curation
-    of the conversation it holds now (`curated`); if it had curation of its own, it waits in
-    `deferred` for `_rekeyed` after the pass, so a pass stopped between batches has not yet lost
-    that curation. A row's own "id" stays its key: its curation stays. A unique (dataset, sample_id)
-    keeps a pass that lost its lease and the pass that replaced it from storing one conversation twice."""
+    of the conversation it holds now (`curated`); if it had curation of its own, it is returned, to
+    wait for `_rekeyed` after the pass, so a pass stopped between batches has not yet lost that
+    curation (returned, not appended to a list of the caller's: a batch tried again after a locked
+    or lost database must not defer a row twice). A row's own "id" stays its key: its curation
+    stays. A unique (dataset, sample_id) keeps a pass that lost its lease and the pass that
+    replaced it from storing one conversation twice."""
     # Locked: curation is written back below, so a curator's change meanwhile waits rather than being lost.
     known = {s.sample_id: s for s in dataset.samples.select_for_update().filter(sample_id__in=list(batch))
              .only("sample_id", *CONTENT_FIELDS, *CURATION_FIELDS)}
-    new, changed, actions = [], [], []
+    new, changed, actions, deferred = [], [], [], []
     for sid, fresh in batch.items():
         sample = known.get(sid)
         gained = curated.get(fresh.content_hash) if sid in by_line else None
@@ -114,6 +117,7 @@ def _stored_batch(dataset: Dataset, batch: dict[str, DatasetSample], *, by_line:
     DatasetSample.objects.bulk_create(new, ignore_conflicts=True)
     DatasetSample.objects.bulk_update(changed, [*CONTENT_FIELDS, *CURATION_FIELDS])
     CurationAction.objects.bulk_create(actions)
+    return deferred
 
 
 @transaction.atomic
@@ -159,8 +163,11 @@ def dataset_samples_sync(*, dataset: Dataset, on_progress: Callable[[int, int], 
 
     for _ in read_conversations(path, on_position=first_pass):
         pass
-    before = dataset.samples.count()
-    curated, deferred = _curated_content(dataset), []
+    # Each read and batch rides out a locked (SQLite) or lost database: a million-row pass takes
+    # minutes, beside workers and web requests that write too.
+    before = db_retry("catalogue count", dataset.samples.count)
+    curated = db_retry("catalogue curation", _curated_content, dataset=dataset)
+    deferred: list[tuple[int, DatasetSample]] = []
     reached = [0]
 
     def second_pass(pos: int) -> None:
@@ -184,12 +191,14 @@ def dataset_samples_sync(*, dataset: Dataset, on_progress: Callable[[int, int], 
         if conv.keyed_by_line:
             by_line.add(conv.source_id)
         if len(batch) >= CATALOGUE_BATCH:
-            _stored_batch(dataset, batch, by_line=by_line, curated=curated, deferred=deferred)
+            deferred += db_retry("catalogue batch", _stored_batch, dataset=dataset, batch=batch, by_line=by_line,
+                                 curated=curated)
             batch, by_line = {}, set()
-    _stored_batch(dataset, batch, by_line=by_line, curated=curated, deferred=deferred)
-    _rekeyed(dataset=dataset, deferred=deferred, curated=curated)
+    deferred += db_retry("catalogue batch", _stored_batch, dataset=dataset, batch=batch, by_line=by_line,
+                         curated=curated)
+    db_retry("catalogue rekey", _rekeyed, dataset=dataset, deferred=deferred, curated=curated)
     report(total, total)
-    after = dataset.samples.count()
+    after = db_retry("catalogue count", dataset.samples.count)
     return CatalogueCounts(added=after - before, total=after)
 
 

@@ -9,12 +9,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from eagle3web.db import db_retry
 from runs.models import FINISHED_STATUSES, Extraction, Manifest, TargetModel, Verification, VerificationOverride
 from runs.data.paths import PathNotAllowed, check_under_data_roots
 from runs.roles import require
 from runs.pipeline.services import target_register
 from workers.contract.errors import InputError
-from workers.contract.verify import detect_layout, read_manifest, verify_extraction
+from workers.contract.verify import VerificationReport, detect_layout, read_manifest, verify_extraction
 
 
 def _target_for(*, target_path: str | Path | None, model_path: str | None) -> TargetModel:
@@ -107,33 +108,43 @@ def extraction_verify(
         Path(extraction.path), target_dir=Path(extraction.target.path), prepared_dir=prepared_dir, full=full,
         on_progress=on_progress,
     )
+    # Layer ids and totals measured from the files fill what a manifest-less layout left open.
+    # Only those fields are written: a running stage's status belongs to the worker.
+    changes = {}
+    if not extraction.layer_ids and report.claims.layer_ids:
+        changes.update(layer_ids=list(report.claims.layer_ids),
+                       layer_id_convention=report.claims.layer_id_convention or "")
+    if extraction.produced_by_id is None:  # a run's stage measured its own
+        changes["bytes_on_disk"] = report.bytes_on_disk
+        if extraction.total_tokens is None:
+            changes["total_tokens"] = report.total_tokens
+    # The files were read (minutes, for a large extraction): a locked or lost database while the
+    # verdict is stored is waited out, not a reason to read them again.
+    verification = db_retry("verification", _verification_store, extraction=extraction, report=report, full=full,
+                            created_by=user or requested_by, changes=changes)
+    for field, value in changes.items():
+        setattr(extraction, field, value)
+    return verification
+
+
+@transaction.atomic
+def _verification_store(*, extraction: Extraction, report: VerificationReport, full: bool,
+                        created_by: AbstractBaseUser | None, changes: dict) -> Verification:
+    """Store the verdict and `changes` to the extraction's columns; the object itself is left as it
+    was, so that a try after a locked or lost database starts from the same state."""
     data = report.as_dict()
-    with transaction.atomic():
-        verification = Verification.objects.create(
-            extraction=extraction,
-            full=full,
-            passed=report.passed,
-            layout=report.layout,
-            checks=data["checks"],
-            report={k: v for k, v in data.items() if k != "checks"},
-            seconds=report.seconds,
-            created_by=user or requested_by,
-        )
-        # Layer ids and totals measured from the files fill what a manifest-less layout left open.
-        # Only those fields are written: a running stage's status belongs to the worker.
-        changed = []
-        if not extraction.layer_ids and report.claims.layer_ids:
-            extraction.layer_ids = list(report.claims.layer_ids)
-            extraction.layer_id_convention = report.claims.layer_id_convention or ""
-            changed += ["layer_ids", "layer_id_convention"]
-        if extraction.produced_by_id is None:  # a run's stage measured its own
-            extraction.bytes_on_disk = report.bytes_on_disk
-            changed.append("bytes_on_disk")
-            if extraction.total_tokens is None:
-                extraction.total_tokens = report.total_tokens
-                changed.append("total_tokens")
-        if changed:
-            extraction.save(update_fields=changed)
+    verification = Verification.objects.create(
+        extraction=extraction,
+        full=full,
+        passed=report.passed,
+        layout=report.layout,
+        checks=data["checks"],
+        report={k: v for k, v in data.items() if k != "checks"},
+        seconds=report.seconds,
+        created_by=created_by,
+    )
+    if changes:
+        Extraction.objects.filter(pk=extraction.pk).update(**changes)
     return verification
 
 

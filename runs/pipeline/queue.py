@@ -11,10 +11,11 @@ import logging
 from datetime import timedelta
 
 from celery import chain
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from eagle3web.celery import celery_app
+from eagle3web.db import db_retry
 from runs.models import PendingEnqueue, PipelineRun
 from runs.pipeline.stages import JOB_NAMES, STAGES, STAGES_BY_NAME
 from runs.pipeline.routing import stage_queue
@@ -26,6 +27,9 @@ EVALUATION_TASK = "eagle3web.evaluate_checkpoint"  # workers.tasks.evaluation_ta
 JOB_TASK = "eagle3web.job"  # workers.tasks.job_task
 # Rows younger than this are left to their own on-commit delivery.
 RETRY_AFTER = timedelta(seconds=5)
+# How long a delivery after commit rides out a locked or lost database, in the request that
+# committed: past it the row waits for the reconcilers, like a refused hand-over.
+DELIVER_DB_SECONDS = 5.0
 
 
 def _send(kind: str, object_id: int) -> None:
@@ -60,7 +64,18 @@ def job_queue(*, job_name: str, record_id: int) -> str:
 
 
 def _deliver(pending_id: int) -> bool:
-    """Send one outbox row's message; True once sent (and the row gone). Never raises for the broker."""
+    """Send one outbox row's message; True once sent (and the row gone). Never raises for the broker,
+    nor for the database: it runs after its caller committed, so an error here must not turn a
+    recorded request into a failed one. A database that stays locked or away past
+    DELIVER_DB_SECONDS leaves the row to the workers' reconcilers (outbox_flush)."""
+    try:
+        return db_retry("hand-over", _deliver_once, within=DELIVER_DB_SECONDS, pending_id=pending_id)
+    except DatabaseError:  # the row is committed: a reconciler sends it later
+        logger.warning("could not hand outbox row %s over now; a worker's reconciler will", pending_id, exc_info=True)
+        return False
+
+
+def _deliver_once(*, pending_id: int) -> bool:
     with transaction.atomic():
         row = PendingEnqueue.objects.select_for_update(skip_locked=True).filter(pk=pending_id).first()
         if row is None:
@@ -77,7 +92,8 @@ def _deliver(pending_id: int) -> bool:
 
 def _enqueue_after_commit(kind: str, object_id: int) -> None:
     row = PendingEnqueue.objects.create(kind=kind, object_id=object_id)
-    transaction.on_commit(lambda: _deliver(row.pk))
+    # robust: whatever a hand-over raises is logged, never raised into the committed request.
+    transaction.on_commit(lambda: _deliver(row.pk), robust=True)
 
 
 def pipeline_enqueue(*, run_id: int) -> None:
