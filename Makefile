@@ -34,12 +34,17 @@ migrate: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput -v 0
 
 demo: setup
-	@# The build says how far it is on stderr; the login comes last, once the server answers.
+	@# The build says how far it is on stderr; the login is printed once the server answers and again,
+	@# last, once both workers are ready (their banners would bury it otherwise).
+	@# Two workers: gpu@ trains (gpu, and vLLM's queues where vLLM is installed); cpu@ takes the cpu
+	@# queue alone (verifications, catalogues, prepare, vocab), so a short job never waits behind a
+	@# training. EAGLE3WEB_WORKER_GPU_QUEUES=0 keeps cpu@ off the GPU queues on a host with GPUs.
 	$(PY) manage.py build_demo_assets $(DEMO_DIR) > /dev/null
-	trap 'kill 0' EXIT; \
-	$(PY) -m celery -A eagle3web worker -Q cpu,gpu --concurrency 1 --loglevel INFO & \
+	since=$$(date +%s); trap 'kill 0' EXIT; \
+	EAGLE3WEB_WORKER_GPU_QUEUES=0 $(PY) -m celery -A eagle3web worker -Q cpu -n cpu@%h --concurrency 2 --loglevel INFO & \
+	$(PY) -m celery -A eagle3web worker -Q gpu -n gpu@%h --concurrency 1 --loglevel INFO & \
 	$(PY) manage.py runserver 127.0.0.1:$(PORT) --noreload & \
-	$(PY) manage.py demo_login --wait-for http://127.0.0.1:$(PORT)/ && wait
+	$(PY) manage.py demo_login --wait-for http://127.0.0.1:$(PORT)/ --workers cpu,gpu --since $$since && wait
 
 worker: setup
 	$(PY) -m celery -A eagle3web worker -Q cpu,gpu --concurrency 1 --loglevel INFO

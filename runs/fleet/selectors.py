@@ -39,6 +39,18 @@ def workers_live() -> QuerySet[Worker]:
     return Worker.objects.filter(stopped_at__isnull=True, last_seen__gte=timezone.now() - offline_after())
 
 
+def workers_started(*, names: list[str], since: datetime) -> dict[str, Worker]:
+    """Of `names` (node names before the "@", e.g. "cpu" for cpu@host), those with a live worker
+    that started at `since` or later, each with its worker: rows an earlier start left do not count."""
+    started = workers_live().filter(started_at__gte=since).order_by("-started_at")
+    found: dict[str, Worker] = {}
+    for worker in started:
+        name = worker.name.partition("@")[0]
+        if name in names and name not in found:
+            found[name] = worker
+    return found
+
+
 # ---- what a launch may ask for ---------------------------------------------------------------
 
 def _unavailable_reason(backend: Backend, live: list[Worker]) -> str:
