@@ -102,8 +102,12 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
-    # A worker and the web server write at once; wait for the lock instead of failing.
-    DATABASES["default"]["OPTIONS"] = {"timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"}
+    # Several writers at once (the web server, the demo's two workers): WAL lets readers go on beside
+    # the one writer; a writer waits up to 30 s for the lock (the busy timeout) instead of failing;
+    # IMMEDIATE takes the write lock when a transaction begins, because one that read first and
+    # writes later cannot wait for it (SQLite answers "database is locked" at once, timeout or not).
+    DATABASES["default"]["OPTIONS"] = {"timeout": 30, "transaction_mode": "IMMEDIATE",
+                                       "init_command": "PRAGMA journal_mode=WAL;"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [{"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"}]

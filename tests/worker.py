@@ -27,7 +27,8 @@ def test_database_url() -> str:
 
 @contextmanager
 def celery_worker(*, data_root: Path, log_path: Path, ready_timeout: float = 90,
-                  extra_env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+                  extra_env: dict[str, str] | None = None, name: str = "test-worker") -> Iterator[subprocess.Popen]:
+    """`name`: the node name before its "@" (two workers at once need two)."""
     broker = settings.CELERY_BROKER_URL
     if not broker.startswith("redis://"):
         raise RuntimeError(f"end-to-end tests need Redis as the broker (CELERY_BROKER_URL), got {broker!r}")
@@ -49,7 +50,7 @@ def celery_worker(*, data_root: Path, log_path: Path, ready_timeout: float = 90,
                    capture_output=True, timeout=60)
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [*celery, "worker", "-Q", "cpu,gpu", "--concurrency", "1", "-n", f"test-worker-{os.getpid()}@%h",
+        [*celery, "worker", "-Q", "cpu,gpu", "--concurrency", "1", "-n", f"{name}-{os.getpid()}@%h",
          "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
         env=env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, so that a test can kill it with its pool children
