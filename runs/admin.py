@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+import runs.api.admin  # noqa: F401 - tokens, the API's audit trail, account settings
 import runs.sweeps.admin  # noqa: F401 - sweeps and their runs
 from runs.fleet.models import Worker
 from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, ServeCheck, VerificationRequest

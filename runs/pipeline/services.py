@@ -27,7 +27,7 @@ from runs.fleet.fit import host_refusals, serve_check_refusal
 from runs.fleet.selectors import launch_refusals, stage_refusals, workers_live
 from runs.data.paths import check_under_data_roots
 from runs.pipeline.queue import pipeline_enqueue
-from runs.roles import require
+from runs.roles import require, require_on_run
 from runs.pipeline.run_config import RunConfig, RunConfigError, check_run_name
 from runs.pipeline.stages import STAGES
 from runs.sweeps.release import sweep_release_after
@@ -185,7 +185,7 @@ def run_launch(
 @transaction.atomic
 def run_cancel(*, run: PipelineRun, user: AbstractBaseUser) -> int:
     """Mark every unfinished stage cancelled; a running stage notices at its next progress report."""
-    require(user, "cancel")
+    require_on_run(user, run, "cancel")
     now = timezone.now()
     cancelled = 0
     for stage in STAGES:
@@ -201,7 +201,7 @@ def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
     """Queue a run's failed and cancelled stages again; stages that succeeded are kept and skipped.
     Refused, saying why, when no live worker takes a stage it would queue (its backend's worker went
     away, say): queued again, it would wait there for ever."""
-    require(user, "launch")
+    require_on_run(user, run, "retry")
     again = [stage.name for stage in STAGES if stage.model.objects.filter(
         run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).exists()]
     refusals = stage_refusals(config=run.config or {}, stage_names=again,

@@ -7,7 +7,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from runs.models import PipelineRun, RunTag
-from runs.roles import require
+from runs.roles import require_on_run
 from runs.review.models import MAX_TAG_CHARS
 from workers.contract.errors import InputError
 
@@ -42,7 +42,7 @@ def parse_tags(text: str) -> list[str]:
 def run_tags_set(*, run: PipelineRun, text: str, user: AbstractBaseUser) -> list[str]:
     """Replace the run's tags with those typed; tags no run uses any more are kept for the menus' sake
     only while a run has them."""
-    require(user, "launch")
+    require_on_run(user, run, "tag")
     names = parse_tags(text)
     tags = [RunTag.objects.get_or_create(name=name)[0] for name in names]
     run.tags.set(tags)

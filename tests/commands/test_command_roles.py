@@ -37,7 +37,8 @@ ACTING = {
     "serve_check": ({"viewer": REFUSED, "launcher": ALLOWED, "reviewer": REFUSED, "admin": ALLOWED}, "evaluate"),
 }
 # An operator's commands: whoever has a shell on the server runs them; they act for nobody.
-OPERATOR = {"reconcile_stages", "build_demo_assets", "demo_login"}
+# create_api_token makes a token for the user it names (an operator's act, like createsuperuser).
+OPERATOR = {"reconcile_stages", "build_demo_assets", "demo_login", "create_api_token"}
 
 
 class Setup:

@@ -4,15 +4,18 @@ The URL map is walked recursively, so a URL added without an entry here fails
 `test_every_url_has_an_entry`. Each entry states, per role, what a GET answers and, for a URL that
 changes state, what a POST answers; a refused POST must leave the database as it was.
 
-Roles come from runs/roles.py: viewer reads; launcher launches, cancels, retries, imports, evaluates
-and verifies; reviewer verifies, reviews and overrides; admin (a staff superuser) does everything,
-and only staff reach the admin site.
+Roles come from runs/roles.py: viewer reads; launcher launches, imports, evaluates and verifies, and
+cancels, retries and tags its own runs (the world's runs are the admin's: a launcher is refused them,
+tests/api/test_run_ownership.py has the rest of that rule); reviewer verifies, reviews and overrides;
+admin (a staff superuser) does everything, and only staff reach the admin site.
+
+The API (/api/v1/) is asked with each role's token (anonymous: none) and JSON bodies, and answers
+with status codes, 401 for no token.
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 
 import pytest
 from django.apps import apps
@@ -31,45 +34,13 @@ from runs.models import (Checkpoint, CurationAction, Evaluation, PendingEnqueue,
                          StageAttempt, Verification, VerificationOverride)
 from runs.pipeline.stages import STAGES
 from runs.pipeline.run_config import RunConfig
+from tests.views.matrix_api import API
+from tests.views.matrix_vocabulary import (ADMIN_LOGIN, ADMIN_OK, ANY_LOGIN, FORBIDDEN, LAUNCHERS, LAUNCHERS_PAGE, LOGIN,
+                                           NOT_ALLOWED, NOT_FOUND, NOT_TRIED, OK, OWNERS, POST_ONLY, READ, REDIRECT,
+                                           REVIEWERS, ROLES, STAFF, STAFF_WRITE, UNAUTHORIZED, VERIFIERS, Entry,
+                                           by_role)
 
 pytestmark = pytest.mark.django_db
-
-ROLES = ("anonymous", "viewer", "launcher", "reviewer", "admin")
-
-# Outcomes
-OK = "200"
-REDIRECT = "redirect"  # 302 somewhere other than a login page: the write happened (or was refused with a message)
-LOGIN = "login"  # 302 to /login/?next=
-ADMIN_LOGIN = "admin login"  # 302 to /admin/login/?next=
-ANY_LOGIN = "a login page"  # either: the admin sends anonymous users to its own login, some pages to the site's
-ADMIN_OK = "staff page"  # 200, or a 302 within the admin that is not its login page
-FORBIDDEN = "403"  # with the reason, naming the role to ask for
-NOT_ALLOWED = "405"
-NOT_FOUND = "404"
-NOT_TRIED = "not tried"  # a staff member's admin POST is Django's own business
-
-
-def by_role(anonymous: str, viewer: str, launcher: str, reviewer: str, admin: str) -> dict[str, str]:
-    return dict(zip(ROLES, (anonymous, viewer, launcher, reviewer, admin)))
-
-
-READ = by_role(LOGIN, OK, OK, OK, OK)
-POST_ONLY = by_role(LOGIN, NOT_ALLOWED, NOT_ALLOWED, NOT_ALLOWED, NOT_ALLOWED)
-LAUNCHERS = by_role(LOGIN, FORBIDDEN, REDIRECT, FORBIDDEN, REDIRECT)
-LAUNCHERS_PAGE = by_role(LOGIN, FORBIDDEN, OK, FORBIDDEN, OK)
-VERIFIERS = by_role(LOGIN, FORBIDDEN, REDIRECT, REDIRECT, REDIRECT)
-REVIEWERS = by_role(LOGIN, FORBIDDEN, FORBIDDEN, REDIRECT, REDIRECT)
-STAFF = by_role(ANY_LOGIN, ADMIN_LOGIN, ADMIN_LOGIN, ADMIN_LOGIN, ADMIN_OK)
-STAFF_WRITE = {**STAFF, "admin": NOT_TRIED}
-
-
-@dataclass
-class Entry:
-    url: str  # a sample URL for the pattern; {run}, {extraction}, ... are the world's ids
-    get: dict[str, str]
-    post: dict[str, str] | None = None  # None: the URL changes nothing, a POST is not tried
-    data: str = ""  # name of the World method giving the POST body
-    extra: dict = field(default_factory=dict)
 
 
 # The app's URLs, one entry per pattern of the URL map.
@@ -81,13 +52,14 @@ APP = {
     "": Entry("/", get=READ),
     "runs/new/": Entry("/runs/new/", get=LAUNCHERS_PAGE, post=LAUNCHERS, data="launch_form"),
     "runs/<int:pk>/": Entry("/runs/{run}/", get=READ),
-    "runs/<int:pk>/cancel/": Entry("/runs/{run}/cancel/", get=POST_ONLY, post=LAUNCHERS),
-    "runs/<int:pk>/retry/": Entry("/runs/{run}/retry/", get=POST_ONLY, post=LAUNCHERS),
-    "runs/<int:pk>/tags/": Entry("/runs/{run}/tags/", get=POST_ONLY, post=LAUNCHERS, data="tags_form"),
+    "runs/<int:pk>/cancel/": Entry("/runs/{run}/cancel/", get=POST_ONLY, post=OWNERS),
+    "runs/<int:pk>/retry/": Entry("/runs/{run}/retry/", get=POST_ONLY, post=OWNERS),
+    "runs/<int:pk>/tags/": Entry("/runs/{run}/tags/", get=POST_ONLY, post=OWNERS, data="tags_form"),
     "runs/compare/": Entry("/runs/compare/?ids={run},{other_run}", get=READ),
     "sweeps/": Entry("/sweeps/", get=READ),
     "sweeps/<int:pk>/": Entry("/sweeps/{sweep}/", get=READ),
-    "sweeps/<int:pk>/cancel/": Entry("/sweeps/{sweep}/cancel/", get=POST_ONLY, post=LAUNCHERS),
+    # The sweep's runs are the admin's: cancelling them is their owner's or an admin's.
+    "sweeps/<int:pk>/cancel/": Entry("/sweeps/{sweep}/cancel/", get=POST_ONLY, post=OWNERS),
     "workers/": Entry("/workers/", get=READ),
     "datasets/": Entry("/datasets/", get=READ),
     "datasets/<int:pk>/": Entry("/datasets/{dataset}/", get=READ),
@@ -116,6 +88,7 @@ APP = {
     "api/targets/inspect/": Entry("/api/targets/inspect/?path={target_path}", get=READ),
     "api/workers/": Entry("/api/workers/", get=READ),
     "api/sweeps/<int:pk>/": Entry("/api/sweeps/{sweep}/", get=READ),
+    **API,
 }
 
 # The admin site: its own login and logout, and everything else for staff only, whatever the model
@@ -132,8 +105,9 @@ ADMIN = {
     "admin/auth/user/<id>/password/": Entry("/admin/auth/user/{admin_user}/password/", get=STAFF,
                                             post=STAFF_WRITE),
 }
-# The curation log is an audit trail: nobody adds or edits its rows, not even staff.
-AUDIT_LOGS = {"runs.curationaction"}
+# The curation log and the API's are audit trails: nobody adds or edits their rows, not even staff;
+# nor a token (made where its secret can be shown once: the account page, create_api_token).
+AUDIT_LOGS = {"runs.curationaction", "runs.apiauditentry", "runs.apitoken"}
 # Other admin URLs by shape; <path:object_id> is the first row of the model (or a missing id).
 ADMIN_SHAPES = {
     "": STAFF, "password_change/": STAFF, "password_change/done/": STAFF, "jsi18n/": STAFF,
@@ -230,17 +204,37 @@ class World:
 
         self.sweep = sweep_launch(user=self.users["admin"], target_path=self.target, dataset_path=self.dataset_path,
                                   config=RunConfig(draft_vocab_size=64), varied=[parse_vary("seed=1,2")])
+        from runs.api.tokens import token_create
+
+        self.tokens = {role: token_create(user=user, name="matrix")[1] for role, user in self.users.items()}
+        self.spare_token, _ = token_create(user=self.users["admin"], name="spare")
 
     def ids(self) -> dict:
         return {"run": self.run.pk, "other_run": self.other_run.pk, "dataset": self.run.dataset_id, "extraction": self.extraction.pk,
                 "checkpoint": self.checkpoint.pk, "regeneration": self.regeneration.pk, "target_path": str(self.target),
-                "sweep": self.sweep.pk,
+                "sweep": self.sweep.pk, "spare_token": self.spare_token.pk,
                 "admin_user": self.users["admin"].pk,
                 "run_content_type": ContentType.objects.get_for_model(PipelineRun).pk}
 
     def launch_form(self) -> dict:
         return {"target_path": str(self.target), "dataset_path": str(self.dataset_path), "layer_ids": "",
                 "max_seq_len": 512, "draft_vocab_size": 64, "epochs": 1, "lr": 0.0003, "ttt_steps": 3}
+
+    def launch_body(self) -> dict:
+        return {"target": str(self.target), "dataset": str(self.dataset_path), "draft_vocab_size": 64, "epochs": 1}
+
+    def import_body(self) -> dict:
+        form = self.import_form()
+        return {"path": form["path"], "target": form["target_path"]}
+
+    def dataset_body(self) -> dict:
+        return {"path": str(self.dataset_path)}
+
+    def tags_body(self) -> dict:
+        return {"tags": ["baseline", "matrix"]}
+
+    def token_form(self) -> dict:
+        return {"name": "matrix page"}
 
     def import_form(self) -> dict:
         from tests.stages.test_verify import write_flat
@@ -271,11 +265,16 @@ class World:
             client.force_login(self.users[role])
         return client
 
+    def api_client(self, role: str) -> Client:
+        """No session: the role's token on every request, as a script sends it."""
+        return Client(HTTP_AUTHORIZATION=f"Bearer {self.tokens[role]}") if role != "anonymous" else Client()
+
 
 def fingerprint() -> tuple:
     """What a refused request must leave as it was: the rows of every table of the app and the users,
-    counted in one query, and every stage's status."""
-    tables = [m._meta.db_table for m in apps.get_app_config("runs").get_models()] + [get_user_model()._meta.db_table]
+    counted in one query, and every stage's status. The API's audit trail records refused requests too."""
+    tables = [m._meta.db_table for m in apps.get_app_config("runs").get_models()
+              if m._meta.label_lower != "runs.apiauditentry"] + [get_user_model()._meta.db_table]
     with connection.cursor() as cursor:
         cursor.execute("SELECT " + ", ".join(f'(SELECT count(*) FROM "{t}")' for t in tables))
         counts = cursor.fetchone()
@@ -333,19 +332,26 @@ def test_url_answers_each_role_as_the_matrix_says(route, world):
             if resolve(url.split("?")[0]).route != route:
                 failures.append(f"{url} does not resolve to {route}")
                 break
-            client = world.client(role)
+            client = world.api_client(role) if entry.api else world.client(role)
             before = fingerprint() if method == "POST" else None
+            data = getattr(world, entry.data)() if entry.data else {}
             if method == "GET":
                 response = client.get(url)
+            elif entry.api:
+                response = client.post(url, json.dumps(data), content_type="application/json")
             else:
-                response = client.post(url, getattr(world, entry.data)() if entry.data else {})
+                response = client.post(url, data)
             got = outcome(response)
             if not matches(expected, got):
                 failures.append(f"{method} {url} as {role}: expected {expected}, got {got}")
             if got == FORBIDDEN and route in APP:
                 if b"may not" not in response.content:
                     failures.append(f"{method} {url} as {role}: the 403 page does not say why")
-            if method == "POST" and expected in (LOGIN, ADMIN_LOGIN, FORBIDDEN, NOT_ALLOWED):
+            asked_csv = "/export/" in url and response.status_code == 200  # a curve export's file
+            if entry.api and not asked_csv and (response["Content-Type"] != "application/json" or (
+                    response.status_code >= 400 and set(response.json()) != {"error", "fields"})):
+                failures.append(f"{method} {url} as {role}: not the API's JSON ({response['Content-Type']})")
+            if method == "POST" and expected in (LOGIN, ADMIN_LOGIN, FORBIDDEN, NOT_ALLOWED, UNAUTHORIZED):
                 if fingerprint() != before:
                     failures.append(f"POST {url} as {role} was refused but changed the database")
     assert failures == [], "\n".join(failures)
@@ -375,8 +381,9 @@ def test_allowed_writes_are_stored(world):
     assert VerificationRequest.objects.filter(extraction=world.extraction, status="queued").count() == requests + 1
     reviewer.post(f"/reviews/extraction/{world.extraction.pk}/", world.approve_form())
     assert Review.objects.filter(decision="approve", author=world.users["reviewer"]).count() == 1
-    launcher.post(f"/runs/{world.run.pk}/cancel/")
-    assert world.run.preparation.__class__.objects.get(run=world.run).status == "cancelled"
-    assert PendingEnqueue.objects.filter(object_id=world.run.pk).count() == 1
-    launcher.post(f"/runs/{world.run.pk}/retry/")
-    assert PendingEnqueue.objects.filter(object_id=world.run.pk).count() == 2
+    own = PipelineRun.objects.get(owner=world.users["launcher"])  # a launcher acts on its own runs
+    launcher.post(f"/runs/{own.pk}/cancel/")
+    assert own.preparation.__class__.objects.get(run=own).status == "cancelled"
+    assert PendingEnqueue.objects.filter(object_id=own.pk).count() == 1
+    launcher.post(f"/runs/{own.pk}/retry/")
+    assert PendingEnqueue.objects.filter(object_id=own.pk).count() == 2

@@ -1,0 +1,34 @@
+"""A launch's JSON body through the launch form: the form's checks and its RunConfig, so that the API,
+the page and run_pipeline launch the same run from the same settings and refuse the same ones."""
+from __future__ import annotations
+
+from rest_framework.exceptions import ValidationError
+
+from runs.pipeline.run_config import RunConfig
+from runs.web.forms import LaunchForm
+
+# The body's names for the form's fields (run_pipeline's options); the others are the same.
+BODY_NAMES = {"target_path": "target", "dataset_path": "dataset"}
+FORM_NAMES = {body: form for form, body in BODY_NAMES.items()}
+
+
+def form_data(body: dict, *, base: dict | None = None) -> dict:
+    """The form's POST data: `base` (a copied run's values, or RunConfig's defaults as run_pipeline
+    takes them) with the body's values over it."""
+    defaults = RunConfig().as_dict()
+    data = {**defaults, "layer_ids": [], "name": "", **(base or {})}
+    for key, value in body.items():
+        data[FORM_NAMES.get(key, key)] = value
+    if isinstance(data.get("layer_ids"), (list, tuple)):
+        data["layer_ids"] = ", ".join(str(i) for i in data["layer_ids"])
+    # The form reads an empty value as "not given", as a browser sends it.
+    return {key: "" if value is None else value for key, value in data.items()}
+
+
+def launch_form(body: dict, *, base: dict | None = None) -> LaunchForm:
+    """The bound, valid form; ValidationError naming the body's fields otherwise."""
+    form = LaunchForm(data=form_data(body, base=base))
+    if not form.is_valid():
+        raise ValidationError({BODY_NAMES.get(name, name) if name != "__all__" else "non_field_errors": list(errors)
+                               for name, errors in form.errors.items()})
+    return form

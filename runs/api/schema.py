@@ -1,0 +1,105 @@
+"""The OpenAPI description of the API, from DRF's generator: each view says, per method, its JSON
+body (a serializer), its query parameters and its answers; errors share one shape."""
+from __future__ import annotations
+
+import inspect
+
+from rest_framework.schemas.openapi import AutoSchema, SchemaGenerator
+from rest_framework import serializers
+
+ERROR = {
+    "type": "object",
+    "required": ["error", "fields"],
+    "properties": {
+        "error": {"type": "string", "description": "what went wrong and what to do next"},
+        "fields": {"type": "object", "additionalProperties": {"type": "string"},
+                   "description": "the request's fields to blame, each with its message (empty when none)"},
+    },
+}
+ERRORS = {
+    "400": "bad input: `error` says why, `fields` names the request's fields to blame; nothing was stored",
+    "401": "no token, a malformed Authorization header, or an unknown, revoked or deactivated user's token",
+    "403": "the token's user lacks the role (or, on a run, is not its owner, an admin or an allowed teammate)",
+    "404": "no such object",
+    "429": "too many failed authentications from this address in the last minute; see Retry-After",
+}
+
+
+class ApiSchema(AutoSchema):
+    def _declared(self, name: str, method: str, default):
+        return (getattr(self.view, name, None) or {}).get(method, default)
+
+    def get_operation(self, path, method):
+        view = self.view
+        handler = getattr(view, method.lower(), None)
+        doc = inspect.getdoc(handler) or inspect.getdoc(view) or ""
+        summary, _, description = doc.partition("\n\n")
+        operation = {
+            "operationId": f"{method.lower()}_{view.__class__.__name__}",
+            "summary": " ".join(summary.split()),
+            "description": description.strip(),
+            "tags": self.get_tags(path, method),
+            "parameters": self.get_path_parameters(path, method) + self._query_parameters(method),
+        }
+        request_body = self.get_request_body(path, method)
+        if request_body:
+            operation["requestBody"] = request_body
+        operation["responses"] = self.get_responses(path, method)
+        return operation
+
+    def get_tags(self, path, method):
+        parts = path.strip("/").split("/")
+        return [parts[2] if parts[:2] == ["api", "v1"] and len(parts) > 2 else parts[0]]  # runs, datasets, ...
+
+    def get_path_parameters(self, path, method):
+        from rest_framework.compat import uritemplate
+
+        return [{"name": name, "in": "path", "required": True, "schema": {"type": "integer"},
+                 "description": f"the {path.split('{')[0].rstrip('/').split('/')[-1].rstrip('s')}'s id"}
+                for name in uritemplate.variables(path)]
+
+    def _query_parameters(self, method):
+        return [{"name": name, "in": "query", "required": False, "schema": {"type": kind}, "description": text}
+                for name, kind, text in self._declared("query_params", method, [])]
+
+    def get_request_serializer(self, path, method):
+        serializer_class = self._declared("request_serializers", method, None)
+        return serializer_class() if serializer_class else None
+
+    def get_request_body(self, path, method):
+        serializer = self.get_request_serializer(path, method)
+        if not isinstance(serializer, serializers.Serializer):
+            return {}
+        return {"required": True, "content": {"application/json": {"schema": self.get_reference(serializer)}}}
+
+    def get_components(self, path, method):
+        components = {"Error": ERROR}
+        serializer = self.get_request_serializer(path, method)
+        if isinstance(serializer, serializers.Serializer):
+            components[self.get_component_name(serializer)] = self.map_serializer(serializer)
+        return components
+
+    def get_component_name(self, serializer):
+        return serializer.__class__.__name__.removesuffix("Serializer") + "Body"
+
+    def get_responses(self, path, method):
+        declared = self._declared("responses", method, None) or {"200": "the object as JSON"}
+        answers = {code: {"description": text, "content": {"application/json": {"schema": {"type": "object"}}}}
+                   for code, text in declared.items()}
+        wanted = ["401", "403", "404", "429"] if "{" in path else ["401", "403", "429"]
+        if method in ("POST", "PUT", "PATCH") or self._declared("query_params", method, None):
+            wanted.insert(0, "400")
+        for code in wanted:
+            answers.setdefault(code, {"description": ERRORS[code], "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+        return answers
+
+
+def api_schema() -> dict:
+    """The whole API's OpenAPI document, the same for every caller (no view is left out by role). The
+    generator walks the site's URL map for REST framework views: those of runs.api.urls."""
+    generator = SchemaGenerator(title="eagle3web API", version="1",
+                                description="Launch, watch and control EAGLE-3 draft training runs. Send "
+                                            "'Authorization: Bearer <token>'; every error is "
+                                            "{\"error\": ..., \"fields\": {...}}.")
+    return generator.get_schema(request=None, public=True)

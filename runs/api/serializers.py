@@ -1,0 +1,91 @@
+"""The JSON bodies the API accepts. They check the JSON's shape only (types, required fields);
+every rule about the values is the form's and the services' (runs.api.launch), so that a launch
+through the API is refused exactly where the page and run_pipeline refuse it."""
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from runs.pipeline.run_config import RunConfig
+
+D = RunConfig()
+
+
+def _int(text: str, *, null: bool = False) -> serializers.IntegerField:
+    return serializers.IntegerField(required=False, allow_null=null, help_text=text)
+
+
+class LaunchSerializer(serializers.Serializer):
+    """A run's settings, named as run_pipeline's options (--max-seq-len is max_seq_len). Omitted: the
+    default run_pipeline takes."""
+
+    target = serializers.CharField(help_text="target model directory, under EAGLE3WEB_DATA_ROOTS")
+    dataset = serializers.CharField(help_text="chat JSONL file (ShareGPT or OpenAI messages), under the data roots")
+    name = serializers.CharField(required=False, allow_blank=True, help_text="shown in the runs list")
+    layer_ids = serializers.ListField(child=serializers.IntegerField(), required=False,
+                                      help_text="hidden-state ids to capture; [] or omitted: EAGLE-3's default")
+    max_seq_len = _int(f"tokens per prepared row (default {D.max_seq_len})")
+    max_samples = _int("conversations taken from the dataset; null: all", null=True)
+    draft_vocab_size = _int(f"default {D.draft_vocab_size}")
+    epochs = _int(f"default {D.epochs}")
+    lr = serializers.FloatField(required=False, help_text=f"learning rate (default {D.lr})")
+    ttt_steps = _int(f"default {D.ttt_steps}")
+    max_tokens_per_step = _int("packing budget per training step; null: 512 or the longest row", null=True)
+    val_fraction = serializers.FloatField(required=False, help_text=f"held-out share (default {D.val_fraction})")
+    seed = _int(f"split and initialisation seed (default {D.seed})")
+    eval_prompts = _int(f"held-out conversations decoded to measure acceptance (default {D.eval_prompts})")
+    eval_max_new_tokens = _int(f"default {D.eval_max_new_tokens}")
+    extraction_backend = serializers.CharField(required=False, help_text=f"default {D.extraction_backend}")
+    tensor_parallel_size = _int(f"GPUs for extraction (default {D.tensor_parallel_size})")
+    training_backend = serializers.CharField(required=False, help_text=f"default {D.training_backend}")
+    train_gpus = _int(f"GPUs for training (default {D.train_gpus})")
+    serve_check = serializers.BooleanField(required=False, help_text="serve the best checkpoint with vLLM after")
+
+
+class CopySerializer(LaunchSerializer):
+    """What to change in the copy; omitted: the copied run's value."""
+
+    target = serializers.CharField(required=False, help_text="default: the copied run's target")
+    dataset = serializers.CharField(required=False, help_text="default: the copied run's dataset")
+
+
+class TagsSerializer(serializers.Serializer):
+    tags = serializers.ListField(child=serializers.CharField(allow_blank=True), allow_empty=True,
+                                 help_text="the run's tags, replacing those it has; [] removes them all")
+
+
+class EvaluateSerializer(serializers.Serializer):
+    prompts = serializers.CharField(required=False, allow_blank=True,
+                                    help_text="a chat JSONL of prompts; omitted: the run's held-out conversations")
+    max_new_tokens = serializers.IntegerField(required=False, help_text="default 64")
+    max_prompts = serializers.IntegerField(required=False, help_text="default 32")
+    num_speculative_tokens = serializers.IntegerField(required=False, allow_null=True,
+                                                      help_text="k; omitted: the checkpoint's own")
+
+
+class ExtractionImportSerializer(serializers.Serializer):
+    path = serializers.CharField(help_text="the extraction directory (flat v1, speculators 0.4 or 0.9)")
+    target = serializers.CharField(required=False, allow_blank=True,
+                                   help_text="target model directory; omitted: the manifest's model_path")
+
+
+class VerifySerializer(serializers.Serializer):
+    full = serializers.BooleanField(required=False, default=False,
+                                    help_text="read every value (NaNs, infinities), not only the headers")
+
+
+class DatasetImportSerializer(serializers.Serializer):
+    path = serializers.CharField(help_text="chat JSONL file under the data roots; catalogued by a worker")
+
+
+class EmptySerializer(serializers.Serializer):
+    """No fields; send {} or nothing."""
+
+
+class RegenerateSerializer(serializers.Serializer):
+    target = serializers.IntegerField(help_text="the target's id (GET /api/v1/targets/); its replies replace the file's")
+    backend = serializers.CharField(required=False, help_text="auto (default), vllm or transformers")
+    max_new_tokens = serializers.IntegerField(required=False, help_text="per reply (default 512)")
+    temperature = serializers.FloatField(required=False, help_text="0 (default) is greedy")
+    seed = serializers.IntegerField(required=False, help_text="default 0")
+    max_samples = serializers.IntegerField(required=False, allow_null=True,
+                                           help_text="the first N conversations not excluded; null: all")

@@ -1,0 +1,34 @@
+"""/api/v1/: the versioned REST API (runs.api.views_runs, runs.api.views_data) and its description."""
+from django.urls import path, re_path
+
+from runs.api import docs, views_data, views_runs
+
+app_name = "api"
+urlpatterns = [
+    path("runs/", views_runs.RunList.as_view(), name="run_list"),
+    path("runs/<int:pk>/", views_runs.RunDetail.as_view(), name="run_detail"),
+    path("runs/<int:pk>/cancel/", views_runs.RunCancel.as_view(), name="run_cancel"),
+    path("runs/<int:pk>/retry/", views_runs.RunRetry.as_view(), name="run_retry"),
+    path("runs/<int:pk>/tags/", views_runs.RunTags.as_view(), name="run_tags"),
+    path("runs/<int:pk>/copy/", views_runs.RunCopy.as_view(), name="run_copy"),
+    path("runs/<int:pk>/stages/", views_runs.RunStages.as_view(), name="run_stages"),
+    path("runs/<int:pk>/attempts/", views_runs.RunAttempts.as_view(), name="run_attempts"),
+    path("runs/<int:pk>/metrics/", views_runs.RunMetrics.as_view(), name="run_metrics"),
+    path("runs/<int:pk>/metrics/export/", views_runs.RunMetricsExport.as_view(), name="run_metrics_export"),
+    path("checkpoints/<int:pk>/", views_data.CheckpointDetail.as_view(), name="checkpoint_detail"),
+    path("checkpoints/<int:pk>/evaluate/", views_data.CheckpointEvaluate.as_view(), name="checkpoint_evaluate"),
+    path("extractions/", views_data.ExtractionList.as_view(), name="extraction_list"),
+    path("extractions/<int:pk>/", views_data.ExtractionDetail.as_view(), name="extraction_detail"),
+    path("extractions/<int:pk>/verify/", views_data.ExtractionVerify.as_view(), name="extraction_verify"),
+    path("datasets/", views_data.DatasetList.as_view(), name="dataset_list"),
+    path("datasets/<int:pk>/", views_data.DatasetDetail.as_view(), name="dataset_detail"),
+    path("datasets/<int:pk>/catalogue/", views_data.DatasetCatalogue.as_view(), name="dataset_catalogue"),
+    path("datasets/<int:pk>/regenerate/", views_data.DatasetRegenerate.as_view(), name="dataset_regenerate"),
+    path("targets/", views_data.TargetList.as_view(), name="target_list"),
+    path("workers/", views_data.Workers.as_view(), name="workers"),
+    path("me/", views_data.Me.as_view(), name="me"),
+    path("openapi.json", docs.openapi_json, name="openapi"),
+    path("", docs.api_docs, name="docs"),
+    # Anything else under /api/v1/ is a 404 in JSON (a script never gets the site's HTML page).
+    re_path(r"^.*$", docs.not_found, name="not_found"),
+]

@@ -1,0 +1,211 @@
+"""/api/v1/ for what runs use and make: checkpoints (and measuring their acceptance), extractions
+(import, verify), datasets (import, catalogue, regenerate), targets, the workers, and who is asking."""
+from __future__ import annotations
+
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from runs.api import shapes
+from runs.api.base import ApiView, accepted, paginate
+from runs.api.serializers import (DatasetImportSerializer, EmptySerializer, EvaluateSerializer,
+                                  ExtractionImportSerializer, RegenerateSerializer, VerifySerializer)
+from runs.api.tokens import ApiToken, account_settings
+from runs.checkpoints import evaluation as evaluation_services
+from runs.checkpoints import serve_check_selectors
+from runs.data import extractions as extraction_services
+from runs.data import regeneration, regeneration_selectors
+from runs.fleet import selectors as fleet_selectors
+from runs.pipeline import job_selectors, job_services, selectors, services, upstream_commands
+from runs.roles import ROLES, require, user_roles
+from runs.web.forms import RegenerateForm
+
+PAGE_SIZE = 50
+PAGE = [("page", "integer", f"from 1; {PAGE_SIZE} a page")]
+
+
+class CheckpointDetail(ApiView):
+    responses = {"GET": {"200": "the checkpoint: path, losses, simulated and measured tau, serve command"}}
+
+    def get(self, request, pk: int):
+        """One checkpoint (trained here or imported) and its latest acceptance measurements."""
+        checkpoint = selectors.checkpoint_get(pk=pk)
+        usable, why = serve_check_selectors.checkpoint_usable(checkpoint)
+        return Response(shapes.checkpoint_dict(
+            checkpoint, request, evaluations=checkpoint.evaluations.select_related("requested_by")[:20],
+            usable=usable, unusable_why=why, serve_command=upstream_commands.checkpoint_serve_command(checkpoint)))
+
+
+class CheckpointEvaluate(ApiView):
+    request_serializers = {"POST": EvaluateSerializer}
+    field_names = {"prompts_path": "prompts"}
+    responses = {"POST": {"202": "{evaluation, created: true}: queued for a GPU worker",
+                          "200": "{evaluation, created: false}: one with these settings is already queued or running"}}
+
+    def post(self, request, pk: int):
+        """Measure the checkpoint's acceptance length (tau) on a worker, as its page's Measure button."""
+        body = self.body()
+        checkpoint = selectors.checkpoint_get(pk=pk)
+        evaluation, created = evaluation_services.evaluation_request(
+            checkpoint=checkpoint, user=request.user, prompts_path=(body.get("prompts") or "").strip() or None,
+            max_new_tokens=body.get("max_new_tokens", 64), max_prompts=body.get("max_prompts", 32),
+            num_speculative_tokens=body.get("num_speculative_tokens"))
+        answer = {"evaluation": shapes.evaluation_row(evaluation), "created": created}
+        return accepted(answer) if created else Response(answer)
+
+
+class ExtractionList(ApiView):
+    request_serializers = {"POST": ExtractionImportSerializer}
+    field_names = {"target_path": "target"}
+    query_params = {"GET": PAGE}
+    responses = {"GET": {"200": "{count, page, pages, page_size, next, previous, results: [extractions]}"},
+                 "POST": {"201": "the imported extraction; its headers are verified by a worker",
+                          "200": "the extraction already registered at this path"}}
+
+    def get(self, request):
+        """Extractions, newest first, with their latest verification's verdict (`verified`)."""
+        return Response(paginate(request, selectors.extraction_list_verified(), page_size=PAGE_SIZE,
+                                 shape=lambda e: shapes.extraction_row(e, request)))
+
+    def post(self, request):
+        """Register an extraction made elsewhere (flat v1, speculators 0.4 or 0.9), as import_extraction does."""
+        body = self.body()
+        extraction, created = extraction_services.extraction_import(
+            path=body["path"], target_path=body.get("target") or None, user=request.user, verify_on_worker=True)
+        answer = extraction_answer(extraction.pk, request)
+        return Response(answer, status=201 if created else 200)
+
+
+def extraction_answer(pk: int, request) -> dict:
+    extraction = selectors.extraction_get(pk=pk)
+    return {"id": extraction.pk, **selectors.extraction_summary(extraction),
+            "forecast": selectors.extraction_forecast(extraction),
+            "verification_requests": [shapes.job_dict(shown) for shown in
+                                      job_selectors.extraction_verification_requests(extraction=extraction)],
+            "url": shapes.api_url(request, "extraction_detail", extraction.pk),
+            "page_url": request.build_absolute_uri(extraction.get_absolute_url())}
+
+
+class ExtractionDetail(ApiView):
+    responses = {"GET": {"200": "what import_extraction --json prints, with its verification requests"}}
+
+    def get(self, request, pk: int):
+        """One extraction: layout, layers, tokens, provenance, latest verification."""
+        return Response(extraction_answer(pk, request))
+
+
+class ExtractionVerify(ApiView):
+    request_serializers = {"POST": VerifySerializer}
+    responses = {"POST": {"202": "{verification_request}: a worker reads the files"}}
+
+    def post(self, request, pk: int):
+        """Verify the extraction's files on a worker: headers, or every value with `full`."""
+        body = self.body()
+        extraction = selectors.extraction_get(pk=pk)
+        job = job_services.extraction_verify_request(extraction=extraction, full=body.get("full", False),
+                                                     user=request.user)
+        return accepted({"verification_request": shapes.job_dict(job_selectors.JobShown(job=job, waiting_for_broker=""))})
+
+
+class DatasetList(ApiView):
+    request_serializers = {"POST": DatasetImportSerializer}
+    query_params = {"GET": PAGE}
+    responses = {"GET": {"200": "{count, page, pages, page_size, next, previous, results: [datasets]}"},
+                 "POST": {"200": "the dataset (the same one when the file was registered before); a new or "
+                                 "changed file is catalogued by a worker"}}
+
+    def get(self, request):
+        """Datasets by name, each with the dataset it was regenerated from (`regenerated_from`)."""
+        return Response(paginate(request, selectors.dataset_list().order_by("name", "pk"), page_size=PAGE_SIZE,
+                                 shape=lambda d: shapes.dataset_row(d, request)))
+
+    def post(self, request):
+        """Register a chat file: its first conversations are read now, the whole file by a worker."""
+        body = self.body()
+        require(request.user, "import")
+        dataset = services.dataset_register(path=body["path"])
+        return Response(dataset_answer(dataset.pk, request))
+
+
+def dataset_answer(pk: int, request) -> dict:
+    dataset = selectors.dataset_get(pk=pk)
+    samples, excluded = job_selectors.dataset_sample_counts(dataset=dataset)
+    return {**shapes.dataset_row(dataset, request), "notes": dataset.notes, "samples": samples, "excluded": excluded,
+            "catalogues": [shapes.job_dict(shown) for shown in job_selectors.dataset_catalogues(dataset=dataset)],
+            "regenerated_from": regeneration_selectors.dataset_provenance(dataset=dataset),
+            "regenerations": [regeneration_selectors.regeneration_dict(shown.job) for shown in
+                              regeneration_selectors.dataset_regenerations(dataset=dataset)]}
+
+
+class DatasetDetail(ApiView):
+    responses = {"GET": {"200": "the dataset: path, size, catalogued and excluded conversations, lineage"}}
+
+    def get(self, request, pk: int):
+        """One dataset, with its catalogue passes and the regenerations made from it."""
+        return Response(dataset_answer(pk, request))
+
+
+class DatasetCatalogue(ApiView):
+    request_serializers = {"POST": EmptySerializer}
+    responses = {"POST": {"202": "{catalogue}: a worker adds the file's new conversations to the catalogue"}}
+
+    def post(self, request, pk: int):
+        """Catalogue the dataset's file again (new conversations are added; one queued pass is reused)."""
+        self.body()
+        dataset = selectors.dataset_get(pk=pk)
+        job = job_services.dataset_catalogue_request(dataset=dataset, user=request.user)
+        return accepted({"catalogue": shapes.job_dict(job_selectors.JobShown(job=job, waiting_for_broker=""))})
+
+
+class DatasetRegenerate(ApiView):
+    request_serializers = {"POST": RegenerateSerializer}
+    responses = {"POST": {"202": "{regeneration, queued: true}", "200": "{regeneration, queued: false}: these "
+                                                                        "settings made (or are making) it already"}}
+
+    def post(self, request, pk: int):
+        """Have a target write the dataset's replies again (on-policy data), as the dataset page's form."""
+        body = self.body()
+        require(request.user, "launch")
+        dataset = selectors.dataset_get(pk=pk)
+        defaults = {"backend": "auto", "max_new_tokens": 512, "temperature": 0.0, "seed": 0, "max_samples": None}
+        data = {**defaults, **body}
+        form = RegenerateForm(data={k: "" if v is None else v for k, v in data.items()})
+        if not form.is_valid():
+            raise ValidationError({name: list(errors) for name, errors in form.errors.items()})
+        job, queued = regeneration.dataset_regenerate_request(
+            dataset=dataset, target=form.cleaned_data["target"], settings=form.regeneration_settings(),
+            user=request.user)
+        answer = {"regeneration": regeneration_selectors.regeneration_dict(job), "queued": queued}
+        return accepted(answer) if queued else Response(answer)
+
+
+class TargetList(ApiView):
+    query_params = {"GET": PAGE}
+    responses = {"GET": {"200": "{count, ..., results: [targets]}"}}
+
+    def get(self, request):
+        """Target models registered here (by a launch or an import), with their default layer ids."""
+        return Response(paginate(request, selectors.target_list().order_by("name", "pk"), page_size=PAGE_SIZE,
+                                 shape=shapes.target_row))
+
+
+class Workers(ApiView):
+    responses = {"GET": {"200": "{workers, launch_options, queue, refused_by_broker, waiting_for_retry}"}}
+
+    def get(self, request):
+        """The fleet: each worker and what it is doing, what a launch can ask for now, the queue."""
+        return Response(fleet_selectors.fleet_summary())
+
+
+class Me(ApiView):
+    responses = {"GET": {"200": "{username, roles, teams, team_may_act, token}"}}
+
+    def get(self, request):
+        """Who the token (or session) acts as, with which roles."""
+        user = request.user
+        token = request.auth if isinstance(request.auth, ApiToken) else None
+        return Response({
+            "username": user.get_username(), "roles": sorted(user_roles(user)),
+            "teams": sorted(g.name for g in user.groups.all() if g.name not in ROLES),
+            "team_may_act": account_settings(user=user).team_may_act,
+            "token": {"name": token.name, "prefix": token.prefix, "created_at": token.created_at.isoformat()}
+            if token else None})

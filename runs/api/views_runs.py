@@ -1,0 +1,205 @@
+"""/api/v1/runs/: the runs list (filters, sort, pages), a run's summary, launching, cancelling,
+retrying, tagging and copying runs, its stages, attempts and curves. Thin: parse, call a selector or a
+service, answer; refusals are the services' (runs.roles.require_on_run for acting on a run).
+
+Room to grow without breaking a client: a later `"external": true` body is one more branch of
+RunList.post (it is refused as an unknown field today), and POST on RunMetrics one more method."""
+from __future__ import annotations
+
+import json
+import re
+
+from django.http import HttpResponse
+from rest_framework.response import Response
+
+from runs.api import launch, shapes
+from runs.api.base import ApiInputError, ApiView, created, error_response, paged
+from runs.api.serializers import CopySerializer, EmptySerializer, LaunchSerializer, TagsSerializer
+from runs.pipeline import queue, selectors, services
+from runs.review import tags as tag_services
+from runs.tracking import curve_api, run_table
+
+LIST_PARAMS = ("q", "status", "target", "dataset", "owner", "tag", "sort", "page")
+
+
+def run_answer(pk: int, request) -> dict:
+    """A run as GET /api/v1/runs/<id>/ answers it: the run summary (runs.pipeline.selectors.run_summary,
+    as run_pipeline --json prints it) with its id, tags and where to find it."""
+    run = selectors.run_get(pk=pk)
+    return {"id": run.pk, **selectors.run_summary(run), "owner": run.owner.get_username(),
+            "created_at": run.created_at.isoformat(), "tags": [tag.name for tag in run.tags.all()],
+            "waiting_for_queue": queue.run_waiting_for_queue(run_id=run.pk),
+            "url": shapes.api_url(request, "run_detail", run.pk),
+            "page_url": request.build_absolute_uri(run.get_absolute_url())}
+
+
+def _launched(run, request) -> Response:
+    response = created(run_answer(run.pk, request))
+    response["Location"] = shapes.api_url(request, "run_detail", run.pk)
+    return response
+
+
+class RunList(ApiView):
+    """The runs list, as the runs page filters, sorts and pages it."""
+
+    request_serializers = {"POST": LaunchSerializer}
+    field_names = launch.BODY_NAMES
+    query_params = {"GET": [
+        ("q", "string", "search names, targets, datasets, owners, exact tags, or a run id"),
+        ("status", "string", f"one of {', '.join(run_table.STATUSES)}"),
+        ("target", "string", "target name"), ("dataset", "string", "dataset name"),
+        ("owner", "string", "owner's username"), ("tag", "string", "a tag"),
+        ("sort", "string", f"{', '.join(run_table.SORTS)}; '-' first for descending (default -created)"),
+        ("page", "integer", f"from 1; {run_table.PAGE_SIZE} runs a page")]}
+    responses = {"GET": {"200": "{count, page, pages, page_size, next, previous, results: [run rows]}"},
+                 "POST": {"201": "the launched run, as GET /api/v1/runs/<id>/ answers it (`id` first)"}}
+
+    def get(self, request):
+        """The runs, newest first unless sorted otherwise, a page at a time.
+
+        Unknown parameters are refused (400) rather than ignored: a misspelt filter would otherwise
+        answer every run."""
+        unknown = sorted(set(request.query_params) - set(LIST_PARAMS))
+        if unknown:
+            raise ApiInputError(f"unknown parameter {unknown[0][:40]!r} (known: {', '.join(LIST_PARAMS)})",
+                                field=unknown[0][:40])
+        try:
+            filters = run_table.RunFilters.from_query(request.query_params)
+        except run_table.RunTableError as exc:
+            field = next((p for p in LIST_PARAMS if str(exc).startswith(p)), None)
+            raise ApiInputError(str(exc), field=field) from None
+        page, total = run_table.run_table(filters=filters)
+        return Response(paged(request, items=[shapes.run_row(run, request) for run in page.object_list],
+                              total=total, page=page.number, pages=page.paginator.num_pages,
+                              page_size=run_table.PAGE_SIZE))
+
+    def post(self, request):
+        """Launch a run: the launch form's checks, then what the page's Launch button does.
+
+        The body names run_pipeline's options in snake case; `layer_ids` is a list of integers.
+        Refused with 400 naming the field, and nothing stored, where the form refuses."""
+        form = launch.launch_form(self.body())
+        run = services.run_launch(user=request.user, target_path=form.cleaned_data["target_path"],
+                                  dataset_path=form.cleaned_data["dataset_path"], config=form.run_config(),
+                                  name=form.cleaned_data["name"])
+        return _launched(run, request)
+
+
+class RunDetail(ApiView):
+    responses = {"GET": {"200": "the run summary: stages, tokens, checkpoints, acceptance, config, tags"}}
+
+    def get(self, request, pk: int):
+        """One run: what run_pipeline --json prints and the run page polls, with `id` and `tags`."""
+        return Response(run_answer(pk, request))
+
+
+class RunCancel(ApiView):
+    request_serializers = {"POST": EmptySerializer}
+    responses = {"POST": {"200": "{id, cancelled: how many unfinished stages were cancelled}"}}
+
+    def post(self, request, pk: int):
+        """Cancel the run's unfinished stages (its owner, an admin, or a teammate the owner allowed)."""
+        self.body()
+        run = selectors.run_get(pk=pk, stages=False)
+        return Response({"id": run.pk, "cancelled": services.run_cancel(run=run, user=request.user)})
+
+
+class RunRetry(ApiView):
+    request_serializers = {"POST": EmptySerializer}
+    responses = {"POST": {"200": "{id, queued: how many failed or cancelled stages were queued again}"}}
+
+    def post(self, request, pk: int):
+        """Queue the run's failed and cancelled stages again; refused (400) when no live worker takes one."""
+        self.body()
+        run = selectors.run_get(pk=pk, stages=False)
+        return Response({"id": run.pk, "queued": services.run_retry(run=run, user=request.user)})
+
+
+class RunTags(ApiView):
+    request_serializers = {"POST": TagsSerializer}
+    responses = {"POST": {"200": "{id, tags: the run's tags now}"}}
+
+    def post(self, request, pk: int):
+        """Replace the run's tags (its owner, an admin, or a teammate the owner allowed)."""
+        names = self.body()["tags"]
+        if any("," in name for name in names):
+            raise ApiInputError("a tag may not hold a comma (the runs page separates tags with commas)", field="tags")
+        run = selectors.run_get(pk=pk, stages=False)
+        try:
+            names = tag_services.run_tags_set(run=run, text=", ".join(names), user=request.user)
+        except tag_services.TagError as exc:
+            raise ApiInputError(str(exc), field="tags") from None
+        return Response({"id": run.pk, "tags": names})
+
+
+class RunCopy(ApiView):
+    request_serializers = {"POST": CopySerializer}
+    field_names = launch.BODY_NAMES
+    responses = {"POST": {"201": "the new run, as GET /api/v1/runs/<id>/ answers it"}}
+
+    def post(self, request, pk: int):
+        """Launch a copy of the run, with the body's settings changed (the page's Launch a copy)."""
+        body = self.body()
+        base = selectors.launch_copy_initial(run_id=str(pk))
+        if base is None:
+            return error_response(f"no run {pk} to copy", code=404)
+        form = launch.launch_form(body, base=base)
+        run = services.run_launch(user=request.user, target_path=form.cleaned_data["target_path"],
+                                  dataset_path=form.cleaned_data["dataset_path"], config=form.run_config(),
+                                  name=form.cleaned_data["name"])
+        return _launched(run, request)
+
+
+class RunStages(ApiView):
+    responses = {"GET": {"200": "{run, stages: [{name, status, progress, started_at, finished_at, error, ...}]}"}}
+
+    def get(self, request, pk: int):
+        """The run's five stages (prepare, extract, vocab, train, evaluate) as the run summary has them."""
+        summary = selectors.run_summary(selectors.run_get(pk=pk))
+        return Response({"run": pk, "status": summary["status"], "stages": summary["stages"]})
+
+
+class RunAttempts(ApiView):
+    responses = {"GET": {"200": "{run, attempts: [{stage, number, worker, outcome, error, ...}]}"}}
+
+    def get(self, request, pk: int):
+        """Every attempt at the run's stages: which worker, how it ended (a lost worker's stage is tried again)."""
+        summary = selectors.run_summary(selectors.run_get(pk=pk))
+        return Response({"run": pk, "attempts": summary["attempts"]})
+
+
+def _curve_answer(response: HttpResponse) -> HttpResponse:
+    """The curves API's own answer, its 400 in the API's error shape (the parameter to blame named)."""
+    if response.status_code != 400:
+        return response
+    message = json.loads(response.content).get("error", "bad parameter")
+    unknown = re.match(r"unknown parameter '([^']*)'", message)
+    first = re.match(r"[a-z]+", message)
+    field = unknown[1] if unknown else (first[0] if first and first[0] in (*curve_api.QUERY_PARAMS, "key", "format")
+                                        else None)
+    return error_response(message, code=400, fields={field: message} if field else {})
+
+
+class RunMetrics(ApiView):
+    query_params = {"GET": [
+        ("keys", "string", "comma-separated metric names (loss_0, full_acc_0, ...); empty: all"),
+        ("split", "string", "train or val; empty: both"), ("start", "integer", "first step"),
+        ("end", "integer", "last step"), ("points", "integer", "at most this many points per series (3..20000)")]}
+    responses = {"GET": {"200": "{run, start, end, points, series: [{key, split, steps, values, ...}]}"}}
+
+    def get(self, request, pk: int):
+        """The run's curves over a step window, at most `points` points per series (spikes kept).
+
+        The run page's own windowed read (runs.tracking.curve_api): ask again from a series'
+        `last_step` + 1 to follow a live run."""
+        return _curve_answer(curve_api.run_metrics(request._request, pk))
+
+
+class RunMetricsExport(ApiView):
+    query_params = {"GET": [("key", "string", "one metric name"), ("split", "string", "train or val"),
+                            ("format", "string", "csv (default) or json")]}
+    responses = {"GET": {"200": "every point of one series, as CSV (step,epoch,value,time) or JSON"}}
+
+    def get(self, request, pk: int):
+        """One series at full resolution, streamed (the run page's export)."""
+        return _curve_answer(curve_api.run_metrics_export(request._request, pk))

@@ -1,0 +1,59 @@
+"""The authorization matrix's entries for the account page and the REST API (/api/v1/); the API is
+asked with each role's token and JSON bodies (Entry.api), as a script would."""
+from __future__ import annotations
+
+from tests.views.matrix_vocabulary import (FORBIDDEN, LOGIN, NOT_FOUND, OK, POST_ONLY, READ, REDIRECT, UNAUTHORIZED,
+                                           Entry, by_role)
+
+API_READ = by_role(UNAUTHORIZED, OK, OK, OK, OK)
+API_POST_ONLY = by_role(UNAUTHORIZED, "405", "405", "405", "405")
+API_OWNERS = by_role(UNAUTHORIZED, FORBIDDEN, FORBIDDEN, FORBIDDEN, OK)  # the world's runs are the admin's
+API_LAUNCHERS = by_role(UNAUTHORIZED, FORBIDDEN, "201", FORBIDDEN, "201")
+
+API = {
+    # The account page: tokens and who may act on one's runs. A token is made on the page (200, shown
+    # once); another user's token is not found (404).
+    "account/": Entry("/account/", get=READ, post=by_role(LOGIN, OK, OK, OK, OK), data="token_form"),
+    "account/tokens/<int:pk>/revoke/": Entry("/account/tokens/{spare_token}/revoke/", get=POST_ONLY,
+                                             post=by_role(LOGIN, NOT_FOUND, NOT_FOUND, NOT_FOUND, REDIRECT)),
+    "account/team/": Entry("/account/team/", get=POST_ONLY, post=by_role(LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT)),
+    # The REST API, with tokens. Its page is a page (the session's); the rest answers JSON.
+    "api/v1/": Entry("/api/v1/", get=READ),
+    "api/v1/openapi.json": Entry("/api/v1/openapi.json", get=API_READ, api=True),
+    "api/v1/runs/": Entry("/api/v1/runs/", get=API_READ, post=API_LAUNCHERS, data="launch_body", api=True),
+    "api/v1/runs/<int:pk>/": Entry("/api/v1/runs/{run}/", get=API_READ, api=True),
+    "api/v1/runs/<int:pk>/cancel/": Entry("/api/v1/runs/{run}/cancel/", get=API_POST_ONLY, post=API_OWNERS, api=True),
+    "api/v1/runs/<int:pk>/retry/": Entry("/api/v1/runs/{run}/retry/", get=API_POST_ONLY, post=API_OWNERS, api=True),
+    "api/v1/runs/<int:pk>/tags/": Entry("/api/v1/runs/{run}/tags/", get=API_POST_ONLY, post=API_OWNERS,
+                                        data="tags_body", api=True),
+    # A copy is the copier's own run.
+    "api/v1/runs/<int:pk>/copy/": Entry("/api/v1/runs/{run}/copy/", get=API_POST_ONLY, post=API_LAUNCHERS, api=True),
+    "api/v1/runs/<int:pk>/stages/": Entry("/api/v1/runs/{run}/stages/", get=API_READ, api=True),
+    "api/v1/runs/<int:pk>/attempts/": Entry("/api/v1/runs/{run}/attempts/", get=API_READ, api=True),
+    "api/v1/runs/<int:pk>/metrics/": Entry("/api/v1/runs/{run}/metrics/?points=100", get=API_READ, api=True),
+    "api/v1/runs/<int:pk>/metrics/export/": Entry("/api/v1/runs/{run}/metrics/export/?key=loss&split=train",
+                                                  get=API_READ, api=True),
+    "api/v1/checkpoints/<int:pk>/": Entry("/api/v1/checkpoints/{checkpoint}/", get=API_READ, api=True),
+    # The launcher's request is queued (202); the admin's, with the same settings, finds it queued (200).
+    "api/v1/checkpoints/<int:pk>/evaluate/": Entry(
+        "/api/v1/checkpoints/{checkpoint}/evaluate/", get=API_POST_ONLY, data="evaluate_form", api=True,
+        post=by_role(UNAUTHORIZED, FORBIDDEN, "202", FORBIDDEN, OK)),
+    "api/v1/extractions/": Entry("/api/v1/extractions/", get=API_READ, post=API_LAUNCHERS, data="import_body", api=True),
+    "api/v1/extractions/<int:pk>/": Entry("/api/v1/extractions/{extraction}/", get=API_READ, api=True),
+    "api/v1/extractions/<int:pk>/verify/": Entry("/api/v1/extractions/{extraction}/verify/", get=API_POST_ONLY,
+                                                 post=by_role(UNAUTHORIZED, FORBIDDEN, "202", "202", "202"), api=True),
+    "api/v1/datasets/": Entry("/api/v1/datasets/", get=API_READ, post=by_role(UNAUTHORIZED, FORBIDDEN, OK, FORBIDDEN, OK),
+                              data="dataset_body", api=True),
+    "api/v1/datasets/<int:pk>/": Entry("/api/v1/datasets/{dataset}/", get=API_READ, api=True),
+    "api/v1/datasets/<int:pk>/catalogue/": Entry("/api/v1/datasets/{dataset}/catalogue/", get=API_POST_ONLY,
+                                                 post=by_role(UNAUTHORIZED, FORBIDDEN, "202", FORBIDDEN, "202"), api=True),
+    # As on the page: no worker to regenerate on, so a launcher's request is refused at its field (400).
+    "api/v1/datasets/<int:pk>/regenerate/": Entry("/api/v1/datasets/{dataset}/regenerate/", get=API_POST_ONLY,
+                                                  post=by_role(UNAUTHORIZED, FORBIDDEN, "400", FORBIDDEN, "400"),
+                                                  data="regenerate_form", api=True),
+    "api/v1/targets/": Entry("/api/v1/targets/", get=API_READ, api=True),
+    "api/v1/workers/": Entry("/api/v1/workers/", get=API_READ, api=True),
+    "api/v1/me/": Entry("/api/v1/me/", get=API_READ, api=True),
+    "api/v1/.*$": Entry("/api/v1/no-such-thing/", get=by_role(UNAUTHORIZED, NOT_FOUND, NOT_FOUND, NOT_FOUND, NOT_FOUND),
+                        post=by_role(UNAUTHORIZED, NOT_FOUND, NOT_FOUND, NOT_FOUND, NOT_FOUND), api=True),
+}
