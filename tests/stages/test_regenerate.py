@@ -237,7 +237,7 @@ def test_a_file_without_any_user_turn_is_refused(talker, tmp_path):
 
 
 def test_sampled_replies_depend_on_the_seed_not_the_order(talker, source_rows, tmp_path):
-    rows = source_rows[:4] + source_rows[6:]
+    rows = source_rows[:4] + source_rows[6:]  # not the row without an id: reversing moves its line, its name
     sampled = RegenerateSettings(max_new_tokens=16, temperature=1.0, seed=3)
     forward = _run(talker, write_jsonl(tmp_path / "a.jsonl", rows), tmp_path / "a-out.jsonl", settings=sampled)
     backward = _run(talker, write_jsonl(tmp_path / "b.jsonl", rows[::-1]), tmp_path / "b-out.jsonl", settings=sampled)
