@@ -165,17 +165,17 @@ def _stop_check(should_stop: Callable[[], bool] | None, writer: _Writer) -> Call
     return check
 
 
-def _todo_rows(source_path: Path, todo: set[int], duplicates: dict[int, int]) -> Iterator[tuple[object, dict | None]]:
-    """The source's rows to answer, in file order; a row repeating an earlier id comes without its row
-    (it fails: two output rows with one id would make its lineage ambiguous)."""
+def _todo_rows(source_path: Path, todo: set[int], duplicates: dict[int, int]) -> Iterator[tuple]:
+    """(conversation, row, the earlier line with its id or None) of the rows to answer, in file order."""
     for conv, row in iter_rows(source_path):
         if conv.line in todo:
-            yield conv, None if conv.line in duplicates else row
+            yield conv, row, duplicates.get(conv.line)
 
 
-def _attempt(conv, row: dict | None, replier, seed: int, check: Callable[[], None]) -> dict | ConversationFailed:
-    if row is None:
-        return ConversationFailed(f"its id {conv.source_id!r} is used by an earlier line too; give each row its own id")
+def _attempt(conv, row: dict, repeats: int | None, replier, seed: int,
+             check: Callable[[], None]) -> dict | ConversationFailed:
+    if repeats is not None:  # two output rows with one id would make its lineage ambiguous
+        return ConversationFailed(f"its id {conv.source_id!r} is line {repeats}'s too; give each row its own id")
     try:
         return answer_conversation(conv, row, answer=replier.answer, seed=seed, check=check)
     except ConversationFailed as failed:
@@ -185,9 +185,9 @@ def _attempt(conv, row: dict | None, replier, seed: int, check: Callable[[], Non
 def _answer_all(rows: Iterator, replier, *, seed: int, writer: _Writer, stop: Callable[[], None]) -> None:
     """Answer every row and write them in source order, `replier.concurrency` conversations at a time."""
     if replier.concurrency == 1:
-        for conv, row in rows:
+        for conv, row, repeats in rows:
             stop()
-            writer.write(conv, _attempt(conv, row, replier, seed, stop))
+            writer.write(conv, _attempt(conv, row, repeats, replier, seed, stop))
         return
     abandon = threading.Event()  # set on leaving: threads still answering give up before their next turn
 
@@ -207,11 +207,11 @@ def _answer_all(rows: Iterator, replier, *, seed: int, writer: _Writer, stop: Ca
     pool = ThreadPoolExecutor(max_workers=replier.concurrency, thread_name_prefix="regenerate")
     window: deque = deque()
     try:
-        for conv, row in rows:
+        for conv, row, repeats in rows:
             while len(window) >= replier.concurrency * WINDOW_PER_SLOT:
                 finish(*window.popleft())
             stop()
-            window.append((conv, pool.submit(_attempt, conv, row, replier, seed, check)))
+            window.append((conv, pool.submit(_attempt, conv, row, repeats, replier, seed, check)))
         while window:
             finish(*window.popleft())
     finally:
