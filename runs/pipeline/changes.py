@@ -2,9 +2,12 @@
 
 Each run counts the writes to what its pages show (`PipelineRun.changes`: its stage rows, attempts,
 checkpoints, measurements, serve checks and curves) and, apart, the writes to its curves alone
-(`PipelineRun.curve_changes`). The status and curve endpoints derive their ETags from them and key the
-answers they cache by them (runs.web.live): a poll of an unchanged run costs one small query and no
-rendering, and a cached answer is never stale because a write moves the key instead of deleting it.
+(`curve_changes`) and to its state as the runs list shows it (`state_changes`: stage statuses and
+results, checkpoints, measurements; not a running stage's progress and log, nor its curves, which move
+every few seconds while it trains). The status and curve endpoints derive their ETags from them and
+key the answers they cache by them (runs.web.live), the runs list its table (runs_list_version): a poll
+of an unchanged run costs one small query and no rendering, and a cached answer is never stale because
+a write moves the key instead of deleting it.
 
 Who moves them:
 - every stage or job row (runs.pipeline.stage_record.StageRecord), through its manager: `.update()` and
@@ -19,8 +22,8 @@ A count moves once the write is committed (transaction.on_commit; at once outsid
 readers read the counter before the rows, so the worst they do is file newer rows under the older
 count, which the bump then retires; and no transaction holds a run's row while it waits for another
 lock (a worker failing a stage while a user cancels the run would otherwise deadlock). A bump that
-fails after its commit is logged and lost: pages already open miss that write until the run's next
-one, pages opened later read it (runs.web.live keeps a running run's answers for seconds only).
+fails after its commit is logged and lost: pages miss that write until the run's next one or until
+the cached answers expire (runs.web.live: seconds for a running run, an hour otherwise).
 """
 from __future__ import annotations
 
@@ -33,6 +36,9 @@ from django.db.models import F
 
 # Fields a worker renews without changing anything a page shows: writing only these counts for nothing.
 UNSHOWN_FIELDS = frozenset({"lease_expires_at"})
+# A running stage's progress report: the run's pages show it, the runs list does not.
+PROGRESS_FIELDS = frozenset({"progress_done", "progress_total", "log_tail", "lease_expires_at"})
+ALL, PROGRESS, CURVES = ("changes", "state_changes"), ("changes",), ("changes", "curve_changes")
 
 
 def _model(name: str):
@@ -42,38 +48,38 @@ def _model(name: str):
 
 @dataclass(frozen=True)
 class CounterBump:
-    """Moving the counters of the runs `run_filter` picks, once the write is committed (a callback of
+    """Moving `counters` of the runs `run_filter` picks, once the write is committed (a callback of
     transaction.on_commit; tests that count the queue's hand-overs among those callbacks leave these out)."""
 
     run_filter: tuple
-    curves: bool
+    counters: tuple[str, ...]
 
     def __call__(self) -> None:
-        fields = {"changes": F("changes") + 1}
-        if self.curves:
-            fields["curve_changes"] = F("curve_changes") + 1
-        _model("PipelineRun").objects.filter(**dict(self.run_filter)).update(**fields)
+        _model("PipelineRun").objects.filter(**dict(self.run_filter)).update(
+            **{name: F(name) + 1 for name in self.counters})
 
 
-def _bump(*, curves: bool, **run_filter) -> None:
-    transaction.on_commit(CounterBump(run_filter=tuple(sorted(run_filter.items())), curves=curves), robust=True)
+def _bump(counters: tuple[str, ...], **run_filter) -> None:
+    transaction.on_commit(CounterBump(run_filter=tuple(sorted(run_filter.items())), counters=counters), robust=True)
 
 
-def runs_changed(*, run_ids: Iterable[int | None]) -> None:
-    """Count a write to what these runs' pages show (None entries: rows of no run)."""
-    ids = sorted({pk for pk in run_ids if pk is not None})
+def runs_changed(*, run_ids: Iterable[int | None], progress: bool = False) -> None:
+    """Count a write to what these runs' pages show (None entries: rows of no run); `progress`: only a
+    running stage's progress and log, which the runs list does not show."""
+    ids = tuple(sorted({pk for pk in run_ids if pk is not None}))
     if ids:
-        _bump(curves=False, pk__in=ids)
+        _bump(PROGRESS if progress else ALL, pk__in=ids)
 
 
 def training_changed(*, training_run_id: int) -> None:
     """Count a write to a training's checkpoints for its run."""
-    _bump(curves=False, training_run__pk=training_run_id)
+    _bump(ALL, training_run__pk=training_run_id)
 
 
 def curves_changed(*, training_run_id: int) -> None:
-    """Count a write to a training's curves: both counters move (the run's summary shows the latest values)."""
-    _bump(curves=True, training_run__pk=training_run_id)
+    """Count a write to a training's curves: its pages' counter and its curves' (the run's summary shows
+    the latest values), not its state."""
+    _bump(CURVES, training_run__pk=training_run_id)
 
 
 def run_lookups(model) -> tuple[str, ...]:
@@ -108,13 +114,13 @@ def run_counters(*, run_id: int) -> RunCounters | None:
 
 
 def runs_list_version() -> str:
-    """What the runs list shows moves this (one query): how many runs, their counters' sum and the
-    newest id; how many reviews and tag links there are and the newest of each."""
+    """What the runs list shows moves this (one query): how many runs, the sum of their state counters
+    and the newest id; how many reviews and tag links there are and the newest of each."""
     runs, reviews = _model("PipelineRun")._meta.db_table, _model("Review")._meta.db_table
     links = _model("RunTag").runs.through._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f'SELECT (SELECT COUNT(*) FROM "{runs}"), (SELECT SUM("changes") FROM "{runs}"), '
+            f'SELECT (SELECT COUNT(*) FROM "{runs}"), (SELECT SUM("state_changes") FROM "{runs}"), '
             f'(SELECT MAX("id") FROM "{runs}"), (SELECT COUNT(*) FROM "{reviews}"), (SELECT MAX("id") FROM "{reviews}"), '
             f'(SELECT COUNT(*) FROM "{links}"), (SELECT MAX("id") FROM "{links}")')
         return ".".join(str(value or 0) for value in cursor.fetchone())

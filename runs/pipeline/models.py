@@ -20,10 +20,12 @@ class PipelineRun(models.Model):
     config = models.JSONField(default=dict)
     output_dir = models.CharField(max_length=1000, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    # Writes to what the run's pages show, and to its curves alone (runs.pipeline.changes): a live page's
-    # poll reads these first and answers 304 when they have not moved.
+    # Writes to what the run's pages show, to its curves alone, and to its state as the runs list shows it
+    # (stage statuses and results, checkpoints; not progress, logs or curves) (runs.pipeline.changes): a
+    # live page's poll reads these first and answers 304 when they have not moved.
     changes = models.BigIntegerField(default=0, editable=False)
     curve_changes = models.BigIntegerField(default=0, editable=False)
+    state_changes = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]

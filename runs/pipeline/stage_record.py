@@ -32,7 +32,8 @@ class StageQuerySet(models.QuerySet):
             if not rows:
                 return 0
             written = models.QuerySet.update(self.model._base_manager.filter(pk__in=[row[0] for row in rows]), **kwargs)
-            changes.runs_changed(run_ids=[value for row in rows for value in row[1:]])
+            changes.runs_changed(run_ids=[value for row in rows for value in row[1:]],
+                                 progress=set(kwargs) <= changes.PROGRESS_FIELDS)
         return written
 
 

@@ -22,48 +22,49 @@ def run(user, roots):
                                config=RunConfig(), enqueue=False)
 
 
-def counters(run) -> tuple[int, int]:
-    return PipelineRun.objects.values_list("changes", "curve_changes").get(pk=run.pk)
+def counters(run) -> tuple[int, int, int]:
+    return PipelineRun.objects.values_list("changes", "curve_changes", "state_changes").get(pk=run.pk)
 
 
-def moved(run, write) -> tuple[int, int]:
-    """How far (changes, curve_changes) moved across `write`."""
+def moved(run, write) -> tuple[int, int, int]:
+    """How far (changes, curve_changes, state_changes) moved across `write`."""
     before = counters(run)
     write()
-    after = counters(run)
-    return after[0] - before[0], after[1] - before[1]
+    return tuple(after - earlier for after, earlier in zip(counters(run), before))
 
 
 def _point(step: int) -> list[dict]:
     return [{"split": "train", "key": "loss_0", "step": step, "epoch": 0.0, "value": 1.0}]
 
 
-def test_curves_move_both_counters_and_stage_writes_only_the_runs(run):
+def test_each_write_moves_the_counters_of_what_it_changed(run):
     training = run.training_run.pk
-    assert moved(run, lambda: metrics_record(training_run_id=training, points=_point(1))) == (1, 1)
-    assert moved(run, lambda: stage_start(stage_name="prepare", record_id=run.preparation.pk, worker="w")) == (1, 0)
+    # Points: the pages and the curves, not the state the runs list shows.
+    assert moved(run, lambda: metrics_record(training_run_id=training, points=_point(1))) == (1, 1, 0)
+    assert moved(run, lambda: stage_start(stage_name="prepare", record_id=run.preparation.pk, worker="w")) == (1, 0, 1)
     record = run.preparation
+    # Progress and log: the run's pages only.
     assert moved(run, lambda: stage_progress(stage_name="prepare", record_id=record.pk, done=1, total=2,
-                                             log_tail="")) == (1, 0)
+                                             log_tail="")) == (1, 0, 0)
     # The heartbeat renews the lease, which no page shows: nothing moves.
     started = type(record).objects.get(pk=record.pk).started_at
-    assert moved(run, lambda: stage_heartbeat(stage_name="prepare", record_id=record.pk, started_at=started)) == (0, 0)
+    assert moved(run, lambda: stage_heartbeat(stage_name="prepare", record_id=record.pk, started_at=started)) == (0, 0, 0)
     assert moved(run, lambda: checkpoints_register(training_run_id=training, checkpoints=[
-        {"epoch": 0, "path": "/nowhere/0"}])) == (1, 0)
+        {"epoch": 0, "path": "/nowhere/0"}])) == (1, 0, 1)
     # A resume drops the later points and checkpoints: both count.
     metrics_record(training_run_id=training, points=_point(2))
-    assert moved(run, lambda: training_resume(training_run_id=training, step=1, epochs_done=0)) == (2, 1)
+    assert moved(run, lambda: training_resume(training_run_id=training, step=1, epochs_done=0)) == (2, 1, 1)
     assert not Checkpoint.objects.filter(training_run_id=training).exists()
 
 
 def test_any_write_to_a_stage_row_counts_even_one_no_service_made(run):
     # As the admin or a shell would: the rows' manager counts it all the same.
-    assert moved(run, lambda: TrainingRun.objects.filter(run=run).update(error="edited by hand")) == (1, 0)
+    assert moved(run, lambda: TrainingRun.objects.filter(run=run).update(error="edited by hand")) == (1, 0, 1)
     row = TrainingRun.objects.get(run=run)
     row.worker = "renamed"
-    assert moved(run, row.save) == (1, 0)
+    assert moved(run, row.save) == (1, 0, 1)
     # A filter that matches nothing writes nothing and counts nothing.
-    assert moved(run, lambda: TrainingRun.objects.filter(run=run, status=StageStatus.FAILED).update(error="x")) == (0, 0)
+    assert moved(run, lambda: TrainingRun.objects.filter(run=run, status=StageStatus.FAILED).update(error="x")) == (0, 0, 0)
 
 
 def test_a_rolled_back_write_counts_nothing(run):
@@ -72,7 +73,7 @@ def test_a_rolled_back_write_counts_nothing(run):
             TrainingRun.objects.filter(run=run).update(error="never committed")
             raise RuntimeError("rolled back")
 
-    assert moved(run, failed_write) == (0, 0)
+    assert moved(run, failed_write) == (0, 0, 0)
     assert TrainingRun.objects.get(run=run).error == ""
 
 
@@ -81,11 +82,11 @@ def test_jobs_count_for_the_run_whose_checkpoint_they_measure_and_jobs_of_no_run
     other = services.run_launch(user=user, target_path=run.target.path, dataset_path=run.dataset.path,
                                 config=RunConfig(), enqueue=False)
     measured = {}
-    assert moved(run, lambda: measured.setdefault("e", Evaluation.objects.create(checkpoint=checkpoint))) == (1, 0)
+    assert moved(run, lambda: measured.setdefault("e", Evaluation.objects.create(checkpoint=checkpoint))) == (1, 0, 1)
     check = {}
-    assert moved(run, lambda: check.setdefault("c", ServeCheck.objects.create(checkpoint=checkpoint))) == (1, 0)
+    assert moved(run, lambda: check.setdefault("c", ServeCheck.objects.create(checkpoint=checkpoint))) == (1, 0, 1)
     assert moved(run, lambda: ServeCheck.objects.filter(pk=check["c"].pk).update(
-        status=StageStatus.RUNNING, started_at=timezone.now())) == (1, 0)
+        status=StageStatus.RUNNING, started_at=timezone.now())) == (1, 0, 1)
     # The other run's counters did not move for this run's checkpoint; a catalogue belongs to no run.
     before_other = counters(other)
     DatasetCatalogue.objects.create(dataset=run.dataset)
