@@ -174,16 +174,15 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "cpu"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
-# The API's failed-authentication counts (runs.api.tokens) live in their own cache: in Redis when there
-# is one (EAGLE3WEB_CACHE_URL, else the broker's Redis), so that every web process counts together; in
-# the process's memory otherwise (`make demo`'s one runserver). The default cache stays Django's.
+# The API's failed-authentication counts (runs.api.tokens) live in a cache of their own, beside the
+# default one (set above where live pages use it, else Django's): in Redis when there is one
+# (EAGLE3WEB_CACHE_URL, else the broker's Redis), so that every web process counts together; in the
+# process's memory otherwise (`make demo`'s one runserver).
 EAGLE3WEB_CACHE_URL = env_str("EAGLE3WEB_CACHE_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else "")
-CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "auth_failures": ({"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": EAGLE3WEB_CACHE_URL,
-                       "KEY_PREFIX": "eagle3web"} if EAGLE3WEB_CACHE_URL
-                      else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "auth-failures"}),
-}
+CACHES = globals().get("CACHES") or {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+CACHES["auth_failures"] = (
+    {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": EAGLE3WEB_CACHE_URL, "KEY_PREFIX": "eagle3web"}
+    if EAGLE3WEB_CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "auth-failures"})
 # Failed API authentications (bad or revoked tokens) a client address may make in a minute; past it
 # every request with a token from that address is refused (429) until the minute ends.
 EAGLE3WEB_API_AUTH_FAILURES_PER_MINUTE = env_int("EAGLE3WEB_API_AUTH_FAILURES_PER_MINUTE", 20)
