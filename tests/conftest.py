@@ -32,6 +32,15 @@ def data_root(tmp_path_factory, settings):
     return root
 
 
+@pytest.fixture(autouse=True)
+def live_cache_cleared():
+    """Each test starts with nothing cached (runs.web.live): cache keys carry ids and change counters,
+    which another test's database may hand out again."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 @pytest.fixture
 def user(django_user_model):
     """A logged-in-able user; `raw_password` is what a person would type."""

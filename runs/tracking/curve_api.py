@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import re
 
-from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from runs.tracking import curves
+from runs.web import live
 from workers.contract.errors import InputError
 
 MAX_STEP = 2**62
@@ -63,16 +64,25 @@ def curve_query(request: HttpRequest) -> curves.CurveQuery:
     )
 
 
-def run_metrics(request: HttpRequest, pk: int) -> JsonResponse:
-    owner = curves.curve_owner(run_id=pk)
+def run_metrics(request: HttpRequest, pk: int) -> HttpResponse:
+    """304 while the run's curves took no point (the ETag: their change counter and the query), else
+    the answer cached for every viewer asking the same until a point arrives (runs.web.live)."""
+    owner = curves.curve_owner(run_id=pk)  # with the counter, read first: the points read after are newer
     try:
         query = curve_query(request)
     except InputError as exc:
         return JsonResponse({"error": str(exc)}, status=400)
-    series = ([] if owner.training_run_id is None
-              else curves.curve_window(training_run_id=owner.training_run_id, query=query))
-    return JsonResponse({"run": owner.run_id, "start": query.start, "end": query.end, "points": query.points,
-                         "series": series})
+    tag = live.etag("curves", pk, owner.curve_changes, query)
+    if unchanged := live.not_modified(request, tag):
+        return unchanged
+
+    def build():
+        series = ([] if owner.training_run_id is None
+                  else curves.curve_window(training_run_id=owner.training_run_id, query=query))
+        return live.json_bytes({"run": owner.run_id, "start": query.start, "end": query.end, "points": query.points,
+                                "series": series}), live.SETTLED_SECONDS
+
+    return live.json_answer(tag=tag, body=live.cached(("curves", pk, owner.curve_changes, query), build))
 
 
 def _csv_rows(points_iter):

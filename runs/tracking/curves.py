@@ -143,11 +143,14 @@ def series_chunks(*, series: MetricSeries):
 class CurveOwner:
     run_id: int
     training_run_id: int | None
+    curve_changes: int = 0  # moves with every write to the curves (runs.pipeline.changes)
 
 
 def curve_owner(*, run_id: int) -> CurveOwner:
-    """The run whose curves are asked for, and its training's id; Http404 when there is no such run."""
-    row = PipelineRun.objects.filter(pk=run_id).values_list("pk", "training_run__pk").first() if run_id < 2**63 else None
+    """The run whose curves are asked for, its training's id and its curves' change counter; Http404
+    when there is no such run."""
+    row = (PipelineRun.objects.filter(pk=run_id).values_list("pk", "training_run__pk", "curve_changes").first()
+           if run_id < 2**63 else None)
     if row is None:
         raise Http404(f"no run {run_id}")
-    return CurveOwner(run_id=row[0], training_run_id=row[1])
+    return CurveOwner(*row)

@@ -3,11 +3,13 @@
 Every parameter is checked here; a bad one is a 400 with {"error": "..."} naming it, never a 500."""
 from __future__ import annotations
 
-from django.http import HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 
 from runs.fleet import selectors as fleet_selectors
-from runs.pipeline import selectors
+from runs.pipeline import changes, selectors
+from runs.pipeline.stage_record import StageStatus
 from runs.data.paths import check_under_data_roots
+from runs.web import live
 from workers.contract.errors import InputError
 from workers.contract.target import default_layer_ids, read_target_config, target_weight_bytes
 
@@ -19,11 +21,24 @@ def _bad(exc: InputError) -> JsonResponse:
     return JsonResponse({"error": str(exc)}, status=400)
 
 
-def run_status(request: HttpRequest, pk: int) -> JsonResponse:
+def run_status(request: HttpRequest, pk: int) -> HttpResponse:
+    """The run's summary, which its page polls: 304 while its change counter stands still (one query),
+    else the summary cached for every viewer until the counter moves (runs.web.live)."""
     if pk > MAX_ID:
         return JsonResponse({"error": f"no run {pk}"}, status=404)
-    run = selectors.run_get(pk=pk)
-    return JsonResponse(selectors.run_summary(run))
+    counters = changes.run_counters(run_id=pk)  # first: the rows read after it are at least this new
+    if counters is None:
+        raise Http404(f"no run {pk}")
+    tag = live.etag("status", pk, counters.changes)
+    if unchanged := live.not_modified(request, tag):
+        return unchanged
+
+    def build():
+        summary = selectors.run_summary(selectors.run_get(pk=pk))
+        running = any(stage["status"] == StageStatus.RUNNING for stage in summary["stages"])
+        return live.json_bytes(summary), live.RUNNING_SECONDS if running else live.SETTLED_SECONDS
+
+    return live.json_answer(tag=tag, body=live.cached(("status", pk, counters.changes), build))
 
 
 def worker_list(request: HttpRequest) -> JsonResponse:

@@ -8,6 +8,8 @@ from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.utils.safestring import mark_safe
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
@@ -19,15 +21,39 @@ from runs.data.demo import demo_paths
 from runs.data import regeneration_selectors
 from runs.data.regeneration_selectors import dataset_options
 from runs.fleet import selectors as fleet_selectors
-from runs.pipeline import job_selectors, job_services, queue, selectors, services, upstream_commands
+from runs.pipeline import changes, job_selectors, job_services, queue, selectors, services, upstream_commands
 from runs.review import reviews
 from runs.sweeps import selectors as sweep_selectors, services as sweep_services
 from runs.review import tags as tag_services
 from runs.roles import require, user_can
 from runs.tracking import comparison, run_table
+from runs.web import live, run_page
 from runs.web.forms import LaunchForm, RegenerateForm
 from workers.contract.errors import InputError
 
+
+
+# The runs list's table says "3 minutes ago" and how long running runs have run (the page counts those
+# on by itself): rendered again at least this often even when no run changed.
+RUN_TABLE_SECONDS = 30
+
+
+def _run_table_html(*, filters: run_table.RunFilters, params) -> str:
+    page, total = run_table.run_table(filters=filters)
+    runs = list(page.object_list)
+    states = reviews.review_states(subjects=runs)
+    rows = [(run, run.status, states.get(run.pk), run_table.duration_text(run.duration)) for run in runs]
+    query = params.copy()
+    query.pop("page", None)
+    columns = []
+    for key, label in run_table.COLUMNS:
+        by_column = query.copy()
+        by_column["sort"] = filters.sort_link(key)
+        state = ("desc" if filters.descending else "asc") if key == filters.sort else ""
+        columns.append({"key": key, "label": label, "href": by_column.urlencode(), "state": state})
+    # No request: nothing of the viewer's may enter what every viewer is shown.
+    return render_to_string("runs/_run_table.html", {
+        "rows": rows, "page": page, "total": total, "filters": filters, "query": query.urlencode(), "columns": columns})
 
 
 def run_list(request: HttpRequest) -> HttpResponse:
@@ -36,21 +62,12 @@ def run_list(request: HttpRequest) -> HttpResponse:
     except run_table.RunTableError as exc:
         messages.error(request, str(exc))
         return redirect("runs:run_list")
-    page, total = run_table.run_table(filters=filters)
-    runs = list(page.object_list)
-    states = reviews.review_states(subjects=runs)
-    rows = [(run, run.status, states.get(run.pk), run_table.duration_text(run.duration)) for run in runs]
-    query = request.GET.copy()
-    query.pop("page", None)
-    columns = []
-    for key, label in run_table.COLUMNS:
-        by_column = query.copy()
-        by_column["sort"] = filters.sort_link(key)
-        state = ("desc" if filters.descending else "asc") if key == filters.sort else ""
-        columns.append({"key": key, "label": label, "href": by_column.urlencode(), "state": state})
-    return render(request, "runs/run_list.html", {
-        "rows": rows, "page": page, "total": total, "filters": filters, "choices": run_table.filter_choices(),
-        "query": query.urlencode(), "columns": columns})
+    # What every viewer sees alike, cached until a run, review or tag changes (runs.pipeline.changes).
+    version = changes.runs_list_version()
+    table = live.cached(("run_table", version, sorted(request.GET.lists())), lambda: (
+        _run_table_html(filters=filters, params=request.GET), RUN_TABLE_SECONDS))
+    choices = live.cached(("run_choices", version), lambda: (run_table.filter_choices(), live.SETTLED_SECONDS))
+    return render(request, "runs/run_list.html", {"table": mark_safe(table), "filters": filters, "choices": choices})
 
 
 def run_launch(request: HttpRequest) -> HttpResponse:
@@ -125,31 +142,7 @@ def worker_list(request: HttpRequest) -> HttpResponse:
 
 
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    run = selectors.run_get(pk=pk, reviews=True)
-    summary = selectors.run_summary(run)
-    extraction = selectors.run_extraction(run)
-    layers = selectors.target_layers(target=run.target, layer_ids=summary["extraction"]["layer_ids"])
-    manifest = getattr(extraction, "manifest", None)
-    queue_notes = fleet_selectors.stage_queue_notes(run=run)  # queued stages no live worker takes
-    return render(
-        request,
-        "runs/run_detail.html",
-        {
-            "run": run,
-            "summary": summary,
-            "extraction": extraction,
-            "stages": [(name, label, record, selectors.stage_warnings(name, record), queue_notes.get(name))
-                       for name, label, record in selectors.run_stages(run)],
-            "status": summary["status"],
-            "layers": layers,
-            "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
-            "checkpoints": serve_check_selectors.with_usability(upstream_commands.with_serve_commands(
-                selectors.checkpoints_with_tau(run.training_run.checkpoints.all()), verifier=run.target.path)),
-            "attempts": run.attempts.all(),
-            "waiting_for_queue": queue.run_waiting_for_queue(run_id=run.pk),
-            "settings": sorted(comparison.run_settings(run).items()),
-        },
-    )
+    return render(request, "runs/run_detail.html", run_page.run_page_context(run_id=pk))
 
 
 @require_POST

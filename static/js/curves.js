@@ -140,15 +140,17 @@
       (refused ? ` ${fmt.format(refused)} points were refused: their step was not after the series' last.` : "") : "";
   }
 
-  async function fetchSeries(params) {
-    const resp = await fetch(metricsUrl + "?" + new URLSearchParams(params), {headers: {Accept: "application/json"}});
-    if (!resp.ok) throw new Error((await resp.json()).error || resp.status);
-    return (await resp.json()).series;
+  async function fetchSeries(params, channel) {
+    // With a channel: null when the answer has not changed since its last one from the same URL (a 304).
+    const body = await window.liveJson(channel && "curves-" + channel, metricsUrl + "?" + new URLSearchParams(params));
+    return body && body.series;
   }
 
   async function loadAll() {
-    for (const s of await fetchSeries({points: POINTS})) series[sid(s)] = s;
+    const all = await fetchSeries({points: POINTS}, "all");
     lastRefresh = Date.now();
+    if (!all) return;  // no point since the last whole read, so none since the polls either
+    for (const s of all) series[sid(s)] = s;
     drawAll();
     // When the charts were first drawn, in ms since navigation began (read by bench/metrics.py).
     if (!root.dataset.drawnAt && Object.keys(series).length) root.dataset.drawnAt = String(Math.round(performance.now()));
@@ -181,9 +183,9 @@
         await loadAll();  // first load, and now and then a fresh downsampling of the whole curves
       } else {
         const since = Math.min(...Object.values(series).map((s) => s.last_step == null ? -1 : s.last_step)) + 1;
-        const fresh = await fetchSeries({start: since, points: POINTS});
+        const fresh = await fetchSeries({start: since, points: POINTS}, "poll");
         const changed = new Set();
-        for (const s of fresh) {
+        for (const s of fresh || []) {
           const id = sid(s), have = series[id];
           if (!have) { series[id] = s; changed.add(familyOf(s.key)); continue; }
           const from = s.steps.findIndex((step) => step > (have.steps.length ? have.steps[have.steps.length - 1] : -1));

@@ -169,12 +169,28 @@
       "<th>Train loss</th><th>τ measured</th><th>τ simulated</th><th>Path</th><th>Serve with vLLM</th></tr></thead><tbody>" + rows + "</tbody></table>";
   }
 
+  let shown = null, shownAt = 0;  // the last summary drawn, and when it came
+  function tickRunning() {
+    // Nothing changed (304): only a running stage's duration moves, counted on from the last summary.
+    for (const stage of shown ? shown.stages : []) {
+      if (stage.status !== "running" || stage.seconds == null) continue;
+      const cell = table.querySelector(`tr[data-stage="${stage.name}"] [data-field="seconds"]`);
+      if (cell) cell.textContent = (stage.seconds + (Date.now() - shownAt) / 1000).toFixed(1) + " s";
+    }
+  }
+
   async function poll() {
     try {
-      const summary = await (await fetch(statusUrl, {headers: {Accept: "application/json"}})).json();
-      renderStages(summary);
-      document.dispatchEvent(new CustomEvent("run-summary", {detail: summary}));  // curves.js stops with the run
-      finished = summary.finished;
+      const summary = await window.liveJson("status", statusUrl);  // null: unchanged (static/js/live_fetch.js)
+      if (summary) {
+        renderStages(summary);
+        document.dispatchEvent(new CustomEvent("run-summary", {detail: summary}));  // curves.js stops with the run
+        finished = summary.finished;
+        shown = summary;
+        shownAt = Date.now();
+      } else {
+        tickRunning();
+      }
     } catch (err) {
       document.getElementById("run-status").title = "Lost contact with the server (" + err + "); retrying.";
     }

@@ -1,0 +1,57 @@
+"""The run page's context in a fixed, small number of queries, most of it shared by every viewer.
+
+What only the run's own writes change (its stages, summary, checkpoints, attempts, settings) is built
+once per change of its counter (runs.pipeline.changes) and cached (runs.web.live); each request then
+reads its counter, the reviews and tags (not counted there), and what depends on the fleet (which
+queued stage no live worker takes, a hand-over the broker refused): seven queries with the session's,
+whatever the run holds."""
+from __future__ import annotations
+
+import json
+
+from django.db.models import prefetch_related_objects
+from django.http import Http404
+
+from runs.checkpoints import serve_check_selectors
+from runs.fleet import selectors as fleet_selectors
+from runs.pipeline import changes, queue, selectors, upstream_commands
+from runs.pipeline.stage_record import StageStatus
+from runs.tracking import comparison
+from runs.web import live
+
+
+def _shared(*, run_id: int) -> tuple[dict, int]:
+    run = selectors.run_get(pk=run_id)
+    summary = selectors.run_summary(run)
+    extraction = selectors.run_extraction(run)
+    manifest = getattr(extraction, "manifest", None)
+    running = any(record.status == StageStatus.RUNNING for _, _, record in selectors.run_stages(run))
+    return {
+        "run": run,
+        "summary": summary,
+        "extraction": extraction,
+        "stages": [(name, label, record, selectors.stage_warnings(name, record))
+                   for name, label, record in selectors.run_stages(run)],
+        "status": summary["status"],
+        "layers": selectors.target_layers(target=run.target, layer_ids=summary["extraction"]["layer_ids"]),
+        "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
+        "checkpoints": serve_check_selectors.with_usability(upstream_commands.with_serve_commands(
+            selectors.checkpoints_with_tau(run.training_run.checkpoints.all()), verifier=run.target.path)),
+        "attempts": list(run.attempts.all()),
+        "settings": sorted(comparison.run_settings(run).items()),
+    }, live.RUNNING_SECONDS if running else live.SETTLED_SECONDS
+
+
+def run_page_context(*, run_id: int) -> dict:
+    """Everything run_detail.html reads; Http404 when there is no such run."""
+    counters = changes.run_counters(run_id=run_id)  # first: the rows read after it are at least this new
+    if counters is None:
+        raise Http404(f"no run {run_id}")
+    context = live.cached(("run_page", run_id, counters.changes), lambda: _shared(run_id=run_id))
+    run = context["run"]  # a copy of its own (the cache stores pickles), so this request may add to it
+    selectors.reviews_read([run])
+    prefetch_related_objects([run], "tags")
+    notes = fleet_selectors.stage_queue_notes(run=run)  # queued stages no live worker takes
+    return {**context,
+            "stages": [(*stage, notes.get(stage[0])) for stage in context["stages"]],
+            "waiting_for_queue": queue.run_waiting_for_queue(run_id=run_id)}

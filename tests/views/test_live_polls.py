@@ -1,0 +1,151 @@
+"""Polls that find nothing new are answered 304 from one query (runs.web.live, runs.pipeline.changes):
+through the real views, signed in with a password, writes made by the workers' own services and
+committed (transactional tests), so each counter moves exactly as it does in production."""
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from runs.models import StageStatus, TrainingRun
+from runs.pipeline import services
+from runs.pipeline.run_config import RunConfig
+from runs.pipeline.stage_services import checkpoints_register, stage_heartbeat, stage_progress
+from runs.tracking.services import metrics_record
+from runs.web import live
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def viewer(client, user):
+    assert client.login(username=user.username, password=user.raw_password)
+    return client
+
+
+@pytest.fixture
+def training(user, roots):
+    """A run whose training runs (as a worker marks it), with steps 1..9 of one curve."""
+    run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                              config=RunConfig(), enqueue=False)
+    now = timezone.now()
+    TrainingRun.objects.filter(run=run).update(status=StageStatus.RUNNING, started_at=now, worker="w",
+                                               lease_expires_at=now + timezone.timedelta(hours=1))
+    metrics_record(training_run_id=run.training_run.pk, points=_points(range(1, 10)))
+    return run
+
+
+def _points(steps, key="loss_0"):
+    return [{"split": "train", "key": key, "step": s, "epoch": s / 100, "value": 10.0 / s} for s in steps]
+
+
+def _get(client, url, tag=None):
+    return client.get(url, **({"HTTP_IF_NONE_MATCH": tag} if tag else {}))
+
+
+def test_a_curve_poll_gets_304_until_a_point_arrives_then_200_with_it(viewer, training, django_assert_num_queries):
+    url = f"/api/runs/{training.pk}/metrics/?start=5&points=2000"
+    first = _get(viewer, url)
+    assert first.status_code == 200 and first["Cache-Control"] == "private, no-cache"
+    assert first.json()["series"][0]["steps"] == [5, 6, 7, 8, 9]
+    tag = first["ETag"]
+    # Nothing new: 304, empty, and only the session's, the user's and the counter's queries.
+    with django_assert_num_queries(3):
+        again = _get(viewer, url, tag)
+    assert again.status_code == 304 and again.content == b"" and again["ETag"] == tag
+    metrics_record(training_run_id=training.training_run.pk, points=_points([10]))
+    fresh = _get(viewer, url, tag)
+    assert fresh.status_code == 200 and fresh["ETag"] != tag
+    assert fresh.json()["series"][0]["steps"] == [5, 6, 7, 8, 9, 10]
+    assert fresh.json()["series"][0]["last"] == 1.0
+    assert _get(viewer, url, fresh["ETag"]).status_code == 304
+
+
+def test_a_curve_etag_names_its_query_as_well(viewer, training):
+    tag = _get(viewer, f"/api/runs/{training.pk}/metrics/?start=5")["ETag"]
+    other = _get(viewer, f"/api/runs/{training.pk}/metrics/?start=6", tag)
+    assert other.status_code == 200 and other.json()["series"][0]["steps"] == [6, 7, 8, 9]
+
+
+def test_a_status_poll_gets_304_until_the_run_changes(viewer, training, django_assert_num_queries):
+    url = f"/api/runs/{training.pk}/"
+    first = _get(viewer, url)
+    assert first.status_code == 200 and first.json()["stages"][3]["progress_done"] == 0
+    tag = first["ETag"]
+    with django_assert_num_queries(3):
+        assert _get(viewer, url, tag).status_code == 304
+    # A heartbeat renews the lease only, which no page shows: still 304.
+    record = TrainingRun.objects.get(run=training)
+    assert stage_heartbeat(stage_name="train", record_id=record.pk, started_at=record.started_at)
+    assert _get(viewer, url, tag).status_code == 304
+    # Progress: 200 with it.
+    stage_progress(stage_name="train", record_id=record.pk, done=7, total=40, log_tail="step 7")
+    progressed = _get(viewer, url, tag)
+    assert progressed.status_code == 200 and progressed["ETag"] != tag
+    train = progressed.json()["stages"][3]
+    assert (train["progress_done"], train["progress_total"], train["log_tail"]) == (7, 40, "step 7")
+    tag = progressed["ETag"]
+    # A point: the summary's latest loss moved (its header shows it).
+    metrics_record(training_run_id=record.pk, points=_points([10]))
+    pointed = _get(viewer, url, tag)
+    assert pointed.status_code == 200 and pointed.json()["glance"]["latest"]["train"]["loss"] == [1.0]
+    tag = pointed["ETag"]
+    # A checkpoint.
+    checkpoints_register(training_run_id=record.pk, checkpoints=[{"epoch": 0, "path": "/nowhere/0", "val_loss": 2.5}])
+    registered = _get(viewer, url, tag)
+    assert registered.status_code == 200 and [c["val_loss"] for c in registered.json()["checkpoints"]] == [2.5]
+
+
+def test_a_status_poll_gets_200_once_a_stage_changes_status(viewer, user, training):
+    url = f"/api/runs/{training.pk}/"
+    tag = _get(viewer, url)["ETag"]
+    # The user cancels through the page's form (the services' write path).
+    assert viewer.post(f"/runs/{training.pk}/cancel/").status_code == 302
+    cancelled = _get(viewer, url, tag)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert [s["status"] for s in cancelled.json()["stages"]] == ["cancelled"] * 5
+    tag = cancelled["ETag"]
+    # Any write to a stage row counts, whoever makes it (here the ORM itself, as the admin would).
+    TrainingRun.objects.filter(run=training).update(error="edited")
+    edited = _get(viewer, url, tag)
+    assert edited.status_code == 200 and edited.json()["stages"][3]["error"] == "edited"
+
+
+def test_polls_need_a_login_even_with_a_current_etag(client, user, training):
+    url = f"/api/runs/{training.pk}/"
+    assert client.login(username=user.username, password=user.raw_password)
+    tag = client.get(url)["ETag"]
+    curve_tag = client.get(url + "metrics/")["ETag"]
+    client.logout()
+    for path, sent in ((url, tag), (url + "metrics/", curve_tag)):
+        answer = _get(client, path, sent)
+        assert answer.status_code == 302 and answer["Location"].startswith("/login/"), path
+        assert "ETag" not in answer
+
+
+def test_a_second_viewer_gets_the_first_ones_answer_without_building_it(client, user, training, django_user_model,
+                                                                       django_assert_num_queries, monkeypatch):
+    # A running run's summary is kept 2 s (its durations); signing in twice here may take longer.
+    monkeypatch.setattr(live, "RUNNING_SECONDS", 600)
+    assert client.login(username=user.username, password=user.raw_password)
+    url = f"/api/runs/{training.pk}/"
+    built = client.get(url)
+    other = django_user_model.objects.create_user("other", password="pw-other-1")
+    client.logout()
+    assert client.login(username=other.username, password="pw-other-1")
+    with django_assert_num_queries(3):
+        shared = client.get(url)
+    assert shared.status_code == 200 and shared.content == built.content
+
+
+def test_the_runs_list_is_built_again_when_a_run_changes_state_not_when_it_makes_progress(
+        viewer, training, django_assert_num_queries):
+    built = viewer.get("/").content.decode()
+    assert f'data-run="{training.pk}" data-status="running"' in built
+    record = TrainingRun.objects.get(run=training)
+    stage_progress(stage_name="train", record_id=record.pk, done=3, total=40, log_tail="step 3")
+    metrics_record(training_run_id=record.pk, points=_points([10]))
+    with django_assert_num_queries(3):  # session, user, the list's counters: the table is the one built above
+        again = viewer.get("/").content.decode()
+    assert again.split('id="run-table"')[1] == built.split('id="run-table"')[1]
+    assert viewer.post(f"/runs/{training.pk}/cancel/").status_code == 302
+    assert f'data-run="{training.pk}" data-status="cancelled"' in viewer.get("/").content.decode()
