@@ -183,7 +183,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # default one (set above where live pages use it, else Django's): in Redis when there is one
 # (EAGLE3WEB_CACHE_URL, else the broker's Redis), so that every web process counts together; in the
 # process's memory otherwise (`make demo`'s one runserver).
-EAGLE3WEB_CACHE_URL = env_str("EAGLE3WEB_CACHE_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else "")
+# An empty value (compose passes one through when unset) means the default too.
+EAGLE3WEB_CACHE_URL = env_str("EAGLE3WEB_CACHE_URL", "") or (CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else "")
 CACHES = globals().get("CACHES") or {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 CACHES["auth_failures"] = (
     {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": EAGLE3WEB_CACHE_URL, "KEY_PREFIX": "eagle3web"}

@@ -15,7 +15,8 @@ from django.core.management import CommandError, call_command, get_commands, loa
 
 from runs.pipeline import services
 from runs.data.extractions import extraction_import
-from runs.models import Checkpoint, Evaluation, Extraction, PipelineRun, Verification
+from runs.models import (Checkpoint, Dataset, DatasetRegeneration, Evaluation, Extraction, PipelineRun, Sweep,
+                         Verification)
 from runs.pipeline.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
@@ -35,6 +36,9 @@ ACTING = {
     "evaluate_checkpoint": ({"viewer": REFUSED, "launcher": ALLOWED, "reviewer": REFUSED, "admin": ALLOWED},
                             "evaluate"),
     "serve_check": ({"viewer": REFUSED, "launcher": ALLOWED, "reviewer": REFUSED, "admin": ALLOWED}, "evaluate"),
+    "launch_sweep": ({"viewer": REFUSED, "launcher": ALLOWED, "reviewer": REFUSED, "admin": ALLOWED}, "sweep"),
+    "regenerate_dataset": ({"viewer": REFUSED, "launcher": ALLOWED, "reviewer": REFUSED, "admin": ALLOWED},
+                           "regenerate"),
 }
 # An operator's commands: whoever has a shell on the server runs them; they act for nobody.
 # create_api_token makes a token for the user it names (an operator's act, like createsuperuser).
@@ -66,6 +70,13 @@ class Setup:
     def launch(self) -> list[str]:
         return ["--target", str(self.target), "--dataset", str(self.dataset), "--draft-vocab-size", "64", "--json"]
 
+    def sweep(self) -> list[str]:
+        return [*self.launch(), "--vary", "lr=1e-4,3e-4"]
+
+    def regenerate(self) -> list[str]:
+        # Queued, not run: no worker takes the job in this test.
+        return ["--target", str(self.target), "--dataset", str(self.dataset), "--backend", "transformers", "--json"]
+
     def import_extraction(self) -> list[str]:
         from tests.stages.test_verify import write_flat
 
@@ -86,7 +97,8 @@ class Setup:
 
 def stored() -> tuple:
     return (PipelineRun.objects.count(), Extraction.objects.count(), Checkpoint.objects.count(),
-            Verification.objects.count(), Evaluation.objects.count())
+            Verification.objects.count(), Evaluation.objects.count(), Dataset.objects.count(),
+            DatasetRegeneration.objects.count(), Sweep.objects.count())
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from runs.data.regeneration import BACKEND_CHOICES, RegenerationSettings, dataset_regenerate_request
 from runs.data.regeneration_selectors import regeneration_dict
 from runs.management.command_user import command_user
+from runs.roles import require
 from runs.models import FINISHED_STATUSES, StageStatus
 from runs.pipeline import services
 from runs.pipeline.job_models import DatasetRegeneration
@@ -48,6 +49,7 @@ class Command(BaseCommand):
 
         user = command_user(opts["user"])
         try:
+            require(user, "launch")  # before the target and dataset are registered: a refusal stores nothing
             with transaction.atomic():
                 target = services.target_register(path=opts["target"])
                 dataset = services.dataset_register(path=opts["dataset"])
