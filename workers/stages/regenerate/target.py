@@ -1,45 +1,24 @@
 """What the regenerate stage needs of a target directory: that it can chat, its dtype and its length.
 
-Torch-free and cheap: the web tier calls regenerate_check_target when a regeneration is asked for."""
+Torch-free and cheap; the chat check itself is workers.contract.chat_template's, which the web tier runs too."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from workers.contract.jsonfile import read_json_object
-from workers.contract.target import TargetConfigError, read_target_config, read_target_json
+from workers.contract.chat_template import TargetCannotChat, target_chat_check
+from workers.contract.target import read_target_json
 from workers.stages.regenerate.base import RegenerateError
 
-# Where transformers and vLLM find a tokenizer: a fast tokenizer, a sentencepiece or tiktoken model, or
-# a byte-level BPE's vocabulary (vocab.json with merges.txt).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json")
-TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def regenerate_check_target(target_dir: Path) -> None:
-    """Raise RegenerateError naming what the target lacks to answer chats: config.json, tokenizer files,
-    a chat template (tokenizer_config.json's "chat_template", or chat_template.jinja / .json)."""
-    target_dir = Path(target_dir)
-    if not target_dir.is_dir():
-        raise RegenerateError(f"target {target_dir} is not a directory")
+    """Raise RegenerateError naming what the target lacks to answer chats (workers.contract's check, the
+    one the web tier runs before queueing: the directory may have changed since)."""
     try:
-        read_target_config(target_dir)
-    except TargetConfigError as exc:
-        raise RegenerateError(f"target {target_dir} cannot be read as a model: {exc}") from None
-    if not any((target_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise RegenerateError(f"target {target_dir} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}): "
-                              "copy the model's tokenizer beside its weights")
-    if any((target_dir / name).is_file() and (target_dir / name).stat().st_size for name in TEMPLATE_FILES):
-        return
-    config_path = target_dir / "tokenizer_config.json"
-    config = read_json_object(config_path, RegenerateError) if config_path.is_file() else {}
-    template = config.get("chat_template")
-    # A list holds named templates ({"name": "default", "template": ...}), as tokenizer_config.json may.
-    if isinstance(template, str) and template.strip() or isinstance(template, list) and template:
-        return
-    raise RegenerateError(f"target {target_dir} has no chat template (no \"chat_template\" in tokenizer_config.json, "
-                          "no chat_template.jinja), so it cannot be given a conversation to answer: use the chat "
-                          "(instruct) version of the model, or add its template")
+        target_chat_check(target_dir)
+    except TargetCannotChat as exc:
+        raise RegenerateError(str(exc)) from None
 
 
 def _text_config(target_dir: Path) -> dict:
