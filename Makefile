@@ -14,10 +14,12 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
 setup: $(VENV)/.installed migrate
 
-$(VENV)/.installed: requirements.txt constraints.txt
+$(VENV)/.installed: requirements.txt constraints.txt client/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -r requirements.txt
+	@# The API's client (client/: package eagle3web_client, command eagle3web), editable: its tests use it.
+	$(PY) -m pip install -q -c constraints.txt -e ./client
 	@# speculators pulls these; they do not load beside the CPU torch build and break transformers' import.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio || true
 	touch $@

@@ -1,0 +1,219 @@
+"""Client(url, token): eagle3web's REST API (/api/v1/) from a script, a notebook or a cluster job.
+
+    client = Client("https://eagle3web.example", token=os.environ["EAGLE3WEB_TOKEN"])
+    run = client.runs.launch(target="/data/llama", dataset="/data/chats.jsonl", layer_ids=[2, 16, 29], epochs=3)
+    final = client.runs.wait(run["id"], timeout=3600)
+
+Every refusal raises ApiError with the server's status, `error` and `fields` (the API answers every error
+as {"error", "fields"}). Retries, with backoff, only where trying again cannot do a thing twice:
+- reads, cancels and metric batches (the server stores a point once per key, split and step, so a batch
+  sent again changes nothing): on any connection error, 429 and 5xx;
+- other writes (launching, creating an external run, registering a checkpoint, ending a run): only when
+  the request cannot have been acted on (the connection was never made, or 429, which is answered before
+  anything is done), since an answer lost after a launch would otherwise launch a second run.
+Never on another 4xx: the same request would be refused again.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import httpx
+
+API_PREFIX = "/api/v1/"
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
+MAX_POINTS_PER_BATCH = 10_000  # the server's limit for one POST of metrics
+
+
+class ApiError(Exception):
+    """The API refused a request (status 4xx/5xx), or it could not be reached (status None).
+
+    `error` is the server's message, `fields` maps a request field to what is wrong with it."""
+
+    def __init__(self, error: str, *, status: int | None = None, fields: Mapping[str, Any] | None = None,
+                 method: str = "", path: str = ""):
+        self.status, self.error, self.fields = status, error, dict(fields or {})
+        self.method, self.path = method, path
+        where = f"{method} {path}: " if method else ""
+        code = f"{status} " if status is not None else ""
+        super().__init__(f"{where}{code}{error}")
+
+    def as_dict(self) -> dict:
+        return {"error": self.error, "status": self.status, "fields": self.fields}
+
+
+class WaitTimeout(ApiError):
+    """runs.wait() gave up: the run had not finished within its timeout. `run` is the last answer seen."""
+
+    def __init__(self, error: str, *, run: dict):
+        super().__init__(error)
+        self.run = run
+
+
+class Client:
+    def __init__(self, url: str, token: str, *, timeout: float = 30.0, retries: int = 5,
+                 backoff_seconds: float = 0.5, max_backoff_seconds: float = 8.0,
+                 transport: httpx.BaseTransport | None = None):
+        if not url or not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        if not token:
+            raise ValueError("token is empty: make one on your account page or with manage.py create_api_token")
+        self.url = url.rstrip("/")
+        self.retries, self.backoff_seconds, self.max_backoff_seconds = retries, backoff_seconds, max_backoff_seconds
+        self.retried = 0  # how many times a request was sent again (for benchmarks and logs)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport, headers={
+            "Authorization": f"Bearer {token}", "Accept": "application/json",
+            "User-Agent": "eagle3web-client/0.1"})
+        self.runs = Runs(self)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None,
+                idempotent: bool | None = None) -> Any:
+        """One call to the API; `path` is relative to /api/v1/ ("runs/5/"). Returns the decoded JSON.
+
+        `idempotent` (default: True for GET) says whether a request that may have reached the server can
+        be sent again."""
+        path = API_PREFIX + path.lstrip("/")
+        idempotent = method == "GET" if idempotent is None else idempotent
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(method, path, json=body, params=params)
+            except httpx.TransportError as exc:
+                never_sent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+                if attempt < self.retries and (idempotent or never_sent):
+                    attempt = self._pause(attempt, None)
+                    continue
+                raise ApiError(f"could not reach {self.url}: {type(exc).__name__}: {exc}",
+                               method=method, path=path) from exc
+            if response.status_code in RETRY_STATUSES and attempt < self.retries and (
+                    idempotent or response.status_code == 429):
+                attempt = self._pause(attempt, response.headers.get("Retry-After"))
+                continue
+            return _answer(response, method=method, path=path)
+
+    def _pause(self, attempt: int, retry_after: str | None) -> int:
+        wait = min(self.backoff_seconds * 2 ** attempt, self.max_backoff_seconds)
+        if retry_after and retry_after.isdigit():
+            wait = max(wait, min(float(retry_after), 60.0))
+        time.sleep(wait)
+        self.retried += 1
+        return attempt + 1
+
+    def me(self) -> dict:
+        """Who the token is: username, roles, the token's name."""
+        return self.request("GET", "me/")
+
+
+def _answer(response: httpx.Response, *, method: str, path: str) -> Any:
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if response.is_success:
+        if data is None:
+            raise ApiError(f"the server answered {response.status_code} without JSON "
+                           f"({response.headers.get('Content-Type', 'no Content-Type')}): is {response.url} eagle3web?",
+                           status=response.status_code, method=method, path=path)
+        return data
+    if isinstance(data, dict) and "error" in data:
+        raise ApiError(str(data["error"]), status=response.status_code, fields=data.get("fields") or {},
+                       method=method, path=path)
+    raise ApiError(f"HTTP {response.status_code}: {response.text[:300]}", status=response.status_code,
+                   method=method, path=path)
+
+
+class Runs:
+    """client.runs: the runs list, one run, launching, cancelling, waiting; external runs and their
+    metrics, checkpoints and end."""
+
+    def __init__(self, client: Client):
+        self.client = client
+
+    def list(self, *, limit: int = 50, **filters: Any) -> list[dict]:
+        """Runs as the runs page lists them (filters: q, status, target, dataset, owner, tag, sort), newest
+        first unless sorted otherwise; follows the pages until `limit` runs."""
+        rows: list[dict] = []
+        page = 1
+        while len(rows) < limit:
+            answer = self.client.request("GET", "runs/", params={**filters, "page": page})
+            rows += answer["results"]
+            if answer.get("next") is None or not answer["results"]:
+                break
+            page += 1
+        return rows[:limit]
+
+    def get(self, run_id: int) -> dict:
+        return self.client.request("GET", f"runs/{int(run_id)}/")
+
+    def launch(self, *, target: str, dataset: str, **options: Any) -> dict:
+        """Launch a pipeline run (run_pipeline's options in snake case: name, layer_ids, epochs, lr, ...);
+        returns the run as get() does, `id` first."""
+        return self.client.request("POST", "runs/", body={"target": target, "dataset": dataset, **options},
+                                   idempotent=False)
+
+    def cancel(self, run_id: int) -> dict:
+        """{"id", "cancelled": how many unfinished stages were cancelled} (0 when it had finished)."""
+        return self.client.request("POST", f"runs/{int(run_id)}/cancel/", body={}, idempotent=True)
+
+    def wait(self, run_id: int, *, timeout: float | None = None, poll: float = 5.0) -> dict:
+        """Poll until the run has finished (every stage succeeded, failed or was cancelled); returns its
+        last answer. Raises WaitTimeout after `timeout` seconds (None: wait for ever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            run = self.get(run_id)
+            if _finished(run):
+                return run
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"run {run_id} is still {run.get('status')} after {timeout:g} s", run=run)
+            pause = poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic()))
+            time.sleep(pause)
+
+    def create_external(self, *, name: str, config: Mapping[str, Any] | None = None) -> dict:
+        """An external run: trained elsewhere (another cluster), reporting its curves and checkpoints here."""
+        return self.client.request("POST", "runs/", body={"external": True, "name": name, "config": dict(config or {})},
+                                   idempotent=False)
+
+    def log_metrics(self, run_id: int, points: Iterable[Mapping[str, Any]]) -> dict:
+        """Send points ({"key", "split", "step", "value"}) in batches of at most 10,000; returns the summed
+        {"accepted", "unchanged", "replaced"}. A point already stored at its key, split and step with the
+        same value is unchanged, so a batch sent twice stores nothing twice."""
+        points = [dict(p) for p in points]
+        total = {"accepted": 0, "unchanged": 0, "replaced": 0}
+        for start in range(0, len(points), MAX_POINTS_PER_BATCH):
+            answer = self.client.request("POST", f"runs/{int(run_id)}/metrics/",
+                                         body={"points": points[start:start + MAX_POINTS_PER_BATCH]}, idempotent=True)
+            for key in total:
+                total[key] += int(answer.get(key, 0))
+        return total
+
+    def metrics(self, run_id: int, **params: Any) -> dict:
+        """The run's curves as the run page reads them (keys, split, start, end, points)."""
+        return self.client.request("GET", f"runs/{int(run_id)}/metrics/", params=params)
+
+    def register_checkpoint(self, run_id: int, *, path: str, epoch: int) -> dict:
+        return self.client.request("POST", f"runs/{int(run_id)}/checkpoints/", body={"path": str(path), "epoch": int(epoch)},
+                                   idempotent=False)
+
+    def end(self, run_id: int, *, status: str, message: str = "") -> dict:
+        """Mark an external run finished: status succeeded, failed or cancelled."""
+        if status not in FINISHED_STATUSES:
+            raise ValueError(f"status must be one of {', '.join(FINISHED_STATUSES)}, got {status!r}")
+        return self.client.request("POST", f"runs/{int(run_id)}/end/", body={"status": status, "message": message},
+                                   idempotent=False)
+
+
+def _finished(run: Mapping[str, Any]) -> bool:
+    if "finished" in run:
+        return bool(run["finished"])
+    return run.get("status") in FINISHED_STATUSES
