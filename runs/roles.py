@@ -15,6 +15,8 @@ ALLOWED = {
     "retry": {"launcher", "admin"},
     "tag": {"launcher", "admin"},
     "import": {"launcher", "admin"},
+    # A run trained elsewhere: its client reports curves, checkpoints and its end (runs.pipeline.external).
+    "report": {"launcher", "admin"},
     "verify": {"reviewer", "launcher", "admin"},
     "review": {"reviewer", "admin"},
 }

@@ -25,17 +25,23 @@ openapi_json = OpenApiJson.as_view()
 
 
 def _body_fields(schema: dict, operation: dict) -> list[dict]:
+    """The body's fields; of a body that is one of several (POST /runs/: a launch or a run trained
+    elsewhere), each alternative's after the first's, its fields' descriptions naming it."""
     body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
-    ref = body.get("$ref", "")
-    component = schema.get("components", {}).get("schemas", {}).get(ref.rsplit("/", 1)[-1], {}) if ref else body
-    required = set(component.get("required", []))
     rows = []
-    for name, spec in component.get("properties", {}).items():
-        kind = spec.get("type", "")
-        if kind == "array":
-            kind = f"list of {spec.get('items', {}).get('type', 'values')}"
-        rows.append({"name": name, "type": kind + (" or null" if spec.get("nullable") else ""),
-                     "required": name in required, "description": spec.get("description", "")})
+    for index, alternative in enumerate(body.get("oneOf") or [body]):
+        ref = alternative.get("$ref", "")
+        name_of = ref.rsplit("/", 1)[-1]
+        component = schema.get("components", {}).get("schemas", {}).get(name_of, {}) if ref else alternative
+        required = set(component.get("required", []))
+        for name, spec in component.get("properties", {}).items():
+            kind = spec.get("type", "")
+            if kind == "array":
+                kind = f"list of {spec.get('items', {}).get('type', 'values')}"
+            description = spec.get("description", "")
+            rows.append({"name": name, "type": kind + (" or null" if spec.get("nullable") else ""),
+                         "required": name in required,
+                         "description": f"({name_of} instead) {description}" if index else description})
     return rows
 
 

@@ -66,16 +66,22 @@ class ApiSchema(AutoSchema):
         serializer_class = self._declared("request_serializers", method, None)
         return serializer_class() if serializer_class else None
 
+    def _bodies(self, method) -> list:
+        """The method's bodies: its own, then those of its branches ("POST external": RunList's other body)."""
+        declared = getattr(self.view, "request_serializers", None) or {}
+        return [cls() for key, cls in declared.items() if key == method or key.startswith(f"{method} ")]
+
     def get_request_body(self, path, method):
-        serializer = self.get_request_serializer(path, method)
-        if not isinstance(serializer, serializers.Serializer):
+        bodies = self._bodies(method)
+        if not bodies:
             return {}
-        return {"required": True, "content": {"application/json": {"schema": self.get_reference(serializer)}}}
+        schema = (self.get_reference(bodies[0]) if len(bodies) == 1
+                  else {"oneOf": [self.get_reference(body) for body in bodies]})
+        return {"required": True, "content": {"application/json": {"schema": schema}}}
 
     def get_components(self, path, method):
         components = {"Error": ERROR}
-        serializer = self.get_request_serializer(path, method)
-        if isinstance(serializer, serializers.Serializer):
+        for serializer in self._bodies(method):
             components[self.get_component_name(serializer)] = self.map_serializer(serializer)
         return components
 

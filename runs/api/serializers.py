@@ -89,3 +89,36 @@ class RegenerateSerializer(serializers.Serializer):
     seed = serializers.IntegerField(required=False, help_text="default 0")
     max_samples = serializers.IntegerField(required=False, allow_null=True,
                                            help_text="the first N conversations not excluded; null: all")
+
+
+class ExternalRunSerializer(serializers.Serializer):
+    """A run trained elsewhere (runs.pipeline.external): its client reports its curves, checkpoints and end."""
+
+    external = serializers.BooleanField(help_text="true: the run is trained elsewhere and reported through the API")
+    name = serializers.CharField(help_text="shown in the runs list")
+    config = serializers.JSONField(help_text="the trainer's settings, any JSON object (epochs, lr, ttt_steps fill "
+                                             "the training's columns when given as numbers)")
+    target = serializers.CharField(required=False, allow_blank=True,
+                                   help_text="target model directory under the data roots, when the trainer names one")
+    dataset = serializers.CharField(required=False, allow_blank=True,
+                                    help_text="chat JSONL file under the data roots, when the trainer names one")
+
+
+class PointsSerializer(serializers.Serializer):
+    points = serializers.JSONField(help_text=(
+        "[{key, split, step, value[, epoch]}, ...], at most 10,000: key a metric name (1-50 characters), split "
+        "train or val, step a whole number from 0, value a finite number, epoch optional (0 when omitted). A step "
+        "stored already with the same value is unchanged, with another value replaced; never doubled"))
+
+
+class ExternalCheckpointSerializer(serializers.Serializer):
+    path = serializers.CharField(help_text="the checkpoint directory (speculators' eagle3 layout) under the data roots")
+    epoch = serializers.JSONField(help_text="the epoch it was saved after, a whole number from 0")
+    verifier = serializers.CharField(required=False, allow_blank=True,
+                                     help_text="a local copy of its target; omitted: the run's target, else the "
+                                               "verifier its config.json records")
+
+
+class RunEndSerializer(serializers.Serializer):
+    status = serializers.CharField(help_text="succeeded, failed or cancelled")
+    message = serializers.CharField(required=False, allow_blank=True, help_text="why it ended; shown on the run page")

@@ -24,7 +24,8 @@ def run_row(run, request) -> dict:
     training = getattr(run, "training_run", None)
     return {
         "id": run.pk, "name": str(run), "status": run.status, "owner": _user(run.owner),
-        "target": run.target.name, "dataset": run.dataset.name, "created_at": _iso(run.created_at),
+        "external": run.external, "target": run.target.name if run.target_id else None,
+        "dataset": run.dataset.name if run.dataset_id else None, "created_at": _iso(run.created_at),
         "duration_seconds": round(duration.total_seconds(), 1) if duration is not None else None,
         "epochs": training.epochs if training else None, "best_epoch": training.best_epoch if training else None,
         "best_val_loss": getattr(run, "best_val_loss", None), "tau": evaluation.tau if evaluation else None,

@@ -1,7 +1,7 @@
 """/api/v1/: the versioned REST API (runs.api.views_runs, runs.api.views_data) and its description."""
 from django.urls import path, re_path
 
-from runs.api import docs, views_data, views_runs
+from runs.api import docs, views_data, views_external, views_runs
 
 app_name = "api"
 urlpatterns = [
@@ -11,6 +11,8 @@ urlpatterns = [
     path("runs/<int:pk>/retry/", views_runs.RunRetry.as_view(), name="run_retry"),
     path("runs/<int:pk>/tags/", views_runs.RunTags.as_view(), name="run_tags"),
     path("runs/<int:pk>/copy/", views_runs.RunCopy.as_view(), name="run_copy"),
+    path("runs/<int:pk>/checkpoints/", views_external.RunCheckpoints.as_view(), name="run_checkpoints"),
+    path("runs/<int:pk>/end/", views_external.RunEnd.as_view(), name="run_end"),
     path("runs/<int:pk>/stages/", views_runs.RunStages.as_view(), name="run_stages"),
     path("runs/<int:pk>/attempts/", views_runs.RunAttempts.as_view(), name="run_attempts"),
     path("runs/<int:pk>/metrics/", views_runs.RunMetrics.as_view(), name="run_metrics"),

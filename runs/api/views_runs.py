@@ -2,8 +2,8 @@
 retrying, tagging and copying runs, its stages, attempts and curves. Thin: parse, call a selector or a
 service, answer; refusals are the services' (runs.roles.require_on_run for acting on a run).
 
-Room to grow without breaking a client: a later `"external": true` body is one more branch of
-RunList.post (it is refused as an unknown field today), and POST on RunMetrics one more method."""
+Runs trained elsewhere (a body with `"external": true`, POST on RunMetrics, checkpoints, end) are
+runs.api.views_external's."""
 from __future__ import annotations
 
 import json
@@ -12,9 +12,10 @@ import re
 from django.http import HttpResponse
 from rest_framework.response import Response
 
-from runs.api import launch, shapes
+from runs.api import launch, shapes, views_external
 from runs.api.base import ApiInputError, ApiView, created, error_response, paged
-from runs.api.serializers import CopySerializer, EmptySerializer, LaunchSerializer, TagsSerializer
+from runs.api.serializers import (CopySerializer, EmptySerializer, ExternalRunSerializer, LaunchSerializer,
+                                  PointsSerializer, TagsSerializer)
 from runs.pipeline import queue, selectors, services
 from runs.review import tags as tag_services
 from runs.tracking import curve_api, run_table
@@ -42,7 +43,8 @@ def _launched(run, request) -> Response:
 class RunList(ApiView):
     """The runs list, as the runs page filters, sorts and pages it."""
 
-    request_serializers = {"POST": LaunchSerializer}
+    # A body with "external" is a run trained elsewhere (runs.api.views_external), checked by its own serializer.
+    request_serializers = {"POST": LaunchSerializer, "POST external": ExternalRunSerializer}
     field_names = launch.BODY_NAMES
     query_params = {"GET": [
         ("q", "string", "search names, targets, datasets, owners, exact tags, or a run id"),
@@ -77,7 +79,13 @@ class RunList(ApiView):
         """Launch a run: the launch form's checks, then what the page's Launch button does.
 
         The body names run_pipeline's options in snake case; `layer_ids` is a list of integers.
-        Refused with 400 naming the field, and nothing stored, where the form refuses."""
+        Refused with 400 naming the field, and nothing stored, where the form refuses.
+
+        A run trained elsewhere instead: `{"external": true, "name": ..., "config": {...the trainer's
+        settings...}}` (and `target`, `dataset` paths when the trainer names them). Nothing of it is queued;
+        its client reports its curves (POST .../metrics/), checkpoints (.../checkpoints/) and end (.../end/)."""
+        if isinstance(request.data, dict) and "external" in request.data:
+            return views_external.external_run_create(self, request)
         form = launch.launch_form(self.body())
         run = services.run_launch(user=request.user, target_path=form.cleaned_data["target_path"],
                                   dataset_path=form.cleaned_data["dataset_path"], config=form.run_config(),
@@ -181,11 +189,21 @@ def _curve_answer(response: HttpResponse) -> HttpResponse:
 
 
 class RunMetrics(ApiView):
+    request_serializers = {"POST": PointsSerializer}
     query_params = {"GET": [
         ("keys", "string", "comma-separated metric names (loss_0, full_acc_0, ...); empty: all"),
         ("split", "string", "train or val; empty: both"), ("start", "integer", "first step"),
         ("end", "integer", "last step"), ("points", "integer", "at most this many points per series (3..20000)")]}
-    responses = {"GET": {"200": "{run, start, end, points, series: [{key, split, steps, values, ...}]}"}}
+    responses = {"GET": {"200": "{run, start, end, points, series: [{key, split, steps, values, ...}]}"},
+                 "POST": {"200": "{accepted: points added, unchanged: steps stored already with that value, "
+                                 "replaced: steps stored with another value, now this one}",
+                          "409": "a pipeline run (its workers write its curves), or a run that has ended"}}
+
+    def post(self, request, pk: int):
+        """Report points of a run trained elsewhere: all stored, or none when one is bad (400 naming it).
+
+        Idempotent by step: a batch sent again changes nothing, so a client retries freely."""
+        return views_external.external_points_post(self, request, pk)
 
     def get(self, request, pk: int):
         """The run's curves over a step window, at most `points` points per series (spikes kept).

@@ -34,7 +34,7 @@ class EvaluationPlan:
 
 
 def _target_dir(checkpoint: Checkpoint) -> Path:
-    if checkpoint.training_run_id is not None:
+    if checkpoint.training_run_id is not None and checkpoint.training_run.run.target_id is not None:
         return Path(checkpoint.training_run.run.target.path)
     if not checkpoint.verifier_path:
         raise EvaluationRequestError(f"checkpoint {checkpoint.pk} names no verifier, so there is no target to decode with")

@@ -74,23 +74,11 @@ def _load_draft(resolved: Path, verifier: str) -> None:
     Eagle3DraftModel.from_pretrained(str(resolved), config=spec_config)
 
 
-def checkpoint_import(*, path: str | Path, user: AbstractBaseUser | None = None,
-                      verifier: str | Path | None = None) -> tuple[Checkpoint, bool]:
-    """Register a speculators EAGLE-3 checkpoint directory once it loads with Eagle3DraftModel.
-
-    `verifier` relinks a checkpoint trained on another machine to a local copy of its target:
-    it must agree with the recorded verifier on architecture, layer count, width and vocab, and
-    becomes `Checkpoint.verifier_path`. The checkpoint's own files are left as they are."""
-    if user is not None:
-        require(user, "import")
-    resolved = check_under_data_roots(path, kind="checkpoint directory")
-    local_verifier = check_under_data_roots(verifier, kind="verifier directory") if verifier else None
-    existing = Checkpoint.objects.filter(path=str(resolved)).first()
-    if existing and (local_verifier is None or existing.verifier_path == str(local_verifier)):
-        return existing, False
-    if existing and existing.training_run_id is not None:
-        raise CheckpointError(f"{resolved}: checkpoint {existing.pk} was trained by run "
-                              f"{existing.training_run_id} here; its verifier is that run's target and is not relinked")
+def checkpoint_check(*, resolved: Path, local_verifier: Path | None) -> tuple[dict, str]:
+    """What import_checkpoint checks of a checkpoint directory (already under the data roots): a
+    speculators eagle3 config.json, its weights, a verifier it agrees with (`local_verifier`, else the one
+    it records), and that Eagle3DraftModel loads it. Returns its config and the verifier to serve it with;
+    CheckpointError naming the problem otherwise."""
     config_path = resolved / "config.json"
     config = read_json_object(config_path, CheckpointError)
     kind = config.get("speculators_model_type")
@@ -117,12 +105,39 @@ def checkpoint_import(*, path: str | Path, user: AbstractBaseUser | None = None,
     except Exception as exc:  # noqa: BLE001 - whatever speculators says is the user's answer
         hint = "" if local_verifier is not None else f"; if the verifier {verifier_path!r} is not available here, {PASS_VERIFIER}"
         raise CheckpointError(f"{resolved}: Eagle3DraftModel.from_pretrained failed: {exc}{hint}") from None
+    return config, verifier_path
+
+
+def checkpoint_records(resolved: Path) -> tuple[dict, dict]:
+    """The training state and validation metrics a speculators checkpoint directory holds ({} when absent)."""
+    state = read_json_object(resolved / "training_state.json", CheckpointError) if (resolved / "training_state.json").exists() else {}
+    val = read_json_object(resolved / "val_metrics.json", CheckpointError) if (resolved / "val_metrics.json").exists() else {}
+    return state, val
+
+
+def checkpoint_import(*, path: str | Path, user: AbstractBaseUser | None = None,
+                      verifier: str | Path | None = None) -> tuple[Checkpoint, bool]:
+    """Register a speculators EAGLE-3 checkpoint directory once it loads with Eagle3DraftModel.
+
+    `verifier` relinks a checkpoint trained on another machine to a local copy of its target:
+    it must agree with the recorded verifier on architecture, layer count, width and vocab, and
+    becomes `Checkpoint.verifier_path`. The checkpoint's own files are left as they are."""
+    if user is not None:
+        require(user, "import")
+    resolved = check_under_data_roots(path, kind="checkpoint directory")
+    local_verifier = check_under_data_roots(verifier, kind="verifier directory") if verifier else None
+    existing = Checkpoint.objects.filter(path=str(resolved)).first()
+    if existing and (local_verifier is None or existing.verifier_path == str(local_verifier)):
+        return existing, False
+    if existing and existing.training_run_id is not None:
+        raise CheckpointError(f"{resolved}: checkpoint {existing.pk} was trained by run "
+                              f"{existing.training_run_id} here; its verifier is that run's target and is not relinked")
+    config, verifier_path = checkpoint_check(resolved=resolved, local_verifier=local_verifier)
     if existing:  # an import relinked to another local copy of its target
         existing.verifier_path = verifier_path
         existing.save(update_fields=["verifier_path"])
         return existing, False
-    state = read_json_object(resolved / "training_state.json", CheckpointError) if (resolved / "training_state.json").exists() else {}
-    val = read_json_object(resolved / "val_metrics.json", CheckpointError) if (resolved / "val_metrics.json").exists() else {}
+    state, val = checkpoint_records(resolved)
     checkpoint = Checkpoint.objects.create(
         training_run=None,
         imported_by=user,

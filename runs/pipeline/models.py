@@ -11,12 +11,18 @@ from runs.pipeline.stage_record import StageRecord, StageStatus
 
 
 class PipelineRun(models.Model):
-    """One launch: prepare -> extract -> vocab -> train, each stage a row of its own."""
+    """One launch: prepare -> extract -> vocab -> train, each stage a row of its own.
+
+    Or a run trained elsewhere (`external`, runs.pipeline.external): created through the API with the
+    trainer's settings, it has a training row only, which its trainer's client fills (curves,
+    checkpoints, its end); nothing of it is ever queued. Its target and dataset are given only when
+    the trainer names them."""
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="pipeline_runs")
     name = models.CharField(max_length=200, blank=True)
-    target = models.ForeignKey("runs.TargetModel", on_delete=models.PROTECT, related_name="runs")
-    dataset = models.ForeignKey("runs.Dataset", on_delete=models.PROTECT, related_name="runs")
+    target = models.ForeignKey("runs.TargetModel", on_delete=models.PROTECT, null=True, blank=True, related_name="runs")
+    dataset = models.ForeignKey("runs.Dataset", on_delete=models.PROTECT, null=True, blank=True, related_name="runs")
+    external = models.BooleanField(default=False, help_text="trained elsewhere; reported through the API")
     config = models.JSONField(default=dict)
     output_dir = models.CharField(max_length=1000, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -29,6 +35,9 @@ class PipelineRun(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        constraints = [models.CheckConstraint(
+            condition=models.Q(external=True) | models.Q(target__isnull=False, dataset__isnull=False),
+            name="pipeline_run_has_target_and_dataset")]
 
     def __str__(self) -> str:
         return self.name or f"run {self.pk}"

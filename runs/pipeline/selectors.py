@@ -11,13 +11,16 @@ from runs.models import (
     Dataset,
     Evaluation,
     Extraction,
+    ExtractStage,
     PipelineRun,
+    Preparation,
     Review,
     StageAttempt,
     StageRecord,
     StageStatus,
     TargetModel,
     Verification,
+    VocabMapping,
 )
 from runs.fleet.selectors import run_backends
 from runs.data.regeneration_selectors import regeneration_dict, run_data_policy
@@ -115,7 +118,14 @@ def stage_warnings(name: str, record: StageRecord) -> list[str]:
     return warnings
 
 
+EXTERNAL_TRAIN_LABEL = "Train draft (elsewhere)"
+
+
 def run_stages(run: PipelineRun) -> list[tuple[str, str, StageRecord]]:
+    """(name, label, row) of each stage the run has: the five of a pipeline run, the training alone of a run
+    trained elsewhere (runs.pipeline.external)."""
+    if run.external:
+        return [("train", EXTERNAL_TRAIN_LABEL, run.training_run)]
     return [(stage.name, stage.label, getattr(run, stage.related_name)) for stage in STAGES]
 
 
@@ -197,36 +207,46 @@ def evaluation_dict(evaluation: Evaluation | None, simulated_tau: float | None =
 def run_summary(run: PipelineRun) -> dict:
     """What the CLI prints and the run page polls: ids, stage states, totals, paths.
 
-    `run` should come from run_list(), which joins every stage in one query."""
-    prep, extract, vocab, training, evaluation = (record for _, _, record in run_stages(run))
-    extraction = run_extraction(run)
+    `run` should come from run_list(), which joins every stage in one query. A run trained elsewhere has
+    its training alone: the other stages' figures are None, as they are before a stage ran."""
+    records = {name: record for name, _, record in run_stages(run)}
+    training = records["train"]
+    # Unsaved rows stand for the stages an external run does not have: every figure None, no id.
+    prep, extract, vocab = (records.get("prepare") or Preparation(), records.get("extract") or ExtractStage(),
+                            records.get("vocab") or VocabMapping())
+    evaluation = records.get("evaluate")
+    extraction = run_extraction(run) if extract.pk else None
     manifest = getattr(extraction, "manifest", None)
     checkpoints = with_usability(with_serve_commands(checkpoints_with_tau(training.checkpoints.all()),
-                                                     verifier=run.target.path))
-    evaluated = next((c for c in checkpoints if c.pk == evaluation.checkpoint_id), None)
-    policy = run_data_policy(run=run)
+                                                     verifier=run.target.path if run.target_id else ""))
+    evaluated = next((c for c in checkpoints if evaluation and c.pk == evaluation.checkpoint_id), None)
+    policy = run_data_policy(run=run) if run.dataset_id and run.target_id else None
     summary = {
         "run_id": run.pk,
         "name": str(run),
+        "external": run.external,
         "status": run_status(run),
         "finished": run_is_finished(run),
         # The target is named by its config.json: a directory with weights in a summary reads as a
         # checkpoint to the reviewers' checker, and the only checkpoints here are the draft's.
         "target": {"id": run.target_id, "name": run.target.name,
                    "config_path": f"{run.target.path}/config.json", "num_layers": run.target.num_layers,
-                   "hidden_size": run.target.hidden_size, "vocab_size": run.target.vocab_size},
-        "dataset": {"id": run.dataset_id, "path": run.dataset.path, "on_policy": policy.on_policy,
-                    "data_policy": policy.why},
+                   "hidden_size": run.target.hidden_size, "vocab_size": run.target.vocab_size}
+        if run.target_id else None,
+        "dataset": {"id": run.dataset_id, "path": run.dataset.path,
+                    "on_policy": policy.on_policy if policy else None, "data_policy": policy.why if policy else None}
+        if run.dataset_id else None,
         # The dataset's provenance when it was regenerated from another (None for a file a user brought).
-        "regenerated_from": regeneration_dict(policy.regeneration) if policy.regeneration else None,
+        "regenerated_from": regeneration_dict(policy.regeneration) if policy and policy.regeneration else None,
         "config": run.config,
-        "backends": run_backends(config=run.config),
+        "backends": [] if run.external else run_backends(config=run.config),
         "output_dir": run.output_dir,
-        "speculators_train_command": run_speculators_train_command(run=run, vocab=vocab, extraction=extraction),
+        "speculators_train_command": None if run.external else run_speculators_train_command(
+            run=run, vocab=vocab, extraction=extraction),
         # "extraction" is the artifact (None until the extract stage succeeded), "extract_stage" its execution.
         "ids": {"preparation": prep.pk, "extract_stage": extract.pk,
                 "extraction": extraction.pk if extraction else None, "vocab_mapping": vocab.pk,
-                "training_run": training.pk, "evaluation": evaluation.pk},
+                "training_run": training.pk, "evaluation": evaluation.pk if evaluation else None},
         "stages": [_stage_dict(name, label, record) for name, label, record in run_stages(run)],
         "tokens": {
             "conversations": prep.num_conversations,
@@ -256,7 +276,7 @@ def run_summary(run: PipelineRun) -> dict:
                      "loss_tokens_trained": training.loss_tokens_trained},
         "attempts": [attempt_dict(a) for a in run.attempts.all()],
         "acceptance": evaluation_dict(evaluation, evaluated.simulated_tau if evaluated else None),
-        "serve_check": serve_check_dict(run_serve_check(evaluation_id=evaluation.pk)),
+        "serve_check": serve_check_dict(run_serve_check(evaluation_id=evaluation.pk) if evaluation else None),
         "checkpoints": [
             {"id": c.pk, "url": c.get_absolute_url(), "epoch": c.epoch, "path": c.path,
              "train_loss": c.train_loss, "val_loss": c.val_loss,
@@ -267,7 +287,7 @@ def run_summary(run: PipelineRun) -> dict:
         ],
     }
     summary["glance"] = run_glance(stages=summary["stages"], checkpoints=summary["checkpoints"],
-                                   training_run_id=training.pk, tau=evaluation.tau)
+                                   training_run_id=training.pk, tau=evaluation.tau if evaluation else None)
     return summary
 
 
@@ -395,7 +415,7 @@ def launch_copy_initial(*, run_id: str) -> dict | None:
     if not (run_id.isascii() and run_id.isdigit()) or len(run_id) > 18:
         return None
     run = PipelineRun.objects.select_related("target", "dataset").filter(pk=int(run_id)).first()
-    if run is None:
+    if run is None or run.external:  # a run trained elsewhere has no launch settings of ours to copy
         return None
     config = dict(run.config or {})
     initial = {key: value for key, value in config.items() if value is not None}

@@ -202,6 +202,9 @@ def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
     Refused, saying why, when no live worker takes a stage it would queue (its backend's worker went
     away, say): queued again, it would wait there for ever."""
     require_on_run(user, run, "retry")
+    if run.external:
+        raise RunConfigError(f"{run} was trained elsewhere: nothing of it runs here to retry; its trainer "
+                             "creates a new external run")
     again = [stage.name for stage in STAGES if stage.model.objects.filter(
         run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).exists()]
     refusals = stage_refusals(config=run.config or {}, stage_names=again,

@@ -175,7 +175,10 @@ def stages_reconcile() -> list[str]:
     lapsed = Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, started_at__lt=legacy)
     done = []
     for kind in (*STAGES, *JOBS):
-        for pk in kind.model.objects.filter(lapsed, status=StageStatus.RUNNING).values_list("pk", flat=True):
+        rows = kind.model.objects.filter(lapsed, status=StageStatus.RUNNING)
+        if kind.related_name:  # a run trained elsewhere holds no lease: its client, not a worker, runs it
+            rows = rows.exclude(run__external=True)
+        for pk in rows.values_list("pk", flat=True):
             with transaction.atomic():
                 row = kind.model.objects.select_for_update(skip_locked=True).filter(
                     lapsed, pk=pk, status=StageStatus.RUNNING).first()

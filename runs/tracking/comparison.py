@@ -43,6 +43,10 @@ def run_settings(run) -> dict[str, object]:
     """Every setting a run ran with, flat: its paths and each field of its config."""
     from runs.data.regeneration_selectors import run_data_policy
 
+    if run.external:  # trained elsewhere: what its trainer sent, and its paths when it named them
+        return {"trained": "elsewhere (reported through the API)", "target": run.target.name if run.target_id else None,
+                "target path": run.target.path if run.target_id else None,
+                "dataset": run.dataset.path if run.dataset_id else None, **_flat(run.config or {})}
     policy = run_data_policy(run=run)
     return {"target": run.target.name, "target path": run.target.path, "dataset": run.dataset.path,
             "data": f"{'on-policy' if policy.on_policy else 'off-policy'}: {policy.why}",
@@ -70,7 +74,8 @@ def run_comparison(*, run_ids: list[int]) -> dict:
                for split, key in series_names]
     return {
         "runs": [{"run": run, "status": selectors.run_status(run),
-                  "tau": run.evaluation.tau, "evaluation_status": run.evaluation.status} for run in runs],
+                  "tau": None if run.external else run.evaluation.tau,
+                  "evaluation_status": None if run.external else run.evaluation.status} for run in runs],
         "differ": differ,
         "same": same,
         "metrics": metrics,

@@ -89,8 +89,10 @@ def _every_stage(status: str) -> Q:
 
 def _durations(queryset: QuerySet[PipelineRun]) -> QuerySet[PipelineRun]:
     first, last = STAGES[0].related_name, STAGES[-1].related_name
+    # A run trained elsewhere has its training alone: from its start to its end.
     return queryset.annotate(duration=ExpressionWrapper(
-        Coalesce(F(f"{last}__finished_at"), Now()) - F(f"{first}__started_at"), output_field=DurationField()))
+        Coalesce(F(f"{last}__finished_at"), F("training_run__finished_at"), Now())
+        - Coalesce(F(f"{first}__started_at"), F("training_run__started_at")), output_field=DurationField()))
 
 
 def _best_val_loss(queryset: QuerySet[PipelineRun]) -> QuerySet[PipelineRun]:
@@ -107,6 +109,7 @@ def with_columns(queryset: QuerySet[PipelineRun]) -> QuerySet[PipelineRun]:
     """Status as selectors.run_status words it, duration, best validation loss; in SQL."""
     return _shown_columns(queryset).annotate(
         status=Case(
+            When(external=True, then=F("training_run__status")),  # its one stage's status (run_status)
             *(When((_any_stage if quantifier is any else _every_stage)(status), then=Value(status.value))
               for quantifier, status in RUN_STATUS_RULES),
             default=Value(RUN_STATUS_OTHERWISE.value), output_field=CharField()))

@@ -33,10 +33,12 @@ def _shared(*, run_id: int) -> tuple[dict, int]:
         "stages": [(name, label, record, selectors.stage_warnings(name, record))
                    for name, label, record in selectors.run_stages(run)],
         "status": summary["status"],
-        "layers": selectors.target_layers(target=run.target, layer_ids=summary["extraction"]["layer_ids"]),
+        "layers": selectors.target_layers(target=run.target, layer_ids=summary["extraction"]["layer_ids"])
+        if run.target_id and not run.external else [],
         "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
         "checkpoints": serve_check_selectors.with_usability(upstream_commands.with_serve_commands(
-            selectors.checkpoints_with_tau(run.training_run.checkpoints.all()), verifier=run.target.path)),
+            selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
+            verifier=run.target.path if run.target_id else "")),
         "attempts": list(run.attempts.all()),
         "settings": sorted(comparison.run_settings(run).items()),
     }, live.RUNNING_SECONDS if running else live.SETTLED_SECONDS

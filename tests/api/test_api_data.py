@@ -120,11 +120,19 @@ def test_the_openapi_document_describes_every_endpoint_and_its_body(api):
         "/api/v1/runs/", "/api/v1/runs/{id}/", "/api/v1/runs/{id}/cancel/", "/api/v1/runs/{id}/retry/",
         "/api/v1/runs/{id}/tags/", "/api/v1/runs/{id}/copy/", "/api/v1/runs/{id}/stages/",
         "/api/v1/runs/{id}/attempts/", "/api/v1/runs/{id}/metrics/", "/api/v1/runs/{id}/metrics/export/",
+        "/api/v1/runs/{id}/checkpoints/", "/api/v1/runs/{id}/end/",
         "/api/v1/checkpoints/{id}/", "/api/v1/checkpoints/{id}/evaluate/", "/api/v1/extractions/",
         "/api/v1/extractions/{id}/", "/api/v1/extractions/{id}/verify/", "/api/v1/datasets/", "/api/v1/datasets/{id}/",
         "/api/v1/datasets/{id}/catalogue/", "/api/v1/datasets/{id}/regenerate/", "/api/v1/targets/",
         "/api/v1/workers/", "/api/v1/me/"])
     assert set(paths["/api/v1/runs/"]) == {"get", "post"}
+    assert set(paths["/api/v1/runs/{id}/metrics/"]) == {"get", "post"}
+    # A launch, or a run trained elsewhere (runs.api.views_external).
+    assert paths["/api/v1/runs/"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {"oneOf": [
+        {"$ref": "#/components/schemas/LaunchBody"}, {"$ref": "#/components/schemas/ExternalRunBody"}]}
+    assert schema["components"]["schemas"]["ExternalRunBody"]["required"] == ["external", "name", "config"]
+    assert schema["components"]["schemas"]["PointsBody"]["required"] == ["points"]
+    assert set(paths["/api/v1/runs/{id}/metrics/"]["post"]["responses"]) >= {"200", "400", "403", "404", "409"}
     launch = schema["components"]["schemas"]["LaunchBody"]
     assert launch["required"] == ["target", "dataset"]
     assert launch["properties"]["layer_ids"] == {"type": "array", "items": {"type": "integer"},

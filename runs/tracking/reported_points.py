@@ -1,0 +1,167 @@
+"""Curves a trainer elsewhere reports through the API (runs.pipeline.external): checked whole before
+anything is stored, and idempotent by step, so that a client that retries a batch never doubles a point.
+
+A point whose (key, split, step) is stored already with the same value is left as it is (`unchanged`),
+with another value it replaces it (`replaced`); any other point is added (`accepted`). Points after a
+series' last step are appended as the workers' write path appends them (runs.tracking.services); a
+point at or before it (a resent or corrected batch) rewrites the chunks from its step on, and the
+series' summary is recomputed from what is stored.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from django.db import transaction
+from django.db.models import Q
+
+from runs.models import MetricChunk, MetricSeries
+from runs.pipeline.changes import curves_changed
+from runs.tracking.chunks import CHUNK_POINTS, Points, split_chunks, unpack
+from runs.tracking.services import _append, _chunk_fields, _columns, _summary_rebuild, _summary_update
+from workers.contract.errors import InputError
+
+MAX_POINTS = 10_000
+MAX_KEY_CHARS = 50  # MetricSeries.key
+SPLITS = ("train", "val")  # the splits the curves API and the run page read (runs.tracking.curve_api)
+POINT_FIELDS = ("key", "split", "step", "value", "epoch")
+
+
+class PointError(InputError):
+    """A point of a batch that cannot be stored; `field` names it as the body does (points[3].value)."""
+
+    def __init__(self, message: str, *, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class PointCounts:
+    accepted: int
+    unchanged: int
+    replaced: int
+
+
+def _number(value, *, field: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PointError(f"{field} must be a number ({what}), got {type(value).__name__} {str(value)[:40]!r}",
+                         field=field)
+    if not math.isfinite(value):
+        raise PointError(f"{field} must be a finite number ({what}), got {value}", field=field)
+    return float(value)
+
+
+def points_check(points: object) -> list[dict]:
+    """The batch as {key, split, step, value, epoch} dicts; PointError naming the first bad point's field."""
+    if not isinstance(points, list):
+        raise PointError(f"points must be a list of points, got {type(points).__name__}", field="points")
+    if not points:
+        raise PointError("points is empty: send at least one {key, split, step, value}", field="points")
+    if len(points) > MAX_POINTS:
+        raise PointError(f"points holds {len(points):,} points; at most {MAX_POINTS:,} per batch (send several)",
+                         field="points")
+    checked, seen = [], {}
+    for i, point in enumerate(points):
+        at = f"points[{i}]"
+        if not isinstance(point, dict):
+            raise PointError(f"{at} must be an object {{key, split, step, value}}, got {type(point).__name__}",
+                             field=at)
+        unknown = sorted(set(point) - set(POINT_FIELDS))
+        if unknown:
+            raise PointError(f"{at}.{unknown[0][:40]} is not a field of a point (known: {', '.join(POINT_FIELDS)})",
+                             field=f"{at}.{unknown[0][:40]}")
+        for name in ("key", "split", "step", "value"):
+            if name not in point:
+                raise PointError(f"{at}.{name} is missing", field=f"{at}.{name}")
+        key = point["key"]
+        if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_CHARS:
+            raise PointError(f"{at}.key must be a metric name of 1 to {MAX_KEY_CHARS} characters (loss_0, "
+                             f"full_acc_0, ...), got {str(key)[:60]!r}", field=f"{at}.key")
+        if point["split"] not in SPLITS:
+            raise PointError(f"{at}.split must be one of {', '.join(SPLITS)}, got {str(point['split'])[:40]!r}",
+                             field=f"{at}.split")
+        step = point["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+            raise PointError(f"{at}.step must be a whole number from 0, got {str(step)[:40]!r}", field=f"{at}.step")
+        value = _number(point["value"], field=f"{at}.value", what="NaN and infinities are not stored")
+        epoch = _number(point.get("epoch", 0), field=f"{at}.epoch", what="the fractional epoch; 0 when omitted")
+        if epoch < 0:
+            raise PointError(f"{at}.epoch must be 0 or more, got {epoch}", field=f"{at}.epoch")
+        identity = (key, point["split"], step)
+        if identity in seen:
+            raise PointError(f"{at}.step repeats step {step} of {point['split']} {key} given by "
+                             f"points[{seen[identity]}] in this batch: send each step once", field=f"{at}.step")
+        seen[identity] = i
+        checked.append({"key": key, "split": point["split"], "step": step, "value": value, "epoch": epoch})
+    return checked
+
+
+def _as_points(rows: list[dict], now: float) -> Points:
+    rows = sorted(rows, key=lambda r: r["step"])
+    return Points(steps=np.array([r["step"] for r in rows], dtype=np.int64),
+                  epochs=np.array([r["epoch"] for r in rows], dtype=np.float64),
+                  values=np.array([r["value"] for r in rows], dtype=np.float64),
+                  times=np.full(len(rows), now, dtype=np.float64))
+
+
+def _rewrite_from(series: MetricSeries, new: Points) -> tuple[int, int, int]:
+    """Merge `new` into the stored points from its first step on: (accepted, unchanged, replaced)."""
+    # From the first chunk it reaches, and every chunk not yet full (always the last ones), so that the
+    # chunks written stay in step order with the open ones last, as the append path expects.
+    chunks = list(series.chunks.filter(Q(last_step__gte=int(new.steps[0])) | Q(num_points__lt=CHUNK_POINTS))
+                  .order_by("first_step"))
+    stored = Points.concat([unpack(_columns(c)) for c in chunks])
+    index = {int(step): i for i, step in enumerate(stored.steps.tolist())}
+    accepted = unchanged = replaced = 0
+    changed_values = stored.values.copy()
+    changed_epochs = stored.epochs.copy()
+    changed_times = stored.times.copy()
+    added = []
+    for i, step in enumerate(new.steps.tolist()):
+        at = index.get(int(step))
+        if at is None:
+            added.append(i)
+            accepted += 1
+        elif stored.values[at] == new.values[i] and stored.epochs[at] == new.epochs[i]:
+            unchanged += 1
+        else:
+            changed_values[at], changed_epochs[at], changed_times[at] = new.values[i], new.epochs[i], new.times[i]
+            replaced += 1
+    if not accepted and not replaced:
+        return 0, unchanged, 0
+    merged = Points.concat([Points(steps=stored.steps, epochs=changed_epochs, values=changed_values, times=changed_times),
+                            new.take(np.array(added, dtype=np.int64))])
+    order = np.argsort(merged.steps, kind="stable")
+    merged = merged.take(order)
+    MetricChunk.objects.filter(pk__in=[c.pk for c in chunks]).delete()
+    MetricChunk.objects.bulk_create([MetricChunk(series=series, **_chunk_fields(p)) for p in split_chunks(merged, 0)])
+    _summary_rebuild(series)  # recounts the open chunks and every summary field from what is stored
+    return accepted, unchanged, replaced
+
+
+@transaction.atomic
+def points_report(*, training_run_id: int, points: list[dict]) -> PointCounts:
+    """Store a checked batch (points_check) on a training's curves, idempotent by step."""
+    by_series: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for p in points:
+        by_series[(p["split"], p["key"])].append(p)
+    now = time.time()
+    accepted = unchanged = replaced = 0
+    for (split, key), rows in sorted(by_series.items()):
+        MetricSeries.objects.get_or_create(training_run_id=training_run_id, split=split, key=key)
+        series = MetricSeries.objects.select_for_update().get(training_run_id=training_run_id, split=split, key=key)
+        new = _as_points(rows, now)
+        if series.last_step is None or int(new.steps[0]) > series.last_step:
+            _append(series, new)
+            _summary_update(series, new)
+            series.save()
+            accepted += len(new)
+            continue
+        added, same, changed = _rewrite_from(series, new)
+        accepted, unchanged, replaced = accepted + added, unchanged + same, replaced + changed
+    if accepted or replaced:
+        curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.changes)
+    return PointCounts(accepted=accepted, unchanged=unchanged, replaced=replaced)
