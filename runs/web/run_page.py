@@ -4,13 +4,17 @@ What only the run's own writes change (its stages, summary, checkpoints, attempt
 once per change of its counter (runs.pipeline.changes) and cached (runs.web.live); each request then
 reads its counter, the reviews and tags (not counted there), and what depends on the fleet (which
 queued stage no live worker takes, a hand-over the broker refused): seven queries with the session's,
-whatever the run holds."""
+whatever the run holds. The page's body below its tags, the same for everyone, is rendered once per
+change of those facts and kept too; what is the viewer's own (forms and their CSRF tokens, the name in
+the navigation, messages, the tags and reviews) is rendered for each request around it."""
 from __future__ import annotations
 
 import json
 
 from django.db.models import prefetch_related_objects
 from django.http import Http404
+from django.template.loader import render_to_string
+from django.utils.safestring import SafeString, mark_safe
 
 from runs.checkpoints import serve_check_selectors
 from runs.fleet import selectors as fleet_selectors
@@ -54,6 +58,21 @@ def run_page_context(*, run_id: int) -> dict:
     selectors.reviews_read([run])
     prefetch_related_objects([run], "tags")
     notes = fleet_selectors.stage_queue_notes(run=run)  # queued stages no live worker takes
-    return {**context,
-            "stages": [(*stage, notes.get(stage[0])) for stage in context["stages"]],
-            "waiting_for_queue": queue.run_waiting_for_queue(run_id=run_id)}
+    context = {**context, "stages": [(*stage, notes.get(stage[0])) for stage in context["stages"]],
+               "waiting_for_queue": queue.run_waiting_for_queue(run_id=run_id)}
+    return {**context, "body": _body(context, run_id=run_id, counter=counters.changes)}
+
+
+def _body(context: dict, *, run_id: int, counter: int) -> SafeString:
+    """The page below its tags (templates/runs/_run_body.html), rendered once for every viewer while
+    neither the run's counter nor what the fleet says about it moved. It is rendered without the
+    request: nothing in it can be one viewer's (no form, no CSRF token, no name, no message)."""
+    waiting = context["waiting_for_queue"]
+    key = ("run_page_body", run_id, counter, [(stage[0], stage[4]) for stage in context["stages"]],
+           waiting and (waiting.pk, waiting.attempts, waiting.last_error))
+    running = any(record.status == StageStatus.RUNNING for _, _, record, *_ in context["stages"])
+
+    def build():
+        return render_to_string("runs/_run_body.html", context), live.RUNNING_SECONDS if running else live.SETTLED_SECONDS
+
+    return mark_safe(live.cached(key, build))  # noqa: S308 - rendered here by the template engine, escaped
