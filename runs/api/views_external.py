@@ -11,6 +11,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from runs.api import shapes
+from runs.api.answers import launched
 from runs.api.base import ApiView, created, error_response
 from runs.api.serializers import ExternalCheckpointSerializer, ExternalRunSerializer, RunEndSerializer
 from runs.pipeline import external, selectors
@@ -37,11 +38,7 @@ def external_run_create(view: ApiView, request) -> Response:
                                             "a pipeline run"]})
     run = external.external_run_create(user=request.user, name=body["name"], config=body["config"],
                                        target_path=body.get("target", ""), dataset_path=body.get("dataset", ""))
-    from runs.api.views_runs import run_answer
-
-    response = created(run_answer(run.pk, request))
-    response["Location"] = shapes.api_url(request, "run_detail", run.pk)
-    return response
+    return launched(run, request)
 
 
 def external_points_post(view: ApiView, request, pk: int) -> Response:

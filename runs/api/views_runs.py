@@ -13,31 +13,15 @@ from django.http import HttpResponse
 from rest_framework.response import Response
 
 from runs.api import launch, shapes, views_external
-from runs.api.base import ApiInputError, ApiView, created, error_response, paged
+from runs.api.answers import launched as _launched, run_answer
+from runs.api.base import ApiInputError, ApiView, error_response, paged
 from runs.api.serializers import (CopySerializer, EmptySerializer, ExternalRunSerializer, LaunchSerializer,
                                   PointsSerializer, TagsSerializer)
-from runs.pipeline import queue, selectors, services
+from runs.pipeline import selectors, services
 from runs.review import tags as tag_services
 from runs.tracking import curve_api, run_table
 
 LIST_PARAMS = ("q", "status", "target", "dataset", "owner", "tag", "sort", "page")
-
-
-def run_answer(pk: int, request) -> dict:
-    """A run as GET /api/v1/runs/<id>/ answers it: the run summary (runs.pipeline.selectors.run_summary,
-    as run_pipeline --json prints it) with its id, tags and where to find it."""
-    run = selectors.run_get(pk=pk)
-    return {"id": run.pk, **selectors.run_summary(run), "owner": run.owner.get_username(),
-            "created_at": run.created_at.isoformat(), "tags": [tag.name for tag in run.tags.all()],
-            "waiting_for_queue": queue.run_waiting_for_queue(run_id=run.pk),
-            "url": shapes.api_url(request, "run_detail", run.pk),
-            "page_url": request.build_absolute_uri(run.get_absolute_url())}
-
-
-def _launched(run, request) -> Response:
-    response = created(run_answer(run.pk, request))
-    response["Location"] = shapes.api_url(request, "run_detail", run.pk)
-    return response
 
 
 class RunList(ApiView):

@@ -33,6 +33,12 @@ class EvaluationPlan:
     also: list[tuple[int, Path]] = field(default_factory=list)
 
 
+def _trained_here(checkpoint: Checkpoint) -> bool:
+    """Trained by a pipeline run here, whose prepared validation conversations it can be measured on
+    (not imported, nor reported by a run trained elsewhere)."""
+    return checkpoint.training_run_id is not None and not checkpoint.training_run.run.external
+
+
 def _target_dir(checkpoint: Checkpoint) -> Path:
     if checkpoint.training_run_id is not None and checkpoint.training_run.run.target_id is not None:
         return Path(checkpoint.training_run.run.target.path)
@@ -63,7 +69,7 @@ def evaluation_plan(*, evaluation: Evaluation) -> EvaluationPlan:
         path = Path(evaluation.prompts_path)
         return EvaluationPlan(Path(checkpoint.path), target_dir, str(path),
                               lambda: prompts_from_file(path, target_dir, limit=limit))
-    if checkpoint.training_run_id is None:
+    if not _trained_here(checkpoint):
         raise EvaluationRequestError(
             f"checkpoint {checkpoint.pk} was not trained here, so it has no validation conversations; give a prompts file")
     run = checkpoint.training_run.run
@@ -100,7 +106,7 @@ def evaluation_request(
         if not resolved.is_file():
             raise EvaluationRequestError(f"prompts file {resolved} is not a file (give a .jsonl chat file)")
         prompts = str(resolved)
-    elif checkpoint.training_run_id is None:
+    elif not _trained_here(checkpoint):
         raise EvaluationRequestError(
             f"checkpoint {checkpoint.pk} was not trained here, so it has no validation conversations; give a prompts file")
     _target_dir(checkpoint)

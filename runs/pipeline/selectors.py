@@ -46,8 +46,8 @@ def run_get(*, pk: int, stages: bool = True, reviews: bool = False) -> PipelineR
 
 
 def run_extraction(run: PipelineRun) -> Extraction | None:
-    """The hidden states the run's extract stage wrote; None until it succeeded."""
-    return getattr(run.extract_stage, "extraction", None)
+    """The hidden states the run's extract stage wrote; None until it succeeded (and for a run trained elsewhere)."""
+    return None if run.external else getattr(run.extract_stage, "extraction", None)
 
 
 def run_rows() -> QuerySet[PipelineRun]:
@@ -56,11 +56,12 @@ def run_rows() -> QuerySet[PipelineRun]:
     in the database. One query joining the five stage tables (run_list()) spent longer in PostgreSQL's
     planner than these six queries take together (measured: 18-28 ms against 13-20 ms for 50 runs)."""
     # prepare's start: a running run's duration, which the list counts on from it (static/js/run_list.js).
-    shown = {"prepare": ["started_at"], "extract": ["layer_ids"], "train": ["epochs", "best_epoch"], "evaluate": ["tau"]}
+    shown = {"prepare": ["started_at"], "extract": ["layer_ids"], "train": ["epochs", "best_epoch", "started_at"],
+             "evaluate": ["tau"]}
     stages = [Prefetch(stage.related_name, queryset=stage.model.objects.only(
         "run_id", "status", *shown.get(stage.name, []))) for stage in STAGES]
     return (PipelineRun.objects.select_related("owner", "target", "dataset")
-            .only("name", "created_at", "owner__username", "target__name", "dataset__name")
+            .only("name", "external", "created_at", "owner__username", "target__name", "dataset__name")
             .prefetch_related(*stages))
 
 
@@ -215,7 +216,7 @@ def run_summary(run: PipelineRun) -> dict:
     prep, extract, vocab = (records.get("prepare") or Preparation(), records.get("extract") or ExtractStage(),
                             records.get("vocab") or VocabMapping())
     evaluation = records.get("evaluate")
-    extraction = run_extraction(run) if extract.pk else None
+    extraction = run_extraction(run)
     manifest = getattr(extraction, "manifest", None)
     checkpoints = with_usability(with_serve_commands(checkpoints_with_tau(training.checkpoints.all()),
                                                      verifier=run.target.path if run.target_id else ""))

@@ -363,6 +363,7 @@ def run_compare(request: HttpRequest) -> HttpResponse:
     except comparison.ComparisonError as exc:
         return render(request, "runs/run_compare.html", {"error": str(exc)}, status=400)
     chart_runs = [{"id": r["run"].pk, "name": str(r["run"]), "url": reverse("runs:api_run_metrics", args=[r["run"].pk]),
-                   "tau": r["tau"], "acceptance_per_position": r["run"].evaluation.acceptance_per_position or []}
+                   "tau": r["tau"], "acceptance_per_position": (  # a run trained elsewhere has no measurement of ours
+                       None if r["run"].external else r["run"].evaluation.acceptance_per_position) or []}
                   for r in context["runs"]]
     return render(request, "runs/run_compare.html", {**context, "chart_runs": chart_runs})

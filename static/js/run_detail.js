@@ -83,6 +83,7 @@
     set("progress", g.progress_total ? fmt.format(g.progress_done) + " / " + fmt.format(g.progress_total) : "–");
     set("eta", g.eta_seconds == null ? "–" : Math.round(g.eta_seconds) + " s");
     set("train_step", g.train_steps ? fmt.format(g.train_step || 0) + " of " + fmt.format(g.train_steps) : "–");
+    set("reported_step", g.latest.step == null ? "–" : fmt.format(g.latest.step));  // a run trained elsewhere
     set("loss", list(g.latest.train.loss) || "–");
     const val = list(g.latest.val.full_acc);
     set("acc", val ? val + " (val)" : list(g.latest.train.full_acc) || "–");

@@ -239,6 +239,44 @@ def test_every_write_is_in_the_audit_trail_with_the_tokens_user(scripts):
         ("ext-launcher", "launcher trainer", "POST", f"/api/v1/runs/{run['id']}/end/", 200)]
 
 
+def test_the_pages_show_it_beside_pipeline_runs_with_its_badge(scripts, roots):
+    launcher = scripts["launcher"]
+    status, pipeline, _ = launcher("POST", "/api/v1/runs/", {
+        "target": str(roots / "target"), "dataset": str(roots / "chats.jsonl"), "epochs": 1, "draft_vocab_size": 64,
+        "name": "ours"})
+    run = _create(launcher)
+    launcher("POST", f"/api/v1/runs/{run['id']}/metrics/", {"points": BATCH})
+    status, listed, _ = scripts["viewer"]("GET", "/api/v1/runs/?status=running")
+    assert [(r["id"], r["external"], r["status"]) for r in listed["results"]] == [(run["id"], True, "running")]
+    browser = Client()
+    browser.force_login(make_user("ext-page-viewer", "viewer"))
+
+    def row_of(page: str, run_id: int) -> str:
+        row = page[page.index(f'data-run="{run_id}"'):]
+        return row[:row.index("</tr>")]
+
+    page = browser.get("/").content.decode()
+    external_row, pipeline_row = row_of(page, run["id"]), row_of(page, pipeline["id"])
+    assert 'class="badge external"' in external_row and "llama on slurm" in external_row
+    assert "train (elsewhere)" in external_row and "launch a copy" not in external_row
+    assert "badge external" not in pipeline_row and "launch a copy" in pipeline_row
+    detail = browser.get(f"/runs/{run['id']}/").content.decode()
+    assert "reports from elsewhere" in detail and "Train draft (elsewhere)" in detail
+    assert 'data-glance="reported_step">20<' in detail and 'data-glance="eta"' not in detail
+    assert 'id="retry-form"' not in detail
+    poll = browser.get(f"/api/runs/{run['id']}/").json()
+    assert (poll["external"], poll["status"], poll["glance"]["latest"]["step"]) == (True, "running", 20)
+    compare = browser.get(f"/runs/compare/?ids={pipeline['id']}&ids={run['id']}").content.decode()
+    metrics = compare[compare.index('id="compare-metrics"'):]
+    loss_row = metrics[metrics.index("<th>train loss_0</th>"):]
+    loss_row = loss_row[:loss_row.index("</tr>")]
+    assert loss_row.count("1.2500") == 2 and '<span class="hint">–</span>' in loss_row  # its last and min; ours none
+    assert "not measured here" in compare and compare.count('class="badge external"') == 1
+    launcher("POST", f"/api/v1/runs/{run['id']}/end/", {"status": "succeeded"})
+    status, listed, _ = scripts["viewer"]("GET", "/api/v1/runs/?status=succeeded")
+    assert [(r["id"], r["status"]) for r in listed["results"]] == [(run["id"], "succeeded")]
+
+
 @pytest.fixture(scope="module")
 def trained_elsewhere(tmp_path_factory):
     """A real speculators Eagle3DraftModel for a small random Llama, saved as a trainer saves one
@@ -294,3 +332,10 @@ def test_a_checkpoint_registered_by_path_is_checked_as_an_import_is(scripts, roo
     assert f"--speculative-config" in summary["checkpoints"][0]["serve_command"]
     status, detail, _ = launcher("GET", f"/api/v1/checkpoints/{made['id']}/")
     assert status == 200 and detail["path"] == str((roots / "ckpt" / "2").resolve())
+    page = Client()
+    page.force_login(make_user("ext-checkpoint-viewer", "viewer"))
+    shown = page.get(f"/checkpoints/{made['id']}/")
+    assert shown.status_code == 200 and "llama on slurm" in shown.content.decode()
+    # Measured only on a prompts file: a run trained elsewhere has no prepared validation conversations here.
+    status, answer, _ = launcher("POST", f"/api/v1/checkpoints/{made['id']}/evaluate/", {})
+    assert status == 400 and "was not trained here" in answer["error"], answer

@@ -30,7 +30,15 @@ API = {
     "api/v1/runs/<int:pk>/copy/": Entry("/api/v1/runs/{run}/copy/", get=API_POST_ONLY, post=API_LAUNCHERS, api=True),
     "api/v1/runs/<int:pk>/stages/": Entry("/api/v1/runs/{run}/stages/", get=API_READ, api=True),
     "api/v1/runs/<int:pk>/attempts/": Entry("/api/v1/runs/{run}/attempts/", get=API_READ, api=True),
-    "api/v1/runs/<int:pk>/metrics/": Entry("/api/v1/runs/{run}/metrics/?points=100", get=API_READ, api=True),
+    # A run trained elsewhere (the admin's) takes points, checkpoints and its end from its owner and admins; the
+    # admin's checkpoint names no directory (400: past the roles, refused for its path).
+    "api/v1/runs/<int:pk>/metrics/": Entry("/api/v1/runs/{external_run}/metrics/?points=100", get=API_READ, api=True,
+                                           post=API_OWNERS, data="points_body"),
+    "api/v1/runs/<int:pk>/checkpoints/": Entry("/api/v1/runs/{external_run}/checkpoints/", get=API_POST_ONLY, api=True,
+                                               post=by_role(UNAUTHORIZED, FORBIDDEN, FORBIDDEN, FORBIDDEN, "400"),
+                                               data="checkpoint_body"),
+    "api/v1/runs/<int:pk>/end/": Entry("/api/v1/runs/{external_run}/end/", get=API_POST_ONLY, api=True, post=API_OWNERS,
+                                       data="end_body"),
     "api/v1/runs/<int:pk>/metrics/export/": Entry("/api/v1/runs/{run}/metrics/export/?key=loss&split=train",
                                                   get=API_READ, api=True),
     "api/v1/checkpoints/<int:pk>/": Entry("/api/v1/checkpoints/{checkpoint}/", get=API_READ, api=True),

@@ -204,6 +204,9 @@ class World:
 
         self.sweep = sweep_launch(user=self.users["admin"], target_path=self.target, dataset_path=self.dataset_path,
                                   config=RunConfig(draft_vocab_size=64), varied=[parse_vary("seed=1,2")])
+        from runs.pipeline.external import external_run_create
+
+        self.external_run = external_run_create(user=self.users["admin"], name="matrix elsewhere", config={"epochs": 1})
         from runs.api.tokens import token_create
 
         self.tokens = {role: token_create(user=user, name="matrix")[1] for role, user in self.users.items()}
@@ -212,7 +215,7 @@ class World:
     def ids(self) -> dict:
         return {"run": self.run.pk, "other_run": self.other_run.pk, "dataset": self.run.dataset_id, "extraction": self.extraction.pk,
                 "checkpoint": self.checkpoint.pk, "regeneration": self.regeneration.pk, "target_path": str(self.target),
-                "sweep": self.sweep.pk, "spare_token": self.spare_token.pk,
+                "sweep": self.sweep.pk, "spare_token": self.spare_token.pk, "external_run": self.external_run.pk,
                 "admin_user": self.users["admin"].pk,
                 "run_content_type": ContentType.objects.get_for_model(PipelineRun).pk}
 
@@ -229,6 +232,15 @@ class World:
 
     def dataset_body(self) -> dict:
         return {"path": str(self.dataset_path)}
+
+    def points_body(self) -> dict:
+        return {"points": [{"key": "loss_0", "split": "train", "step": 1, "value": 1.5}]}
+
+    def checkpoint_body(self) -> dict:
+        return {"path": str(self.tmp_path / "no-such-checkpoint"), "epoch": 0}
+
+    def end_body(self) -> dict:
+        return {"status": "succeeded", "message": "matrix"}
 
     def tags_body(self) -> dict:
         return {"tags": ["baseline", "matrix"]}
