@@ -10,7 +10,7 @@ DEMO_DIR ?= data/demo
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: setup migrate demo worker web test bench check-outputs browser-deps vllm
+.PHONY: setup migrate demo worker web test bench check-outputs browser-deps vllm mlflow
 
 setup: $(VENV)/.installed migrate
 
@@ -63,3 +63,16 @@ bench: $(VENV)/.installed
 # Debian's Chromium for the browser tests (Playwright cannot download its own browser here).
 browser-deps:
 	test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
+
+# MLflow's tracking server in its own environment (.venv-mlflow), for bench/api.py's comparison only:
+# nothing of eagle3web imports it.
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_VERSION ?= 3.17.2
+
+mlflow: $(MLFLOW_VENV)/.installed
+
+$(MLFLOW_VENV)/.installed:
+	test -x $(MLFLOW_VENV)/bin/python || $(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/python -m pip install -q --upgrade pip
+	$(MLFLOW_VENV)/bin/python -m pip install -q mlflow==$(MLFLOW_VERSION)
+	touch $@

@@ -8,7 +8,8 @@ Every refusal raises ApiError with the server's status, `error` and `fields` (th
 as {"error", "fields"}). Retries, with backoff, only where trying again cannot do a thing twice:
 - reads, cancels and metric batches (the server stores a point once per key, split and step, so a batch
   sent again changes nothing): on any connection error, 429 and 5xx;
-- other writes (launching, creating an external run, registering a checkpoint, ending a run): only when
+- registering a checkpoint (the same path at the same epoch is the same checkpoint): likewise;
+- other writes (launching, creating an external run, ending a run): only when
   the request cannot have been acted on (the connection was never made, or 429, which is answered before
   anything is done), since an answer lost after a launch would otherwise launch a second run.
 Never on another 4xx: the same request would be refused again.
@@ -179,10 +180,14 @@ class Runs:
             pause = poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic()))
             time.sleep(pause)
 
-    def create_external(self, *, name: str, config: Mapping[str, Any] | None = None) -> dict:
-        """An external run: trained elsewhere (another cluster), reporting its curves and checkpoints here."""
-        return self.client.request("POST", "runs/", body={"external": True, "name": name, "config": dict(config or {})},
-                                   idempotent=False)
+    def create_external(self, *, name: str, config: Mapping[str, Any] | None = None, target: str | None = None,
+                        dataset: str | None = None) -> dict:
+        """A run trained elsewhere (another cluster), reporting its curves, checkpoints and end here; `config`
+        is the trainer's settings (epochs, lr, ttt_steps fill the run's columns), `target` and `dataset`
+        paths on the server when it has them (the target then checks and serves its checkpoints)."""
+        body: dict[str, Any] = {"external": True, "name": name, "config": dict(config or {})}
+        body.update({k: str(v) for k, v in (("target", target), ("dataset", dataset)) if v})
+        return self.client.request("POST", "runs/", body=body, idempotent=False)
 
     def log_metrics(self, run_id: int, points: Iterable[Mapping[str, Any]]) -> dict:
         """Send points ({"key", "split", "step", "value"}) in batches of at most 10,000; returns the summed
@@ -201,9 +206,14 @@ class Runs:
         """The run's curves as the run page reads them (keys, split, start, end, points)."""
         return self.client.request("GET", f"runs/{int(run_id)}/metrics/", params=params)
 
-    def register_checkpoint(self, run_id: int, *, path: str, epoch: int) -> dict:
-        return self.client.request("POST", f"runs/{int(run_id)}/checkpoints/", body={"path": str(path), "epoch": int(epoch)},
-                                   idempotent=False)
+    def register_checkpoint(self, run_id: int, *, path: str, epoch: int, verifier: str | None = None) -> dict:
+        """A checkpoint directory the run's trainer wrote (under the server's data roots), checked as
+        import_checkpoint checks one; the same path at the same epoch again is the same checkpoint, so it is
+        safe to send again. `verifier`: a copy of its target on the server (default: the run's target)."""
+        body: dict[str, Any] = {"path": str(path), "epoch": int(epoch)}
+        if verifier:
+            body["verifier"] = str(verifier)
+        return self.client.request("POST", f"runs/{int(run_id)}/checkpoints/", body=body, idempotent=True)
 
     def end(self, run_id: int, *, status: str, message: str = "") -> dict:
         """Mark an external run finished: status succeeded, failed or cancelled."""
