@@ -52,7 +52,7 @@
     }
     const cov = document.querySelector('[data-token="vocab_coverage"]');
     if (cov && t.vocab_coverage != null) cov.textContent = (100 * t.vocab_coverage).toFixed(1) + " %";
-    const prep = summary.stages.find((s) => s.name === "prepare");
+    const prep = summary.stages.find((s) => s.name === "prepare") || {};  // none: a run trained elsewhere
     const train = summary.stages.find((s) => s.name === "train");
     setToken("truncated_rows", prep.num_truncated_rows == null ? null : fmt.format(prep.num_truncated_rows));
     const split = train.split || {};
