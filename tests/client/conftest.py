@@ -48,11 +48,12 @@ class FaultyProxy:
             def _any(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 fault = proxy._take(self.command, self.path)
-                if fault == "503":
-                    proxy.seen.append((self.command, self.path, "503"))
+                if fault in ("503", "429"):
+                    proxy.seen.append((self.command, self.path, fault))
                     data = b'{"error": "the proxy says: try again", "fields": {}}'
-                    self.send_response(503)
+                    self.send_response(int(fault))
                     self.send_header("Content-Type", "application/json")
+                    self.send_header("Retry-After", "0")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)

@@ -126,6 +126,11 @@ def test_a_launch_whose_answer_was_lost_is_not_sent_again(proxy, launcher_token,
         client.runs.launch(**_launch_body(roots))
     assert (refused.value.status, refused.value.error) == (503, "the proxy says: try again")
     assert PipelineRun.objects.count() == 1
+    proxy.faults = [("POST", "/api/v1/runs/", "429")]  # refused before anything was done: sent again
+    run = client.runs.launch(**_launch_body(roots))
+    assert PipelineRun.objects.count() == 2 and PipelineRun.objects.latest("pk").pk == run["id"]
+    assert [s for m, _, s in proxy.seen if m == "POST"] == ["dropped 201", "503", "429", "201"]
+    assert client.retried == 1
 
 
 def test_an_unreachable_server_is_an_api_error_after_the_retries(transactional_db):
