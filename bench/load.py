@@ -1,11 +1,12 @@
 """Benchmark (not a test): the dashboard under concurrent signed-in clients while a run trains.
 
     .venv/bin/python bench/load.py --clients 50 --seconds 30 --json
+    .venv/bin/python bench/load.py --viewers 100 --seconds 60 --json
 
 What each side does:
 - Database: creates the PostgreSQL database `bench_load` (dropped at the end), migrates it, adds a
-  user and --runs runs (services.run_launch). All but one are finished: stage rows and attempts
-  succeeded with 2 kB logs, a 100-step curve and two checkpoints (the workers' metrics_record and
+  user per client or viewer, one more and --runs runs (services.run_launch). All but one are
+  finished: stage rows and attempts succeeded with 2 kB logs, a 100-step curve and two checkpoints (the workers' metrics_record and
   checkpoints_register), an approval.
 - The training run: --trainer worker (default) starts a real Celery worker (redis db 5) that
   prepares, extracts and trains the demo target (300 chats, built once into data/bench-load-assets)
@@ -15,14 +16,25 @@ What each side does:
   (`runs.tracking.services.metrics_record`, `stage_progress`) as the train stage does: a batch every
   2 s, 12 curves per step, --steps-per-second steps, on top of --history-steps steps already there
   (a longer curve and more writes than this CPU's real training makes).
-- Web: gunicorn (eagle3web.wsgi, static files by WhiteNoise, as docker-compose.yml runs it) on
-  127.0.0.1 with --gunicorn-workers sync workers (default 2 x cores + 1, gunicorn's advice), each
-  keeping its database connection for --conn-max-age seconds (compose's default, 60).
-- Clients: --clients threads, each logged in through the login form (own session cookie), then
+- Web: gunicorn as docker-compose.yml runs it (eagle3web.wsgi, DJANGO_DEBUG=0 with a key of its own,
+  collected static files served by WhiteNoise, an access log) on 127.0.0.1 with --gunicorn-workers
+  sync workers (default WEB_CONCURRENCY, else 3: compose's default; --gunicorn-threads N > 1 runs
+  gthread workers instead, which compose does not), each keeping its database connection for
+  --conn-max-age seconds (compose's default, 60); the HTTPS settings are off, as .env.example says for
+  plain HTTP.
+- Clients: --clients threads, each signed in as a user of its own through the login form, then
   looping for --seconds like a person opening a run: runs list, the training run's page, its curve
   from the start (what the page loads) and its curve since the last point seen (what the page polls).
   No think time: each client sends its next request as soon as the last one answered.
-Prints latency percentiles over every request, per endpoint too; `errors` counts anything but a 200.
+- Viewers (--viewers N instead of the closed loop): N signed-in people each keeping the training run's
+  page open, polling at the page's own intervals with If-None-Match as its scripts send it and
+  reloading the page every minute (bench/viewers.py); --warmup seconds to open the pages, not counted.
+Prints latency percentiles over every request, per endpoint too; `errors` counts anything but a 200
+(or a 304 to a request that sent If-None-Match), `not_modified` the 304s; `server_ms` the same
+percentiles as gunicorn timed each request (its access log: without the wait for a free worker and
+the client's share), `cpu_cores` the cores each side used while measuring (gunicorn, the trainer,
+this benchmark's PostgreSQL backends and clients; "others" is everyone else's work on the machine,
+roughly: a process that ended meanwhile takes its time with it), `load_average_1m` at start and end.
 Cleans up gunicorn, the worker, the database and its temp directory, also on Ctrl-C.
 """
 from __future__ import annotations
@@ -32,9 +44,9 @@ import contextlib
 import datetime
 import http.client
 import json
-import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -47,21 +59,29 @@ from urllib.parse import urlencode
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-PASSWORD = "bench-load-password-1"
+sys.path.insert(0, str(REPO / "bench"))
+import viewers  # noqa: E402 - bench/viewers.py: the run page as a browser keeps it open
+from load_report import cpu_use, server_times, summarize  # noqa: E402
+from load_rows import PASSWORD, Writer, people_add, seed  # noqa: E402 - request_costs reads them here too
 CURVES_PER_STEP = 12  # loss, loss_k, full_acc_k, cond_acc_k for 3 ttt steps, lr, tokens_per_s
-FLUSH_SECONDS = 2.0  # workers.stages.train.loop.METRICS_FLUSH_SECONDS
 
 
 def parse_args() -> argparse.Namespace:
-    cores = os.cpu_count() or 1
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--clients", type=int, default=50)
+    p.add_argument("--clients", type=int, default=50, help="closed loop: clients with no think time")
+    p.add_argument("--viewers", type=int, default=0,
+                   help="instead of the closed loop: viewers each keeping the training run's page open (bench/viewers.py)")
+    p.add_argument("--warmup", type=float, default=10, help="viewers: seconds over which they open their pages, not counted")
+    p.add_argument("--client-processes", type=int, default=4, help="viewers: client processes they are spread over")
     p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--runs", type=int, default=50, help="runs in the database, the training one included")
     p.add_argument("--trainer", choices=("worker", "writer"), default="worker")
     p.add_argument("--steps-per-second", type=float, default=10, help="writer: training steps per second")
     p.add_argument("--history-steps", type=int, default=500, help="writer: steps trained before measuring")
-    p.add_argument("--gunicorn-workers", type=int, default=2 * cores + 1)
+    p.add_argument("--gunicorn-workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY") or 3),
+                   help="gunicorn's sync workers: WEB_CONCURRENCY as docker-compose.yml reads it (default 3)")
+    p.add_argument("--gunicorn-threads", type=int, default=1,
+                   help="threads per gunicorn worker (1: sync workers, as docker-compose.yml runs them; more: gthread)")
     p.add_argument("--conn-max-age", type=int, default=60,
                    help="DATABASE_CONN_MAX_AGE for gunicorn (docker-compose.yml's default; 0: a connection per request)")
     p.add_argument("--port", type=int, default=8781)
@@ -95,96 +115,11 @@ def django_setup(env: dict[str, str]) -> None:
     django.setup()
     from django.core.management import call_command
 
+    from django.conf import settings
+
     call_command("migrate", verbosity=0, interactive=False)
-
-
-# --- rows -----------------------------------------------------------------------------------------
-
-def _points(steps: range, epoch_steps: int) -> list[dict]:
-    keys = ["loss", "loss_0", "loss_1", "loss_2", "full_acc_0", "full_acc_1", "full_acc_2",
-            "cond_acc_0", "cond_acc_1", "cond_acc_2", "lr", "tokens_per_s"]
-    return [{"step": s, "epoch": s / epoch_steps, "split": "train", "key": k, "value": 1.0 / (1 + s) + i}
-            for s in steps for i, k in enumerate(keys)]
-
-
-def _finish(run, *, statuses: dict[str, str], log: str) -> None:
-    """Stage rows and attempts as a worker leaves them (plain ORM: the gates a worker passes, such as
-    a verified extraction before training, are not what this benchmark measures)."""
-    from django.utils import timezone
-
-    from runs.models import StageAttempt
-    from runs.pipeline.stages import STAGES
-
-    now = timezone.now()
-    for stage in STAGES:
-        status = statuses.get(stage.name, "succeeded")
-        if status == "queued":
-            continue
-        finished = None if status == "running" else now
-        stage.model.objects.filter(run=run).update(status=status, started_at=now, finished_at=finished,
-                                                   log_tail=log, worker="bench@host", progress_done=100,
-                                                   progress_total=100)
-        record_id = stage.model.objects.values_list("pk", flat=True).get(run=run)
-        StageAttempt.objects.create(run=run, stage=stage.name, record_id=record_id, number=1, worker="bench@host",
-                                    started_at=now, finished_at=finished, outcome=status, log_tail=log)
-
-
-def seed(*, runs: int, target_dir: Path, chats: Path) -> tuple[object, object]:
-    """The user and `runs` runs, all but the last finished; returns (user, the last one, still queued)."""
-    from django.contrib.auth import get_user_model
-    from django.contrib.auth.models import Group
-
-    from runs.pipeline import services, stage_services
-    from runs.review import reviews
-    from runs.tracking import services as metric_services
-    from runs.pipeline.run_config import RunConfig
-
-    user = get_user_model().objects.create_user("bench", password=PASSWORD, is_superuser=True)
-    user.groups.add(Group.objects.get_or_create(name="launcher")[0])
-    log = "\n".join(f"step {i}: loss 1.{i:04d}, {i * 37} tokens/s" for i in range(60))  # a 2 kB log tail
-    launched = [services.run_launch(user=user, target_path=target_dir, dataset_path=chats, name=f"bench run {i}",
-                                    config=RunConfig(epochs=1000), enqueue=False) for i in range(runs)]
-    for run in launched[:-1]:
-        _finish(run, statuses={}, log=log)
-        training_id = run.training_run.pk
-        metric_services.metrics_record(training_run_id=training_id, points=_points(range(1, 101), 50))
-        stage_services.checkpoints_register(training_run_id=training_id, checkpoints=[
-            {"epoch": e, "path": f"{run.output_dir}/checkpoints/{e}", "train_loss": 1.0, "val_loss": 1.1,
-             "is_best": e == 1, "val_metrics": {"full_acc_0": 0.5, "cond_acc_0": 0.5}} for e in range(2)])
-        reviews.review_add(user=user, subject=run, decision="approve", text="curves look right")
-    return user, launched[-1]
-
-
-class Writer(threading.Thread):
-    """What a training worker writes while it trains: a batch of metric points every 2 s and its progress."""
-
-    def __init__(self, *, run, steps_per_second: float, history_steps: int):
-        super().__init__(daemon=True)
-        from runs.pipeline import stage_services
-        from runs.tracking import services as metric_services
-        from runs.models import TrainingRun
-
-        _finish(run, statuses={"train": "running", "evaluate": "queued"}, log="")
-        self.services, self.rate, self.step = stage_services, steps_per_second, history_steps
-        self.record_id, self.total = run.training_run.pk, history_steps * 20
-        self.started_at = TrainingRun.objects.get(pk=self.record_id).started_at
-        metric_services.metrics_record(training_run_id=self.record_id, points=_points(range(1, history_steps + 1), 250))
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        from django.db import connection
-
-        from runs.tracking.services import metrics_record
-
-        try:
-            while not self.stop.wait(FLUSH_SECONDS):
-                steps = range(self.step + 1, self.step + 1 + round(self.rate * FLUSH_SECONDS))
-                metrics_record(training_run_id=self.record_id, points=_points(steps, 250))
-                self.step = steps[-1]
-                self.services.stage_progress(stage_name="train", record_id=self.record_id, done=self.step,
-                                             total=self.total, log_tail=f"step {self.step}", started_at=self.started_at)
-        finally:
-            connection.close()
+    if settings.STATIC_ROOT:  # as compose's web command does before it starts gunicorn
+        call_command("collectstatic", verbosity=0, interactive=False)
 
 
 # --- processes ------------------------------------------------------------------------------------
@@ -302,27 +237,6 @@ def run_all(functions: list) -> None:
         t.join()
 
 
-def percentiles(values: list[float]) -> dict:
-    ordered = sorted(values)
-
-    def at(q: float) -> float | None:  # nearest rank: the smallest value with q of all at or below it
-        return round(ordered[max(0, math.ceil(q * len(ordered)) - 1)], 1) if ordered else None
-
-    return {"p50_ms": at(0.50), "p95_ms": at(0.95), "p99_ms": at(0.99)}
-
-
-def summarize(samples: list, seconds: float) -> dict:
-    out = {**percentiles([ms for _, ms, _, _ in samples]), "requests": len(samples),
-           "errors": sum(1 for s in samples if not s[2]), "requests_per_s": round(len(samples) / seconds, 1),
-           "endpoints": {}}
-    for name in dict.fromkeys(s[0] for s in samples):
-        mine = [s for s in samples if s[0] == name]
-        out["endpoints"][name] = {**percentiles([s[1] for s in mine]), "requests": len(mine),
-                                  "errors": sum(1 for s in mine if not s[2]),
-                                  "mean_bytes": round(sum(s[3] for s in mine) / len(mine))}
-    return out
-
-
 # --- main -----------------------------------------------------------------------------------------
 
 def main() -> None:
@@ -335,8 +249,13 @@ def main() -> None:
            "EAGLE3WEB_DATA_ROOTS": f"{tmp}:{REPO / 'data'}", "EAGLE3WEB_RUNS_DIR": str(tmp / "runs"),
            # Two cores are shared by gunicorn, PostgreSQL, the clients and the trainer: one torch thread.
            "EAGLE3WEB_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "DJANGO_LOG_LEVEL": "WARNING"}
-    env.pop("DJANGO_DEBUG", None)  # local mode: plain HTTP on 127.0.0.1, DEBUG off
+           "TOKENIZERS_PARALLELISM": "false", "DJANGO_LOG_LEVEL": "WARNING",
+           # Deployed, as docker-compose.yml runs the app (DEBUG off, a key of its own, collected static
+           # files), with the HTTPS settings off as .env.example says for plain HTTP on 127.0.0.1.
+           "DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+           "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost", "DJANGO_SECURE_SSL_REDIRECT": "0",
+           "DJANGO_SESSION_COOKIE_SECURE": "0", "DJANGO_CSRF_COOKIE_SECURE": "0", "DJANGO_SECURE_HSTS_SECONDS": "0",
+           "DJANGO_STATIC_ROOT": str(tmp / "staticfiles")}
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
         _admin(args.database_url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # left by a killed run
@@ -376,29 +295,57 @@ def main() -> None:
             writer.start()
             cleanup.callback(writer.join, 10)
             cleanup.callback(writer.stop.set)
+        access = tmp / "access.log"  # each request's path, status and milliseconds, as gunicorn timed it
         gunicorn = start([sys.executable, "-m", "gunicorn", "eagle3web.wsgi", "--bind", f"127.0.0.1:{args.port}",
-                          "--workers", str(args.gunicorn_workers), "--no-control-socket"],
-                         env=env, log=tmp / "gunicorn.log")
+                          "--workers", str(args.gunicorn_workers), "--threads", str(args.gunicorn_threads), "--no-control-socket", "--access-logfile",
+                          str(access), "--access-logformat", "%(U)s %(s)s %(M)s"], env=env, log=tmp / "gunicorn.log")
         cleanup.callback(stop, gunicorn)
         wait_for_http(args.port, gunicorn, tmp / "gunicorn.log")
         sessions: list[dict] = []
-        for first in range(0, args.clients, args.gunicorn_workers):  # a login hashes a password for 0.5 s: a few at once
-            run_all([lambda: sessions.append(login(args.port, "bench"))] * min(args.gunicorn_workers, args.clients - first))
-        if len(sessions) != args.clients:
-            raise SystemExit(f"only {len(sessions)} of {args.clients} clients logged in")
+        people = args.viewers or args.clients
+        names = people_add(people)
+        for first in range(0, people, args.gunicorn_workers):  # a login hashes a password for 0.5 s: a few at once
+            run_all([lambda name=name: sessions.append(login(args.port, name)) for name in names[first:first + args.gunicorn_workers]])
+        if len(sessions) != people:
+            raise SystemExit(f"only {len(sessions)} of {people} clients logged in")
         points_before = count_points()
         samples: list = []
+        groups = {"gunicorn": gunicorn.pid, "trainer": worker.pid if args.trainer == "worker" else -1,
+                  "client": os.getpgid(0)}
+        marks = {}  # the access log's size and the CPU used when measuring began and ended
+
+        def mark(name: str) -> None:
+            marks[name] = (access.stat().st_size, cpu_use(groups, database=args.database_url.rsplit("/", 1)[1]))
+
         load_before, began = os.getloadavg()[0], time.monotonic()
-        run_all([lambda c=cookies: client(args.port, c, run.pk, began + args.seconds, samples) for cookies in sessions])
+        if args.viewers:
+            # Marked while the client processes run (a process that ended takes its CPU time with it).
+            threading.Timer(1.0 + args.warmup, mark, args=("start",)).start()
+            threading.Timer(1.0 + args.warmup + args.seconds - 0.5, mark, args=("end",)).start()
+            began = viewers.run_viewers(port=args.port, sessions=sessions, run_id=run.pk, warmup=args.warmup,
+                                        seconds=args.seconds, samples=samples, processes=args.client_processes)
+        else:
+            mark("start")
+            run_all([lambda c=cookies: client(args.port, c, run.pk, began + args.seconds, samples) for cookies in sessions])
         elapsed = time.monotonic() - began
-        result = {**summarize(samples, elapsed), "clients": args.clients, "seconds": round(elapsed, 1),
-                  "gunicorn_workers": args.gunicorn_workers, "conn_max_age": args.conn_max_age, "runs": args.runs, "trainer": args.trainer,
+        if not args.viewers:
+            mark("end")
+        marked = args.seconds - 0.5 if args.viewers else elapsed
+        cores = {name: round((marks["end"][1][name] - marks["start"][1][name]) / marked, 2) for name in marks["end"][1]}
+        cores["others"] = round(cores["machine"] - sum(v for k, v in cores.items() if k != "machine"), 2)
+        mode = ({"viewers": args.viewers, "warmup_seconds": args.warmup, "page_timings": viewers.page_timings(),
+                 "client_processes": args.client_processes}
+                if args.viewers else {"clients": args.clients})
+        result = {**summarize(samples, elapsed), **mode, "seconds": round(elapsed, 1),
+                  "gunicorn_workers": args.gunicorn_workers, "gunicorn_threads": args.gunicorn_threads, "conn_max_age": args.conn_max_age, "runs": args.runs, "trainer": args.trainer,
                   "training_status": TrainingRun.objects.get(run=run).status,
                   "metric_points_written_while_measuring": count_points() - points_before,
                   "curve_points_at_end": count_points(), "database": "postgresql",
                   "cores": os.cpu_count(), "date": datetime.date.today().isoformat(),
                   # Other work on the machine shows here: the figures above are only this app's on a quiet one.
-                  "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+                  "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+                  # Cores busy while measuring, by whom: "others" is everyone else's work on the machine.
+                  "cpu_cores": cores, "server_ms": server_times(access, marks["start"][0], marks["end"][0])}
     print(json.dumps(result, indent=None if args.json else 2))
 
 

@@ -7,7 +7,9 @@ checkpoints and an approval; the last training, its curve 500 steps long with po
 2 s by the workers' own write path), in its own PostgreSQL database (`bench_request_costs`, dropped
 at the end). One signed-in client (Django's test client, no HTTP, no server) asks for each page of
 the load benchmark's loop --repeat times, one request at a time, after two warm-up requests; prints
-per page the median and p90 ms and the SQL queries one request runs. It says what a request costs
+per page the median and p90 ms and the SQL queries one request runs; the run's status and curve
+polls also as the page sends them, with the ETag of an answer just before (304 unless a write came in
+between). It says what a request costs
 the server, which with no waiting bounds the throughput bench/load.py can reach on these cores.
 """
 from __future__ import annotations
@@ -58,23 +60,35 @@ def main() -> None:
         client.force_login(user)
         pages = {"runs_list": "/", "run_page": f"/runs/{run.pk}/",
                  "curve_full": f"/api/runs/{run.pk}/metrics/?points=2000",
-                 "curve_poll": f"/api/runs/{run.pk}/metrics/?start=490"}
+                 "curve_poll": f"/api/runs/{run.pk}/metrics/?start=490",
+                 "status_poll": f"/api/runs/{run.pk}/"}
+        # The polls again as the page sends them, with the ETag of an answer got just before (untimed):
+        # 304 unless the writer moved the counter in between (`not_modified` says how many were).
+        conditional = {"status_poll_304": pages["status_poll"], "curve_poll_304": pages["curve_poll"]}
         out = {}
-        for name, path in pages.items():
+        for name, path in {**pages, **conditional}.items():
             for _ in range(2):
                 assert client.get(path).status_code == 200, path
-            times = []
+            times, unchanged = [], 0
+
+            def headers() -> dict:
+                return {"HTTP_IF_NONE_MATCH": client.get(path)["ETag"]} if name in conditional else {}
+
             for _ in range(args.repeat):
+                sent = headers()
                 started = time.perf_counter()
-                client.get(path)
+                unchanged += client.get(path, **sent).status_code == 304
                 times.append((time.perf_counter() - started) * 1000)
+            sent = headers()
             with CaptureQueriesContext(connection) as queries:
-                size = len(client.get(path).content)
+                size = len(client.get(path, **sent).content)
             times.sort()
             out[name] = {"median_ms": round(statistics.median(times), 1),
                          "p90_ms": round(times[int(0.9 * (len(times) - 1))], 1),
-                         "queries": len(queries.captured_queries), "bytes": size}
-        mean = statistics.mean(v["median_ms"] for v in out.values())
+                         "queries": len(queries.captured_queries), "bytes": size,
+                         **({"not_modified": unchanged} if name in conditional else {})}
+        # The closed loop's four requests (bench/load.py --clients): what one of its rounds costs on average.
+        mean = statistics.mean(out[name]["median_ms"] for name in ("runs_list", "run_page", "curve_full", "curve_poll"))
         result = {"pages": out, "mean_of_medians_ms": round(mean, 1), "repeat": args.repeat, "runs": args.runs,
                   "cores": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2),
                   "date": time.strftime("%Y-%m-%d")}
