@@ -112,7 +112,9 @@ def test_counts_are_those_of_the_written_rows(regenerated, source_rows):
     users = sum(role_content(t)[0] == "user" for r in written for t in turns_of(r))
     assert regenerated.conversations == len(written) == len(source_rows)
     assert regenerated.turns_regenerated == users == sum(r["regenerated"]["turns"] for r in written)
-    assert regenerated.replies_cut == sum(len(r["regenerated"]["cut_turns"]) for r in written) > 0
+    # Whether a reply of this talker reaches MAX_NEW depends on its training; cuts are forced and counted
+    # in test_replies_cut_at_max_new_tokens_are_counted.
+    assert regenerated.replies_cut == sum(len(r["regenerated"]["cut_turns"]) for r in written)
     assert regenerated.generated_tokens == sum(r["regenerated"]["tokens"] for r in written)
     assert (regenerated.failures, regenerated.resumed_from, regenerated.skipped_excluded) == (0, 0, 0)
     assert regenerated.backend == "transformers" and regenerated.backend_version

@@ -165,21 +165,32 @@ def stopped_then_resumed(run_dir, tmp_path_factory):
     calls = {"first": {"points": [], "checkpoints": [], "resume": [], "progress": []},
              "second": {"points": [], "checkpoints": [], "resume": [], "progress": []}}
 
-    def attempt(name, **kwargs):
+    def attempt(name, env=CPU_SEAM_ENV, **kwargs):
         got = calls[name]
         return train_with_speculators(
             **_inputs(run_dir), out_dir=out_dir, epochs=EPOCHS, lr=3e-3, ttt_steps=3, draft_vocab_size=DRAFT_VOCAB,
-            max_tokens_per_step=256, extra_args=CPU_ARGS, env=CPU_SEAM_ENV, stop_grace_seconds=60,
+            max_tokens_per_step=256, extra_args=CPU_ARGS, env=env, stop_grace_seconds=60,
             on_metrics=got["points"].extend, on_checkpoint=got["checkpoints"].append,
             on_resume=lambda step, epochs_done: got["resume"].append((step, epochs_done)),
             on_progress=lambda done, total: got["progress"].append((done, total)), **kwargs)
 
     with pytest.raises(TrainingStopped) as stopped:
-        attempt("first", should_stop=lambda: bool(calls["first"]["checkpoints"]))
+        # An epoch of this tiny run takes a fraction of a second: paced so that the stop, seen at the
+        # trainer's next poll, lands before the last epoch even on a loaded host.
+        attempt("first", env={**CPU_SEAM_ENV, "EAGLE3WEB_TEST_SYNC_PAUSE_SECONDS": "0.05"},
+                should_stop=lambda: bool(calls["first"]["checkpoints"]))
     calls["stopped"] = stopped.value
     calls["result"] = attempt("second")
     calls["out_dir"] = out_dir
     return calls
+
+
+def _last_epoch_of_first(stopped_then_resumed) -> int:
+    """The last epoch the stopped attempt registered: the stop is asked at the first and seen at the
+    trainer's next poll, so it may land an epoch later; never at the end, or nothing was stopped."""
+    epochs = [c.epoch for c in stopped_then_resumed["first"]["checkpoints"]]
+    assert epochs and epochs[-1] < EPOCHS - 1
+    return epochs[-1]
 
 
 def test_metrics_arrive_as_our_points_unrounded_cpu_device_patched(stopped_then_resumed):
@@ -190,19 +201,20 @@ def test_metrics_arrive_as_our_points_unrounded_cpu_device_patched(stopped_then_
     keys = {p["key"] for p in train}
     assert {"loss", "loss_0", "loss_2", "full_acc_0", "cond_acc_2", "lr", "tokens_per_s", "tokens_seen"} <= keys
     assert first["progress"][0] == (0, stopped_then_resumed["result"].steps)
-    val = {p["key"]: p for p in first["points"] if p["split"] == "val"}
-    saved = json.loads((stopped_then_resumed["out_dir"] / "0" / "val_metrics.json").read_text())
+    last = _last_epoch_of_first(stopped_then_resumed)
+    val = {p["key"]: p for p in first["points"] if p["split"] == "val" and p["epoch"] == last + 1}
+    saved = json.loads((stopped_then_resumed["out_dir"] / str(last) / "val_metrics.json").read_text())
     assert val["loss"]["value"] == saved["loss_epoch"] and val["loss_1"]["value"] == saved["loss_1_epoch"]
-    assert val["loss"]["epoch"] == 1.0
-    state = json.loads((stopped_then_resumed["out_dir"] / "0" / "training_state.json").read_text())
+    state = json.loads((stopped_then_resumed["out_dir"] / str(last) / "training_state.json").read_text())
     assert val["loss"]["step"] == state["global_step"]
 
 
 def test_stop_ends_the_trainer_after_a_registered_epoch_cpu_device_patched(stopped_then_resumed):
     first = stopped_then_resumed["first"]
-    assert [c.epoch for c in first["checkpoints"]] == [0]
+    last = _last_epoch_of_first(stopped_then_resumed)
+    assert [c.epoch for c in first["checkpoints"]] == list(range(last + 1))
     assert first["resume"] == [(0, 0)]
-    state = json.loads((stopped_then_resumed["out_dir"] / "0" / "training_state.json").read_text())
+    state = json.loads((stopped_then_resumed["out_dir"] / str(last) / "training_state.json").read_text())
     assert stopped_then_resumed["stopped"].steps_done >= state["global_step"]
     # A stopped attempt's interrupt save was removed by the retry: speculators never resumes from it.
     assert not (stopped_then_resumed["out_dir"] / "interrupted").exists()
@@ -210,15 +222,16 @@ def test_stop_ends_the_trainer_after_a_registered_epoch_cpu_device_patched(stopp
 
 def test_retry_resumes_with_speculators_own_resume_cpu_device_patched(stopped_then_resumed, run_dir):
     second, result = stopped_then_resumed["second"], stopped_then_resumed["result"]
-    state = json.loads((stopped_then_resumed["out_dir"] / "0" / "training_state.json").read_text())
-    assert second["resume"] == [(state["global_step"], 1)]
+    last = _last_epoch_of_first(stopped_then_resumed)
+    state = json.loads((stopped_then_resumed["out_dir"] / str(last) / "training_state.json").read_text())
+    assert second["resume"] == [(state["global_step"], last + 1)]
     assert result.resumed_from_step == state["global_step"] > 0
     train_steps = sorted({p["step"] for p in second["points"] if p["split"] == "train"})
     assert train_steps == list(range(state["global_step"] + 1, result.steps + 1))
-    assert [c.epoch for c in second["checkpoints"]] == [1, 2]
-    assert [c.epoch for c in result.checkpoints] == [0, 1, 2]
+    assert [c.epoch for c in second["checkpoints"]] == list(range(last + 1, EPOCHS))
+    assert [c.epoch for c in result.checkpoints] == list(range(EPOCHS))
     log = (stopped_then_resumed["out_dir"] / "speculators_train.log").read_text()
-    assert "Resuming training on epoch 1" in log
+    assert f"Resuming training on epoch {last + 1}" in log
     assert result.loss_tokens_trained == result.loss_tokens_available > 0
     assert result.split.by == "contiguous rows"
     split = json.loads((stopped_then_resumed["out_dir"] / "split.json").read_text())

@@ -18,6 +18,8 @@ and the resume are speculators' own. Never on a worker's path: only tests set th
 import os
 
 if os.environ.get("EAGLE3WEB_TEST_CPU_AS_DEVICE") == "1":
+    import time
+
     import torch
     import torch.distributed as _dist
 
@@ -36,7 +38,15 @@ if os.environ.get("EAGLE3WEB_TEST_CPU_AS_DEVICE") == "1":
     torch.accelerator.is_available = lambda: False  # what is true; the trainer then skips memory statistics
     torch.accelerator.set_device_index = lambda index: None
     torch.accelerator.current_device_index = lambda: 0
-    torch.accelerator.synchronize = lambda device=None: None
+    # A pause per synchronize (several per logged step) slows a test's trainer to a pace a stop can
+    # catch between two epochs on a loaded host; 0 (the default) adds nothing.
+    _PAUSE = float(os.environ.get("EAGLE3WEB_TEST_SYNC_PAUSE_SECONDS") or 0)
+
+    def _synchronize(device=None):
+        if _PAUSE:
+            time.sleep(_PAUSE)
+
+    torch.accelerator.synchronize = _synchronize
     if not hasattr(torch.cpu, "empty_cache"):
         torch.cpu.empty_cache = lambda: None
 
