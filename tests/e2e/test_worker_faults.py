@@ -79,7 +79,9 @@ def test_a_worker_killed_during_extraction_is_replaced_and_no_sample_is_extracte
     assert summary["acceptance"]["output_matches_greedy"] is True
 
 
-EPOCHS = 3  # killed once the second epoch has ended, with the third still to train
+# Killed once the second epoch has ended, with four still to train: an epoch of this run can take under
+# a second on a quiet host, and with one left the run once finished between the wait's poll and the kill.
+EPOCHS = 6
 
 
 def test_a_worker_killed_during_training_is_replaced_and_training_resumes(tiny_target, data_root, tmp_path, user):
@@ -93,10 +95,10 @@ def test_a_worker_killed_during_training_is_replaced_and_training_resumes(tiny_t
         training = TrainingRun.objects.filter(run=run)
         # a second epoch's checkpoint means the first epoch's resume state is on disk
         wait_until(lambda: Checkpoint.objects.filter(training_run__run=run, epoch__gte=1).exists(), timeout=300,
-                   what="training's second epoch to end")
-        loss = MetricSeries.objects.get(training_run__run=run, split="train", key="loss")
-        first_value = series_points(series=loss).values[0]
-        kill_worker_hard(first)
+                   what="training's second epoch to end", poll=0.1)
+        kill_worker_hard(first)  # at once: nothing read between the wait and the kill
+    loss = MetricSeries.objects.get(training_run__run=run, split="train", key="loss")
+    first_value = series_points(series=loss).values[0]
     assert training.get().status == StageStatus.RUNNING  # nobody is left to say otherwise
     with celery_worker(data_root=data_root, log_path=tmp_path / "second.log", extra_env=SHORT_LEASE):
         summary = wait_for_run(run.pk, timeout=600, log_path=tmp_path / "second.log")
