@@ -38,6 +38,9 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from processes import database_admin, start, stop  # noqa: E402 - bench/processes.py, as bench/load.py
+
 MLFLOW_VENV = REPO / ".venv-mlflow"
 
 
@@ -84,28 +87,6 @@ def make_points(total: int, keys: list[str]) -> list[dict]:
 
 # --- processes ------------------------------------------------------------------------------------
 
-def _admin(url: str, sql: str) -> None:
-    import psycopg
-
-    base, name = url.rsplit("/", 1)
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(sql.format(name=name))
-
-
-def start(cmd: list[str], *, env: dict, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait)
-            return
-
-
 def wait_for(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -142,14 +123,14 @@ def eagle3web_side(args, points: list[dict], tmp: Path, cleanup: contextlib.Exit
            "DJANGO_LOG_LEVEL": "WARNING", "DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
            "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost", "DJANGO_SECURE_SSL_REDIRECT": "0",
            "DJANGO_SESSION_COOKIE_SECURE": "0", "DJANGO_CSRF_COOKIE_SECURE": "0", "DJANGO_SECURE_HSTS_SECONDS": "0"}
-    _admin(args.database_url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # left by a killed run
-    _admin(args.database_url, 'CREATE DATABASE "{name}"')
+    database_admin(args.database_url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # left by a killed run
+    database_admin(args.database_url, 'CREATE DATABASE "{name}"')
 
     def drop() -> None:
         from django.db import connections
 
         connections.close_all()
-        _admin(args.database_url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        database_admin(args.database_url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     cleanup.callback(drop)
     os.environ.update(env)

@@ -60,6 +60,7 @@ from urllib.parse import urlencode
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+from processes import database_admin, start, stop  # noqa: E402
 import viewers  # noqa: E402 - bench/viewers.py: the run page as a browser keeps it open
 from load_report import cpu_use, server_times, summarize  # noqa: E402
 from load_rows import PASSWORD, Writer, people_add, seed  # noqa: E402 - request_costs reads them here too
@@ -93,19 +94,12 @@ def parse_args() -> argparse.Namespace:
 
 # --- database -------------------------------------------------------------------------------------
 
-def _admin(url: str, sql: str) -> None:
-    import psycopg
-
-    base, name = url.rsplit("/", 1)
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(sql.format(name=name))
-
 
 def drop_database(url: str) -> None:
     from django.db import connections
 
     connections.close_all()
-    _admin(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    database_admin(url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def django_setup(env: dict[str, str]) -> None:
@@ -123,21 +117,6 @@ def django_setup(env: dict[str, str]) -> None:
 
 
 # --- processes ------------------------------------------------------------------------------------
-
-def start(cmd: list[str], *, env: dict, log: Path) -> subprocess.Popen:
-    # Its own process group, so that stopping it stops its children (gunicorn's and celery's workers).
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait)
-            return
-
 
 def demo_assets(env: dict) -> tuple[Path, Path]:
     """A small demo target and its chats, built once into data/bench-load-assets and reused."""
@@ -258,8 +237,8 @@ def main() -> None:
            "DJANGO_STATIC_ROOT": str(tmp / "staticfiles")}
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
-        _admin(args.database_url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # left by a killed run
-        _admin(args.database_url, 'CREATE DATABASE "{name}"')
+        database_admin(args.database_url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # left by a killed run
+        database_admin(args.database_url, 'CREATE DATABASE "{name}"')
         cleanup.callback(drop_database, args.database_url)
         django_setup(env)
         if args.trainer == "worker":

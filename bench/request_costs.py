@@ -42,8 +42,8 @@ def main() -> None:
            "EAGLE3WEB_RUNS_DIR": str(tmp / "runs"), "EAGLE3WEB_TORCH_THREADS": "1"}
     os.environ.pop("DJANGO_DEBUG", None)
     with contextlib.ExitStack() as cleanup:
-        load._admin(args.database_url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        load._admin(args.database_url, 'CREATE DATABASE "{name}"')
+        load.database_admin(args.database_url, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        load.database_admin(args.database_url, 'CREATE DATABASE "{name}"')
         cleanup.callback(load.drop_database, args.database_url)
         load.django_setup(env)
         target, chats = load.demo_assets({**os.environ, **env})
