@@ -46,7 +46,7 @@ def external_run_create(*, user: AbstractBaseUser, name: str, config: object, ta
                         dataset_path: str = "") -> PipelineRun:
     """A run trained elsewhere, with its trainer's settings; its target and dataset only when given (and
     then registered as a launch registers them: under the data roots, read and checked)."""
-    from runs.pipeline.services import dataset_register, target_register
+    from runs.pipeline.services import dataset_register, input_blames, target_register
 
     require(user, "report")
     name = check_run_name(name)
@@ -58,19 +58,11 @@ def external_run_create(*, user: AbstractBaseUser, name: str, config: object, ta
         raise RunConfigError(f"config is {size:,} bytes of JSON; at most {MAX_CONFIG_BYTES:,}", field="config")
     target = dataset = None
     if target_path:
-        try:
+        with input_blames("target_path"):
             target = target_register(path=target_path)
-        except Exception as exc:
-            if not getattr(exc, "field", None):
-                exc.field = "target_path"
-            raise
     if dataset_path:
-        try:
+        with input_blames("dataset_path"):
             dataset = dataset_register(path=dataset_path)
-        except Exception as exc:
-            if not getattr(exc, "field", None):
-                exc.field = "dataset_path"
-            raise
     run = PipelineRun.objects.create(owner=user, name=name, target=target, dataset=dataset, config=config,
                                      external=True)
     # What the training row has columns for, as the trainer named them (run_pipeline's names); 0 when not given.

@@ -108,7 +108,7 @@ def dataset_register(*, path: str | Path) -> Dataset:
 
 
 @contextmanager
-def _blames(field: str) -> Iterator[None]:
+def input_blames(field: str) -> Iterator[None]:
     """An input error raised inside names `field` unless it names one already: the launch form shows
     it on that field (and in its summary), a sweep names the swept value to blame."""
     try:
@@ -139,7 +139,7 @@ def run_launch(
     if check not in ("fleet", "this_host"):
         raise ValueError(f"check must be 'fleet' or 'this_host', got {check!r}")
     name = check_run_name(name)
-    with _blames("target_path"):
+    with input_blames("target_path"):
         target = target_register(path=target_path)
     # Rolled back with the target's row when refused: nothing stored.
     weight_bytes = target_weight_bytes(Path(target.path))
@@ -151,13 +151,13 @@ def run_launch(
     if refusals:  # refused now rather than left in a queue that no live worker takes, or failed at extract
         field, why = refusals[0]
         raise RunConfigError(why, field=field)
-    with _blames("dataset_path"):
+    with input_blames("dataset_path"):
         dataset = dataset_register(path=dataset_path)
     layer_ids = list(config.layer_ids or target.default_layer_ids)
     if layer_ids and layer_ids[-1] != target.num_layers:
         # The draft learns from the final hidden state, so it is always captured after the aux layers.
         layer_ids.append(target.num_layers)
-    with _blames("layer_ids"):
+    with input_blames("layer_ids"):
         layer_ids = validate_layer_ids(layer_ids, target.num_layers)
     if config.draft_vocab_size > target.vocab_size:
         raise RunConfigError(

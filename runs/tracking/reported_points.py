@@ -21,7 +21,7 @@ from django.db.models import Q
 from runs.models import MetricChunk, MetricSeries
 from runs.pipeline.changes import curves_changed
 from runs.tracking.chunks import CHUNK_POINTS, Points, split_chunks, unpack
-from runs.tracking.services import _append, _chunk_fields, _columns, _summary_rebuild, _summary_update
+from runs.tracking.services import _append, _chunk_fields, _columns, _points_of, _summary_rebuild, _summary_update
 from workers.contract.errors import InputError
 
 MAX_POINTS = 10_000
@@ -99,14 +99,6 @@ def points_check(points: object) -> list[dict]:
     return checked
 
 
-def _as_points(rows: list[dict], now: float) -> Points:
-    rows = sorted(rows, key=lambda r: r["step"])
-    return Points(steps=np.array([r["step"] for r in rows], dtype=np.int64),
-                  epochs=np.array([r["epoch"] for r in rows], dtype=np.float64),
-                  values=np.array([r["value"] for r in rows], dtype=np.float64),
-                  times=np.full(len(rows), now, dtype=np.float64))
-
-
 def _rewrite_from(series: MetricSeries, new: Points) -> tuple[int, int, int]:
     """Merge `new` into the stored points from its first step on: (accepted, unchanged, replaced)."""
     # From the first chunk it reaches, and every chunk not yet full (always the last ones), so that the
@@ -153,7 +145,7 @@ def points_report(*, training_run_id: int, points: list[dict]) -> PointCounts:
     for (split, key), rows in sorted(by_series.items()):
         MetricSeries.objects.get_or_create(training_run_id=training_run_id, split=split, key=key)
         series = MetricSeries.objects.select_for_update().get(training_run_id=training_run_id, split=split, key=key)
-        new = _as_points(rows, now)
+        new = _points_of(rows, now)  # points_check let no step twice into a batch
         if series.last_step is None or int(new.steps[0]) > series.last_step:
             _append(series, new)
             _summary_update(series, new)
