@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import subprocess
 from pathlib import Path
 
@@ -19,37 +18,24 @@ import pytest
 
 from eagle3web_client import ApiError, Client, Eagle3WebMetricsHandler, record_points
 from runs.models import Checkpoint
-from tests.stages.test_train_speculators import CPU_ARGS, CPU_SEAM_ENV, DRAFT_VOCAB
+from tests.stages.test_train_speculators import CPU_ARGS, CPU_SEAM_ENV, DRAFT_VOCAB, pipeline_run_folder
 from workers.contract.speculators_layout import speculators_data_link
-from workers.contract.target import default_layer_ids
+from workers.stages.train.loop import _METRIC_KEY as METRIC_KEY  # the dashboard's own trainings' names
 from workers.stages.train.with_speculators.trainer import ENTRY_MODULE, default_torchrun, speculators_command
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = Path(__file__).resolve().parent / "speculators_entry.py"
-METRIC_KEY = re.compile(r"^(loss|loss_\d+|full_acc_\d+|cond_acc_\d+)$")
 EPOCHS = 2
 
 
 @pytest.fixture(scope="module")
 def speculators_data(tiny_target, tmp_path_factory):
     """What a cluster holds before it trains: the target, hidden states and vocab in speculators' layout."""
-    from workers.stages.extract.with_transformers import extract
-    from workers.stages.prepare import prepare
-    from workers.stages.vocab import build_vocab
-
-    root = tmp_path_factory.mktemp("cluster")
-    lines = tiny_target.chats_path.read_text().splitlines()[:20]
-    (root / "chats.jsonl").write_text("\n".join(lines) + "\n")
-    prepared = prepare(tokenizer_dir=tiny_target.target_dir, dataset_path=root / "chats.jsonl",
-                       out_dir=root / "prepared", max_seq_len=256)
-    layer_ids = default_layer_ids(tiny_target.num_layers)
-    extract(target_dir=tiny_target.target_dir, prepared_dir=prepared.out_dir, out_dir=root / "extraction",
-            layer_ids=layer_ids, device="cpu")
-    vocab = build_vocab(token_freq_path=prepared.token_freq_path, out_dir=root / "vocab",
-                        draft_vocab_size=DRAFT_VOCAB, target_vocab_size=tiny_target.vocab_size)
-    data = speculators_data_link(prepared_dir=prepared.out_dir, hidden_states_dir=root / "extraction" / "hidden_states",
-                                 d2t_path=vocab.d2t_path, t2d_path=vocab.t2d_path, out_dir=root / "speculators_data")
-    return {"root": root, "target_dir": tiny_target.target_dir, "data_dir": data.data_dir, "layer_ids": layer_ids}
+    run = pipeline_run_folder(tiny_target, tmp_path_factory.mktemp("cluster"))
+    data = speculators_data_link(prepared_dir=run["prepared_dir"], hidden_states_dir=run["hidden_states_dir"],
+                                 d2t_path=run["d2t_path"], t2d_path=run["t2d_path"],
+                                 out_dir=run["run"] / "speculators_data")
+    return {"target_dir": run["target_dir"], "data_dir": data.data_dir, "layer_ids": run["layer_ids"]}
 
 
 def _known_points(lines: list[dict]) -> tuple[dict[tuple[str, str, int], float], dict[tuple[str, str, int], float]]:

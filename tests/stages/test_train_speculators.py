@@ -35,8 +35,12 @@ EPOCHS = 3
 
 @pytest.fixture(scope="module")
 def run_dir(tiny_target, tmp_path_factory):
-    """A run folder as the pipeline leaves it: prepared/, extraction/hidden_states/, vocab/."""
-    root = tmp_path_factory.mktemp("spec-run")
+    return pipeline_run_folder(tiny_target, tmp_path_factory.mktemp("spec-run"))
+
+
+def pipeline_run_folder(tiny_target, root: Path) -> dict:
+    """A run folder as the pipeline leaves it, under root/run: prepared/, extraction/hidden_states/, vocab/
+    from the first 20 chats (tests/client's cluster starts from one too)."""
     lines = tiny_target.chats_path.read_text().splitlines()[:20]
     (root / "chats.jsonl").write_text("\n".join(lines) + "\n")
     run = root / "run"
