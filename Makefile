@@ -74,5 +74,5 @@ mlflow: $(MLFLOW_VENV)/.installed
 $(MLFLOW_VENV)/.installed:
 	test -x $(MLFLOW_VENV)/bin/python || $(PYTHON) -m venv $(MLFLOW_VENV)
 	$(MLFLOW_VENV)/bin/python -m pip install -q --upgrade pip
-	$(MLFLOW_VENV)/bin/python -m pip install -q mlflow==$(MLFLOW_VERSION)
+	$(MLFLOW_VENV)/bin/python -m pip install -q mlflow==$(MLFLOW_VERSION) psycopg2-binary  # its store on PostgreSQL, as ours
 	touch $@

@@ -8,8 +8,8 @@ What each side does:
   and an API token (runs.api.tokens), and serves the app with gunicorn on 127.0.0.1 as docker-compose.yml
   runs it (sync workers, DEBUG off), as bench/load.py does. eagle3web_client.Client creates an external
   run and sends the points with runs.log_metrics, one batch at a time (POST /api/v1/runs/<id>/metrics/).
-- MLflow: `mlflow server` from .venv-mlflow on a SQLite backend store in a temp directory, with as many
-  workers as gunicorn has; one experiment, one run; the same points in the same batches, each a
+- MLflow: `mlflow server` from .venv-mlflow with its backend store in a PostgreSQL database of its own on
+  the same server as ours (bench_api_mlflow), as many workers as gunicorn has; one experiment, one run; the same points in the same batches, each a
   POST /api/2.0/mlflow/runs/log-batch (at most 1,000 metrics a call, MLflow's limit, hence --batch-size
   at most 1,000 for both), through an httpx.Client kept open as the client keeps its own.
 Both from this one process, one after the other, one request at a time. The points are what a speculators
@@ -182,7 +182,12 @@ def mlflow_side(args, points: list[dict], tmp: Path, cleanup: contextlib.ExitSta
     version = subprocess.run([str(mlflow), "--version"], capture_output=True, text=True, check=True).stdout.split()[-1]
     log = tmp / "mlflow.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_HOME": str(tmp)}
-    server = start([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
+    # Its store on the same PostgreSQL server as ours, a database of its own: the baseline writes where we do.
+    store = args.database_url.rsplit("/", 1)[0] + "/bench_api_mlflow"
+    database_admin(store, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    database_admin(store, 'CREATE DATABASE "{name}"')
+    cleanup.callback(database_admin, store, 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    server = start([str(mlflow), "server", "--backend-store-uri", "postgresql+psycopg2://" + store.split("://", 1)[1],
                     "--default-artifact-root", str(tmp / "mlartifacts"), "--host", "127.0.0.1",
                     "--port", str(args.mlflow_port), "--workers", str(args.gunicorn_workers)], env=env, log=log)
     cleanup.callback(stop, server)
@@ -241,7 +246,7 @@ def main() -> None:
         "mlflow_batch_p50_ms": ms(percentile(theirs["latencies"], 0.50)) if theirs else None,
         "points": len(points), "batch_size": args.batch_size, "batches": len(ours["latencies"]),
         "keys": args.keys, "workers": args.gunicorn_workers, "client_retries": ours["retried"],
-        "mlflow_version": theirs["version"] if theirs else None, "mlflow_backend": "sqlite" if theirs else None,
+        "mlflow_version": theirs["version"] if theirs else None, "mlflow_backend": "postgresql" if theirs else None,
         "cpus": os.cpu_count(), "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
     }
