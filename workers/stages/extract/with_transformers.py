@@ -18,19 +18,24 @@ replaces `hidden_states[N]` with the post-norm `last_hidden_state`, so we do not
 from `output_hidden_states`. Instead forward pre-hooks read each wanted tensor directly: the
 input of decoder layer i for i < N and the input of the final norm for N. That gives the same
 tensors as `output_hidden_states` for i < N (tests check it) while holding only L tensors, not
-N+1, and skips the lm_head (logits would be [B, T, vocab] in fp32).
+N+1, and skips the lm_head (logits would be [B, T, vocab] in fp32). Every forward runs the whole
+base model (all decoder layers and the final norm) whichever layers are captured; `bare_forward`
+runs the very same forwards without the hooks, as the baseline the stage is measured against.
+
+On CUDA the forward loop does not wait for the host: each batch's layers are copied on a side
+stream into reused pinned buffers (workers.stages.extract.host_copy.PinnedCopies) while the next
+forward runs, and a writer thread (workers.stages.extract.writer.BoundedWriter) writes the files,
+at most WRITES_IN_FLIGHT batches behind. `overlap=False` keeps the synchronous path (blocking
+`.cpu()`, files written in the loop), which writes byte-identical files.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future
 from contextlib import closing
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,8 +44,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
-from workers.contract.dtypes import floor_bytes_per_token  # noqa: E402
-from workers.stages.extract.files import HiddenBatch, _check_batch, _write_batch, _writer  # noqa: E402,F401
+from workers.stages.extract.files import (  # noqa: E402,F401
+    WRITES_IN_FLIGHT,
+    HiddenBatch,
+    _check_batch,
+    _write_batch,
+    _write_staged,
+    _writer,
+)
+from workers.stages.extract.host_copy import (  # noqa: E402
+    BlockingCopies,
+    EventTimes,
+    ForwardedBatch,
+    PinnedCopies,
+)
 from workers.stages.extract.model import (  # noqa: E402,F401
     LayerCapture,
     decoder_parts,
@@ -48,10 +65,16 @@ from workers.stages.extract.model import (  # noqa: E402,F401
     place_target,
     spread_device,
 )
+from workers.stages.extract.result import (  # noqa: E402,F401
+    FILE_PATTERN,
+    HIDDEN_STATES_DIRNAME,
+    MANIFEST_NAME,
+    ExtractionResult,
+    write_manifest,
+)
 from workers.stages.extract.resume import (  # noqa: E402
     extraction_fingerprint,
     resume_or_start,
-    write_json_atomic,
 )
 from workers.contract.progress import ProgressFn  # noqa: E402
 from workers.contract.target import read_target_config, validate_layer_ids  # noqa: E402
@@ -62,47 +85,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-HIDDEN_STATES_DIRNAME = "hidden_states"
-FILE_PATTERN = "hidden_states/hs_{idx}.safetensors"
-MANIFEST_NAME = "data_config.json"
 STORE_DTYPE = torch.bfloat16
 # Padded tokens per forward. Measured on the shared 2-core CPU box, demo target, 260 rows:
 # one row per forward took 94 s, 512-8192 padded tokens 9-15 s (per-call overhead dominates
 # small rows). GPUs take wider batches; rows are length-sorted so padding stays small.
 DEFAULT_BATCH_TOKENS = {"cpu": 2048, "cuda": 16384}
 MAX_BATCH_ROWS = 64
-
-
-@dataclass(frozen=True)
-class ExtractionResult:
-    out_dir: Path
-    hidden_states_dir: Path
-    manifest_path: Path
-    num_samples: int
-    total_tokens: int
-    layer_ids: list[int]
-    hidden_size: int
-    num_layers_captured: int
-    dtype: str
-    model_load_seconds: float
-    forward_seconds: float
-    total_time_seconds: float
-    tokens_per_second: float
-    bytes_on_disk: int
-    bytes_per_token: float
-    floor_bytes_per_token: int
-    device: str  # where the forwards ran, e.g. "cpu" or "cuda:0 (NVIDIA H200)"
-    # A resumed attempt keeps the samples an earlier one wrote whole: num_samples and total_tokens
-    # count every sample; the timings and tokens_per_second only what this attempt extracted.
-    num_samples_reused: int = 0
-    num_samples_extracted: int = 0
-    tokens_extracted: int = 0
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        for key in ("out_dir", "hidden_states_dir", "manifest_path"):
-            d[key] = str(d[key])
-        return d
 
 
 def plan_forward_batches(lengths: list[int], batch_tokens: int, max_rows: int = MAX_BATCH_ROWS) -> list[list[int]]:
@@ -125,6 +113,12 @@ def batch_token_budget(device: torch.device, batch_tokens: int | None = None) ->
     return batch_tokens or DEFAULT_BATCH_TOKENS.get(device.type, 2048)
 
 
+def _largest_batch_tokens(lengths: list[int], todo: list[int], batch_tokens: int) -> int:
+    """Padded tokens (rows x longest row) of the largest batch the plan holds: what a buffer must fit."""
+    plan = plan_forward_batches([lengths[i] for i in todo], batch_tokens)
+    return max(len(b) * max(lengths[todo[j]] for j in b) for b in plan)
+
+
 def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -132,6 +126,10 @@ def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torc
     for b, row in enumerate(rows):
         ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[b, : len(row)] = 1
+    if device.type == "cuda":
+        # From pageable memory a copy waits for the device's queue to empty; from pinned memory the
+        # loop goes on and launches this forward while the previous one still runs.
+        return ids.pin_memory().to(device, non_blocking=True), mask.pin_memory().to(device, non_blocking=True)
     return ids.to(device), mask.to(device)
 
 
@@ -167,17 +165,16 @@ def open_prepared(prepared_dir: Path) -> tuple[Dataset, list[int]]:
     return data, lengths.tolist()
 
 
-def iter_hidden_states(model, data, lengths: list[int], batch_tokens: int, layer_ids: list[int],
-                       device: torch.device, only: list[int] | None = None) -> Iterator[HiddenBatch]:
-    """The captured layers for every row (or the rows in `only`), batch by batch in plan_forward_batches' order.
-
-    extract()'s forwards without its checks, files or progress: the benchmark's bare loop drives
-    this same generator, so the two differ only by the stage's own work.
-    """
+def _forward_batches(model, data, lengths: list[int], batch_tokens: int, layer_ids: list[int],
+                     device: torch.device, only: list[int] | None = None, *,
+                     capture: bool = True) -> Iterator[ForwardedBatch]:
+    """Every row (or the rows in `only`) through the base model, batch by batch in
+    plan_forward_batches' order; with `capture`, each batch's requested layers stacked [B, T, L, H]
+    in STORE_DTYPE, left on the device (the caller copies them when and how it likes)."""
     base, _, _ = decoder_parts(model)
     pad_id = model.config.pad_token_id if isinstance(model.config.pad_token_id, int) else 0
     input_ids = data.data.table.column("input_ids")
-    capture = LayerCapture(model, layer_ids)
+    hooks = LayerCapture(model, layer_ids) if capture else None
     todo = list(range(len(lengths))) if only is None else only
     try:
         for planned in plan_forward_batches([lengths[i] for i in todo], batch_tokens):
@@ -185,75 +182,72 @@ def iter_hidden_states(model, data, lengths: list[int], batch_tokens: int, layer
             # One arrow gather per batch: data[i] per row would build a dict of every column.
             rows = input_ids.take(batch).to_pylist()
             ids, mask = _pad(rows, pad_id, device)
-            t0 = time.perf_counter()
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) \
+                if device.type == "cuda" else None
+            started = time.perf_counter()
+            if events is not None:
+                events[0].record()
             # Scoped to the forward: an inference_mode held across `yield` would leak into the caller.
             with torch.inference_mode():
                 base(input_ids=ids, attention_mask=mask, use_cache=False)
-                hidden = capture.stacked().to(STORE_DTYPE).cpu()
-            yield HiddenBatch(batch, rows, hidden, time.perf_counter() - t0)
+                hidden = hooks.stacked().to(STORE_DTYPE) if hooks is not None else None
+            if events is not None:
+                events[1].record()
+            yield ForwardedBatch(batch, rows, hidden, started, events)
+            del hidden  # the caller's reference is the only one: it decides when the device memory goes
     finally:
-        capture.remove()
+        if hooks is not None:
+            hooks.remove()
 
 
-def _prepared_max_seq_len(prepared_dir: Path, lengths: list[int]) -> int:
-    summary = prepared_dir / "prepare_summary.json"
-    try:
-        return int(json.loads(summary.read_text())["max_seq_len"])
-    except (FileNotFoundError, KeyError, ValueError, TypeError):
-        return max(lengths)
+def iter_hidden_states(model, data, lengths: list[int], batch_tokens: int, layer_ids: list[int],
+                       device: torch.device, only: list[int] | None = None) -> Iterator[HiddenBatch]:
+    """The captured layers for every row (or the rows in `only`), batch by batch in plan_forward_batches' order,
+    each batch copied to the CPU before the next forward (extract(overlap=False)'s forwards and copies).
+
+    extract()'s forwards without its checks, files or progress: the benchmark's bare loop drives
+    this same generator, so the two differ only by the stage's own work.
+    """
+    with closing(_forward_batches(model, data, lengths, batch_tokens, layer_ids, device, only)) as batches:
+        for forwarded in batches:
+            hidden = forwarded.hidden.cpu()
+            yield HiddenBatch(forwarded.indices, forwarded.rows, hidden, time.perf_counter() - forwarded.started)
 
 
-def write_manifest(*, out_dir: Path, hs_dir: Path, target_dir: Path, prepared_dir: Path, lengths: list[int],
-                   layer_ids: list[int], hidden_size: int, dtype: str, tp_size: int, started: float,
-                   model_load_seconds: float, forward_seconds: float, reused, tokens_extracted: int,
-                   bytes_on_disk: int, device: str, extra: dict | None = None) -> ExtractionResult:
-    """data_config.json for a finished extraction (either backend), written last and whole (temp +
-    rename: a manifest on disk means every file it counts is complete), and the result it describes.
+def bare_forward(*, target_dir: Path, prepared_dir: Path, layer_ids: list[int], device: str = "auto",
+                 num_gpus: int = 1, batch_tokens: int | None = None) -> dict:
+    """The benchmark baseline: extract()'s forwards over every prepared row, nothing captured,
+    copied or written. Same model load, batches, padding and base model (all decoder layers and the
+    final norm, as extract() runs whichever layers it captures); `layer_ids` are only validated.
 
-    `reused` is extract_resume.ReusedSamples: the samples an earlier attempt left whole; the timings
-    and tokens per second are this attempt's."""
-    num_rows, num_layers = len(lengths), len(layer_ids)
-    total_tokens = reused.tokens + tokens_extracted
-    total_time = time.perf_counter() - started
-    tps = tokens_extracted / forward_seconds if forward_seconds > 0 else 0.0
-    manifest = {
-        "model_path": str(target_dir),
-        "layer_ids": layer_ids,
-        "max_seq_len": _prepared_max_seq_len(prepared_dir, lengths),
-        "tp_size": tp_size,
-        "total_samples": num_rows,
-        "total_tokens": total_tokens,
-        "total_time_seconds": round(total_time, 3),
-        "data_format_version": 1,
-        "hidden_size": hidden_size,
-        "num_layers_captured": num_layers,
-        "dtype": dtype,
-        "layer_id_convention": "hf_hidden_states_index",
-        "last_layer": "pre_final_norm",
-        "file_pattern": FILE_PATTERN,
-        "prepared_path": str(prepared_dir),
-        "model_load_seconds": round(model_load_seconds, 3),
-        "forward_seconds": round(forward_seconds, 3),
-        "tokens_per_second": round(tps, 1),
-        "samples_reused": len(reused.indices),
-        "tokens_extracted": tokens_extracted,
-        "device": device,
-        "bytes_on_disk": bytes_on_disk,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **(extra or {}),
-    }
-    manifest_path = out_dir / MANIFEST_NAME
-    write_json_atomic(manifest_path, manifest)
-    return ExtractionResult(
-        out_dir=out_dir, hidden_states_dir=hs_dir, manifest_path=manifest_path, num_samples=num_rows,
-        total_tokens=total_tokens, layer_ids=layer_ids, hidden_size=hidden_size, num_layers_captured=num_layers,
-        dtype=dtype, model_load_seconds=model_load_seconds, forward_seconds=forward_seconds,
-        total_time_seconds=total_time, tokens_per_second=tps, bytes_on_disk=bytes_on_disk,
-        bytes_per_token=bytes_on_disk / total_tokens,
-        floor_bytes_per_token=floor_bytes_per_token(num_layers, hidden_size, dtype), device=device,
-        num_samples_reused=len(reused.indices), num_samples_extracted=num_rows - len(reused.indices),
-        tokens_extracted=tokens_extracted,
-    )
+    Returns {tokens, seconds, tokens_per_s, batches, model_load_seconds}: seconds from the first
+    batch's arrow gather to the last forward done on the device (synchronised), as extract()'s
+    forward_seconds counts them."""
+    target_dir, prepared_dir = Path(target_dir), Path(prepared_dir)
+    target = read_target_config(target_dir)
+    layer_ids = validate_layer_ids(list(layer_ids), target.num_layers)
+    data, lengths = open_prepared(prepared_dir)
+    dev, _ = place_target(num_gpus, device)
+    t0 = time.perf_counter()
+    model = load_target(target_dir, dev, num_gpus)
+    model_load_seconds = time.perf_counter() - t0
+    budget = batch_token_budget(dev, batch_tokens)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    batches = 0
+    started = time.perf_counter()
+    with closing(_forward_batches(model, data, lengths, budget, layer_ids, dev, capture=False)) as forwards:
+        for _ in forwards:
+            batches += 1
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    seconds = time.perf_counter() - started
+    del model
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    tokens = sum(lengths)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "batches": batches, "model_load_seconds": model_load_seconds}
 
 
 def extract(
@@ -266,10 +260,15 @@ def extract(
     num_gpus: int = 1,
     batch_tokens: int | None = None,
     on_progress: ProgressFn | None = None,
+    overlap: bool | None = None,
 ) -> ExtractionResult:
     """Run the target over every prepared row and write hidden states plus data_config.json.
 
     num_gpus > 1 spreads the target over that many GPUs (load_target); `device` is then ignored.
+
+    overlap: write files on a thread while the next forwards run (and on CUDA, copy each batch to
+    pinned memory on a side stream); False: copy and write each batch before the next forward.
+    None: overlapped on CUDA, synchronous on the CPU (see files._writer). The files are the same.
 
     out_dir must be absent, empty, or an earlier attempt of this same extraction (see
     workers.stages.extract.resume): then the samples it wrote whole are kept, not extracted again."""
@@ -301,57 +300,92 @@ def extract(
                  out_dir, len(kept), num_rows, reused.redone)
 
     dev, where = place_target(num_gpus, device)
-    forward_seconds, model_load_seconds = 0.0, 0.0
+    threaded = dev.type == "cuda" if overlap is None else bool(overlap)
+    split = dict.fromkeys(("model_load", "forward_loop", "forward", "copies", "writes", "write_wait", "drain"), 0.0)
     bytes_on_disk, extracted_tokens, done = reused.nbytes, 0, len(kept)
     step = max(1, num_rows // 100)
     if on_progress is not None and done:
         on_progress(done, num_rows)
 
-    def settle(batch: HiddenBatch, write: Future) -> None:
+    pending: deque = deque()  # (rows, future of (bytes, seconds writing)) per batch handed to the writer, in order
+
+    def settle(block: bool) -> None:
+        """Count the batches whose files are written, oldest first (a writer's error is raised here)."""
         nonlocal bytes_on_disk, extracted_tokens, done
-        bytes_on_disk += write.result()
-        extracted_tokens += sum(len(row) for row in batch.rows)
-        prev, done = done, done + len(batch.indices)
-        if on_progress is not None and (done // step != prev // step or done == num_rows):
-            on_progress(done, num_rows)
+        while pending and (block or pending[0][1].done()):
+            rows, written = pending.popleft()
+            nbytes, seconds = written.result()
+            bytes_on_disk += nbytes
+            split["writes"] += seconds
+            extracted_tokens += sum(len(row) for row in rows)
+            prev, done = done, done + len(rows)
+            if on_progress is not None and (done // step != prev // step or done == num_rows):
+                on_progress(done, num_rows)
 
     if todo:  # a resumed extraction with nothing left to do never loads the model
         t0 = time.perf_counter()
         model = load_target(target_dir, dev, num_gpus)
-        model_load_seconds = time.perf_counter() - t0
+        split["model_load"] = time.perf_counter() - t0
         _, layers, _ = decoder_parts(model)
         if len(layers) != target.num_layers:
             raise ValueError(f"{target_dir}: config says {target.num_layers} layers, model has {len(layers)}")
         budget = batch_token_budget(dev, batch_tokens)
-        # closing(): a failed write must still take the hooks off the model. Batch k is written after
-        # batch k+1 has been computed, so that a background writer overlaps the two.
+        if threaded and dev.type == "cuda":
+            capacity = _largest_batch_tokens(lengths, todo, budget) * len(layer_ids) * target.hidden_size
+            copies = PinnedCopies(dev, capacity, WRITES_IN_FLIGHT, STORE_DTYPE)
+        else:
+            copies = BlockingCopies(dev)
+        forward_times = EventTimes() if dev.type == "cuda" else None
+        # closing(): whatever stops the loop takes the hooks off the model; the writer's `with` cancels
+        # what is queued and joins its thread, so that no file is written after extract() returned.
         with (
-            closing(iter_hidden_states(model, data, lengths, budget, layer_ids, dev, only=todo)) as batches,
-            _writer(dev) as writer,
+            closing(_forward_batches(model, data, lengths, budget, layer_ids, dev, only=todo)) as batches,
+            _writer(threaded) as writer,
         ):
-            pending: tuple[HiddenBatch, Future] | None = None
-            for batch in batches:
-                forward_seconds += batch.forward_seconds
-                _check_batch(batch)
-                if pending is not None:
-                    settle(*pending)
-                pending = (batch, writer.submit(_write_batch, hs_dir, batch))
-            settle(*pending)
-        del model, layers, batch, pending
+            loop_started = time.perf_counter()
+            for forwarded in batches:
+                if forward_times is not None:
+                    forward_times.add(*forwarded.events)
+                else:
+                    split["forward"] += time.perf_counter() - forwarded.started
+                staged = copies.stage(forwarded)
+                del forwarded  # the device copy of the states lives on only until the copy has read it
+                t0 = time.perf_counter()
+                written = writer.submit(_write_staged, hs_dir, staged)
+                split["write_wait"] += time.perf_counter() - t0
+                written.add_done_callback(lambda _, staged=staged: copies.release(staged))
+                pending.append((staged.rows, written))
+                del staged, written  # a batch's host memory is held by `pending` alone, until it is settled
+                settle(block=False)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)  # the last forward and copy are part of the loop
+            loop_seconds = time.perf_counter() - loop_started
+            t0 = time.perf_counter()
+            settle(block=True)
+            split["drain"] = time.perf_counter() - t0
+        split["write_wait"] += copies.wait_seconds
+        split["forward_loop"] = loop_seconds - split["write_wait"]
+        split["copies"] = copies.copy_seconds()
+        if forward_times is not None:
+            split["forward"] = forward_times.total()
+        del model, layers, copies
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+            # Freed pinned buffers stay in torch's host cache, not the system's; the worker's next
+            # stage (a training, say) may want that memory. Private in torch 2.x, hence the guard.
+            getattr(torch._C, "_host_emptyCache", lambda: None)()
 
     result = write_manifest(
         out_dir=out_dir, hs_dir=hs_dir, target_dir=target_dir, prepared_dir=prepared_dir, lengths=lengths,
         layer_ids=layer_ids, hidden_size=target.hidden_size, dtype=store_dtype, tp_size=1, started=started,
-        model_load_seconds=model_load_seconds, forward_seconds=forward_seconds, reused=reused,
-        tokens_extracted=extracted_tokens, bytes_on_disk=bytes_on_disk, device=where)
+        model_load_seconds=split["model_load"], forward_seconds=split["forward_loop"], reused=reused,
+        tokens_extracted=extracted_tokens, bytes_on_disk=bytes_on_disk, device=where, time_split=split)
     if result.bytes_per_token > result.floor_bytes_per_token * 1.10:
         log.warning("%.0f bytes per token on disk, floor %d: many tiny rows?", result.bytes_per_token,
                     result.floor_bytes_per_token)
     log.info(
-        "extracted %d rows (%d kept from an earlier attempt), %d tokens, layers %s in %.1f s (%.0f tok/s on %s)",
-        num_rows - len(kept), len(kept), extracted_tokens, layer_ids, result.total_time_seconds,
-        result.tokens_per_second, where,
+        "extracted %d rows (%d kept from an earlier attempt), %d tokens, layers %s in %.1f s (%.0f tok/s on %s; "
+        "seconds: %s)", num_rows - len(kept), len(kept), extracted_tokens, layer_ids, result.total_time_seconds,
+        result.tokens_per_second, where, ", ".join(f"{k} {v:.2f}" for k, v in split.items()),
     )
     return result
