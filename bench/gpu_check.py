@@ -3,20 +3,23 @@
     bench/gpu_check.sh                      # sets Python up when needed, runs this under `timeout 480`
     bench/gpu_check.sh --device cpu --tiny  # the same code path on a small model, on this CPU
 
-Built offline, nothing fetched: a BPE tokenizer trained on the demo's procedural chats, a
-Llama-architecture target with random weights (hidden 2048, 16 layers, 32 heads / 8 KV heads,
-intermediate 8192, vocabulary 32,000: 1.1B parameters), and single-reply chats of 1,024-2,048 tokens
-made from the demo chats' texts. Then the stages' own functions, with no Django and no database:
-prepare -> extract (transformers) -> vocab -> train (our loop), and, when there is time left and a
-GPU, extract with vLLM (workers.stages.extract.with_vllm, when vllm imports) and train with speculators'
-Trainer (workers.stages.train.with_speculators.trainer, when it exists). The optional stages run last so that a
-slow engine start cannot cost the core figures.
+Built offline, nothing fetched (bench/gpu_check_data.py): a BPE tokenizer trained on the demo's
+procedural chats, a Llama-architecture target with random weights (hidden 2048, 16 layers, 32 heads /
+8 KV heads, intermediate 8192, vocabulary 32,000: 1.1B parameters), and single-reply chats of
+1,024-2,048 tokens made from the demo chats' texts. Then the stages' own functions, with no Django and
+no database: prepare -> forward_bare (the extraction's batches without capture, the baseline; run
+before and after the extraction, the second counted) -> extract (transformers) -> vocab -> train (our
+loop) -> train_kimi_width (bench/gpu_check_kimi.py), and, when there is time left and a GPU, extract
+with vLLM (when vllm imports) and train with speculators' Trainer. The optional stages run last so
+that a slow engine start cannot cost the core figures.
 
-Prints one JSON object: GPU, date, and per stage the wall time, tokens/s, peak GPU memory
-(torch.cuda.max_memory_allocated of this process, reset per stage, and the device's peak used memory
-sampled every 50 ms, which also sees vLLM's engine process), achieved TFLOP/s and its fraction of
-the GPU's dense bf16 peak (bench/gpu_peaks.py says how FLOPs are counted). The same object is
-rewritten to WORK/gpu_check.json after every stage, so that a run cut short still leaves its figures.
+Prints one JSON object: GPU, date, and per stage the wall time, tokens/s, peak memory (on CUDA
+torch.cuda.max_memory_allocated of this process, reset per stage, and the device's peak used memory
+sampled every 50 ms, which also sees vLLM's and torchrun's processes; on the CPU the stage's peak
+resident memory above its start), achieved TFLOP/s and its fraction of the GPU's dense bf16 peak
+(bench/gpu_peaks.py says how FLOPs are counted), compiles, recompiles and the time split; plus
+extract_vs_bare and train_vs_speculators. The same object is rewritten to WORK/gpu_check.json after
+every stage, so that a run cut short still leaves its figures.
 """
 from __future__ import annotations
 
@@ -27,7 +30,6 @@ import importlib.metadata
 import inspect
 import json
 import os
-import random
 import resource
 import sys
 import tempfile
@@ -42,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from gpu_peaks import achieved, bf16_peak, draft_train_flops_per_token, target_forward_flops_per_token  # noqa: E402
+from gpu_check_data import build_target, write_long_chats  # noqa: E402
+from gpu_peaks import achieved, bf16_peak, draft_train_flops_per_token  # noqa: E402
 
 # The full check's target is Llama-3.2-1B's shape with a 32,000-token vocabulary; --tiny is the
 # same architecture small enough for a 2-core CPU.
@@ -57,7 +60,10 @@ SHAPES = {
 TTT_STEPS = 3
 # Seconds an optional stage needs at least (engine start, compile, a pass over the rows); below
 # that it is skipped with the reason, so that the run ends inside the budget with its JSON.
-MIN_SECONDS_LEFT = {"extract_vllm": 200, "train_speculators": 120}
+# speculators 0.9's fused loss fails under dynamo with torch 2.11 ("ListVariable ... already tracked for
+# mutation"); its compiled forward with the eager loss is what runs there.
+SPECULATORS_CHECK_ARGS = ["--loss-implementation", "eager"]
+MIN_SECONDS_LEFT = {"extract_vllm": 200, "train_speculators": 120, "train_kimi_width": 60}
 
 
 def versions() -> dict:
@@ -78,6 +84,10 @@ class DeviceMemory:
         self.device, self.peak_used, self._stop = device, 0, threading.Event()
 
     def __enter__(self):
+        if self.device.type != "cuda":
+            with open("/proc/self/clear_refs", "w") as f:  # Linux: resets VmHWM, the peak resident size
+                f.write("5")
+            self.rss_start = _status_bytes("VmRSS")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -98,74 +108,20 @@ class DeviceMemory:
 
     def figures(self) -> dict:
         if self.device.type != "cuda":
-            return {"peak_gpu_memory_allocated_bytes": None, "peak_gpu_memory_used_bytes": None}
-        return {"peak_gpu_memory_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
-                "peak_gpu_memory_used_bytes": self.peak_used}
+            return {"peak_memory_bytes": _status_bytes("VmHWM") - self.rss_start,
+                    "peak_memory_is": "the stage's peak resident memory above its start (CPU)",
+                    "peak_gpu_memory_allocated_bytes": None, "peak_gpu_memory_used_bytes": None}
+        allocated = torch.cuda.max_memory_allocated(self.device)
+        return {"peak_memory_bytes": allocated, "peak_memory_is": "torch.cuda.max_memory_allocated in the stage",
+                "peak_gpu_memory_allocated_bytes": allocated, "peak_gpu_memory_used_bytes": self.peak_used}
 
 
-def build_target(work: Path, shape: dict, device: torch.device, seed: int) -> tuple[Path, Path, dict]:
-    """(target dir with config, random weights and tokenizer; the demo chats; what was built)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from workers.stages.demo.assets import _save_tokenizer, train_demo_tokenizer
-    from workers.stages.demo.chats import read_chat_messages, write_demo_chats
-
-    started = time.perf_counter()
-    target_dir, chats_path = work / "target", work / "demo-chats.jsonl"
-    write_demo_chats(chats_path, num_conversations=shape["demo_conversations"], seed=seed)
-    tokenizer = train_demo_tokenizer(read_chat_messages(chats_path))
-    # The demo's own writer: a tokenizer config that transformers 4.x and 5.x (and vLLM) all read.
-    _save_tokenizer(tokenizer, target_dir)
-    config = LlamaConfig(
-        vocab_size=max(shape["vocab_size"], len(tokenizer)), hidden_size=shape["hidden_size"],
-        intermediate_size=shape["intermediate_size"], num_hidden_layers=shape["num_hidden_layers"],
-        num_attention_heads=shape["num_attention_heads"], num_key_value_heads=shape["num_key_value_heads"],
-        max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(seed)
-    # Initialised on the GPU (seconds, where the CPU takes a minute for 1B parameters) and stored in
-    # the dtype the stages load it in there.
-    with torch.device(device):
-        model = LlamaForCausalLM(config)
-    model.to(torch.bfloat16 if device.type == "cuda" else torch.float32)
-    params = sum(p.numel() for p in model.parameters())
-    flops = target_forward_flops_per_token(model)
-    model.save_pretrained(target_dir, safe_serialization=True)
-    del model
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    info = {"params": params, "forward_flops_per_token": flops, "tokenizer_tokens": len(tokenizer),
-            "build_s": round(time.perf_counter() - started, 2),
-            **{k: getattr(config, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                               "num_key_value_heads", "intermediate_size", "vocab_size")}}
-    return target_dir, chats_path, info
-
-
-def write_long_chats(path: Path, target_dir: Path, demo_chats: Path, shape: dict, seed: int) -> None:
-    """Single-reply chats of min..max tokens (uniform), their texts drawn from the demo chats:
-    one prepared row each, about 1/8 prompt and 7/8 reply."""
-    from workers.stages.demo.chats import read_chat_messages
-    from workers.stages.prepare import load_tokenizer
-
-    tokenizer = load_tokenizer(target_dir)
-    texts = [m["content"] for chat in read_chat_messages(demo_chats) for m in chat]
-    counts = [len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]  # +1: the "\n"
-    rng = random.Random(seed)
-
-    def draw(budget: int) -> str:
-        picked, used = [], 0
-        while used < budget:
-            i = rng.randrange(len(texts))
-            picked.append(texts[i])
-            used += counts[i]
-        return "\n".join(picked)
-
-    with path.open("w", encoding="utf-8") as f:
-        for row in range(shape["rows"]):
-            want = rng.randint(shape["min_tokens"], shape["max_tokens"]) - 16  # room for the template's tokens
-            messages = [{"role": "user", "content": draw(want // 8)},
-                        {"role": "assistant", "content": draw(want - want // 8)}]
-            f.write(json.dumps({"id": f"gpu-check-{row:05d}", "messages": messages}) + "\n")
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def call_with(fn, available: dict):
@@ -199,7 +155,9 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
     parser.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1), help="torch intra-op threads")
     parser.add_argument("--budget-s", type=float, default=450.0,
                         help="optional stages are skipped when they would end past this many seconds")
-    parser.add_argument("--skip", default="", help="comma-separated optional stages to leave out: extract_vllm,train_speculators")
+    parser.add_argument("--skip", default="",
+                        help="comma-separated optional stages to leave out: train_kimi_width,extract_vllm,train_speculators")
+    parser.add_argument("--tokens-per-step", type=int, default=None, help="the training budget (default: 8,192 full, 1,024 tiny)")
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a new temporary directory")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -212,11 +170,14 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
     from workers.contract.target import default_layer_ids
     from workers.stages.train.loop import build_draft_model, train
     from workers.stages.vocab import build_vocab
+    from workers.stages.train.steps import compiled_graphs
 
     device = resolve_device(args.device)
     shape = dict(SHAPES["tiny" if args.tiny else "full"])
     if args.rows:
         shape["rows"] = args.rows
+    if args.tokens_per_step:
+        shape["tokens_per_step"] = args.tokens_per_step
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak, peak_source = bf16_peak(gpu)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="eagle3web-gpu-check-"))
@@ -226,6 +187,7 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
         "mode": "tiny" if args.tiny else "full", "versions": versions(), "torch_threads": torch.get_num_threads(),
         "bf16_dense_peak_tflops": peak, "bf16_peak_source": peak_source,
         "fraction_of_peak_null_reason": None if peak else peak_source,
+        "extract_vs_bare": None, "train_vs_speculators": None,
         "work_dir": str(work), "target": None, "draft": None, "data": None, "stages": {}, "total_wall_s": None,
         "peak_rss_bytes": None,
     }
@@ -236,8 +198,11 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
         (work / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
 
     def record(name: str, wall: float, memory: DeviceMemory, tokens: int, tokens_per_s: float | None,
-               flops_per_token: int | None, **extra) -> None:
+               flops_per_token: int | None, graphs_before: int | None = None, **extra) -> None:
         tflops, fraction = achieved(flops_per_token, tokens_per_s, peak) if flops_per_token else (None, None)
+        extra.setdefault("compiles", None if graphs_before is None else compiled_graphs() - graphs_before)
+        extra.setdefault("recompiles", None)
+        extra.setdefault("time_split_s", None)
         report["stages"][name] = {
             "wall_s": round(wall, 3), "tokens": tokens,
             "tokens_per_s": round(tokens_per_s, 1) if tokens_per_s else None,
@@ -270,6 +235,19 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
     record("prepare", wall, mem, prep.total_tokens, prep.total_tokens / wall, None)
 
     flops_target = report["target"]["forward_flops_per_token"]
+    # The baseline does the same work but the capture: the same model, batches and layers run, no copies or
+    # writes. It runs before the extraction too, so that neither pays the GPU's first-use costs alone; the
+    # ratio takes the run after.
+    bare_fn, bare_reason = optional_stage("workers.stages.extract.with_transformers", "bare_forward", None)
+
+    def bare_run() -> tuple[dict, float, DeviceMemory]:
+        with DeviceMemory(device) as memory:
+            started_at = time.perf_counter()
+            result = call_with(bare_fn, dict(target_dir=target_dir, prepared_dir=prep.out_dir, layer_ids=layer_ids,
+                                             device=str(device)))
+        return result, time.perf_counter() - started_at, memory
+
+    bare_cold = bare_run()[0] if bare_fn is not None else None
     with DeviceMemory(device) as mem:
         t0 = time.perf_counter()
         ext = extract(target_dir=target_dir, prepared_dir=prep.out_dir, out_dir=work / "extract-transformers",
@@ -277,8 +255,18 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
         wall = time.perf_counter() - t0
     record("extract_transformers", wall, mem, ext.total_tokens, ext.tokens_per_second, flops_target,
            model_load_s=round(ext.model_load_seconds, 3), forward_s=round(ext.forward_seconds, 3),
-           bytes_on_disk=ext.bytes_on_disk, layer_ids=layer_ids,
-           tokens_per_s_is="tokens over the forward time (forwards and copies to the CPU; model load and file writes excluded)")
+           bytes_on_disk=ext.bytes_on_disk, layer_ids=layer_ids, time_split_s=getattr(ext, "time_split_s", None),
+           tokens_per_s_is="tokens over the forward loop's time (forwards, copies to the CPU and waits for the "
+                           "writer; model load excluded)")
+    if bare_fn is None:
+        skipped("forward_bare", bare_reason)
+    else:
+        bare, wall, mem = bare_run()
+        record("forward_bare", wall, mem, bare["tokens"], bare["tokens_per_s"], flops_target,
+               first_run_tokens_per_s=round(bare_cold["tokens_per_s"], 1),
+               **{k: v for k, v in bare.items() if k not in ("tokens", "tokens_per_s")})
+        if ext.tokens_per_second and bare["tokens_per_s"]:
+            report["extract_vs_bare"] = round(ext.tokens_per_second / bare["tokens_per_s"], 4)
 
     with DeviceMemory(device) as mem:
         t0 = time.perf_counter()
@@ -301,11 +289,41 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
                       max_tokens_per_step=shape["tokens_per_step"], device=str(device))
     with DeviceMemory(device) as mem:
         t0 = time.perf_counter()
-        trained = train(out_dir=work / "train", **train_args)
+        points: list[dict] = []
+        trained = train(out_dir=work / "train", on_metrics=points.extend, **train_args)
         wall = time.perf_counter() - t0
+    # Per step: the first steps of each padded length compile; the median step says what the loop does after.
+    step_rates = sorted(p["value"] for p in points if p["split"] == "train" and p["key"] == "tokens_per_s")
     record("train", wall, mem, trained.train_tokens, trained.tokens_per_second, flops_draft, steps=trained.steps,
            tokens_per_step=trained.tokens_per_step, final_val_loss=trained.checkpoints[-1].val_loss,
-           tokens_per_s_is="tokens over the training steps' time (validation and checkpoints excluded)")
+           step_config=trained.step_config, step_lengths=trained.step_lengths, compiles=trained.graphs_compiled,
+           recompiles=trained.recompiles, time_split_s=trained.time_split_s,
+           recompiles_is="graphs compiled beyond one per padded length, TTT step and grad mode",
+           tokens_per_s_median_step=round(step_rates[len(step_rates) // 2], 1) if step_rates else None,
+           tokens_per_s_is="tokens over the training steps' time (validation and checkpoints excluded; "
+                           "the first steps' compiles included)")
+
+    if "train_kimi_width" in {s.strip() for s in args.skip.split(",")}:
+        skipped("train_kimi_width", "left out with --skip")
+    elif time_left() < MIN_SECONDS_LEFT["train_kimi_width"]:
+        skipped("train_kimi_width", f"{time_left():.0f} s of the budget left")
+    else:
+        from gpu_check_kimi import KIMI, TINY, train_kimi_width
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        try:
+            with DeviceMemory(device) as mem:
+                t0 = time.perf_counter()
+                kimi = train_kimi_width(work / "kimi", device, steps=2 if args.tiny else 6, ttt_steps=TTT_STEPS,
+                                        tokens_per_step=1024 if args.tiny else 8192, shape=TINY if args.tiny else KIMI,
+                                        draft_vocab=1024 if args.tiny else 32000,
+                                        layer_ids=[1, 4, 7, 8] if args.tiny else [2, 30, 58, 60])
+                wall = time.perf_counter() - t0
+            record("train_kimi_width", wall, mem, kimi.pop("tokens"), kimi.pop("tokens_per_s"),
+                   kimi.pop("flops_per_token"), compiles=kimi.pop("graphs_compiled"), **kimi)
+        except Exception as exc:  # noqa: BLE001 - a failure here is a figure of the check (out of memory, say)
+            report["stages"]["train_kimi_width"] = {"failed": f"{type(exc).__name__}: {exc}"[:2000]}
+            save()
 
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     optional = [("extract_vllm", "workers.stages.extract.with_vllm", "extract_with_vllm", "vllm"),
@@ -328,7 +346,8 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
         # The server's start may take what is left of the budget but the time for the rows.
         available = (dict(target_dir=target_dir, prepared_dir=prep.out_dir, out_dir=work / name, layer_ids=layer_ids,
                           tensor_parallel_size=1, startup_timeout_s=max(60.0, time_left() - 90))
-                     if name == "extract_vllm" else dict(out_dir=work / name, num_gpus=1, **train_args))
+                     if name == "extract_vllm" else dict(out_dir=work / name, num_gpus=1, **train_args,
+                                                         extra_args=SPECULATORS_CHECK_ARGS))
         torch.cuda.empty_cache()  # vLLM sizes its cache from the memory free when it starts
         try:
             with DeviceMemory(device) as mem:
@@ -342,7 +361,10 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
             continue
         tokens = getattr(result, "total_tokens", None) or getattr(result, "train_tokens", None) or 0
         tps = getattr(result, "tokens_per_second", None) or (tokens / wall if wall else None)
-        record(name, wall, mem, tokens, tps, flops_target if name == "extract_vllm" else flops_draft)
+        record(name, wall, mem, tokens, tps, flops_target if name == "extract_vllm" else flops_draft,
+               extra_args=None if name == "extract_vllm" else SPECULATORS_CHECK_ARGS)
+        if name == "train_speculators" and tps:
+            report["train_vs_speculators"] = round(trained.tokens_per_second / tps, 4)
 
     save()
     print(json.dumps(report))

@@ -96,7 +96,10 @@ def measure_extraction(target_dir: Path, prepared_dir: Path, work: Path, layer_i
 
 
 def bare_train_tokens_per_s(*, target_dir, prepared_dir, hs_dir, vocab, layer_ids, ttt_steps, lr, seed=0) -> float:
-    """The stage's own batches and model, with none of its metrics, progress or checkpoints."""
+    """The stage's own batches, model and step (workers.stages.train.steps.DraftStepper: the same attention,
+    loss and dtype), with none of its metrics, progress, prefetching or checkpoints."""
+    from workers.stages.train.steps import DraftStepper
+
     hidden = read_target_config(target_dir).hidden_size
     samples = train_stage.HiddenStateSamples(prepared_dir=prepared_dir, hidden_states_dir=hs_dir,
                                              layer_ids=layer_ids, hidden_size=hidden)
@@ -109,12 +112,12 @@ def bare_train_tokens_per_s(*, target_dir, prepared_dir, hs_dir, vocab, layer_id
                                           ttt_steps=ttt_steps, seed=seed)
     model.train()
     optimizer, scheduler = train_stage.make_optimizer(model, lr=lr, total_steps=len(plan))
-    kwargs = train_stage.model_call_kwargs(ttt_steps)
+    stepper = DraftStepper(model, device=torch.device("cpu"), ttt_steps=ttt_steps)
     tokens, seconds = 0, 0.0
     batches = train_stage.iter_batches(samples, plan, max_tokens=max_tokens)
     t0 = time.perf_counter()
     for batch in batches:
-        train_stage.train_step(model, batch, optimizer, scheduler, kwargs)
+        stepper.train_step(batch, optimizer, scheduler)
         t1 = time.perf_counter()
         tokens += int((batch["document_ids"] != -1).sum())
         seconds += t1 - t0

@@ -127,6 +127,8 @@ class ExtractStage(StageRecord):
     model_load_seconds = models.FloatField(null=True, blank=True)
     forward_seconds = models.FloatField(null=True, blank=True)
     tokens_per_second = models.FloatField(null=True, blank=True)
+    time_split_s = models.JSONField(default=dict, blank=True,
+                                    help_text="seconds in model load, forwards, copies to the host and file writes")
 
     def __str__(self) -> str:
         return f"extract stage of run {self.run_id}"
@@ -166,4 +168,7 @@ class TrainingRun(StageRecord):
     split = models.JSONField(default=dict, blank=True, help_text="how rows were split into train and validation")
     resumed_from_step = models.PositiveIntegerField(null=True, blank=True,
                                                     help_text="the step a retried training continued from (0: from scratch)")
+    step_config = models.CharField(max_length=200, blank=True, help_text="how steps ran: attention, loss, dtype")
+    time_split_s = models.JSONField(default=dict, blank=True,
+                                    help_text="seconds of the training steps in data wait, copies, forward, backward, optimizer")
 

@@ -172,11 +172,11 @@ def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
             "num_conversations", "num_rows", "num_excluded", "num_without_assistant", "num_turns_dropped",
             "num_truncated_rows", "truncated_loss_tokens", "loss_tokens", "mask_source")})
     elif name == "extract":
-        entry["device"] = record.device
+        entry.update({"device": record.device, "time_split_s": record.time_split_s})
     elif name == "train":
         entry.update({key: getattr(record, key) for key in (
             "loss_tokens_available", "loss_tokens_trained", "loss_tokens_per_epoch", "tokens_per_step",
-            "rows_unusable", "split", "device", "resumed_from_step")})
+            "rows_unusable", "split", "device", "resumed_from_step", "step_config", "time_split_s")})
     elif name == "evaluate":
         entry.update({"checkpoint_id": record.checkpoint_id, "device": record.device})
     return entry

@@ -55,5 +55,20 @@ def test_tiny_cpu_run_reports_every_stage(tmp_path):
         figures = report["stages"][name]
         assert figures["tokens"] > 0 and figures["tokens_per_s"] > 0 and figures["achieved_tflops"] > 0
     assert report["stages"]["train"]["flops_per_token"] == report["draft"]["train_flops_per_token"]
+    # The stages the issue names, each with the same figures; where the time went, per phase.
+    for name in ("extract_transformers", "forward_bare", "train", "train_kimi_width"):
+        figures = report["stages"][name]
+        assert {"tokens_per_s", "fraction_of_bf16_peak", "peak_memory_bytes", "compiles", "recompiles",
+                "time_split_s"} <= set(figures), name
+        assert figures["tokens_per_s"] > 0 and figures["peak_memory_bytes"] > 0, name
+    assert set(report["stages"]["train"]["time_split_s"]) == {"data", "copies", "forward", "backward", "optimizer"}
+    assert report["stages"]["train"]["recompiles"] == 0
+    assert {"forward", "copies", "writes", "write_wait"} <= set(report["stages"]["extract_transformers"]["time_split_s"])
+    assert report["stages"]["forward_bare"]["tokens"] == report["stages"]["extract_transformers"]["tokens"]
+    ratio = report["stages"]["extract_transformers"]["tokens_per_s"] / report["stages"]["forward_bare"]["tokens_per_s"]
+    assert report["extract_vs_bare"] == pytest.approx(ratio, rel=1e-3)
+    kimi = report["stages"]["train_kimi_width"]
+    assert kimi["steps_timed"] == 2 and kimi["tokens_per_step"] == 1024 and len(kimi["losses"]) == 2
+    assert "train_vs_speculators" in report
     assert report["stages"]["extract_vllm"] == {"skipped": "needs a GPU; this run is on cpu"}
     assert report["stages"]["train_speculators"] == {"skipped": "needs a GPU; this run is on cpu"}

@@ -264,3 +264,14 @@ def test_checkpoints_are_eagle3_drafts_our_pages_and_vllm_read_cpu_device_patche
     assert draft.d2t.shape == (DRAFT_VOCAB,)
     command = (result.out_dir / "train_command.txt").read_text()
     assert f"--data-path {run_dir['run'] / 'speculators_data'}" in command
+
+
+def test_speculators_trains_with_the_eager_loss_unless_its_flags_say_otherwise():
+    """Its fused loss failed under dynamo on an H200 with torch 2.11; eager is what trained there."""
+    from workers.stages.train.with_speculators.trainer import speculators_loss_args
+
+    added, said = speculators_loss_args(["--num-workers", "8"])
+    assert added == ["--loss-implementation", "eager"] and "eager loss" in said
+    for given in (["--loss-implementation", "fused"], ["--loss-implementation=fused"]):
+        added, said = speculators_loss_args(given)
+        assert added == [] and "as given" in said

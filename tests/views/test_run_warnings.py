@@ -69,3 +69,30 @@ def test_a_resumed_training_says_from_which_step(run, client, user):
     assert train["resumed_from_step"] == 1200
     assert train["warnings"] == ["resumed from step 1,200 after a lost or cancelled attempt: the curve and "
                                  "checkpoints before it are the earlier attempt's"]
+
+
+def test_how_a_training_ran_and_where_its_time_went_reach_the_page_and_the_summary(run, client, user, tmp_path):
+    """Through the service that records a real TrainResult, as the train task does."""
+    from runs.pipeline.stage_services import training_record
+    from workers.stages.train.loop import TrainResult
+    from workers.stages.train.split import SplitInfo
+
+    training = TrainingRun.objects.get(run=run)
+    TrainingRun.objects.filter(pk=training.pk).update(status=StageStatus.RUNNING)
+    split = SplitInfo(by="conversation", seed=0, train_rows=9, val_rows=1, train_conversations=9,
+                      val_conversations=1, val_fraction=0.1)
+    result = TrainResult(out_dir=tmp_path, checkpoints=[], best_epoch=0, steps=12, train_tokens=98_304,
+                         tokens_per_second=90_014.6, seconds=72.2, tokens_per_step=8192, loss_tokens_available=10,
+                         loss_tokens_trained=10, loss_tokens_per_epoch=[10], rows_unusable=0, split=split,
+                         device="cuda:0 (NVIDIA H200)", step_config="attention flex, loss fused, compute bfloat16",
+                         time_split_s={"data": 0.09, "copies": 0.03, "forward": 25.63, "backward": 14.0,
+                                       "optimizer": 0.13})
+    training_record(record_id=training.pk, result=result, log_tail="")
+    summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))
+    train = next(s for s in summary["stages"] if s["name"] == "train")
+    assert train["step_config"] == "attention flex, loss fused, compute bfloat16"
+    assert train["time_split_s"]["forward"] == 25.63
+    client.login(username=user.username, password=user.raw_password)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert "attention flex, loss fused, compute bfloat16" in page
+    assert "forward 25.6 s · backward 14.0 s · optimizer 0.1 s" in page

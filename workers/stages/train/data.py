@@ -15,9 +15,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import contextlib  # noqa: E402
 import logging  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -104,19 +103,6 @@ def _mask_sums_after_first(rows) -> list[int]:
     return sums
 
 
-def compute_context(device: torch.device):
-    """bf16 autocast on CUDA (as Trainer.train_epoch), plain fp32 on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    if device.type == "cpu":
-        return batch
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
 def plan_training_steps(lengths: list[int], indices: list[int], *, max_tokens: int, seed: int, epoch: int,
                         pack: bool = True) -> list[list[int]]:
     """Row indices per step: multipack bins of <= max_tokens, or one shuffled row per step.
@@ -144,12 +130,13 @@ def plan_training_steps(lengths: list[int], indices: list[int], *, max_tokens: i
 
 
 def iter_batches(samples: HiddenStateSamples, plan: list[list[int]], *, max_tokens: int,
-                 dtype: torch.dtype = torch.float32) -> Iterator[dict]:
+                 dtype: torch.dtype = torch.float32, pad_to: Callable[[int], int] | None = None) -> Iterator[dict]:
     """Collated packed batches ([1, T, ...] tensors plus document_ids), hidden states in `dtype`.
 
     speculators pads every batch to total_seq_len so compiled GPU kernels see one shape; here each
-    batch is collated at exactly the (shifted) tokens it holds, so CollateFn, which keeps only the
-    first max_len tokens, cuts nothing; a plan whose rows exceed max_tokens is refused.
+    batch is collated at `pad_to(tokens)` (at least its (shifted) tokens; exactly them without
+    `pad_to`), so CollateFn, which keeps only the first max_len tokens, cuts nothing; padding has
+    document id -1 and loss mask 0. A plan whose rows exceed max_tokens is refused.
     """
     for rows in plan:
         items = [samples[i] for i in rows]
@@ -158,7 +145,10 @@ def iter_batches(samples: HiddenStateSamples, plan: list[list[int]], *, max_toke
             continue
         if tokens + len(items) > max_tokens:
             raise ValueError(f"rows {rows} hold {tokens + len(items)} tokens, over max_tokens={max_tokens}")
-        collate = CollateFn(tokens, samples.hidden_size, num_target_layers=samples.num_layers - 1,
+        length = tokens if pad_to is None else pad_to(tokens)
+        if length < tokens:
+            raise ValueError(f"pad_to({tokens}) gave {length}, fewer than the step's tokens")
+        collate = CollateFn(length, samples.hidden_size, num_target_layers=samples.num_layers - 1,
                             dtype=dtype, preprocess=shift_batch)
         batch = collate(items)
         batch.pop("error_records", None)

@@ -9,15 +9,19 @@ speculators' pieces wherever they run on a CPU and mirrors the rest line for lin
 - alignment and packing: `speculators.models.eagle3.data.shift_batch`, `CollateFn` and
   `MultipackDistributedBatchSamplerV2`, called directly;
 - the step: `speculators.train.trainer.Trainer.train_epoch` (forward, backward, clip 1.0,
-  AdamW from `train.optimizers.build_optimizers`, linear warmup schedule); validation:
-  `Trainer.val_epoch`; metric ratios: `speculators.train.utils.normalize_counted_metrics`;
+  AdamW from `train.optimizers.build_optimizers`, linear warmup schedule), the forward being
+  `Eagle3DraftModel.forward` rewritten for memory linear in the step (workers.stages.train.packed_step,
+  run by workers.stages.train.steps); validation: `Trainer.val_epoch`; metric ratios:
+  `speculators.train.utils.normalize_counted_metrics`;
 - checkpoints: `speculators.train.checkpointer.SingleGPUCheckpointer` plus
   `Trainer.maybe_save_checkpoint` / `_save_training_state` / `maybe_update_best`.
 
-On CPU compute is fp32 without autocast: on this CPU (no AVX-512 BF16) bf16 autocast was 5-6x
-slower per token; bf16 hidden states are cast to fp32 as CollateFn copies them into the batch. On
-CUDA, as `Trainer.train_epoch` does: model and batches on the device, batches collated in bf16,
-forward under `torch.autocast("cuda", dtype=torch.bfloat16)`.
+On CPU compute is fp32 without autocast and attention goes through the per-document twin (flex
+attention has no backward there); bf16 hidden states are cast to fp32 as CollateFn copies them into
+the batch. On CUDA, as `Trainer.train_epoch` does: model and batches on the device, batches collated
+in bf16 (read ahead on a thread into pinned memory), forward under bf16 autocast, attention by
+speculators' flex block mask through a compiled flex_attention, steps padded to a few lengths (the
+padding is masked out of attention, loss and accuracies), KL by speculators' fused kernel.
 
 No row is ever cut (see workers.stages.train.data): the budget per step is at least the longest
 prepared row, and the result counts the supervised tokens that reached the loss in each epoch
@@ -34,7 +38,7 @@ import math  # noqa: E402
 import re  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -46,6 +50,7 @@ from speculators.train.utils import normalize_counted_metrics  # noqa: E402
 from transformers import get_linear_schedule_with_warmup  # noqa: E402
 
 from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
+from workers.stages.train.steps import DraftStepper, prefetch  # noqa: E402
 from workers.contract.errors import StopRequested  # noqa: E402
 from workers.stages.train.split import SplitError, SplitInfo, split_record, split_train_val, write_split  # noqa: E402,F401
 from workers.contract.target import read_target_config, validate_layer_ids  # noqa: E402
@@ -64,10 +69,8 @@ from workers.stages.train.data import (  # noqa: E402,F401  (re-exported: tests 
     HiddenStateSamples,
     TrainInputError,
     batch_dtype,
-    compute_context,
     iter_batches,
     plan_training_steps,
-    to_device,
     token_budget,
 )
 
@@ -118,6 +121,15 @@ class TrainResult:
     rows_unusable: int  # train-split rows under 2 tokens: shift_batch leaves nothing to train on
     split: SplitInfo
     device: str  # e.g. "cpu" or "cuda:0 (NVIDIA H200)"
+    # How steps ran (workers.stages.train.steps): e.g. "attention flex, loss fused, compute bfloat16";
+    # seconds per phase of this attempt's training steps (data wait, copies, forward, backward,
+    # optimizer); the padded step lengths seen (training and validation) and the graphs torch.compile
+    # built for them, and of those the ones beyond one per length, grad mode and TTT step.
+    step_config: str = ""
+    time_split_s: dict = field(default_factory=dict)
+    step_lengths: list = field(default_factory=list)
+    graphs_compiled: int = 0
+    recompiles: int = 0
     # A retried training continues from the resume state an earlier attempt saved (0: from the start).
     # steps, train_tokens and the loss figures cover the whole training, earlier attempts included;
     # tokens_per_second and seconds are this attempt's (the earlier attempts' when this one had no step left).
@@ -164,41 +176,26 @@ def make_optimizer(model: torch.nn.Module, *, lr: float, total_steps: int):
     return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, max(total_steps, warmup + 1))
 
 
-def train_step(model, batch: dict, optimizer, scheduler, call_kwargs: dict,
-               device: torch.device = torch.device("cpu")) -> tuple[torch.Tensor, dict]:
-    """One Trainer.train_epoch step: forward (autocast on CUDA), backward, clip at 1.0, step, schedule."""
-    with compute_context(device):
-        _draft_tokens, loss, metrics = model(**to_device(batch, device), **call_kwargs)
-    optimizer.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    scheduler.step()
-    return loss, metrics
-
-
 def _public_metrics(raw: dict) -> dict[str, float]:
     values = normalize_counted_metrics({k: float(v) for k, v in raw.items()})
     return {k: v for k, v in values.items() if _METRIC_KEY.match(k)}
 
 
-@torch.no_grad()
-def evaluate(model, samples: HiddenStateSamples, plan: list[list[int]], *, max_tokens: int, call_kwargs: dict,
-             should_stop: Callable[[], bool] | None = None, steps_done: int = 0,
-             device: torch.device = torch.device("cpu")) -> dict[str, float]:
+def evaluate(stepper: DraftStepper, samples: HiddenStateSamples, plan: list[list[int]], *, max_tokens: int,
+             should_stop: Callable[[], bool] | None = None, steps_done: int = 0) -> dict[str, float]:
     """Trainer.val_epoch: sum every _sum/_total over batches, divide by batch count, normalize."""
-    model.eval()
+    stepper.model.eval()
     accumulated: dict[str, float] = {}
     num_batches = 0
-    for batch in iter_batches(samples, plan, max_tokens=max_tokens, dtype=batch_dtype(device)):
+    batches = iter_batches(samples, plan, max_tokens=max_tokens, dtype=batch_dtype(stepper.device),
+                           pad_to=lambda n: stepper.step_length(n, max_tokens))
+    for batch in prefetch(batches, device=stepper.device):
         if should_stop is not None and should_stop():
             raise TrainingStopped(steps_done)
-        with compute_context(device):
-            _tokens, _loss, metrics = model(**to_device(batch, device), **call_kwargs)
-        for k, v in metrics.items():
-            accumulated[k] = accumulated.get(k, 0.0) + float(v)
+        for k, v in stepper.eval_step(batch).items():
+            accumulated[k] = accumulated.get(k, 0.0) + v
         num_batches += 1
-    model.train()
+    stepper.model.train()
     return normalize_counted_metrics({k: v / max(num_batches, 1) for k, v in accumulated.items()})
 
 
@@ -232,7 +229,8 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
           on_resume: Callable[[int, int], None] | None = None,
           on_split: Callable[[dict], None] | None = None,
           resume_every_steps: int | None = None,
-          resume_every_seconds: float | None = RESUME_SAVE_SECONDS) -> TrainResult:
+          resume_every_seconds: float | None = RESUME_SAVE_SECONDS,
+          attention: str = "auto", loss_implementation: str = "auto") -> TrainResult:
     """Train the draft; `on_checkpoint` hears of each epoch's checkpoint as soon as it is on disk
     (is_best False until the end, when the returned result marks the best). The split (by
     conversation, see workers.stages.train.split) is written to out_dir/split.json before training.
@@ -265,7 +263,7 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
                               draft_vocab_size=draft_vocab_size, ttt_steps=ttt_steps, seed=seed)
     model.to(run_on)
     model.train()
-    call_kwargs = model_call_kwargs(ttt_steps)
+    stepper = DraftStepper(model, device=run_on, ttt_steps=ttt_steps, attention=attention, loss=loss_implementation)
     optimizer, scheduler = make_optimizer(model, lr=lr, total_steps=total_steps)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -290,9 +288,10 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
         on_split(split.as_dict())
     checkpointer = SingleGPUCheckpointer(out_dir)
     sink = _MetricSink(on_metrics)
-    logger.info("training on %s: %d train / %d val rows (split by %s: %d / %d conversations), %d tokens per step, "
-                "%d steps over %d epochs into %s", device_label(run_on), len(train_idx), len(val_idx), split.by,
-                split.train_conversations, split.val_conversations, budget, total_steps, epochs, out_dir)
+    logger.info("training on %s (%s): %d train / %d val rows (split by %s: %d / %d conversations), %d tokens per "
+                "step, %d steps over %d epochs into %s", device_label(run_on), stepper.describe(), len(train_idx),
+                len(val_idx), split.by, split.train_conversations, split.val_conversations, budget, total_steps,
+                epochs, out_dir)
     if progress.global_step or progress.epoch:
         logger.info("resumed from step %d (epoch %d, %d batches into it): %d of %d steps left", resumed_from,
                     progress.epoch, progress.local_step, total_steps - resumed_from, total_steps)
@@ -313,7 +312,10 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
         for epoch in range(progress.epoch, epochs):
             plan = plans[epoch]
             todo = remaining_plan(plan, samples.lengths, progress.local_step)
-            batches = iter_batches(samples, todo, max_tokens=budget, dtype=batch_dtype(run_on))
+            batches = stepper.timed(prefetch(
+                iter_batches(samples, todo, max_tokens=budget, dtype=batch_dtype(run_on),
+                             pad_to=lambda n: stepper.step_length(n, budget)),
+                device=run_on))
             t0 = time.perf_counter()
             for local_step, batch in enumerate(batches, progress.local_step + 1):
                 if should_stop is not None and should_stop():
@@ -321,7 +323,7 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
                 lr_now = optimizer.param_groups[0]["lr"]
                 tokens = int((batch["document_ids"] != -1).sum())
                 progress.loss_tokens += int(batch["loss_mask"].sum())
-                loss, raw = train_step(model, batch, optimizer, scheduler, call_kwargs, device=run_on)
+                loss, raw = stepper.train_step(batch, optimizer, scheduler)
                 t1 = time.perf_counter()
                 step, attempt_tokens, attempt_seconds = step + 1, attempt_tokens + tokens, attempt_seconds + (t1 - t0)
                 progress.global_step, progress.local_step = step, local_step
@@ -342,8 +344,7 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
             progress.loss_tokens_per_epoch.append(loss_tokens)
             if loss_tokens != available:
                 logger.warning("epoch %d: %d of %d supervised tokens reached the loss", epoch, loss_tokens, available)
-            val = evaluate(model, samples, val_plan, max_tokens=budget, call_kwargs=call_kwargs,
-                           should_stop=should_stop, steps_done=step, device=run_on)
+            val = evaluate(stepper, samples, val_plan, max_tokens=budget, should_stop=should_stop, steps_done=step)
             val_public = {k: float(v) for k, v in val.items() if _METRIC_KEY.match(k)}
             sink.add(step, epoch + 1.0, "val", val_public)
             sink.flush()
@@ -377,4 +378,7 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
                        seconds=time.monotonic() - started, tokens_per_step=budget, loss_tokens_available=available,
                        loss_tokens_trained=progress.loss_tokens_per_epoch[-1],
                        loss_tokens_per_epoch=list(progress.loss_tokens_per_epoch), rows_unusable=rows_unusable,
-                       split=split, device=device_label(run_on), resumed_from_step=resumed_from)
+                       split=split, device=device_label(run_on), resumed_from_step=resumed_from,
+                       step_config=stepper.describe(), time_split_s=stepper.times.as_dict(),
+                       step_lengths=sorted({length for length, _grad in stepper.shapes}),
+                       graphs_compiled=stepper.graphs_compiled(), recompiles=stepper.recompiles())

@@ -33,6 +33,7 @@ What runs (read from the installed speculators 0.9.0, speculators/train/):
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import math
@@ -300,16 +301,31 @@ def train_with_speculators(
                        on_checkpoint=on_checkpoint, on_progress=on_progress)
     if on_progress is not None:
         on_progress(resumed_from, plan.total_steps)
+    loss_args, step_config = speculators_loss_args(extra_args)
+    logger.info("speculators' trainer: %s", step_config)
     if len(ledger.epochs) < epochs:
         command = speculators_command(
             torchrun=torchrun_executable or default_torchrun(), num_gpus=num_gpus, fsdp=fsdp, target_dir=target_dir,
             data_dir=data.data_dir, out_dir=out_dir, aux_layer_ids=layer_ids[:-1], draft_vocab_size=draft_vocab_size,
             epochs=epochs, lr=lr, ttt_steps=ttt_steps, seed=seed, total_seq_len=total_seq_len, train_data_ratio=ratio,
-            hidden_states_backend=backend, extra_args=extra_args)
+            hidden_states_backend=backend, extra_args=[*loss_args, *extra_args])
         _run(command, capture=capture, out_dir=out_dir, env=env, should_stop=should_stop,
              stop_grace_seconds=stop_grace_seconds)
-    return _result(capture, plan=plan, split=split, epochs=epochs, out_dir=out_dir, num_gpus=num_gpus, fsdp=fsdp,
-                   resumed_from=resumed_from, seconds=time.monotonic() - started)
+    result = _result(capture, plan=plan, split=split, epochs=epochs, out_dir=out_dir, num_gpus=num_gpus, fsdp=fsdp,
+                     resumed_from=resumed_from, seconds=time.monotonic() - started)
+    return dataclasses.replace(result, step_config=step_config)
+
+
+def speculators_loss_args(extra_args: Sequence[str]) -> tuple[list[str], str]:
+    """(flags to add, what the run's summary says). speculators 0.9's fused loss fails under dynamo
+    with torch 2.11 (on an H200: "AssertionError: ListVariable(length=21) is already tracked for
+    mutation" in speculators/losses/fused.py), which ended the run; its compiled forward with the eager
+    loss trained there (bench/gpu_check.py, 2026-12-04). So eager is the default; a
+    --loss-implementation among the worker's or the run's flags wins."""
+    if any(a == "--loss-implementation" or a.startswith("--loss-implementation=") for a in extra_args):
+        return [], "speculators' compiled forward, loss implementation as given in its flags"
+    return (["--loss-implementation", "eager"],
+            "speculators' compiled forward, eager loss (its fused loss fails under dynamo with torch 2.11)")
 
 
 def _run(command: list[str], *, capture: _Capture, out_dir: Path, env, should_stop, stop_grace_seconds: float) -> None:
