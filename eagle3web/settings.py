@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -57,11 +58,14 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.contrib.humanize",
+    "axes",
     "runs",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Outside the rest, so that answers they make themselves (a CSRF refusal, a login redirect) carry it too.
+    "eagle3web.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -70,7 +74,25 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as axes asks: turns a sign-in the throttle refused into its lockout answer (eagle3web.login_throttle).
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Pages escape what they show of data (templates autoescape; static/js/dom.js builds elements from
+# text); this policy is the second line: were a string ever to reach a page as HTML, the browser would
+# run no script but our static files, load nothing from elsewhere and let no other site frame the page.
+# Every page's scripts and styles are files under static/ (plotly.js included): no inline <script>, no
+# on*="" handler, no style="" attribute or <style> block (static/js/page.js does what those did). Styles
+# a script sets through CSSOM (an element's style object, plotly's rules inserted into app.css's sheet:
+# see base.html) are not inline styles to CSP, so style-src needs no 'unsafe-inline'. 'unsafe-eval':
+# plotly's WebGL traces (scattergl curves, the sweep's parallel coordinates) compile their draw calls
+# with Function (regl); it lets no injected markup run, which is what inline script would. data: images:
+# plotly's "download plot as png". Sent locally too (the browser tests then run every page under it) and
+# when deployed; not with DJANGO_DEBUG=1, whose error pages are inline script and style.
+CONTENT_SECURITY_POLICY = "" if DEBUG else "; ".join([
+    "default-src 'self'", "script-src 'self' 'unsafe-eval'", "style-src 'self'", "img-src 'self' data:",
+    "object-src 'none'", "base-uri 'self'", "form-action 'self'", "frame-ancestors 'none'",
+])
 
 ROOT_URLCONF = "eagle3web.urls"
 WSGI_APPLICATION = "eagle3web.wsgi.application"
@@ -114,6 +136,26 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # answers of at most 1 MiB each (runs.web.live.MAX_CACHED_BYTES) per process.
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "eagle3web-live",
                       "OPTIONS": {"MAX_ENTRIES": 200}}}
+
+# Sign-in throttling (django-axes; eagle3web/login_throttle.py) for the login page and the admin's: failed
+# attempts are database rows, so every web process counts together and Redis being away changes nothing.
+# Locked: EAGLE3WEB_LOGIN_FAILURES_PER_NAME failures for one name from one address, or
+# EAGLE3WEB_LOGIN_FAILURES_PER_ADDRESS from one address, within EAGLE3WEB_LOGIN_COOLOFF_MINUTES; locked
+# until that long after the last failure (failures while locked do not extend it), right password or not.
+AUTHENTICATION_BACKENDS = ["eagle3web.login_throttle.LoginThrottleBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("EAGLE3WEB_LOGIN_FAILURES_PER_NAME", 10)
+EAGLE3WEB_LOGIN_FAILURES_PER_ADDRESS = env_int("EAGLE3WEB_LOGIN_FAILURES_PER_ADDRESS", 30)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("EAGLE3WEB_LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["ip_address", "username"], "ip_address"]  # the order LoginThrottleHandler reads
+AXES_HANDLER = "eagle3web.login_throttle.LoginThrottleHandler"
+AXES_CLIENT_IP_CALLABLE = "eagle3web.login_throttle.client_address"
+AXES_LOCKOUT_CALLABLE = "eagle3web.login_throttle.lockout_response"
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_RESET_ON_SUCCESS = True
+AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins need no row each; failures are what is throttled
+# The largest body Django reads (the API answers 413 past it): a batch of 10,000 metric points at its
+# widest (50-character keys, 17-digit values) is 1.5 MB, 2.3 MB indented by 4; room to spare for that.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 
 AUTH_PASSWORD_VALIDATORS = [{"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"}]
 LOGIN_URL = "login"
@@ -186,8 +228,11 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # An empty value (compose passes one through when unset) means the default too.
 EAGLE3WEB_CACHE_URL = env_str("EAGLE3WEB_CACHE_URL", "") or (CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else "")
 CACHES = globals().get("CACHES") or {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# Short socket timeouts: a Redis that stops answering costs a request at most a second before the counts
+# fall back to the process's memory (runs.api.tokens), not the operating system's minutes-long connect timeout.
 CACHES["auth_failures"] = (
-    {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": EAGLE3WEB_CACHE_URL, "KEY_PREFIX": "eagle3web"}
+    {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": EAGLE3WEB_CACHE_URL, "KEY_PREFIX": "eagle3web",
+     "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
     if EAGLE3WEB_CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "auth-failures"})
 # Failed API authentications (bad or revoked tokens) a client address may make in a minute; past it
 # every request with a token from that address is refused (429) until the minute ends.

@@ -14,9 +14,18 @@ def run_answer(pk: int, request) -> dict:
     run = selectors.run_get(pk=pk)
     return {"id": run.pk, **selectors.run_summary(run), "owner": run.owner.get_username(),
             "created_at": run.created_at.isoformat(), "tags": [tag.name for tag in run.tags.all()],
-            "waiting_for_queue": queue.run_waiting_for_queue(run_id=run.pk),
+            "waiting_for_queue": _waiting(queue.run_waiting_for_queue(run_id=run.pk)),
             "url": shapes.api_url(request, "run_detail", run.pk),
             "page_url": request.build_absolute_uri(run.get_absolute_url())}
+
+
+def _waiting(pending) -> dict | None:
+    """The run's hand-over the broker refused, as JSON (null when none): the run is stored and the outbox
+    (runs.pipeline.queue) sends it once the broker answers, so a client needs no retry of its own."""
+    if pending is None:
+        return None
+    return {"attempts": pending.attempts, "last_error": pending.last_error[:500],
+            "since": pending.created_at.isoformat()}
 
 
 def launched(run, request) -> Response:

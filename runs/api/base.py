@@ -7,20 +7,23 @@ import logging
 import math
 import re
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
+from django.core.exceptions import RequestDataTooBig
 from django.core.paginator import EmptyPage, Paginator
 from django.db import transaction
-from django.http import Http404
+from django.http import Http404, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication
 from rest_framework.negotiation import DefaultContentNegotiation
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView, set_rollback
 
 from runs.api import tokens
+from runs.api.parsers import LimitedJSONParser
 from runs.api.schema import ApiSchema
 from workers.contract.errors import InputError
 
@@ -43,8 +46,14 @@ class ApiInputError(InputError):
         self.field = field
 
 
-class AuthRateLimited(exceptions.Throttled):
+class AuthRateLimited(exceptions.APIException):
+    """429 in our own words (DRF's Throttled appends its "Expected available in N seconds.")."""
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
     default_detail = "too many failed authentications from this address"
+
+    def __init__(self, *, wait: int, detail: str):
+        super().__init__(detail)
+        self.wait = wait
 
 
 class BearerTokenAuthentication(BaseAuthentication):
@@ -59,7 +68,7 @@ class BearerTokenAuthentication(BaseAuthentication):
         wait = tokens.auth_blocked_for(client=client)
         if wait:
             raise AuthRateLimited(wait=wait, detail=(
-                f"too many failed authentications from {client} in the last minute (at most "
+                f"too many failed authentications from {client} this minute (at most "
                 f"{tokens.auth_failure_limit()}); try again in {wait} s with a valid token"))
         match = HEADER_RE.fullmatch(header.strip())
         if match is None:
@@ -126,6 +135,11 @@ def api_exception_handler(exc, context):
         if not message or message.endswith("matches the given query."):  # get_object_or_404's words
             message = f"nothing at {context['request'].path}"
         return error_response(message, code=404)
+    if isinstance(exc, RequestDataTooBig):
+        # Django refused to read a body past DATA_UPLOAD_MAX_MEMORY_SIZE (eagle3web/settings.py).
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return error_response(f"the body is larger than {limit:,} bytes, the most accepted; send metric points in "
+                              "batches of at most 10,000", code=413)
     if isinstance(exc, InputError):
         field = getattr(exc, "field", None)
         field = renames.get(field, field)
@@ -166,7 +180,7 @@ class ApiView(APIView):
     authentication_classes = [BearerTokenAuthentication, SessionAuthentication]
     permission_classes = [IsAuthenticated]
     renderer_classes = [StrictJsonRenderer]
-    parser_classes = [JSONParser]
+    parser_classes = [LimitedJSONParser]
     content_negotiation_class = JsonOnly
     throttle_classes = []
     schema = ApiSchema()
@@ -265,3 +279,12 @@ def created(data: dict) -> Response:
 
 def accepted(data: dict) -> Response:
     return Response(data, status=status.HTTP_202_ACCEPTED)
+
+
+def server_error(request):
+    """Django's last resort (urls.handler500: an error no view's handler caught, e.g. while rendering its
+    answer) answers the API in JSON too, so a script never reads the site's HTML error page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": "the server failed on this request; its log has the details", "fields": {}},
+                            status=500)
+    return defaults.server_error(request)

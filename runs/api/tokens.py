@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import re
 import secrets
 import time
 import unicodedata
@@ -16,12 +18,16 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import caches
+from django.core.cache.backends.locmem import LocMemCache
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from runs.api.models import TOKEN_PREFIX_CHARS, AccountSettings, ApiAuditEntry, ApiToken
 from workers.contract.errors import InputError
+
+log = logging.getLogger(__name__)
 
 SCHEME = "e3w_"
 MAX_NAME_CHARS = 100
@@ -110,9 +116,20 @@ def token_authenticate(*, secret: str) -> ApiToken:
 
 
 # Failed authentication, counted per client address in fixed one-minute windows in Django's cache
-# "auth_failures" (Redis when there is one: shared by every web process; eagle3web/settings.py). A client over the limit is refused before its
-# token is even looked at, good token or not, until the window ends: otherwise a guesser would still
-# learn which guess is right.
+# "auth_failures" (Redis when there is one: shared by every web process; eagle3web/settings.py). A client
+# over the limit is refused before its token is even looked at, good token or not, until the window ends:
+# otherwise a guesser would still learn which guess is right.
+#
+# Redis away must not take authentication with it: while the shared cache cannot be reached the counts
+# go to this process's memory (each web process then counts alone, so a guesser gets a few times the
+# limit instead of none), with one warning a minute, and Redis is tried again after RETRY_CACHE_SECONDS.
+CACHE_ERRORS = (RedisError, OSError)  # redis-py's own, and a socket error that escapes it
+RETRY_CACHE_SECONDS = 5.0
+WARN_EVERY_SECONDS = 60.0
+_local_failures = LocMemCache("api-auth-failures-fallback", {"TIMEOUT": 120, "OPTIONS": {"MAX_ENTRIES": 10_000}})
+_cache_state = {"down_until": 0.0, "warned_at": -WARN_EVERY_SECONDS}
+
+
 def _failures_key(client: str, window: int) -> str:
     return f"api-auth-failures:{client}:{window}"
 
@@ -120,6 +137,21 @@ def _failures_key(client: str, window: int) -> str:
 def _failures_cache():
     # Its own cache where settings name one (Redis, shared by the web processes), else the default one.
     return caches["auth_failures" if "auth_failures" in settings.CACHES else "default"]
+
+
+def _counted(op):
+    """op(cache) on the shared cache, or on this process's memory while the shared one is unreachable."""
+    now = time.monotonic()
+    if now >= _cache_state["down_until"]:
+        try:
+            return op(_failures_cache())
+        except CACHE_ERRORS as exc:
+            _cache_state["down_until"] = now + RETRY_CACHE_SECONDS
+            if now - _cache_state["warned_at"] >= WARN_EVERY_SECONDS:
+                _cache_state["warned_at"] = now
+                log.warning("the auth-failures cache is unreachable (%s): failed API authentications are counted "
+                            "in this process's memory until it answers (this warning at most once a minute)", exc)
+    return op(_local_failures)
 
 
 def auth_failure_limit() -> int:
@@ -130,15 +162,12 @@ def auth_blocked_for(*, client: str) -> int:
     """Seconds until `client` may try again; 0 when it may now."""
     now = time.time()
     window = int(now // 60)
-    if (_failures_cache().get(_failures_key(client, window)) or 0) >= auth_failure_limit():
+    if (_counted(lambda cache: cache.get(_failures_key(client, window))) or 0) >= auth_failure_limit():
         return max(1, int((window + 1) * 60 - now) + 1)
     return 0
 
 
-def auth_failure_record(*, client: str) -> int:
-    """Count one failed attempt of `client`; how many it made in this window."""
-    key = _failures_key(client, int(time.time() // 60))
-    cache = _failures_cache()
+def _incr(cache, key: str) -> int:
     cache.add(key, 0, timeout=120)
     try:
         return cache.incr(key)
@@ -147,16 +176,34 @@ def auth_failure_record(*, client: str) -> int:
         return 1
 
 
+def auth_failure_record(*, client: str) -> int:
+    """Count one failed attempt of `client`; how many it made in this window."""
+    key = _failures_key(client, int(time.time() // 60))
+    return _counted(lambda cache: _incr(cache, key))
+
+
 def auth_failures_clear(*, client: str) -> None:
-    """Forget the client's failed attempts (an admin letting a blocked address in again; tests)."""
+    """Forget the client's failed attempts, in the shared cache and this process's (an admin letting a
+    blocked address in again; tests)."""
     window = int(time.time() // 60)
-    _failures_cache().delete_many([_failures_key(client, w) for w in (window - 1, window)])
+    keys = [_failures_key(client, w) for w in (window - 1, window)]
+    _local_failures.delete_many(keys)
+    _counted(lambda cache: cache.delete_many(keys))
+
+
+# A secret where it does not belong (a query string, say) is cut to its prefix before it is written anywhere.
+SECRET_RE = re.compile(re.escape(SCHEME) + r"[A-Za-z0-9_\-]+")
+
+
+def secrets_redacted(text: str) -> str:
+    return SECRET_RE.sub(lambda m: m[0][:TOKEN_PREFIX_CHARS] + "…", text)
 
 
 def audit_record(*, user: AbstractBaseUser, token: ApiToken | None, method: str, path: str, status: int,
                  client: str) -> ApiAuditEntry:
     return ApiAuditEntry.objects.create(user=user, token=token, token_prefix=token.prefix if token else "",
-                                        method=method[:10], path=path[:500], status=status, client=client[:45])
+                                        method=method[:10], path=secrets_redacted(path)[:500], status=status,
+                                        client=client[:45])
 
 
 def user_audit(*, user: AbstractBaseUser, limit: int = 50) -> list[ApiAuditEntry]:

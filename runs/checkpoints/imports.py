@@ -12,6 +12,7 @@ from runs.roles import require
 from runs.pipeline.upstream_commands import recorded_speculative_tokens
 from workers.contract.errors import InputError
 from workers.contract.jsonfile import read_json_object
+from workers.contract.regular_file import special_entries
 from workers.contract.target import read_target_config, read_target_json
 
 PASS_VERIFIER = ("pass --verifier PATH naming a local copy of the target it was trained for "
@@ -79,6 +80,9 @@ def checkpoint_check(*, resolved: Path, local_verifier: Path | None) -> tuple[di
     speculators eagle3 config.json, its weights, a verifier it agrees with (`local_verifier`, else the one
     it records), and that Eagle3DraftModel loads it. Returns its config and the verifier to serve it with;
     CheckpointError naming the problem otherwise."""
+    odd = special_entries(resolved)
+    if odd:  # speculators' loader would open them and wait forever on a FIFO
+        raise CheckpointError(f"{resolved}: {'; '.join(odd)}: a checkpoint holds regular files only")
     config_path = resolved / "config.json"
     config = read_json_object(config_path, CheckpointError)
     kind = config.get("speculators_model_type")
@@ -100,6 +104,9 @@ def checkpoint_check(*, resolved: Path, local_verifier: Path | None) -> tuple[di
             raise CheckpointError(f"{config_path} records {shown} (speculators_config.verifier.name_or_path), "
                                   f"which is not a directory on this machine; {PASS_VERIFIER}")
         verifier_path = recorded
+    if Path(verifier_path).is_dir() and special_entries(verifier_path):
+        raise CheckpointError(f"verifier {verifier_path}: {'; '.join(special_entries(verifier_path))}: "
+                              "a model directory holds regular files only")
     try:
         _load_draft(resolved, verifier_path)
     except Exception as exc:  # noqa: BLE001 - whatever speculators says is the user's answer

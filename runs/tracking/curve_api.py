@@ -7,16 +7,15 @@ one is a 400 naming it."""
 from __future__ import annotations
 
 import json
-import re
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from runs.tracking import curves
+from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
 from runs.web import live
 from workers.contract.errors import InputError
 
 MAX_STEP = 2**62
-KEY_RE = re.compile(r"[A-Za-z0-9_.\-/]{1,50}")
 SPLITS = ("", "train", "val")
 
 
@@ -41,8 +40,8 @@ def _keys(text: str) -> tuple[str, ...]:
     if len(keys) > curves.MAX_KEYS:
         raise InputError(f"keys names {len(keys)} series; at most {curves.MAX_KEYS} per request")
     for key in keys:
-        if not KEY_RE.fullmatch(key):
-            raise InputError(f"keys: {key[:60]!r} is not a metric name (letters, digits, _ . - /, at most 50)")
+        if not is_metric_name(key):
+            raise InputError(f"keys: {metric_name_shown(key)} is not a metric name ({RULE})")
     return keys
 
 

@@ -21,11 +21,11 @@ from django.db.models import Q
 from runs.models import MetricChunk, MetricSeries
 from runs.pipeline.changes import curves_changed
 from runs.tracking.chunks import CHUNK_POINTS, Points, split_chunks, unpack
+from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
 from runs.tracking.services import _append, _chunk_fields, _columns, _points_of, _summary_rebuild, _summary_update
 from workers.contract.errors import InputError
 
 MAX_POINTS = 10_000
-MAX_KEY_CHARS = 50  # MetricSeries.key
 SPLITS = ("train", "val")  # the splits the curves API and the run page read (runs.tracking.curve_api)
 POINT_FIELDS = ("key", "split", "step", "value", "epoch")
 
@@ -77,9 +77,9 @@ def points_check(points: object) -> list[dict]:
             if name not in point:
                 raise PointError(f"{at}.{name} is missing", field=f"{at}.{name}")
         key = point["key"]
-        if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_CHARS:
-            raise PointError(f"{at}.key must be a metric name of 1 to {MAX_KEY_CHARS} characters (loss_0, "
-                             f"full_acc_0, ...), got {str(key)[:60]!r}", field=f"{at}.key")
+        if not is_metric_name(key):
+            raise PointError(f"{at}.key must be a metric name ({RULE}: loss_0, full_acc_0, ...), got "
+                             f"{metric_name_shown(key)}", field=f"{at}.key")
         if point["split"] not in SPLITS:
             raise PointError(f"{at}.split must be one of {', '.join(SPLITS)}, got {str(point['split'])[:40]!r}",
                              field=f"{at}.split")

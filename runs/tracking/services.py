@@ -15,6 +15,8 @@ from django.db import transaction
 
 from runs.pipeline.changes import curves_changed
 from runs.tracking.chunks import CHUNK_POINTS, MERGE_AT, Points, pack, pack_one, preview, split_chunks, unpack
+from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
+from workers.contract.errors import InputError
 from runs.models import MetricChunk, MetricSeries
 
 
@@ -85,7 +87,12 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
     """Append points ({split, key, step, epoch, value[, time]}) to their series; how many were kept.
 
     A point whose step is not after its series' last step is refused and counted on the series
-    (`num_refused`, shown with the curve): curves never hold two values for one step."""
+    (`num_refused`, shown with the curve): curves never hold two values for one step. A key that is not
+    a metric name (runs.tracking.metric_names) stores nothing of the batch: our trainers never write one,
+    so it is a bug to see, not a curve to keep."""
+    for p in points:
+        if not is_metric_name(p["key"]):
+            raise InputError(f"metric key {metric_name_shown(p['key'])} is not a metric name ({RULE})")
     by_series: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for p in points:
         by_series[(str(p["split"]), str(p["key"]))].append(p)

@@ -30,6 +30,7 @@ from runs.tracking import comparison, run_table
 from runs.web import live, run_page
 from runs.web.forms import LaunchForm, RegenerateForm
 from workers.contract.errors import InputError
+from workers.contract.regular_file import open_regular
 
 
 
@@ -303,10 +304,19 @@ def extraction_override(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect(extraction)
 
 
+def _small_text(path: Path, limit: int = 1 << 20) -> str | None:
+    """A regular file's first `limit` bytes as text (a FIFO or device there would hang the request)."""
+    try:
+        with open_regular(path) as fh:
+            return fh.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
 def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
     checkpoint = selectors.checkpoint_get(pk=pk, reviews=True)
     config_path = Path(checkpoint.path) / "config.json"
-    config = config_path.read_text() if config_path.exists() else None
+    config = _small_text(config_path)
     evaluations = list(checkpoint.evaluations.select_related("requested_by")[:20])
     measured = next((e for e in evaluations if e.status == "succeeded"), None)
     serve_checks = serve_check_selectors.checkpoint_serve_checks(checkpoint)

@@ -50,7 +50,7 @@
         if (opts.split !== "both" && s.split !== opts.split) continue;
         const val = s.split === "val";
         const y = !val && !UNSMOOTHED.has(family) ? smoothed(s.values) : s.values;
-        out.push({x: xs(entry, s), y, name: `${entry.run.name}: ${s.split} ${s.key}`, legendgroup: String(entry.run.id),
+        out.push({x: xs(entry, s), y, name: dom.plotlyText(`${entry.run.name}: ${s.split} ${s.key}`), legendgroup: String(entry.run.id),
           type: val ? "scatter" : "scattergl", mode: val ? "lines+markers" : "lines",
           line: {color: entry.colour, dash: DASHES[tttOf(s.key) % DASHES.length], width: 1.6}, marker: {size: 5}});
       }
@@ -69,7 +69,7 @@
     const xTitle = {step: "step", epoch: "epoch", tokens: "tokens seen", time: "seconds since the run's first point"}[opts.x];
     // The legend sits right of the plot, in its own margin: it can never cover an axis or its title.
     Plotly.react(divs[family], traces(family), {
-      title: {text: family}, height: 380, margin: {l: 60, r: 260, t: 40, b: 50},
+      title: {text: dom.plotlyText(family)}, height: 380, margin: {l: 60, r: 260, t: 40, b: 50},
       xaxis: {title: {text: xTitle}}, yaxis: {type: opts.log ? "log" : "linear"},
       legend: {orientation: "v", x: 1.02, xanchor: "left", y: 1, yanchor: "top", font: {size: 10}},
     }, {displaylogo: false, responsive: true});
@@ -83,8 +83,9 @@
   function seriesPicker() {
     const keys = [...new Set(data.flatMap((e) => e.series.map((s) => s.key)))].sort();
     const box = document.getElementById("compare-series");
-    box.insertAdjacentHTML("beforeend", keys.map((k) =>
-      `<label><input type="checkbox" data-key="${k}" checked> ${k}</label>`).join(" "));
+    for (const k of keys) {
+      box.append(dom.el("label", {}, dom.el("input", {type: "checkbox", checked: true, dataset: {key: k}}), " " + k), " ");
+    }
     box.addEventListener("change", (ev) => {
       const key = ev.target.dataset.key;
       if (ev.target.checked) opts.hidden.delete(key); else opts.hidden.add(key);
@@ -98,12 +99,12 @@
       document.getElementById("compare-tau").textContent = "None of these runs has a measured τ yet.";
       return;
     }
-    Plotly.newPlot("compare-tau", [{type: "bar", x: measured.map((r) => r.name), y: measured.map((r) => r.tau),
+    Plotly.newPlot("compare-tau", [{type: "bar", x: measured.map((r) => dom.plotlyText(r.name)), y: measured.map((r) => r.tau),
       marker: {color: measured.map((r) => PALETTE[runs.indexOf(r) % PALETTE.length])},
       text: measured.map((r) => r.tau.toFixed(2)), textposition: "auto", hovertemplate: "%{x}: τ %{y:.3f}<extra></extra>"}],
       {title: {text: "τ measured"}, height: 320, margin: {l: 50, r: 10, t: 40, b: 80}, yaxis: {rangemode: "tozero"}},
       {displaylogo: false, responsive: true});
-    Plotly.newPlot("compare-acceptance", measured.map((r) => ({type: "bar", name: r.name,
+    Plotly.newPlot("compare-acceptance", measured.map((r) => ({type: "bar", name: dom.plotlyText(r.name),
       x: r.acceptance_per_position.map((_, i) => "position " + (i + 1)), y: r.acceptance_per_position,
       marker: {color: PALETTE[runs.indexOf(r) % PALETTE.length]}})),
       {title: {text: "Acceptance per draft position"}, barmode: "group", height: 320,

@@ -67,7 +67,7 @@
       const s = source[id];
       const color = PALETTE[keys.indexOf(s.key) % PALETTE.length];
       const val = s.split === "val";
-      const name = `${s.split} ${s.key}`;
+      const name = dom.plotlyText(`${s.split} ${s.key}`);
       const base = {x: xs(s), type: val ? "scatter" : "scattergl", legendgroup: name,
         hovertemplate: `${name}<br>%{x}: %{y:.5g}<extra></extra>`};
       if (opts.smooth && !val && !UNSMOOTHED.has(familyOf(s.key))) {
@@ -83,7 +83,7 @@
   function layout(family, chart) {
     return {
       // The legend in its own right margin: below the plot it ran into the x axis title.
-      title: {text: TITLES[family] || family}, height: 320, margin: {l: 60, r: 125, t: 40, b: 40},
+      title: {text: TITLES[family] || dom.plotlyText(family)}, height: 320, margin: {l: 60, r: 125, t: 40, b: 40},
       xaxis: {title: {text: {step: "step", epoch: "epoch", time: "wall time", tokens: "tokens seen"}[opts.x]}, type: opts.x === "time" ? "date" : "linear"},
       yaxis: {type: opts.log ? "log" : "linear", exponentformat: family === "lr" ? "e" : "none"},
       legend: {orientation: "v", x: 1.02, xanchor: "left", y: 1, yanchor: "top", font: {size: 10}},
@@ -93,22 +93,21 @@
 
   function chartFor(family) {
     if (charts[family]) return charts[family];
-    const box = document.createElement("div");
-    box.className = "plot-box";
-    box.innerHTML = `<div id="plot-${family}" class="plot"></div><details class="export"><summary>Export</summary><ul></ul></details>`;
+    const div = dom.el("div", {id: "plot-" + family, class: "plot"});
+    const box = dom.el("div", {class: "plot-box"}, div,
+      dom.el("details", {class: "export"}, dom.el("summary", {}, "Export"), dom.el("ul")));
     document.getElementById("curve-plots").appendChild(box);
-    const div = box.querySelector(".plot");
     charts[family] = {div, box, ids: [], zoomed: false};
     return charts[family];
   }
 
   function exportLinks(chart) {
-    chart.box.querySelector("ul").innerHTML = chart.ids.map((id) => {
+    chart.box.querySelector("ul").replaceChildren(...chart.ids.map((id) => {
       const s = series[id];
-      const q = `?key=${encodeURIComponent(s.key)}&split=${s.split}`;
-      return `<li>${s.split} ${s.key} (${fmt.format(s.num_points)} points): <a href="${exportUrl}${q}&format=csv" download>CSV</a> ` +
-        `<a href="${exportUrl}${q}&format=json" download>JSON</a></li>`;
-    }).join("");
+      const link = (format) => dom.el("a", {download: true,
+        href: exportUrl + "?" + new URLSearchParams({key: s.key, split: s.split, format})}, format.toUpperCase());
+      return dom.el("li", {}, `${s.split} ${s.key} (${fmt.format(s.num_points)} points): `, link("csv"), " ", link("json"));
+    }));
   }
 
   function draw(family) {

@@ -6,11 +6,7 @@
   const fmt = new Intl.NumberFormat("en-US");
   let finished = false;
 
-  function esc(text) {
-    const div = document.createElement("div");
-    div.textContent = text == null ? "" : String(text);
-    return div.innerHTML;
-  }
+  const el = window.dom.el;
 
   function renderStages(summary) {
     const cancel = document.getElementById("cancel-form");
@@ -36,7 +32,7 @@
       badge.textContent = warnings.length + (warnings.length === 1 ? " warning" : " warnings");
       const list = detail.querySelector('[data-field="warnings"]');
       list.hidden = !warnings.length;
-      list.innerHTML = warnings.map((w) => "<li>" + esc(w) + "</li>").join("");
+      list.replaceChildren(...warnings.map((w) => el("li", {}, w)));
       const error = detail.querySelector('[data-field="error"]');
       error.textContent = stage.error;
       error.hidden = !stage.error;
@@ -94,14 +90,19 @@
 
   function renderAttempts(attempts) {
     if (!attempts.length) return;
-    const rows = attempts.map((a) => `<tr data-attempt="${esc(a.stage)}-${a.number}"><td>${esc(a.stage)}</td><td>${a.number}</td>` +
-      `<td><span class="status ${esc(a.outcome)}">${esc(a.outcome)}</span></td>` +
-      `<td title="${esc(a.started_at)}">${esc(new Date(a.started_at).toLocaleString())}</td>` +
-      `<td>${a.seconds.toFixed(1)} s</td><td>${esc(a.worker)}</td>` +
-      `<td>${a.error ? '<pre class="error">' + esc(a.error.slice(0, 2000)) + "</pre>" : ""}` +
-      `${a.log_tail ? "<details><summary>Log</summary><pre class=\"log\">" + esc(a.log_tail) + "</pre></details>" : ""}</td></tr>`).join("");
-    document.getElementById("attempts").innerHTML = '<table class="list" id="attempt-table"><thead><tr><th>Stage</th><th>#</th>' +
-      "<th>Outcome</th><th>Started</th><th>Duration</th><th>Worker</th><th>Error and log</th></tr></thead><tbody>" + rows + "</tbody></table>";
+    const rows = attempts.map((a) => el("tr", {"data-attempt": `${a.stage}-${a.number}`},
+      el("td", {}, a.stage), el("td", {}, String(a.number)),
+      el("td", {}, el("span", {class: "status " + a.outcome}, a.outcome)),
+      el("td", {title: a.started_at}, new Date(a.started_at).toLocaleString()),
+      el("td", {}, a.seconds.toFixed(1) + " s"), el("td", {}, a.worker),
+      el("td", {}, a.error ? el("pre", {class: "error"}, a.error.slice(0, 2000)) : null,
+        a.log_tail ? el("details", {}, el("summary", {}, "Log"), el("pre", {class: "log"}, a.log_tail)) : null)));
+    document.getElementById("attempts").replaceChildren(el("table", {class: "list", id: "attempt-table"},
+      headRow(["Stage", "#", "Outcome", "Started", "Duration", "Worker", "Error and log"]), el("tbody", {}, rows)));
+  }
+
+  function headRow(titles) {
+    return el("thead", {}, el("tr", {}, titles.map((t) => el("th", {}, t))));
   }
 
   function setToken(key, text) {
@@ -163,11 +164,15 @@
   function renderCheckpoints(checkpoints) {
     if (!checkpoints.length) return;
     const num = (v, digits) => (v == null ? "–" : v.toFixed(digits));
-    const rows = checkpoints.map((c) => `<tr class="${c.is_best ? "best" : ""}"><td>${c.epoch}${c.is_best ? ' <span class="badge">best</span>' : ""}</td>` +
-      `<td>${num(c.val_loss, 4)}</td><td>${num(c.train_loss, 4)}</td><td>${num(c.tau, 2)}</td><td>${num(c.simulated_tau, 2)}</td>` +
-      `<td><code>${esc(c.path)}</code> <a href="${esc(c.url)}">details, review, measure</a></td><td><code class="copy">${esc(c.serve_command)}</code></td></tr>`).join("");
-    document.getElementById("checkpoints").innerHTML = '<table class="list" id="checkpoint-table"><thead><tr><th>Epoch</th><th>Val loss</th>' +
-      "<th>Train loss</th><th>τ measured</th><th>τ simulated</th><th>Path</th><th>Serve with vLLM</th></tr></thead><tbody>" + rows + "</tbody></table>";
+    const rows = checkpoints.map((c) => el("tr", {class: c.is_best ? "best" : ""},
+      el("td", {}, String(c.epoch), c.is_best ? [" ", el("span", {class: "badge"}, "best")] : null),
+      el("td", {}, num(c.val_loss, 4)), el("td", {}, num(c.train_loss, 4)), el("td", {}, num(c.tau, 2)),
+      el("td", {}, num(c.simulated_tau, 2)),
+      el("td", {}, el("code", {}, c.path), " ", el("a", {href: c.url}, "details, review, measure")),
+      el("td", {}, el("code", {class: "copy"}, c.serve_command))));
+    document.getElementById("checkpoints").replaceChildren(el("table", {class: "list", id: "checkpoint-table"},
+      headRow(["Epoch", "Val loss", "Train loss", "τ measured", "τ simulated", "Path", "Serve with vLLM"]),
+      el("tbody", {}, rows)));
   }
 
   let shown = null, shownAt = 0;  // the last summary drawn, and when it came

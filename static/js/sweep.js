@@ -19,7 +19,7 @@
       const spread = positive.length === nums.length && Math.max(...nums) / Math.min(...nums) >= 10;
       return {type: spread ? "log" : "linear", value: Number};
     }
-    return {type: "category", value: (t) => t, order: texts};
+    return {type: "category", value: dom.plotlyText, order: texts.map(dom.plotlyText)};
   }
 
   function drawScatter() {
@@ -35,19 +35,19 @@
     }
     const traces = [...groups.entries()].map(([label, runs], i) => {
       const measured = runs.filter((r) => r.tau !== null);
-      return {x: measured.map((r) => axis.value(r.settings[x])), y: measured.map((r) => r.tau), name: label,
-        text: measured.map((r) => r.name), mode: "lines+markers", type: "scatter",
+      return {x: measured.map((r) => axis.value(r.settings[x])), y: measured.map((r) => r.tau), name: dom.plotlyText(label),
+        text: measured.map((r) => dom.plotlyText(r.name)), mode: "lines+markers", type: "scatter",
         line: {color: PALETTE[i % PALETTE.length], width: 1.5}, marker: {size: 8},
-        hovertemplate: "%{text}<br>" + x + "=%{x}<br>τ %{y:.3f}<extra></extra>"};
+        hovertemplate: "%{text}<br>" + dom.plotlyText(x) + "=%{x}<br>τ %{y:.3f}<extra></extra>"};
     });
     const best = summary.runs.find((r) => r.is_best);
     if (best) {
       traces.push({x: [axis.value(best.settings[x])], y: [best.tau], name: "best", mode: "markers", type: "scatter",
         marker: {symbol: "star", size: 18, color: "#f9a825", line: {color: "#1d232a", width: 1}},
-        hovertemplate: `best: ${best.name}<br>τ %{y:.3f}<extra></extra>`});
+        hovertemplate: `best: ${dom.plotlyText(best.name)}<br>τ %{y:.3f}<extra></extra>`});
     }
     const measured = summary.runs.filter((r) => r.tau !== null).length;
-    const xaxis = {title: {text: x}, type: axis.type, automargin: true, exponentformat: "e"};
+    const xaxis = {title: {text: dom.plotlyText(x)}, type: axis.type, automargin: true, exponentformat: "e"};
     if (axis.order) { xaxis.categoryorder = "array"; xaxis.categoryarray = axis.order; }
     Plotly.react("plot-sweep", traces, {
       height: 360, margin: {l: 60, r: 10, t: 30, b: 50}, xaxis, yaxis: {title: {text: "τ (acceptance length)"}},
@@ -64,12 +64,12 @@
       if (axis.type !== "category") {
         const values = runs.map((r) => Number(r.settings[key]));
         return axis.type === "log"
-          ? {label: key + " (log10)", values: values.map(Math.log10)}
-          : {label: key, values};
+          ? {label: dom.plotlyText(key + " (log10)"), values: values.map(Math.log10)}
+          : {label: dom.plotlyText(key), values};
       }
       const order = summary.varied[key];
-      return {label: key, values: runs.map((r) => order.indexOf(r.settings[key])),
-        tickvals: order.map((_, i) => i), ticktext: order, range: [0, Math.max(order.length - 1, 1)]};
+      return {label: dom.plotlyText(key), values: runs.map((r) => order.indexOf(r.settings[key])),
+        tickvals: order.map((_, i) => i), ticktext: order.map(dom.plotlyText), range: [0, Math.max(order.length - 1, 1)]};
     });
     dimensions.push({label: "τ", values: runs.map((r) => r.tau)});
     Plotly.react("plot-parcoords", [{type: "parcoords", dimensions,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.contract.target import default_layer_ids
+from tests.stages.test_extract import layer_ids, prepared  # noqa: F401  (fixtures: 10 demo chats)
 from workers.contract.verify import verify_extraction
 from workers.stages.extract import files as files_module
 from workers.stages.extract.resume import sample_is_whole
@@ -23,26 +23,12 @@ from workers.stages.extract.with_transformers import (
     plan_forward_batches,
 )
 from workers.stages.extract.writer import BoundedWriter
-from workers.stages.prepare import prepare
 
-CONVERSATIONS = 10
 BATCH_TOKENS = 256  # several batches of a few rows each, so the writer has a queue to keep
 WRITE_SECONDS = 0.3  # the slow disk's time per batch
 TIME_KEYS = {"model_load", "forward_loop", "forward", "copies", "writes", "write_wait", "drain"}
 
 
-@pytest.fixture(scope="module")
-def prepared(tiny_target, tmp_path_factory):
-    lines = tiny_target.chats_path.read_text().splitlines()[:CONVERSATIONS]
-    root = tmp_path_factory.mktemp("extract-overlap")
-    (root / "chats.jsonl").write_text("\n".join(lines) + "\n")
-    return prepare(tokenizer_dir=tiny_target.target_dir, dataset_path=root / "chats.jsonl",
-                   out_dir=root / "prepared", max_seq_len=128)
-
-
-@pytest.fixture(scope="module")
-def layer_ids(tiny_target):
-    return default_layer_ids(tiny_target.num_layers)
 
 
 def run(tiny_target, prepared, layer_ids, out_dir: Path, batch_tokens: int = BATCH_TOKENS, **kwargs):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from workers.contract.errors import InputError
 from workers.contract.jsonfile import parse_json
+from workers.contract.regular_file import open_regular
 
 ROLE_ALIASES = {
     "human": "user",
@@ -159,7 +160,7 @@ def read_conversations(path: Path, *, on_position: Callable[[int], None] | None 
 
     Lines are read as bytes with a size limit, so a huge line costs at most about MAX_LINE_BYTES.
     `on_position` hears the byte offset reached after each line (for progress over large files)."""
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         lineno = 0
         while True:
             lineno += 1

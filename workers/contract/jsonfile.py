@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from workers.contract.regular_file import NotARegularFile, open_regular
+
 MAX_JSON_BYTES = 8 * 1024 * 1024
 MAX_JSON_DEPTH = 64
 
@@ -55,10 +57,12 @@ def read_json_value(path: Path, error: type[Exception] = ValueError, *, max_byte
     """The JSON value in `path`, within the size and depth limits; `error` names the file."""
     path = Path(path)
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             blob = fh.read(max_bytes + 1)
     except FileNotFoundError:
         raise error(f"{path} is missing") from None
+    except NotARegularFile as exc:
+        raise error(str(exc)) from None
     except OSError as exc:
         raise error(f"{path}: cannot read ({exc})") from None
     if len(blob) > max_bytes:

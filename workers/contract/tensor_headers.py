@@ -28,6 +28,7 @@ from math import prod
 from pathlib import Path
 
 from workers.contract.dtypes import DTYPE_BYTES, ST_DTYPES
+from workers.contract.regular_file import open_regular
 
 ST_MAX_HEADER = 100_000_000  # safetensors' own limit
 # every dtype safetensors 0.8 knows, in bits per element
@@ -59,7 +60,7 @@ class STHeader:
 
 
 def read_safetensors_header(path: Path) -> STHeader:
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         head = fh.read(8)
         if len(head) < 8:
             raise HeaderError("file is shorter than the 8-byte header length")
@@ -115,7 +116,7 @@ def read_safetensors_ints(path: Path, header: STHeader, name: str) -> list[int] 
     values = array(code)
     if values.itemsize * 8 != ST_BITS[t.dtype]:
         return None
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         fh.seek(header.data_start + t.begin)
         values.frombytes(fh.read(t.end - t.begin))
     if sys.byteorder != "little":
@@ -268,9 +269,10 @@ class _HeaderUnpickler(pickle.Unpickler):
 
 def read_pt_header(path: Path):
     """The object torch.save wrote, with every tensor replaced by its TensorMeta."""
-    if not zipfile.is_zipfile(path):
-        raise NeedsTorch("not torch's zip format")
-    with zipfile.ZipFile(path) as archive:
+    with open_regular(path) as fh:  # is_zipfile would block on a FIFO
+        if not zipfile.is_zipfile(fh):
+            raise NeedsTorch("not torch's zip format")
+    with open_regular(path) as fh, zipfile.ZipFile(fh) as archive:
         pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
         if len(pickles) != 1:
             raise NeedsTorch("no single data.pkl")
