@@ -107,9 +107,9 @@ class ExternalRunSerializer(serializers.Serializer):
 class PointsSerializer(serializers.Serializer):
     points = serializers.JSONField(help_text=(
         "[{key, split, step, value[, epoch]}, ...], at most 10,000: key a metric name (ASCII letters, digits, "
-        "_ . - /; 1 to 50 characters), split train or val, step a whole number from 0, value a finite number, "
-        "epoch optional (0 when omitted). A step stored already with the same value is unchanged, with another "
-        "value replaced; never doubled"))
+        "_ . - /; 1 to 50 characters), split train or val, step a whole number from 0 to 2**53, value a finite "
+        "number, epoch optional, 0 to 1,000,000 (0 when omitted). A step stored already with the same value is "
+        "unchanged, with another value replaced; never doubled"))
 
 
 class ExternalCheckpointSerializer(serializers.Serializer):

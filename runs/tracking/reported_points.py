@@ -28,6 +28,10 @@ from workers.contract.errors import InputError
 MAX_POINTS = 10_000
 SPLITS = ("train", "val")  # the splits the curves API and the run page read (runs.tracking.curve_api)
 POINT_FIELDS = ("key", "split", "step", "value", "epoch")
+# Bounds a report's numbers must keep: a step past 2**53 is not exact in the pages' JavaScript (nor in
+# a float64 export), and no training runs a million epochs (a probe stored an epoch of 2**63).
+MAX_STEP = 2**53
+MAX_EPOCH = 1_000_000
 
 
 class PointError(InputError):
@@ -84,12 +88,13 @@ def points_check(points: object) -> list[dict]:
             raise PointError(f"{at}.split must be one of {', '.join(SPLITS)}, got {str(point['split'])[:40]!r}",
                              field=f"{at}.split")
         step = point["step"]
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
-            raise PointError(f"{at}.step must be a whole number from 0, got {str(step)[:40]!r}", field=f"{at}.step")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+            raise PointError(f"{at}.step must be a whole number from 0 to {MAX_STEP:,}, got {str(step)[:40]!r}",
+                             field=f"{at}.step")
         value = _number(point["value"], field=f"{at}.value", what="NaN and infinities are not stored")
         epoch = _number(point.get("epoch", 0), field=f"{at}.epoch", what="the fractional epoch; 0 when omitted")
-        if epoch < 0:
-            raise PointError(f"{at}.epoch must be 0 or more, got {epoch}", field=f"{at}.epoch")
+        if not 0 <= epoch <= MAX_EPOCH:
+            raise PointError(f"{at}.epoch must be from 0 to {MAX_EPOCH:,}, got {epoch}", field=f"{at}.epoch")
         identity = (key, point["split"], step)
         if identity in seen:
             raise PointError(f"{at}.step repeats step {step} of {point['split']} {key} given by "

@@ -117,6 +117,9 @@ def test_a_batch_sent_twice_is_not_doubled_and_a_changed_value_replaces(scripts)
     ({"key": "loss_0", "split": "train", "step": 1}, "points[1].value"),
     ({"key": "loss_0", "split": "train", "step": 1, "value": 1.0, "wall": 3}, "points[1].wall"),
     ({"key": "loss_0", "split": "train", "step": 0, "value": 9.0}, "points[1].step"),  # step 0 twice
+    ({"key": "loss_0", "split": "train", "step": 2**53 + 1, "value": 1.0}, "points[1].step"),  # not exact in JS
+    ({"key": "loss_0", "split": "train", "step": 1, "value": 1.0, "epoch": 2**63}, "points[1].epoch"),
+    ({"key": "loss_0", "split": "train", "step": 1, "value": 1.0, "epoch": -0.5}, "points[1].epoch"),
     ("loss=1", "points[1]"),
 ])
 def test_a_bad_point_is_refused_naming_it_and_nothing_of_the_batch_is_stored(scripts, point, field):
@@ -339,3 +342,12 @@ def test_a_checkpoint_registered_by_path_is_checked_as_an_import_is(scripts, roo
     # Measured only on a prompts file: a run trained elsewhere has no prepared validation conversations here.
     status, answer, _ = launcher("POST", f"/api/v1/checkpoints/{made['id']}/evaluate/", {})
     assert status == 400 and "was not trained here" in answer["error"], answer
+
+
+def test_the_largest_step_and_epoch_a_report_may_carry_are_stored(scripts):
+    launcher = scripts["launcher"]
+    run = _create(launcher)
+    top = {"key": "loss_0", "split": "train", "step": 2**53, "value": 1.0, "epoch": 1_000_000}
+    status, answer, _ = launcher("POST", f"/api/v1/runs/{run['id']}/metrics/", {"points": [top]})
+    assert status == 200 and answer["accepted"] == 1, answer
+    assert MetricSeries.objects.get(training_run__run_id=run["id"], key="loss_0").last_step == 2**53
