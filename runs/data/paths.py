@@ -76,7 +76,9 @@ def check_under_data_roots(raw: str | Path, *, must_exist: bool = True, kind: st
                              f"({shown_path(str(resolved))})")
     roots = settings.EAGLE3WEB_DATA_ROOTS
     if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
-        via = f" (it resolves to {shown_path(str(resolved))} through a symlink)" if resolved != path else ""
+        # Where a symlink leads is not quoted: a refusal must not tell what lies outside the roots
+        # (a probe had it print a path under /proc).
+        via = " (through a symlink or '..'; where it leads is not shown)" if resolved != path else ""
         allowed = ", ".join(str(r) for r in roots)
         raise PathNotAllowed(
             f"{kind} {shown} is outside the allowed data roots{via}; allowed: {allowed} "
