@@ -163,3 +163,65 @@ def test_a_killed_vllm_raises_with_its_log_and_a_rerun_resumes(talker, server, t
     ids = [r["id"] for r in read_jsonl(out)]
     assert len(ids) == len(set(ids)) and read_jsonl(out) == read_jsonl(whole.out_path)
     assert {k: getattr(result, k) for k in COUNTS} == {k: getattr(whole, k) for k in COUNTS}
+
+
+START_AND_WAIT = """
+import json, sys
+from pathlib import Path
+from workers.stages.extract.vllm_server import VllmServer
+args = json.loads(sys.argv[1])
+server = VllmServer(command=args["command"], log_path=Path(args["log"]), port=args["port"], env=args["env"])
+server.start()
+server.wait_healthy(timeout_s=900, should_stop=None, on_stop=RuntimeError)
+print(server.proc.pid, flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_a_worker_killed_while_vllm_serves_leaves_no_vllm_process_after_10_s(vllm_install, talker, tmp_path):
+    """A stand-in for the worker (a process that starts `vllm serve` as the stage does) is SIGKILLed once
+    the server answers; 10 s later nothing of the server's process group is left, engine core included."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from workers.contract.target import read_target_json
+    from workers.contract.vllm_env import kvcache_gib, server_environment
+    from workers.stages.child_guard import _group_alive
+    from workers.stages.extract.vllm_server import free_port
+    from workers.stages.regenerate.with_vllm import DEFAULT_CONCURRENCY, regenerate_serve_command
+
+    port = free_port()
+    command = regenerate_serve_command(vllm_executable=vllm_install.executable, target_dir=talker.target_dir,
+                                       dtype="float32", max_model_len=MAX_MODEL_LEN, tensor_parallel_size=1,
+                                       port=port, seed=0)
+    env = server_environment(vllm_install, kvcache_space_gib=kvcache_gib(
+        target_config=read_target_json(talker.target_dir), max_model_len=MAX_MODEL_LEN, concurrency=DEFAULT_CONCURRENCY))
+    worker = subprocess.Popen(
+        [sys.executable, "-c", START_AND_WAIT, json.dumps({"command": command, "log": str(tmp_path / "serve.log"),
+                                                           "port": port, "env": env})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    group = int(worker.stdout.readline())  # the server answers /health
+    assert len(_members(group)) >= 3, _members(group)  # the guard, vllm serve and its engine core
+    worker.kill()
+    worker.wait()
+    deadline = time.monotonic() + 10
+    while _group_alive(group, -1) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _members(group) if _group_alive(group, -1) else []
+    if left:
+        os.killpg(group, signal.SIGKILL)
+    assert left == []
+
+
+def _members(group: int) -> list[str]:
+    """The names of the group's processes that are not zombies."""
+    names = []
+    for p in psutil.process_iter(["pid", "name", "status"]):
+        try:
+            if os.getpgid(p.info["pid"]) == group and p.info["status"] != psutil.STATUS_ZOMBIE:
+                names.append(p.info["name"])
+        except (ProcessLookupError, PermissionError):
+            continue
+    return names

@@ -25,7 +25,7 @@ def _alive(pid: int) -> bool:
 
 def _child_outlives_a_killed_worker(start, tmp_path) -> bool:
     """Fork a stand-in for the Celery pool process, let it start the child, SIGKILL it; True if the
-    child is still there two seconds later (it is then killed)."""
+    child is still there five seconds later (it is then killed)."""
     pid_file = tmp_path / "child.pid"
     worker = os.fork()
     if worker == 0:
@@ -41,7 +41,7 @@ def _child_outlives_a_killed_worker(start, tmp_path) -> bool:
     child = int(pid_file.read_text())
     os.kill(worker, signal.SIGKILL)
     os.waitpid(worker, 0)
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 5  # the guard's SIGTERM, then SIGKILL 3 s later for what ignores it
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     if _alive(child):
@@ -64,3 +64,111 @@ def test_the_vllm_server_dies_with_its_worker(tmp_path):
         return server.proc.pid
 
     assert not _child_outlives_a_killed_worker(start, tmp_path)
+
+
+# The command starts a grandchild that ignores SIGTERM, as vLLM's engine core outlived its server's
+# shutdown for up to a minute after a probe SIGKILLed the worker.
+TREE = [sys.executable, "-c", (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)']); time.sleep(120)")]
+
+
+def _group_outlives_a_killed_worker(start, tmp_path, within_s: float = 10.0) -> bool:
+    """As above, for the child's whole process group: True if any of it is left `within_s` after the
+    worker's SIGKILL (what is left is then killed)."""
+    from workers.stages.child_guard import _group_alive
+
+    pgid_file = tmp_path / "group.pid"
+    worker = os.fork()
+    if worker == 0:
+        try:
+            pgid = start()
+            time.sleep(1.0)  # the grandchild is started
+            pgid_file.write_text(str(pgid))
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 30
+    while not pgid_file.exists() or not pgid_file.read_text():
+        assert time.monotonic() < deadline, "the child never started"
+        time.sleep(0.1)
+    pgid = int(pgid_file.read_text())
+    assert _group_alive(pgid, -1)
+    os.kill(worker, signal.SIGKILL)
+    os.waitpid(worker, 0)
+    deadline = time.monotonic() + within_s
+    while _group_alive(pgid, -1) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _group_alive(pgid, -1):
+        os.killpg(pgid, signal.SIGKILL)
+        return True
+    return False
+
+
+def test_a_vllm_servers_whole_process_group_dies_with_its_worker(tmp_path):
+    def start():
+        server = VllmServer(command=TREE, log_path=tmp_path / "vllm.log", port=1)
+        server.start()
+        return server.proc.pid
+
+    assert not _group_outlives_a_killed_worker(start, tmp_path)
+
+
+def test_torchruns_whole_process_group_dies_with_its_worker(tmp_path):
+    def start():
+        return _Trainer(TREE, cwd=tmp_path, env=dict(os.environ), log_path=tmp_path / "train.log").proc.pid
+
+    assert not _group_outlives_a_killed_worker(start, tmp_path)
+
+
+def test_without_the_guard_the_grandchild_outlives_the_worker(tmp_path):
+    """What the guard is for: the parent-death signal alone reaches the child, not the grandchild."""
+    import subprocess
+
+    from workers.stages.child_process import die_with_parent
+
+    def start():
+        return subprocess.Popen(TREE, start_new_session=True, preexec_fn=die_with_parent()).pid
+
+    assert _group_outlives_a_killed_worker(start, tmp_path, within_s=5.0)
+
+
+def test_the_guard_passes_the_exit_code_and_a_requested_stop_through(tmp_path):
+    import subprocess
+
+    from workers.stages.child_process import guarded, stop_group
+
+    done = subprocess.run(guarded([sys.executable, "-c", "import sys; print('out'); sys.exit(7)"]),
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (7, "out\n")
+    proc = subprocess.Popen(guarded(TREE), start_new_session=True)
+    time.sleep(1.0)
+    killed = stop_group(proc, grace_s=3.0)  # the grandchild ignores SIGTERM: SIGKILL after the grace
+    assert killed and proc.returncode is not None
+    from workers.stages.child_guard import _group_alive
+    assert not _group_alive(proc.pid, -1)
+
+
+def test_a_missing_vllm_executable_is_named_before_anything_starts(tmp_path):
+    from workers.stages.extract.vllm_server import VllmServerError
+
+    server = VllmServer(command=["/nonexistent/vllm", "serve"], log_path=tmp_path / "vllm.log", port=1)
+    with pytest.raises(VllmServerError, match="'/nonexistent/vllm' was not found"):
+        server.start()
+    assert server.proc is None
+
+
+def test_a_worker_that_dies_while_the_guard_starts_still_takes_the_command_down(tmp_path):
+    """The guard is told the worker's pid: one that is gone before the guard runs is noticed."""
+    import subprocess
+
+    from workers.stages.child_process import GUARD
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    marker = tmp_path / "started"
+    # A "worker" pid that is not the guard's parent (this process is): the command must not start.
+    done = subprocess.run([sys.executable, GUARD, str(dead.pid), "--", sys.executable, "-c",
+                           f"open({str(marker)!r}, 'w')"], start_new_session=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM and not marker.exists()

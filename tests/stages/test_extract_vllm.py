@@ -99,14 +99,20 @@ def _requests(log_path: Path) -> int:
 
 
 def _processes_using(path: Path) -> list[int]:
-    """Live stand-in servers whose command line names path (each one's names its staging directory)."""
-    found = []
+    """The process groups of live stand-in servers whose command line names path (each one's names its
+    staging directory): one per server, led by the guard the stage starts it under
+    (workers/stages/child_guard.py), which is there from the moment the stage starts the server."""
+    groups = set()
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         cmdline = proc.info["cmdline"] or []
-        if (proc.info["status"] != psutil.STATUS_ZOMBIE and str(STANDINS / "vllm") in cmdline
-                and any(str(path) in part for part in cmdline)):
-            found.append(proc.info["pid"])
-    return found
+        is_server = str(STANDINS / "vllm") in cmdline or (
+            any(part.endswith("child_guard.py") for part in cmdline) and "serve" in cmdline)
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and is_server and any(str(path) in part for part in cmdline):
+            try:
+                groups.add(os.getpgid(proc.info["pid"]))
+            except ProcessLookupError:
+                continue
+    return sorted(groups)
 
 
 def _wait_until(condition, timeout_s: float = 60.0) -> bool:
@@ -221,8 +227,8 @@ def test_standin_vllm_server_does_not_outlive_a_killed_worker(tiny_target, prepa
         assert _wait_until(lambda: not _processes_using(out), timeout_s=15), "vllm serve outlived its worker"
     finally:
         worker.kill()
-        for pid in _processes_using(out):
-            os.kill(pid, 9)
+        for group in _processes_using(out):
+            os.killpg(group, 9)
 
 
 def test_standin_vllm_should_stop_during_start_stops_the_server(standin_vllm, monkeypatch, tiny_target, prepared,

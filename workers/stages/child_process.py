@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -21,6 +22,16 @@ def die_with_parent():
     out of signals meant for the worker: without this a SIGKILLed worker would leave them holding the
     GPUs that the retried attempt needs. None (nothing to do) off Linux."""
     return _sigterm_when_parent_dies if sys.platform == "linux" else None
+
+
+GUARD = str(Path(__file__).with_name("child_guard.py"))
+
+
+def guarded(command: list[str]) -> list[str]:
+    """`command` run under workers/stages/child_guard.py, the process group's leader that takes the whole
+    group down (vLLM's engine cores, torchrun's ranks) when the worker dies; PR_SET_PDEATHSIG alone
+    reaches only the process the worker started."""
+    return [sys.executable, GUARD, str(os.getpid()), "--", *command]
 
 
 def _signal_group(pgid: int, sig: int) -> bool:

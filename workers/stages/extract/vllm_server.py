@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -18,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.stages.child_process import die_with_parent, stop_group
+from workers.stages.child_process import die_with_parent, guarded, stop_group
 
 HOST = "127.0.0.1"
 HEALTH_POLL_SECONDS = 1.0
@@ -108,8 +109,11 @@ class VllmServer:
     def start(self) -> None:
         with open(self.log_path, "wb") as log:
             try:
+                # Looked for here: under the guard a missing executable would only be a line in the log.
+                if shutil.which(self.command[0], path=(self.env or os.environ).get("PATH")) is None:
+                    raise FileNotFoundError(self.command[0])
                 self.proc = subprocess.Popen(
-                    self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                    guarded(self.command), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                     start_new_session=True, preexec_fn=die_with_parent())
             except FileNotFoundError:
                 raise VllmServerError(

@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from workers.stages.child_process import die_with_parent, stop_group
+from workers.stages.child_process import die_with_parent, guarded, stop_group
 from workers.stages.train.with_speculators.entry import METRICS_PATH_ENV
 from workers.contract.speculators_layout import default_data_dir, speculators_data_link
 from workers.stages.train.with_speculators.ledger import EpochDone, checkpoint_whole, ledger_open, ledger_save
@@ -208,7 +208,7 @@ class _Trainer:
         self.tail: collections.deque[str] = collections.deque(maxlen=60)
         self.log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in wait()
         self.log.write(f"$ {' '.join(command)}\n")
-        self.proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(guarded(command), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, errors="replace", start_new_session=True,
                                      preexec_fn=die_with_parent())  # torchrun passes SIGTERM on to its ranks
         self.reader = threading.Thread(target=self._read, name="speculators-output", daemon=True)
