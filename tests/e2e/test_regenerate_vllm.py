@@ -42,12 +42,11 @@ def talker(tmp_path_factory):
     return talking_target(tmp_path_factory.getbasetemp())
 
 
-@pytest.fixture(scope="module")
-def server(vllm_install, talker, tmp_path_factory):
-    """`vllm serve` of the talker as regenerate() starts it (same command line and environment)."""
+def serve_command(vllm_install, talker) -> tuple[list[str], dict, int]:
+    """(command, environment, port) of `vllm serve` of the talker as regenerate() starts it."""
     from workers.contract.target import read_target_json
     from workers.contract.vllm_env import kvcache_gib, server_environment
-    from workers.stages.extract.vllm_server import VllmServer, free_port
+    from workers.stages.extract.vllm_server import free_port
     from workers.stages.regenerate.with_vllm import DEFAULT_CONCURRENCY, regenerate_serve_command
 
     port = free_port()
@@ -56,6 +55,15 @@ def server(vllm_install, talker, tmp_path_factory):
                                        port=port, seed=0)
     env = server_environment(vllm_install, kvcache_space_gib=kvcache_gib(
         target_config=read_target_json(talker.target_dir), max_model_len=MAX_MODEL_LEN, concurrency=DEFAULT_CONCURRENCY))
+    return command, env, port
+
+
+@pytest.fixture(scope="module")
+def server(vllm_install, talker, tmp_path_factory):
+    """`vllm serve` of the talker as regenerate() starts it (same command line and environment)."""
+    from workers.stages.extract.vllm_server import VllmServer
+
+    command, env, port = serve_command(vllm_install, talker)
     with VllmServer(command=command, log_path=tmp_path_factory.mktemp("vllm") / "serve.log", port=port,
                     env=env) as running:
         running.wait_healthy(timeout_s=900, should_stop=None, on_stop=RuntimeError)
@@ -186,18 +194,9 @@ def test_a_worker_killed_while_vllm_serves_leaves_no_vllm_process_after_10_s(vll
     import sys
     import time
 
-    from workers.contract.target import read_target_json
-    from workers.contract.vllm_env import kvcache_gib, server_environment
     from workers.stages.child_guard import _group_alive
-    from workers.stages.extract.vllm_server import free_port
-    from workers.stages.regenerate.with_vllm import DEFAULT_CONCURRENCY, regenerate_serve_command
 
-    port = free_port()
-    command = regenerate_serve_command(vllm_executable=vllm_install.executable, target_dir=talker.target_dir,
-                                       dtype="float32", max_model_len=MAX_MODEL_LEN, tensor_parallel_size=1,
-                                       port=port, seed=0)
-    env = server_environment(vllm_install, kvcache_space_gib=kvcache_gib(
-        target_config=read_target_json(talker.target_dir), max_model_len=MAX_MODEL_LEN, concurrency=DEFAULT_CONCURRENCY))
+    command, env, port = serve_command(vllm_install, talker)
     worker = subprocess.Popen(
         [sys.executable, "-c", START_AND_WAIT, json.dumps({"command": command, "log": str(tmp_path / "serve.log"),
                                                            "port": port, "env": env})],
