@@ -98,7 +98,7 @@ ADMIN = {
     "admin/login/": Entry("/admin/login/", get=by_role(OK, OK, OK, OK, ADMIN_OK)),
     "admin/logout/": Entry("/admin/logout/", get=by_role(ANY_LOGIN, REDIRECT, REDIRECT, REDIRECT, NOT_ALLOWED)),
     "admin/r/<path:content_type_id>/<path:object_id>/": Entry("/admin/r/{run_content_type}/{run}/", get=STAFF),
-    "admin/(?P<app_label>auth|runs)/$": Entry("/admin/runs/", get=STAFF),
+    "admin/(?P<app_label>auth|axes|runs)/$": Entry("/admin/runs/", get=STAFF),
     "admin/(?P<url>.*)$": Entry("/admin/no-such-page/", get={**STAFF, "admin": NOT_FOUND}),
     # Without its query (app_label, model_name, field_name) the autocomplete refuses even staff.
     "admin/autocomplete/": Entry("/admin/autocomplete/", get={**STAFF, "admin": FORBIDDEN}),
@@ -108,6 +108,9 @@ ADMIN = {
 # The curation log and the API's are audit trails: nobody adds or edits their rows, not even staff;
 # nor a token (made where its secret can be shown once: the account page, create_api_token).
 AUDIT_LOGS = {"runs.curationaction", "runs.apiauditentry", "runs.apitoken"}
+# The sign-in throttle's records (django-axes): written by failed sign-ins only; the admin reads and
+# deletes them (deleting an attempt lifts its lockout) but adds none.
+WRITTEN_BY_SIGN_INS = {"axes.accessattempt", "axes.accesslog", "axes.accessfailurelog"}
 # Other admin URLs by shape; <path:object_id> is the first row of the model (or a missing id).
 ADMIN_SHAPES = {
     "": STAFF, "password_change/": STAFF, "password_change/done/": STAFF, "jsi18n/": STAFF,
@@ -148,6 +151,8 @@ def entry_for(route: str, world: World) -> Entry | None:
             row = model._default_manager.order_by("pk").first()
             url = f"/admin/{match['app']}/{match['model']}/" + rest.replace("<path:object_id>", str(row.pk if row else 10**9))
             get, post = ADMIN_SHAPES["{model}/" + rest], STAFF_WRITE if rest.endswith(ADMIN_WRITES) else None
+            if model._meta.label_lower in WRITTEN_BY_SIGN_INS and rest.endswith("add/"):
+                get, post = {**get, "admin": FORBIDDEN}, {**STAFF, "admin": FORBIDDEN}
             if model._meta.label_lower in AUDIT_LOGS and rest.endswith(("add/", "change/")):
                 get = {**get, "admin": FORBIDDEN} if rest.endswith("add/") else get  # change/ is read-only
                 post = {**STAFF, "admin": FORBIDDEN}
