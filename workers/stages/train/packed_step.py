@@ -18,7 +18,6 @@ kernel and to padded lengths (`padded_length`).
 from __future__ import annotations
 
 import torch
-from speculators.losses import compound_loss, exp_loss_decay  # noqa: F401  (compute_metrics uses them)
 from speculators.models.eagle3.attention import extend_mask_for_draft_tokens
 from speculators.models.eagle3.metrics import compute_metrics
 from transformers import DynamicCache

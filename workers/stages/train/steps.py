@@ -101,11 +101,12 @@ class DraftStepper:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _forward(self, batch: dict):
+    def _forward(self, batch: dict, *, timed: bool):
         self.shapes.add((int(batch["input_ids"].shape[1]), torch.is_grad_enabled()))
         batch = {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
                  for k, v in batch.items()}
-        self.times.mark()
+        if timed:  # validation records no phases: a mark per batch would pile up CUDA events
+            self.times.mark()
         with self._autocast():
             return draft_forward(self.model, hidden_states=batch["hidden_states"], input_ids=batch["input_ids"],
                                  document_ids=batch["document_ids"], loss_mask=batch["loss_mask"],
@@ -117,7 +118,7 @@ class DraftStepper:
     def train_step(self, batch: dict, optimizer, scheduler) -> tuple[torch.Tensor, dict]:
         """Trainer.train_epoch's step: forward (autocast on CUDA), backward, clip at 1.0, step, schedule."""
         self.times.start()
-        _tokens, loss, metrics = self._forward(batch)
+        _tokens, loss, metrics = self._forward(batch, timed=True)
         self.times.mark()
         optimizer.zero_grad()
         loss.backward()
@@ -132,8 +133,8 @@ class DraftStepper:
 
     @torch.no_grad()
     def eval_step(self, batch: dict) -> dict[str, float]:
-        """Validation: the forward alone, not timed (the next train_step starts its marks afresh)."""
-        _tokens, _loss, metrics = self._forward(batch)
+        """Validation: the forward alone, not timed."""
+        _tokens, _loss, metrics = self._forward(batch, timed=False)
         return {k: float(v) for k, v in metrics.items()}
 
     def timed(self, batches: Iterator[dict]) -> Iterator[dict]:
