@@ -215,6 +215,15 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     # kombu's file-system transport expects its folders to exist.
     for _folder in ("queue", "processed"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+# Redis hands a message that was taken but never acknowledged back to its queue after this long.
+# Messages are acknowledged when their task ends (acks late), so a training holds its own for hours:
+# it comes back as a copy that a worker drops (the stage is running, or done). It is only a backstop:
+# a worker takes a stage's message by naming itself on the stage's row (workers/claims.py), and the
+# reconcilers send the message again within a minute of that worker's last heartbeat when it died
+# before the stage started; this catches a worker killed in the instant between the two.
+EAGLE3WEB_BROKER_VISIBILITY_SECONDS = env_int("EAGLE3WEB_BROKER_VISIBILITY_SECONDS", 120)
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": EAGLE3WEB_BROKER_VISIBILITY_SECONDS}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

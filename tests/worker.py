@@ -27,8 +27,10 @@ def test_database_url() -> str:
 
 @contextmanager
 def celery_worker(*, data_root: Path, log_path: Path, ready_timeout: float = 90,
-                  extra_env: dict[str, str] | None = None, name: str = "test-worker") -> Iterator[subprocess.Popen]:
-    """`name`: the node name before its "@" (two workers at once need two)."""
+                  extra_env: dict[str, str] | None = None, name: str = "test-worker", queues: str = "cpu,gpu",
+                  purge: bool = True) -> Iterator[subprocess.Popen]:
+    """`name`: the node name before its "@" (two workers at once need two). `purge`: empty its queues
+    first (a worker started beside another that already works must not: it would drop live messages)."""
     broker = settings.CELERY_BROKER_URL
     if not broker.startswith("redis://"):
         raise RuntimeError(f"end-to-end tests need Redis as the broker (CELERY_BROKER_URL), got {broker!r}")
@@ -46,11 +48,12 @@ def celery_worker(*, data_root: Path, log_path: Path, ready_timeout: float = 90,
     }
     celery = [sys.executable, "-m", "celery", "-A", "eagle3web"]
     # Messages left by an earlier, interrupted session would name runs this database never had.
-    subprocess.run([*celery, "purge", "-f", "-Q", "cpu,gpu"], env=env, cwd=BASE_DIR, check=True,
-                   capture_output=True, timeout=60)
+    if purge:
+        subprocess.run([*celery, "purge", "-f", "-Q", queues], env=env, cwd=BASE_DIR, check=True,
+                       capture_output=True, timeout=60)
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [*celery, "worker", "-Q", "cpu,gpu", "--concurrency", "1", "-n", f"{name}-{os.getpid()}@%h",
+        [*celery, "worker", "-Q", queues, "--concurrency", "1", "-n", f"{name}-{os.getpid()}@%h",
          "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
         env=env, cwd=BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, so that a test can kill it with its pool children

@@ -48,6 +48,9 @@ from runs.pipeline.queue import outbox_flush
 from runs.sweeps.release import sweeps_release
 from runs.pipeline.routing import stage_backend
 from runs.checkpoints.serve_check_selectors import run_serve_checks_queued
+from runs.pipeline.message_claims import claims_reconcile, message_claim_drop
+from runs.pipeline.stage_services import HAND_OVER_NEXT
+from workers.claims import broker_mark_check  # also: every worker claims the messages it takes
 import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
 from workers.contract.errors import StopRequested
 
@@ -374,9 +377,15 @@ def stage_task(self, stage_name: str, run_id: int) -> bool:
     waiting_for = db_retry("order", stage_waits_for_previous, stage_name=stage_name, run_id=run_id)
     if waiting_for:
         logger.info("%s of run %s waits for %s to succeed; skipping", stage_name, run_id, waiting_for)
+        db_retry("unclaim", message_claim_drop, task_name=self.name, args=(stage_name, run_id),
+                 worker=self.request.hostname or "")
         return False
     record_id = db_retry("lookup", stage_record_id, stage_name=stage_name, run_id=run_id)
-    return stage_execute(stage_name=stage_name, record_id=record_id, worker=self.request.hostname or "celery")
+    handing_over = HAND_OVER_NEXT.set(True)  # its success sends the run's next stage (stage_succeed)
+    try:
+        return stage_execute(stage_name=stage_name, record_id=record_id, worker=self.request.hostname or "celery")
+    finally:
+        HAND_OVER_NEXT.reset(handing_over)
 
 
 @shared_task(bind=True, name="eagle3web.evaluate_checkpoint", acks_late=True)
@@ -401,20 +410,25 @@ def pipeline_run_inline(*, run_id: int) -> None:
 
 
 class Reconciler(threading.Thread):
-    """Every few seconds, hands stages whose worker was lost back to the queue (see stages_reconcile).
-    Each worker runs one, from its start, so lost work is found within about a lease."""
+    """Every few seconds, hands stages whose worker was lost back to the queue: running ones whose
+    lease lapsed (stages_reconcile), queued ones whose message a dead worker took (claims_reconcile),
+    those a broker restarted empty forgot (broker_mark_check), and what the outbox holds. Each worker
+    runs one, from its start, so lost work is found within about a lease, a lost message within a
+    minute of its worker's last heartbeat, and an outage's hand-overs within seconds of its end."""
 
     def __init__(self):
         super().__init__(name="stage-reconciler", daemon=True)
 
     def run(self) -> None:
-        period = max(1.0, settings.EAGLE3WEB_STAGE_LEASE_SECONDS / 2)
+        period = max(1.0, min(10.0, settings.EAGLE3WEB_STAGE_LEASE_SECONDS / 2))
         while True:
             try:
                 close_old_connections()
                 stages_reconcile()
+                claims_reconcile()
                 sweeps_release()  # a sweep's next run, where a finished run's hand-over was missed
                 outbox_flush()  # what a broker outage kept from the queue
+                broker_mark_check()
             except Exception:  # noqa: BLE001 - a database or broker away for a while: try again later
                 logger.warning("reconciling stages failed; trying again in %.0f s", period, exc_info=True)
             time.sleep(period)

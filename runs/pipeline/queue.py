@@ -4,19 +4,25 @@ them, torch), and nothing here imports back into the code that enqueues.
 Every hand-over goes through an outbox row written in the caller's transaction: after commit the
 message is sent and the row deleted; if the broker is down the row stays, with the error, and every
 worker's reconciler sends it again until the broker answers. A launch never fails on the broker.
+
+A run's stages are handed over one at a time: the launch sends the first, and each stage that
+succeeds writes the next one's outbox row in the transaction that records its success
+(stage_services.stage_succeed), so a stage that finishes while the broker is away hands over once it
+is back. (A Celery chain sent the next stage from the finishing task, after the database had
+committed: a broker away at that moment lost the hand-over, and a broker restarted empty lost every
+stage after the running one.)
 """
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
 
-from celery import chain
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from eagle3web.celery import celery_app
 from eagle3web.db import db_retry
-from runs.models import PendingEnqueue, PipelineRun
+from runs.models import PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline.stages import JOB_NAMES, STAGES, STAGES_BY_NAME
 from runs.pipeline.routing import stage_queue
 
@@ -34,15 +40,26 @@ DELIVER_DB_SECONDS = 5.0
 
 def _send(kind: str, object_id: int) -> None:
     if kind == PendingEnqueue.Kind.PIPELINE:
-        # One chain per run; each stage goes to its queue: cpu, gpu, or its backend's (runs.pipeline.routing).
-        config = PipelineRun.objects.filter(pk=object_id).values_list("config", flat=True).first() or {}
-        chain(*[celery_app.signature(STAGE_TASK, args=(stage.name, object_id), immutable=True,
-                                     queue=stage_queue(stage_name=stage.name, config=config))
-                for stage in STAGES]).apply_async()
+        # The run's next stage goes to its queue: cpu, gpu, or its backend's (runs.pipeline.routing).
+        stage_name = run_next_stage(run_id=object_id)
+        if stage_name is not None:
+            config = PipelineRun.objects.filter(pk=object_id).values_list("config", flat=True).first() or {}
+            celery_app.send_task(STAGE_TASK, args=[stage_name, object_id],
+                                 queue=stage_queue(stage_name=stage_name, config=config))
     elif kind in JOB_NAMES:
         celery_app.send_task(JOB_TASK, args=[kind, object_id], queue=job_queue(job_name=kind, record_id=object_id))
     else:
         celery_app.send_task(EVALUATION_TASK, args=[object_id], queue=STAGES_BY_NAME["evaluate"].queue)
+
+
+def run_next_stage(*, run_id: int) -> str | None:
+    """The run's stage a worker should take now: its first stage that has not succeeded, when that
+    one is queued; None when it runs, ended the run (failed, cancelled) or every stage succeeded."""
+    for stage in STAGES:
+        status = stage.model.objects.filter(run_id=run_id).values_list("status", flat=True).first()
+        if status != StageStatus.SUCCEEDED:
+            return stage.name if status == StageStatus.QUEUED else None
+    return None
 
 
 def job_queue(*, job_name: str, record_id: int) -> str:
@@ -97,7 +114,7 @@ def _enqueue_after_commit(kind: str, object_id: int) -> None:
 
 
 def pipeline_enqueue(*, run_id: int) -> None:
-    """After the caller's transaction commits, hand the run's chain to the workers."""
+    """After the caller's transaction commits, hand the run's next queued stage to the workers."""
     _enqueue_after_commit(PendingEnqueue.Kind.PIPELINE, run_id)
 
 

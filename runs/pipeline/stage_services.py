@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextvars import ContextVar
 from dataclasses import fields as dataclass_fields
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -57,6 +58,10 @@ class StageCancelled(Exception):
 # A stage whose worker was lost this many times is failed with the reason instead of queued again.
 MAX_ATTEMPTS = 3
 
+# Set by the workers' stage task: a stage that succeeds there hands its run's next stage to the
+# queue in the transaction that records the success. Unset, as in `run_pipeline --inline` (which
+# runs every stage itself) and in tests that run one stage, a success hands over nothing.
+HAND_OVER_NEXT: ContextVar[bool] = ContextVar("hand_over_next", default=False)
 
 def _stage_qs(stage_name: str, record_id: int, started_at: datetime | None = None):
     """The stage's row; with `started_at`, only while it is still the attempt that began then, so a
@@ -77,9 +82,9 @@ def stage_record_id(*, stage_name: str, run_id: int) -> int:
 def stage_waits_for_previous(*, stage_name: str, run_id: int) -> str | None:
     """The earlier stage of the run that has not succeeded (so this one may not start), or None.
 
-    A chain whose stage was handed to another attempt (lease lapsed, queued again) goes on with
-    its next task regardless; that task must leave its stage queued for the chain that runs the
-    stages in order."""
+    A stage's message is sent when the stage before it succeeds, but a copy can come earlier (one the
+    broker gave back after its visibility timeout, or one sent again for a worker taken for dead):
+    that copy must leave its stage queued for the hand-over that runs the stages in order."""
     names = [stage.name for stage in STAGES]
     if names.index(stage_name) == 0:
         return None
@@ -221,10 +226,18 @@ def stage_succeed(*, stage_name: str, record_id: int, fields: dict, log_tail: st
         raise StageCancelled(f"{stage_name} {record_id} was cancelled before it could finish")
     _attempt_close(stage_name=stage_name, record_id=record_id, outcome=StageStatus.SUCCEEDED, log_tail=log_tail,
                    started_at=started_at)
-    if stage_name == STAGES[-1].name and (run_id := _stage_qs(stage_name, record_id).values_list(
-            "run_id", flat=True).first()) is not None:
+    if STAGES_BY_NAME[stage_name].is_job:
+        return
+    run_id = _stage_qs(stage_name, record_id).values_list("run_id", flat=True).first()
+    if run_id is None:
+        return  # a checkpoint's measurement outside a run
+    if stage_name == STAGES[-1].name:
         sweep_release_after(run_id=run_id)  # the run is done: its sweep's next run goes to the queue
 
+    elif HAND_OVER_NEXT.get():
+        from runs.pipeline.queue import pipeline_enqueue
+
+        pipeline_enqueue(run_id=run_id)  # the outbox row commits with the success, or neither does
 
 @transaction.atomic
 def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, cancelled: bool = False,

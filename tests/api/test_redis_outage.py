@@ -81,5 +81,5 @@ def test_a_launch_while_redis_is_down_answers_201_with_its_run_and_the_outbox_de
     assert outbox_flush() == 2
     assert not PendingEnqueue.objects.exists()
     queued = [json.loads(m)["headers"]["task"] for m in redis_client.Redis.from_url(redis.url).lrange("cpu", 0, -1)]
-    assert sorted(queued) == ["eagle3web.job", "eagle3web.stage"]  # the catalogue; the chain's first stage
+    assert sorted(queued) == ["eagle3web.job", "eagle3web.stage"]  # the catalogue; the run's first stage
     assert api("launcher").get(f"/api/v1/runs/{run['id']}/").json()["waiting_for_queue"] is None

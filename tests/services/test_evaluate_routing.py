@@ -17,6 +17,7 @@ from runs.checkpoints.evaluation import evaluation_request
 from runs.fleet.services import worker_stopped
 from runs.models import Checkpoint, Evaluation, PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline.routing import stage_backend, stage_problem, stage_queue
+from runs.pipeline.stages import STAGES
 from runs.pipeline.run_config import RunConfig, RunConfigError
 from tests.fleet import cpu_worker, fake_gpu_worker
 from workers.contract import backends
@@ -60,23 +61,19 @@ def test_evaluate_goes_where_the_extractions_gpu_count_says_and_never_raises():
         "tensor_parallel_size 'four' is not a GPU count from 1 to 64"
 
 
-def test_a_runs_chain_sends_evaluate_to_transformers_on_its_gpus_and_a_standalone_one_to_gpu(user, roots,
-                                                                                           monkeypatch):
+def test_a_runs_hand_overs_send_evaluate_to_transformers_on_its_gpus_and_a_standalone_one_to_gpu(user, roots,
+                                                                                                 monkeypatch):
     fake_gpu_worker("fake-gpu@fake-gpu-host")  # FAKE: 8 GPUs, vLLM, takes every queue they serve
     cpu_worker("cpu@this-host")
     run = _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=4)
     sent: list[tuple[str, str]] = []
-
-    class Chain:  # stands in for celery's chain: what the broker would be handed, not sent
-        def __init__(self, *signatures):
-            sent.extend((s.args[0], s.options["queue"]) for s in signatures)
-
-        def apply_async(self):
-            return None
-
-    monkeypatch.setattr(run_queue, "chain", Chain)
-    monkeypatch.setattr(run_queue.celery_app, "send_task", lambda name, args, queue: sent.append((name, queue)))
-    run_queue._send(PendingEnqueue.Kind.PIPELINE, run.pk)
+    # What the broker would be handed, not sent: the stage's name for a run's stage, else the task's.
+    monkeypatch.setattr(run_queue.celery_app, "send_task", lambda name, args, queue: sent.append(
+        (args[0] if name == run_queue.STAGE_TASK else name, queue)))
+    for stage in STAGES:  # each stage's success hands over the next one
+        run_queue._send(PendingEnqueue.Kind.PIPELINE, run.pk)
+        stage.model.objects.filter(run=run).update(status=StageStatus.SUCCEEDED)
+    run_queue._send(PendingEnqueue.Kind.PIPELINE, run.pk)  # every stage done: nothing more to send
     assert sent == [("prepare", "cpu"), ("extract", "vllm.4"), ("vocab", "cpu"), ("train", "gpu"),
                     ("evaluate", "transformers.4")]
 

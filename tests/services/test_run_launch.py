@@ -31,7 +31,7 @@ def launch(roots, user, **config):
 def test_launch_creates_five_queued_stages_and_enqueues_after_commit(roots, user, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         run = launch(roots, user)
-    assert len(handed_over(callbacks)) == 2  # the run's chain, and the catalogue of the dataset it registered
+    assert len(handed_over(callbacks)) == 2  # the run's first stage, and the catalogue of the dataset it registered
     stages = [run.preparation, run.extract_stage, run.vocab_mapping, run.training_run, run.evaluation]
     assert [s.status for s in stages] == [StageStatus.QUEUED] * 5
     assert (run.evaluation.max_prompts, run.evaluation.max_new_tokens) == (32, 64)

@@ -1,10 +1,12 @@
-"""Queue again (or fail, after too many tries) running stages whose worker stopped renewing its lease."""
+"""Queue again (or fail, after too many tries) running stages whose worker stopped renewing its lease;
+send again the messages of queued stages that a dead worker took; deliver what the outbox holds."""
 from __future__ import annotations
 
 import json
 
 from django.core.management.base import BaseCommand
 
+from runs.pipeline.message_claims import claims_reconcile
 from runs.pipeline.queue import outbox_flush
 from runs.pipeline.stage_services import stages_reconcile
 
@@ -17,7 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", dest="as_json", action="store_true")
 
     def handle(self, *args, as_json: bool, **opts):
-        done = stages_reconcile()
+        done = stages_reconcile() + claims_reconcile()
         sent = outbox_flush()
         if sent:
             done.append(f"{sent} message(s) kept back by a broker outage handed to the broker")
