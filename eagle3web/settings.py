@@ -211,9 +211,12 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
         "store_processed": False,
+        # Where it keeps which queues an exchange routes to; by default "control" in the working
+        # directory: a demo started from the clone wrote it into the clone.
+        "control_folder": str(_broker_dir / "control"),
     }
     # kombu's file-system transport expects its folders to exist.
-    for _folder in ("queue", "processed"):
+    for _folder in ("queue", "processed", "control"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
 # Redis hands a message that was taken but never acknowledged back to its queue after this long.
 # Messages are acknowledged when their task ends (acks late), so a training holds its own for hours:

@@ -175,3 +175,26 @@ def test_make_demo_starts_a_worker_for_the_cpu_queue_apart_from_the_one_that_tra
     finally:
         os.killpg(demo.pid, signal.SIGTERM)
         demo.wait(timeout=60)
+
+
+def test_the_demos_file_system_broker_writes_nothing_into_the_directory_it_was_started_from(tmp_path):
+    """kombu's file-system transport keeps its exchange tables in "control" under the working
+    directory unless told otherwise: `make demo` from a clone left control/*.exchange in it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    started_in, data = tmp_path / "clone", tmp_path / "data"
+    started_in.mkdir()
+    env = {**os.environ, "CELERY_BROKER_URL": "filesystem://", "EAGLE3WEB_DATA_DIR": str(data),
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "PYTHONPATH": str(root),
+           "DJANGO_SETTINGS_MODULE": "eagle3web.settings"}
+    send = ("import django; django.setup(); from eagle3web.celery import celery_app; "
+            "celery_app.send_task('eagle3web.stage', args=['prepare', 1], queue='cpu')")
+    subprocess.run([sys.executable, "-c", send], cwd=started_in, env=env, check=True, timeout=120,
+                   capture_output=True)
+    assert list(started_in.iterdir()) == []
+    assert [p.name for p in (data / "broker" / "control").iterdir()] == ["cpu.exchange"]
+    assert len(list((data / "broker" / "queue").iterdir())) == 1  # the message went where the workers read
