@@ -6,7 +6,7 @@ their runs).
 
 Workflows live in each part's services; the models hold fields, constraints and small derived values.
 """
-from runs.api.models import AccountSettings, ApiAuditEntry, ApiToken  # noqa: F401
+from runs.api.models import AccountSettings, ApiAuditEntry, ApiToken, LaunchIdempotencyKey  # noqa: F401
 from runs.checkpoints.models import Checkpoint, Evaluation  # noqa: F401
 from runs.data.models import (  # noqa: F401
     CurationAction,

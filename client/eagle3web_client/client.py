@@ -9,14 +9,17 @@ as {"error", "fields"}). Retries, with backoff, only where trying again cannot d
 - reads, cancels and metric batches (the server stores a point once per key, split and step, so a batch
   sent again changes nothing): on any connection error, 429 and 5xx;
 - registering a checkpoint (the same path at the same epoch is the same checkpoint): likewise;
-- other writes (launching, creating an external run, ending a run): only when
-  the request cannot have been acted on (the connection was never made, or 429, which is answered before
-  anything is done), since an answer lost after a launch would otherwise launch a second run.
+- launching and creating an external run: likewise, each call sending one `Idempotency-Key` (a fresh uuid4,
+  or the caller's) on every try: the server answers a repeat of the key and body within 24 h with the run
+  the first try made, so an answer lost after a launch never launches a second run;
+- other writes (ending a run): only when the request cannot have been acted on (the connection was never
+  made, or 429, which is answered before anything is done).
 Never on another 4xx: the same request would be refused again.
 """
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,6 +27,7 @@ import httpx
 
 API_PREFIX = "/api/v1/"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
 MAX_POINTS_PER_BATCH = 10_000  # the server's limit for one POST of metrics
 
@@ -79,17 +83,17 @@ class Client:
         self.close()
 
     def request(self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None,
-                idempotent: bool | None = None) -> Any:
+                idempotent: bool | None = None, headers: Mapping[str, str] | None = None) -> Any:
         """One call to the API; `path` is relative to /api/v1/ ("runs/5/"). Returns the decoded JSON.
 
         `idempotent` (default: True for GET) says whether a request that may have reached the server can
-        be sent again."""
+        be sent again; `headers` go with every try (an Idempotency-Key)."""
         path = API_PREFIX + path.lstrip("/")
         idempotent = method == "GET" if idempotent is None else idempotent
         attempt = 0
         while True:
             try:
-                response = self._http.request(method, path, json=body, params=params)
+                response = self._http.request(method, path, json=body, params=params, headers=headers)
             except httpx.TransportError as exc:
                 never_sent = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
                 if attempt < self.retries and (idempotent or never_sent):
@@ -157,11 +161,14 @@ class Runs:
     def get(self, run_id: int) -> dict:
         return self.client.request("GET", f"runs/{int(run_id)}/")
 
-    def launch(self, *, target: str, dataset: str, **options: Any) -> dict:
+    def launch(self, *, target: str, dataset: str, idempotency_key: str | None = None, **options: Any) -> dict:
         """Launch a pipeline run (run_pipeline's options in snake case: name, layer_ids, epochs, lr, ...);
-        returns the run as get() does, `id` first."""
-        return self.client.request("POST", "runs/", body={"target": target, "dataset": dataset, **options},
-                                   idempotent=False)
+        returns the run as get() does, `id` first.
+
+        Sent again when its answer is lost, with the same `idempotency_key` (default: a fresh uuid4 per
+        call), so it launches once. Pass your own key to make a call after a crash answer the run an earlier
+        one launched (the server keeps a key 24 h; another body with the key is a 409)."""
+        return self._create({"target": target, "dataset": dataset, **options}, idempotency_key)
 
     def cancel(self, run_id: int) -> dict:
         """{"id", "cancelled": how many unfinished stages were cancelled} (0 when it had finished)."""
@@ -181,13 +188,19 @@ class Runs:
             time.sleep(pause)
 
     def create_external(self, *, name: str, config: Mapping[str, Any] | None = None, target: str | None = None,
-                        dataset: str | None = None) -> dict:
+                        dataset: str | None = None, idempotency_key: str | None = None) -> dict:
         """A run trained elsewhere (another cluster), reporting its curves, checkpoints and end here; `config`
         is the trainer's settings (epochs, lr, ttt_steps fill the run's columns), `target` and `dataset`
-        paths on the server when it has them (the target then checks and serves its checkpoints)."""
+        paths on the server when it has them (the target then checks and serves its checkpoints).
+        Sent again as launch() is, with one Idempotency-Key per call."""
         body: dict[str, Any] = {"external": True, "name": name, "config": dict(config or {})}
         body.update({k: str(v) for k, v in (("target", target), ("dataset", dataset)) if v})
-        return self.client.request("POST", "runs/", body=body, idempotent=False)
+        return self._create(body, idempotency_key)
+
+    def _create(self, body: dict, idempotency_key: str | None) -> dict:
+        # One key for every try of this call: a try whose answer was lost and its retry are one launch.
+        key = idempotency_key or str(uuid.uuid4())
+        return self.client.request("POST", "runs/", body=body, idempotent=True, headers={IDEMPOTENCY_HEADER: key})
 
     def log_metrics(self, run_id: int, points: Iterable[Mapping[str, Any]]) -> dict:
         """Send points ({"key", "split", "step", "value"}) in batches of at most 10,000; returns the summed

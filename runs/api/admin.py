@@ -1,10 +1,10 @@
-"""Tokens and the API's audit trail in the admin (runs/admin.py imports this). Staff see every
-token and revoke them; nobody sees a secret (only its hash is stored, and the hash is not shown
-either) or makes one here: a token is made on /account/ or by manage.py create_api_token, where
-its secret can be shown once."""
+"""Tokens, the API's audit trail and launches' Idempotency-Keys in the admin (runs/admin.py imports
+this). Staff see every token and revoke them; nobody sees a secret (only its hash is stored, and the
+hash is not shown either) or makes one here: a token is made on /account/ or by manage.py
+create_api_token, where its secret can be shown once."""
 from django.contrib import admin
 
-from runs.api.models import AccountSettings, ApiAuditEntry, ApiToken
+from runs.api.models import AccountSettings, ApiAuditEntry, ApiToken, LaunchIdempotencyKey
 from runs.api.tokens import tokens_revoke
 
 
@@ -48,3 +48,22 @@ class AccountSettingsAdmin(admin.ModelAdmin):
     list_display = ("user", "team_may_act")
     list_filter = ("team_may_act",)
     search_fields = ("user__username",)
+
+
+@admin.register(LaunchIdempotencyKey)
+class LaunchIdempotencyKeyAdmin(admin.ModelAdmin):
+    """Read-only: a key is written by the launch it guards (runs.api.idempotency). Deleting one forgets it,
+    so that the same key launches anew."""
+
+    list_display = ("created_at", "user", "key", "run")
+    list_filter = ("user",)
+    search_fields = ("key", "user__username")
+    fields = readonly_fields = ("created_at", "user", "key", "body_sha256", "run")
+    date_hierarchy = "created_at"
+    list_select_related = ("user", "run")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

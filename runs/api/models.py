@@ -1,10 +1,12 @@
-"""Personal API tokens, the audit trail of what the API was asked, and a user's account settings.
+"""Personal API tokens, the audit trail of what the API was asked, a user's account settings, and the
+Idempotency-Keys of launches (a retried launch answers the run the first one made).
 
 runs/models.py imports these so Django finds them."""
 from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 TOKEN_PREFIX_CHARS = 12  # "e3w_" and 8 characters of the secret: enough to tell a user's tokens apart
 
@@ -70,3 +72,30 @@ class AccountSettings(models.Model):
 
     def __str__(self) -> str:
         return f"settings of {self.user}"
+
+
+IDEMPOTENCY_KEY_MAX_CHARS = 200
+
+
+class LaunchIdempotencyKey(models.Model):
+    """An `Idempotency-Key` a user sent with POST /api/v1/runs/: the same key and body again within a day
+    answers this run instead of launching another (runs.api.idempotency). One row per user and key: the
+    unique constraint is what lets only one of two concurrent requests with the key make a run."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="launch_keys")
+    key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_CHARS)
+    body_sha256 = models.CharField(max_length=64)  # hex SHA-256 of the body, canonical JSON: same key, other body = 409
+    # Null only inside the transaction that claimed the key and is launching its run (it commits both or
+    # neither). A deleted run takes its key along: a retry then launches anew rather than answering a 404.
+    run = models.ForeignKey("runs.PipelineRun", on_delete=models.CASCADE, null=True, blank=True,
+                            related_name="launch_keys")
+    # Not auto_now_add: a row past its day is reused for the key's new run, with a new time.
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "launch idempotency key"
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="launch_key_unique_per_user")]
+
+    def __str__(self) -> str:
+        return f"{self.key[:40]} of {self.user} -> run {self.run_id}"

@@ -39,7 +39,8 @@ class ApiSchema(AutoSchema):
             "summary": " ".join(summary.split()),
             "description": description.strip(),
             "tags": self.get_tags(path, method),
-            "parameters": self.get_path_parameters(path, method) + self._query_parameters(method),
+            "parameters": (self.get_path_parameters(path, method) + self._query_parameters(method)
+                           + self._header_parameters(method)),
         }
         request_body = self.get_request_body(path, method)
         if request_body:
@@ -61,6 +62,11 @@ class ApiSchema(AutoSchema):
     def _query_parameters(self, method):
         return [{"name": name, "in": "query", "required": False, "schema": {"type": kind}, "description": text}
                 for name, kind, text in self._declared("query_params", method, [])]
+
+    def _header_parameters(self, method):
+        # `header_params` as `query_params`: (name, type, description), none of them required.
+        return [{"name": name, "in": "header", "required": False, "schema": {"type": kind}, "description": text}
+                for name, kind, text in self._declared("header_params", method, [])]
 
     def get_request_serializer(self, path, method):
         serializer_class = self._declared("request_serializers", method, None)
@@ -90,8 +96,10 @@ class ApiSchema(AutoSchema):
 
     def get_responses(self, path, method):
         declared = self._declared("responses", method, None) or {"200": "the object as JSON"}
-        answers = {code: {"description": text, "content": {"application/json": {"schema": {"type": "object"}}}}
-                   for code, text in declared.items()}
+        # A declared refusal (a 409) has the error shape; a declared success, the object it describes.
+        answers = {code: {"description": text, "content": {"application/json": {"schema": (
+            {"$ref": "#/components/schemas/Error"} if code.startswith("4") else {"type": "object"})}}}
+            for code, text in declared.items()}
         wanted = ["401", "403", "404", "429"] if "{" in path else ["401", "403", "429"]
         if method in ("POST", "PUT", "PATCH") or self._declared("query_params", method, None):
             wanted.insert(0, "400")

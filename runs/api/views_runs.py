@@ -12,7 +12,7 @@ import re
 from django.http import HttpResponse
 from rest_framework.response import Response
 
-from runs.api import launch, shapes, views_external
+from runs.api import idempotency, launch, shapes, views_external
 from runs.api.answers import launched as _launched, run_answer
 from runs.api.base import ApiInputError, ApiView, error_response, paged
 from runs.api.serializers import (CopySerializer, EmptySerializer, ExternalRunSerializer, LaunchSerializer,
@@ -37,8 +37,15 @@ class RunList(ApiView):
         ("owner", "string", "owner's username"), ("tag", "string", "a tag"),
         ("sort", "string", f"{', '.join(run_table.SORTS)}; '-' first for descending (default -created)"),
         ("page", "integer", f"from 1; {run_table.PAGE_SIZE} runs a page")]}
+    header_params = {"POST": [
+        (idempotency.HEADER, "string", "optional, 1-200 characters without control characters (a uuid4): the "
+                                       "same key and body again within 24 h answer the run the first request "
+                                       "made (200) instead of launching another; with another body, 409")]}
     responses = {"GET": {"200": "{count, page, pages, page_size, next, previous, results: [run rows]}"},
-                 "POST": {"201": "the launched run, as GET /api/v1/runs/<id>/ answers it (`id` first)"}}
+                 "POST": {"201": "the launched run, as GET /api/v1/runs/<id>/ answers it (`id` first)",
+                          "200": "a repeat of an earlier launch's Idempotency-Key and body within 24 h: that run, "
+                                 "as it is now (header Idempotent-Replayed: true); nothing launched",
+                          "409": "the Idempotency-Key was used within 24 h with another body; nothing launched"}}
 
     def get(self, request):
         """The runs, newest first unless sorted otherwise, a page at a time.
@@ -67,9 +74,15 @@ class RunList(ApiView):
 
         A run trained elsewhere instead: `{"external": true, "name": ..., "config": {...the trainer's
         settings...}}` (and `target`, `dataset` paths when the trainer names them). Nothing of it is queued;
-        its client reports its curves (POST .../metrics/), checkpoints (.../checkpoints/) and end (.../end/)."""
+        its client reports its curves (POST .../metrics/), checkpoints (.../checkpoints/) and end (.../end/).
+
+        Either may carry an `Idempotency-Key` header, so that a client sends it again safely when its answer
+        was lost: the same key and body within 24 h answer the first request's run (200), once launched."""
         if isinstance(request.data, dict) and "external" in request.data:
-            return views_external.external_run_create(self, request)
+            return idempotency.answer_once(request, launch=lambda: views_external.external_run_create(self, request))
+        return idempotency.answer_once(request, launch=lambda: self._launch(request))
+
+    def _launch(self, request):
         form = launch.launch_form(self.body())
         run = services.run_launch(user=request.user, target_path=form.cleaned_data["target_path"],
                                   dataset_path=form.cleaned_data["dataset_path"], config=form.run_config(),

@@ -1,10 +1,11 @@
 """eagle3web_client.Client against a real server (live_server): list, get, launch, cancel and wait as a
 script does them; errors as ApiError with the server's status and fields; what is retried and what is not,
-through a real proxy that loses answers."""
+through a real proxy that loses answers (a launch is sent again with its Idempotency-Key and launches once)."""
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -12,7 +13,7 @@ from eagle3web_client import ApiError, Client, WaitTimeout
 from runs.pipeline import services
 from runs.pipeline.models import PipelineRun
 from tests.api.conftest import make_user
-from runs.api.models import ApiToken
+from runs.api.models import ApiToken, LaunchIdempotencyKey
 from runs.pipeline.run_config import RunConfig
 
 
@@ -114,23 +115,56 @@ def test_a_lost_answer_to_a_read_or_a_cancel_is_asked_again(proxy, launcher_toke
     assert client.retried == 3
 
 
-def test_a_launch_whose_answer_was_lost_is_not_sent_again(proxy, launcher_token, roots):
+def test_a_launch_whose_answer_was_lost_is_sent_again_with_its_key_and_launches_once(proxy, launcher_token, roots):
+    client = Client(proxy.url, launcher_token, backoff_seconds=0.05)
+    proxy.faults = [("POST", "/api/v1/runs/", "drop"), ("POST", "/api/v1/runs/", "503")]
+    run = client.runs.launch(**_launch_body(roots))
+    # Launched by the first try (its answer lost); the second met a 503; the third answered the first's run.
+    assert [s for m, _, s in proxy.seen if m == "POST"] == ["dropped 201", "503", "200"]
+    assert list(PipelineRun.objects.values_list("pk", flat=True)) == [run["id"]] and client.retried == 2
+    keys = list(LaunchIdempotencyKey.objects.values_list("key", flat=True))
+    assert len(keys) == 1 and uuid.UUID(keys[0]).version == 4
+    # The next call is a new launch: a fresh key.
+    proxy.faults = [("POST", "/api/v1/runs/", "429")]  # refused before anything was done: sent again
+    second = client.runs.launch(**_launch_body(roots))
+    assert second["id"] != run["id"] and PipelineRun.objects.count() == 2
+    assert [s for m, _, s in proxy.seen if m == "POST"][3:] == ["429", "201"]
+    assert LaunchIdempotencyKey.objects.count() == 2 and client.retried == 3
+
+
+def test_a_key_the_caller_passes_answers_the_run_it_launched(live_server, launcher_token, roots):
+    with Client(live_server.url, launcher_token) as client:
+        run = client.runs.launch(**_launch_body(roots), idempotency_key="job-4711-launch")
+        # A job that restarted after a crash sends its launch again with its key: the same run.
+        assert client.runs.launch(**_launch_body(roots), idempotency_key="job-4711-launch")["id"] == run["id"]
+        with pytest.raises(ApiError) as changed:
+            client.runs.launch(**_launch_body(roots, epochs=2), idempotency_key="job-4711-launch")
+        assert changed.value.status == 409 and list(changed.value.fields) == ["Idempotency-Key"]
+        assert client.retried == 0  # a 409 is not sent again
+        external = client.runs.create_external(name="elsewhere", config={"epochs": 1}, idempotency_key="job-4711-ext")
+        assert client.runs.create_external(name="elsewhere", config={"epochs": 1},
+                                           idempotency_key="job-4711-ext")["id"] == external["id"]
+    assert PipelineRun.objects.count() == 2
+    assert LaunchIdempotencyKey.objects.get(key="job-4711-ext").run_id == external["id"]
+
+
+def test_an_external_run_whose_answer_was_lost_is_made_once(proxy, launcher_token):
     client = Client(proxy.url, launcher_token, backoff_seconds=0.05)
     proxy.faults = [("POST", "/api/v1/runs/", "drop")]
+    run = client.runs.create_external(name="llama on slurm", config={"epochs": 2})
+    assert [s for m, _, s in proxy.seen if m == "POST"] == ["dropped 201", "200"]
+    assert list(PipelineRun.objects.values_list("pk", "external")) == [(run["id"], True)]
+
+
+def test_ending_a_run_whose_answer_was_lost_is_not_sent_again(proxy, launcher_token):
+    """Writes without a key stay as they were: sent again only when they cannot have been acted on."""
+    client = Client(proxy.url, launcher_token, backoff_seconds=0.05)
+    run = client.runs.create_external(name="llama on slurm")
+    proxy.faults = [("POST", f"/api/v1/runs/{run['id']}/end/", "drop")]
     with pytest.raises(ApiError) as raised:
-        client.runs.launch(**_launch_body(roots))
-    assert raised.value.status is None and "could not reach" in raised.value.error
-    assert PipelineRun.objects.count() == 1 and client.retried == 0  # launched once: sending again would launch twice
-    proxy.faults = [("POST", "/api/v1/runs/", "503")]
-    with pytest.raises(ApiError) as refused:
-        client.runs.launch(**_launch_body(roots))
-    assert (refused.value.status, refused.value.error) == (503, "the proxy says: try again")
-    assert PipelineRun.objects.count() == 1
-    proxy.faults = [("POST", "/api/v1/runs/", "429")]  # refused before anything was done: sent again
-    run = client.runs.launch(**_launch_body(roots))
-    assert PipelineRun.objects.count() == 2 and PipelineRun.objects.latest("pk").pk == run["id"]
-    assert [s for m, _, s in proxy.seen if m == "POST"] == ["dropped 201", "503", "429", "201"]
-    assert client.retried == 1
+        client.runs.end(run["id"], status="succeeded")
+    assert raised.value.status is None and "could not reach" in raised.value.error and client.retried == 0
+    assert client.runs.get(run["id"])["status"] == "succeeded"  # it did end: its answer was lost
 
 
 def test_an_unreachable_server_is_an_api_error_after_the_retries(transactional_db):

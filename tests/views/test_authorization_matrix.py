@@ -108,6 +108,8 @@ ADMIN = {
 # The curation log and the API's are audit trails: nobody adds or edits their rows, not even staff;
 # nor a token (made where its secret can be shown once: the account page, create_api_token).
 AUDIT_LOGS = {"runs.curationaction", "runs.apiauditentry", "runs.apitoken"}
+# A launch's Idempotency-Key is written by the launch it guards (runs.api.idempotency): read-only likewise.
+WRITTEN_BY_LAUNCHES = {"runs.launchidempotencykey"}
 # The sign-in throttle's records (django-axes): written by failed sign-ins only; the admin reads and
 # deletes them (deleting an attempt lifts its lockout) but adds none.
 WRITTEN_BY_SIGN_INS = {"axes.accessattempt", "axes.accesslog", "axes.accessfailurelog"}
@@ -153,7 +155,7 @@ def entry_for(route: str, world: World) -> Entry | None:
             get, post = ADMIN_SHAPES["{model}/" + rest], STAFF_WRITE if rest.endswith(ADMIN_WRITES) else None
             if model._meta.label_lower in WRITTEN_BY_SIGN_INS and rest.endswith("add/"):
                 get, post = {**get, "admin": FORBIDDEN}, {**STAFF, "admin": FORBIDDEN}
-            if model._meta.label_lower in AUDIT_LOGS and rest.endswith(("add/", "change/")):
+            if model._meta.label_lower in AUDIT_LOGS | WRITTEN_BY_LAUNCHES and rest.endswith(("add/", "change/")):
                 get = {**get, "admin": FORBIDDEN} if rest.endswith("add/") else get  # change/ is read-only
                 post = {**STAFF, "admin": FORBIDDEN}
             return Entry(url, get=get, post=post)
