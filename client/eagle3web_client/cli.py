@@ -1,7 +1,12 @@
 """`eagle3web runs list|launch|status|wait|cancel|create-external|end`: the client from a shell or a job script.
 
 The server and token come from --url/--token or EAGLE3WEB_URL/EAGLE3WEB_TOKEN. With --json every answer,
-errors included ({"error", "status", "fields"}), is one JSON document on stdout; without, a short text.
+errors included ({"error", "status", "fields"}), is one JSON document on stdout. Without, a line for a person:
+`status`, `wait` and `launch` "run 12 (name): running, train 120/400 (30%), about 2 min left, tau 2.41" (an
+unnamed run is "run 12"; the stage, its progress and time left while it runs, why it failed, τ once
+measured; `launch` adds the run's page), `cancel` how many stages it cancelled and the run's state, `end`
+"run 12 (name) ended: failed", `list` a line per run (id, state, name, tab-separated; "no runs" on stderr),
+`create-external` the new run's id alone (RUN=$(eagle3web runs create-external ...)); errors on stderr.
 Exit status: 0 done, 1 the API refused or could not be reached, 2 bad command line (argparse's),
 3 `wait` gave up (its timeout) and 4 `wait` saw the run end other than succeeded.
 """
@@ -109,12 +114,98 @@ def run_command(client: Client, args: argparse.Namespace) -> tuple[Any, int]:
     raise AssertionError(args.command)
 
 
-def _text(answer: Any) -> str:
-    if isinstance(answer, list):
-        return "\n".join(f"{row.get('id', '')}\t{row.get('status', '')}\t{row.get('name', '')}" for row in answer)
-    if isinstance(answer, dict) and "id" in answer and "status" in answer:
-        return f"run {answer['id']} {answer.get('name', '')}: {answer['status']}"
-    return json.dumps(answer, indent=1)
+# Text output: one line per run, for a person; --json is for scripts (create-external's id alone excepted,
+# so that RUN=$(eagle3web runs create-external ...) works without jq).
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text or "").split())
+
+
+def run_label(run: dict) -> str:
+    """"run 12 (llama eagle3)", or "run 12" for a run without a name (the API names it "run 12" then)."""
+    run_id = run.get("id", run.get("run_id"))
+    name = _one_line(run.get("name"))
+    return f"run {run_id} ({name})" if name and name != f"run {run_id}" else f"run {run_id}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{round(seconds)} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _stage(run: dict) -> str:
+    """Where an unfinished (or failed) run is: its current stage, that stage's progress and time left, or
+    why it failed. "" when the answer does not say (a finished run, an older server)."""
+    glance = run.get("glance") or {}
+    stage, state = glance.get("stage"), glance.get("stage_status")
+    if not stage or not state:
+        return ""
+    if state == "failed":
+        record = next((s for s in run.get("stages") or [] if s.get("name") == stage), {})
+        error = next((line.strip() for line in str(record.get("error") or "").splitlines() if line.strip()), "")
+        return f"{stage} failed: {error[:200]}" if error else f"{stage} failed"
+    if run.get("finished") or state != "running":
+        return "" if run.get("finished") else f"{stage} {state}"
+    done, total = glance.get("progress_done") or 0, glance.get("progress_total") or 0
+    if total:
+        text = f"{stage} {done:,}/{total:,} ({min(100, int(100 * done / total))}%)"
+    else:
+        text = f"{stage} {done:,}" if done else f"{stage} started"
+    eta = glance.get("eta_seconds")
+    return f"{text}, about {_duration(eta)} left" if eta else text
+
+
+def _tau(run: dict) -> float | None:
+    tau = (run.get("acceptance") or {}).get("tau")
+    return tau if tau is not None else (run.get("glance") or {}).get("best_tau")
+
+
+def status_line(run: dict) -> str:
+    """"run 12 (llama eagle3): running, train 120/400 (30%), about 2 min left, tau 2.41"."""
+    parts = [f"{run_label(run)}: {run.get('status') or 'unknown'}", _stage(run)]
+    tau = _tau(run)
+    if isinstance(tau, (int, float)):
+        parts.append(f"tau {tau:.2f}")
+    if run.get("waiting_for_queue"):  # stored; the server hands it to the workers once its broker answers
+        parts.append("waiting for the server's queue")
+    return ", ".join(part for part in parts if part)
+
+
+def _with_name(client: Client, answer: dict) -> dict:
+    """The run as GET answers it, for the name and state a cancel's or an end's answer leaves out; the
+    answer alone when that read fails (the cancel or end itself was done)."""
+    try:
+        return client.runs.get(answer["id"])
+    except ApiError:
+        return {"id": answer["id"]}
+
+
+def text(client: Client, command: str, answer: Any) -> tuple[str, str]:
+    """(stdout, stderr) without --json."""
+    if command == "list":
+        rows = "\n".join(f"{row.get('id')}\t{row.get('status')}\t{_one_line(row.get('name'))}" for row in answer)
+        return (rows, "") if answer else ("", "eagle3web: no runs")
+    if command == "create-external":
+        return str(answer["id"]), ""
+    if command == "launch":
+        page = answer.get("page_url")
+        return f"launched {status_line(answer)}" + (f"; {page}" if page else ""), ""
+    if command == "cancel":
+        run, count = _with_name(client, answer), int(answer.get("cancelled") or 0)
+        state = run.get("status")
+        if count:
+            done = f"{count} unfinished stage{'s' if count != 1 else ''} cancelled"
+            done += f", now {state}" if state else ""
+        else:
+            done = "nothing to cancel" + (f", already {state}" if state else "")
+        return f"{run_label(run)}: {done}", ""
+    if command == "end":
+        run = _with_name(client, answer)
+        return f"{run_label(run)} ended: {answer.get('status')}", ""
+    return status_line(answer), ""  # status, wait
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                            fields={k: "missing" for k, v in (("url", args.url), ("token", args.token)) if not v})
         with Client(args.url, args.token, timeout=args.timeout) as client:
             answer, code = run_command(client, args)
+            out, err = ("", "") if args.json else text(client, args.command, answer)
     except WaitTimeout as exc:
         _print({**exc.as_dict(), "run": exc.run}, args.json, error=str(exc))
         return EXIT_TIMEOUT
@@ -137,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(answer))
     else:
-        print(_text(answer))
+        if out:
+            print(out)
+        if err:
+            print(err, file=sys.stderr)
     return code
 
 

@@ -18,6 +18,9 @@ Never on another 4xx: the same request would be refused again.
 """
 from __future__ import annotations
 
+import json
+import math
+import numbers
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -203,10 +206,15 @@ class Runs:
         return self.client.request("POST", "runs/", body=body, idempotent=True, headers={IDEMPOTENCY_HEADER: key})
 
     def log_metrics(self, run_id: int, points: Iterable[Mapping[str, Any]]) -> dict:
-        """Send points ({"key", "split", "step", "value"}) in batches of at most 10,000; returns the summed
-        {"accepted", "unchanged", "replaced"}. A point already stored at its key, split and step with the
-        same value is unchanged, so a batch sent twice stores nothing twice."""
-        points = [dict(p) for p in points]
+        """Send points ({"key", "split", "step", "value"[, "epoch"]}) in batches of at most 10,000; returns the
+        summed {"accepted", "unchanged", "replaced"}. A point already stored at its key, split and step with
+        the same value is unchanged, so a batch sent twice stores nothing twice.
+
+        Every point is checked before anything is sent: one JSON cannot carry (a NaN or infinite value or
+        epoch, a point that is no mapping, a value that is no number) raises ApiError (status None, fields
+        {"points": ...}) naming its key, split and step, and no batch is sent. numpy and other numbers are
+        sent as JSON numbers."""
+        points = [_point(p, i) for i, p in enumerate(points)]
         total = {"accepted": 0, "unchanged": 0, "replaced": 0}
         for start in range(0, len(points), MAX_POINTS_PER_BATCH):
             answer = self.client.request("POST", f"runs/{int(run_id)}/metrics/",
@@ -234,6 +242,40 @@ class Runs:
             raise ValueError(f"status must be one of {', '.join(FINISHED_STATUSES)}, got {status!r}")
         return self.client.request("POST", f"runs/{int(run_id)}/end/", body={"status": status, "message": message},
                                    idempotent=False)
+
+
+def _point(point: Any, index: int) -> dict:
+    """A point as JSON carries it (numpy numbers as plain ones), or ApiError naming it."""
+    if not isinstance(point, Mapping):
+        raise ApiError(f"point {index} is not a mapping ({type(point).__name__}): send "
+                       "{\"key\", \"split\", \"step\", \"value\"}; nothing was sent",
+                       fields={"points": f"point {index} is not a mapping"})
+    point = {k: _plain(v) for k, v in point.items()}
+    where = (f"point {index} (key {point.get('key')!r}, split {point.get('split')!r}, "
+             f"step {point.get('step')!r})")
+    for field, value in point.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            problem = (f"{where} has {field} {value}: JSON has no NaN or infinity; leave the point out or send "
+                       "a finite number; nothing was sent")
+            raise ApiError(problem, fields={"points": problem})
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            problem = (f"{where} has {field} of type {type(value).__name__}, not a number JSON can carry; "
+                       "nothing was sent")
+            raise ApiError(problem, fields={"points": problem}) from None
+    return point
+
+
+def _plain(value: Any) -> Any:
+    """numpy's (and other libraries') numbers as Python's: json cannot write a numpy.float32 or int64."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
 
 
 def _finished(run: Mapping[str, Any]) -> bool:

@@ -2,7 +2,7 @@
 
 On the cluster, with EAGLE3WEB_URL and EAGLE3WEB_TOKEN set:
 
-    RUN=$(eagle3web --json runs create-external --name "llama eagle3, cluster B" --config '{"epochs": 3}' | jq .id)
+    RUN=$(eagle3web runs create-external --name "llama eagle3, cluster B" --config '{"epochs": 3}')   # its id
     EAGLE3WEB_RUN_ID=$RUN torchrun --nproc-per-node 8 speculators_train.py --verifier-name-or-path ... (its flags)
     eagle3web runs end $RUN --status succeeded   # or failed, with --message
 

@@ -47,13 +47,20 @@ class ApiInputError(InputError):
 
 
 class AuthRateLimited(exceptions.APIException):
-    """429 in our own words (DRF's Throttled appends its "Expected available in N seconds.")."""
+    """429 in our own words (DRF's Throttled appends its "Expected available in N seconds."; a DRF throttle's
+    own 429 is reworded by api_exception_handler, throttled_message)."""
     status_code = status.HTTP_429_TOO_MANY_REQUESTS
     default_detail = "too many failed authentications from this address"
 
     def __init__(self, *, wait: int, detail: str):
         super().__init__(detail)
         self.wait = wait
+
+
+def throttled_message(wait: int | None) -> str:
+    """A DRF throttle's 429 in our words (its own Throttled says "Request was throttled. Expected available
+    in N seconds."); the seconds go in Retry-After as well."""
+    return f"too many requests from this client; try again {f'in {int(wait)} s' if wait else 'later'}"
 
 
 class BearerTokenAuthentication(BaseAuthentication):
@@ -160,7 +167,9 @@ def api_exception_handler(exc, context):
         if getattr(exc, "wait", None):
             headers["Retry-After"] = str(int(exc.wait))
         message = _flat(exc.detail)
-        if isinstance(exc, exceptions.NotAuthenticated):
+        if isinstance(exc, exceptions.Throttled):
+            message = throttled_message(exc.wait)
+        elif isinstance(exc, exceptions.NotAuthenticated):
             message = ("authentication required: send 'Authorization: Bearer <token>' (make one on /account/ "
                        "or with manage.py create_api_token)")
         elif isinstance(exc, exceptions.MethodNotAllowed):

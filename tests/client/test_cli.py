@@ -45,7 +45,7 @@ def test_the_command_launches_lists_shows_cancels_and_waits_in_json(live_server,
     code, out, _ = cli("--json", "runs", "wait", str(run["id"]), url=live_server.url, token=launcher_token)
     assert code == 4 and json.loads(out)["status"] == "cancelled"  # finished, but not succeeded
     code, out, err = cli("runs", "status", str(run["id"]), url=live_server.url, token=launcher_token)
-    assert code == 0 and out.strip() == f"run {run['id']} from the shell: cancelled" and err == ""
+    assert code == 0 and out == f"run {run['id']} (from the shell): cancelled\n" and err == ""
 
 
 def test_the_command_prints_errors_as_json_and_exits_non_zero(live_server, launcher_token, roots):
