@@ -103,8 +103,10 @@ def bare_train_tokens_per_s(*, target_dir, prepared_dir, hs_dir, vocab, layer_id
     hidden = read_target_config(target_dir).hidden_size
     samples = train_stage.HiddenStateSamples(prepared_dir=prepared_dir, hidden_states_dir=hs_dir,
                                              layer_ids=layer_ids, hidden_size=hidden)
+    from workers.stages.train.prompt_keys import prompt_context_keys
+
     train_idx, _, _ = train_stage.split_train_val(samples.source_ids, val_fraction=0.1, seed=seed,
-                                                  num_rows=len(samples))
+                                                  num_rows=len(samples), prompt_keys=prompt_context_keys(samples.rows))
     max_tokens = train_stage.token_budget(None, samples.lengths)  # the stage's default budget
     plan = train_stage.plan_training_steps(samples.lengths, train_idx, max_tokens=max_tokens, seed=seed, epoch=0)
     model = train_stage.build_draft_model(target_dir=target_dir, layer_ids=layer_ids, d2t_path=vocab.d2t_path,

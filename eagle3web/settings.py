@@ -193,6 +193,9 @@ EAGLE3WEB_TORCH_THREADS = env_int("EAGLE3WEB_TORCH_THREADS", os.cpu_count() or 1
 # A running stage's worker renews its lease every third of this; a stage whose lease lapsed lost its
 # worker and is queued again (at most 3 attempts) by the reconciler every worker runs.
 EAGLE3WEB_STAGE_LEASE_SECONDS = env_int("EAGLE3WEB_STAGE_LEASE_SECONDS", 60)
+# How long a launch waits for vLLM's own config classes to accept the run's speculative config, where vLLM is
+# installed beside the web process (runs.pipeline.preflight); 0 turns the check off.
+EAGLE3WEB_VLLM_PREFLIGHT_SECONDS = env_int("EAGLE3WEB_VLLM_PREFLIGHT_SECONDS", 60)
 # Padded tokens per extraction forward; 0: the default measured for the device (workers.stages.extract.with_transformers).
 # Lower it when a large target's activations do not fit the accelerator beside its weights.
 EAGLE3WEB_EXTRACT_BATCH_TOKENS = env_int("EAGLE3WEB_EXTRACT_BATCH_TOKENS", 0)

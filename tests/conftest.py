@@ -46,6 +46,13 @@ def data_root(tmp_path_factory, settings):
 
 
 @pytest.fixture(autouse=True)
+def vllm_launch_check_off(settings):
+    """vLLM's launch check (runs.pipeline.preflight) costs seconds per new target wherever `make vllm` ran:
+    off unless a test turns it on (tests/services/test_launch_preflight.py does)."""
+    settings.EAGLE3WEB_VLLM_PREFLIGHT_SECONDS = 0
+
+
+@pytest.fixture(autouse=True)
 def live_cache_cleared():
     """Each test starts with nothing cached (runs.web.live): cache keys carry ids and change counters,
     which another test's database may hand out again."""

@@ -31,7 +31,7 @@ from runs.models import Evaluation, StageRecord
 from runs.pipeline.stage_services import (
     STAGE_RECORDERS,
     StageCancelled,
-    checkpoint_evaluation_record,
+    measured_alongside_record,
     checkpoints_register,
     stage_fail,
     stage_progress,
@@ -48,10 +48,10 @@ from runs.pipeline.queue import outbox_flush
 from runs.sweeps.release import sweeps_release
 from runs.pipeline.routing import stage_backend
 from runs.checkpoints.serve_check_selectors import run_serve_checks_queued
+import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
 from runs.pipeline.message_claims import claims_reconcile, message_claim_drop
 from runs.pipeline.stage_services import HAND_OVER_NEXT
 from workers.claims import broker_mark_check  # also: every worker claims the messages it takes
-import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
 from workers.contract.errors import StopRequested
 
 logger = logging.getLogger(__name__)
@@ -252,8 +252,9 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
     common = dict(target_dir=plan.target_dir, prompts=plan.prompts(), prompt_source=plan.prompt_source,
                   max_new_tokens=record.max_new_tokens, num_speculative_tokens=record.num_speculative_tokens,
                   num_gpus=num_gpus, should_stop=reporter.cancelled)
+    # Recorded with this measurement's settings: a serve check of one of them derives its prompts from them.
     for checkpoint_id, path in plan.also:
-        db_retry("evaluation", checkpoint_evaluation_record, checkpoint_id=checkpoint_id,
+        db_retry("evaluation", measured_alongside_record, measured=record, checkpoint_id=checkpoint_id,
                  result=evaluate(checkpoint_dir=path, **common))
     return evaluate(checkpoint_dir=plan.checkpoint_dir, on_progress=reporter.progress, **common)
 

@@ -25,7 +25,7 @@ EXIT_API_ERROR, EXIT_TIMEOUT, EXIT_RUN_NOT_SUCCEEDED = 1, 3, 4
 LAUNCH_INTS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "max_tokens_per_step",
                "seed", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus")
 LAUNCH_FLOATS = ("lr", "val_fraction")
-LAUNCH_TEXTS = ("name", "extraction_backend", "training_backend")
+LAUNCH_TEXTS = ("name", "extraction_backend", "training_backend", "best_by")
 
 
 def parser() -> argparse.ArgumentParser:

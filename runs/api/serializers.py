@@ -39,6 +39,8 @@ class LaunchSerializer(serializers.Serializer):
     training_backend = serializers.CharField(required=False, help_text=f"default {D.training_backend}")
     train_gpus = _int(f"GPUs for training (default {D.train_gpus})")
     serve_check = serializers.BooleanField(required=False, help_text="serve the best checkpoint with vLLM after")
+    best_by = serializers.CharField(required=False, help_text=f"{D.best_by} (default: the highest measured τ) or "
+                                    "val_loss (the lowest validation loss): which checkpoint is the run's best")
 
 
 class CopySerializer(LaunchSerializer):

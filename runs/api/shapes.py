@@ -20,7 +20,6 @@ def api_url(request, name: str, *args) -> str:
 def run_row(run, request) -> dict:
     """A row of the runs list: what the list's page shows of it (runs.tracking.run_table)."""
     duration = getattr(run, "duration", None)
-    evaluation = getattr(run, "evaluation", None)
     training = getattr(run, "training_run", None)
     return {
         "id": run.pk, "name": str(run), "status": run.status, "owner": _user(run.owner),
@@ -28,7 +27,7 @@ def run_row(run, request) -> dict:
         "dataset": run.dataset.name if run.dataset_id else None, "created_at": _iso(run.created_at),
         "duration_seconds": round(duration.total_seconds(), 1) if duration is not None else None,
         "epochs": training.epochs if training else None, "best_epoch": training.best_epoch if training else None,
-        "best_val_loss": getattr(run, "best_val_loss", None), "tau": evaluation.tau if evaluation else None,
+        "best_val_loss": getattr(run, "best_val_loss", None), "tau": run.shown_tau,
         "tags": [tag.name for tag in run.tags.all()],
         "url": api_url(request, "run_detail", run.pk), "page_url": request.build_absolute_uri(run.get_absolute_url()),
     }

@@ -47,8 +47,9 @@ def _target_dir(checkpoint: Checkpoint) -> Path:
     return check_under_data_roots(checkpoint.verifier_path, kind="the checkpoint's verifier directory")
 
 
-def evaluation_plan(*, evaluation: Evaluation) -> EvaluationPlan:
-    """The checkpoint (for the pipeline's stage: the run's best), its target and its prompts."""
+def evaluation_plan(*, evaluation: Evaluation, limit: int | None = None) -> EvaluationPlan:
+    """The checkpoint (for the pipeline's stage: the run's best), its target and its prompts: the first
+    `limit` (default: the evaluation's max_prompts) of its source, in the source's order."""
     from workers.stages.evaluate.prompts import prompts_from_file, prompts_from_prepared, validation_rows
 
     checkpoint = evaluation.checkpoint
@@ -64,7 +65,7 @@ def evaluation_plan(*, evaluation: Evaluation) -> EvaluationPlan:
             raise EvaluationRequestError(f"{run} has no best checkpoint to evaluate: did training finish?")
         Evaluation.objects.filter(pk=evaluation.pk).update(checkpoint=checkpoint)
     target_dir = _target_dir(checkpoint)
-    limit = evaluation.max_prompts
+    limit = evaluation.max_prompts if limit is None else limit
     if evaluation.prompts_path:
         path = Path(evaluation.prompts_path)
         return EvaluationPlan(Path(checkpoint.path), target_dir, str(path),

@@ -7,7 +7,8 @@ from runs.models import Checkpoint, Evaluation, StageStatus
 SERVE_CHECK_FIELDS = (  # the speed-up first: on a GPU it is what users buy a draft for
     "vllm_speedup", "status", "tau", "vllm_tau", "vllm_tau_emitted", "tau_difference", "vllm_acceptance_per_position",
     "vllm_output_matches_greedy", "mismatched_prompts", "vllm_tokens_per_s_with", "vllm_tokens_per_s_without",
-    "vllm_drafts", "vllm_accepted_tokens", "num_prompts", "max_new_tokens", "num_speculative_tokens",
+    "vllm_drafts", "vllm_decode_steps", "vllm_accepted_tokens", "vllm_replies_cut", "num_prompts", "prompts_count",
+    "prompts_sha256", "max_new_tokens", "num_speculative_tokens",
     "dtype", "tensor_parallel_size", "vllm_version", "vllm_build", "command", "error",
 )
 
@@ -25,8 +26,10 @@ def serve_check_line(check: ServeCheck) -> str:
     ours = "not measured" if check.tau is None else f"{check.tau:.3f}"
     text = "the same text as the target alone" if check.vllm_output_matches_greedy else (
         f"a DIFFERENT text from the target alone on {len(check.mismatched_prompts)} prompt(s)")
-    line = (f"vLLM {check.vllm_version} ({check.vllm_build} build) with the draft: {check.vllm_speedup:.2f}x the "
-            f"tokens/s of the target alone ({check.vllm_tokens_per_s_with:,.1f} against "
+    prompts = f"{check.prompts_count} prompts, sha256 {check.prompts_sha256[:12]}" if check.prompts_sha256 else (
+        f"{check.num_prompts} prompts")
+    line = (f"vLLM {check.vllm_version} ({check.vllm_build} build) with the draft on {prompts}: "
+            f"{check.vllm_speedup:.2f}x the tokens/s of the target alone ({check.vllm_tokens_per_s_with:,.1f} against "
             f"{check.vllm_tokens_per_s_without:,.1f}); tau {check.vllm_tau_emitted:.3f} on emitted tokens (its counters: "
             f"{check.vllm_tau:.3f}), ours {ours}; {text}")
     if check.disagrees:

@@ -2,7 +2,13 @@
 
 A serve check compares vLLM's τ with ours on the same prompts, so it follows an evaluation of the
 checkpoint: its prompts, its max_new_tokens, its proposal length, its τ. Asking while a check of the
-same checkpoint and evaluation is queued or running returns that one."""
+same checkpoint and evaluation is queued or running returns that one.
+
+The prompts are the evaluation's source cut at the count it measured (`num_prompts`), not at its
+max_prompts: both sources are read in a fixed order, so the first num_prompts are the very list our τ
+came from, even for a row whose max_prompts was never set to what it measured (the pipeline's
+measurements of a run's other checkpoints, before they recorded it). The list's count and sha256 are
+stored with the result (ServeCheck.prompts_count, prompts_sha256)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,11 +77,22 @@ class ServeCheckPlan:
 
 
 def serve_check_plan(*, check: ServeCheck) -> ServeCheckPlan:
-    """What the check serves: its evaluation's checkpoint, target and prompts."""
+    """What the check serves: its evaluation's checkpoint, target and the prompts it measured."""
     evaluation = check.evaluation
     if evaluation is None:
         raise ServeCheckRequestError(f"serve check {check.pk}: the measurement it compares with was deleted; ask again")
-    plan = evaluation_plan(evaluation=evaluation)
-    return ServeCheckPlan(target_dir=plan.target_dir, checkpoint_dir=Path(check.checkpoint.path), prompts=plan.prompts,
+    measured = evaluation.num_prompts  # None only on a row from before measurements counted their prompts
+    plan = evaluation_plan(evaluation=evaluation, limit=measured)
+
+    def prompts() -> list[list[int]]:
+        loaded = plan.prompts()
+        if measured is not None and len(loaded) != measured:
+            raise ServeCheckRequestError(
+                f"serve check {check.pk}: evaluation {evaluation.pk} measured our τ on {measured} prompts of "
+                f"{plan.prompt_source}, which now gives {len(loaded)}; comparing on other prompts would compare "
+                "nothing, so measure the checkpoint again and check that measurement")
+        return loaded
+
+    return ServeCheckPlan(target_dir=plan.target_dir, checkpoint_dir=Path(check.checkpoint.path), prompts=prompts,
                           max_new_tokens=evaluation.max_new_tokens,
                           num_speculative_tokens=evaluation.num_speculative_tokens)

@@ -21,7 +21,8 @@ def checkpoint_serve_check(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         if created:
             messages.success(request, f"Serve check {check.pk} queued on vllm.{check.tensor_parallel_size}: a worker with vLLM serves the target with the "
-                                      f"draft and alone, on the prompts of evaluation {check.evaluation_id}.")
+                                      f"draft and alone, on the prompts evaluation {check.evaluation_id} measured our τ on "
+                                      f"({check.evaluation.num_prompts or 'all'} of them).")
         else:
             messages.info(request, f"Serve check {check.pk} of this measurement is already {check.status}; its result "
                                    "appears here when it finishes, so no second one was queued.")

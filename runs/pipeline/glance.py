@@ -32,9 +32,11 @@ def _latest(training_run_id: int) -> dict:
     return out
 
 
-def run_glance(*, stages: list[dict], checkpoints: list[dict], training_run_id: int, tau: float | None) -> dict:
+def run_glance(*, stages: list[dict], training_run_id: int, best: dict | None) -> dict:
     """stage (the one running, else the first not done), its progress and ETA, the latest loss and
-    accuracy per TTT step, the best measured τ, and how many warnings the stages carry."""
+    accuracy per TTT step, the best checkpoint's τ (the summary's `best`, runs.pipeline.best) and whether
+    that is still provisional (the evaluate stage has not measured every checkpoint: the best may move),
+    and how many warnings the stages carry."""
     current = next((s for s in stages if s["status"] == StageStatus.RUNNING), None) or next(
         (s for s in stages if s["status"] != StageStatus.SUCCEEDED), None)
     eta = None
@@ -42,7 +44,7 @@ def run_glance(*, stages: list[dict], checkpoints: list[dict], training_run_id: 
         remaining = max(0, current["progress_total"] - current["progress_done"])
         eta = round(current["seconds"] * remaining / current["progress_done"], 1)
     train = next(s for s in stages if s["name"] == "train")
-    measured = [c["tau"] for c in checkpoints if c["tau"] is not None] + ([tau] if tau is not None else [])
+    evaluate = next((s for s in stages if s["name"] == "evaluate"), None)  # a run trained elsewhere has none
     return {
         "stage": current["name"] if current else None,
         "stage_label": current["label"] if current else "all stages done",
@@ -53,6 +55,8 @@ def run_glance(*, stages: list[dict], checkpoints: list[dict], training_run_id: 
         "train_step": train["progress_done"] or None,
         "train_steps": train["progress_total"] or None,
         "latest": _latest(training_run_id),
-        "best_tau": max(measured) if measured else None,
+        "best_tau": (best or {}).get("tau"),
+        "best_provisional": bool(best) and bool(best.get("provisional") or (
+            evaluate is not None and evaluate["status"] != StageStatus.SUCCEEDED)),
         "warnings": sum(len(s["warnings"]) for s in stages),
     }

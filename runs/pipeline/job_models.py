@@ -62,6 +62,10 @@ class ServeCheck(StageRecord):
                                      related_name="+")
     tensor_parallel_size = models.PositiveIntegerField(default=1)
     num_prompts = models.PositiveIntegerField(null=True, blank=True)
+    # Which prompt list both sides decoded (workers.stages.evaluate.serve_check.prompts_digest), so that
+    # "the same prompts" can be checked, not assumed.
+    prompts_count = models.PositiveIntegerField(null=True, blank=True)
+    prompts_sha256 = models.CharField(max_length=64, blank=True, help_text="sha256 of the prompts' token ids as JSON")
     max_new_tokens = models.PositiveIntegerField(null=True, blank=True)
     num_speculative_tokens = models.PositiveIntegerField(null=True, blank=True)
     dtype = models.CharField(max_length=20, blank=True)
@@ -70,10 +74,16 @@ class ServeCheck(StageRecord):
     vllm_build = models.CharField(max_length=20, blank=True)
     tau = models.FloatField(null=True, blank=True, help_text="ours, on the same prompts")
     vllm_tau = models.FloatField(null=True, blank=True, help_text="vLLM's counters: 1 + accepted / drafts")
-    vllm_tau_emitted = models.FloatField(null=True, blank=True, help_text="tokens vLLM emitted after the first / drafts")
+    vllm_tau_emitted = models.FloatField(null=True, blank=True,
+                                         help_text="tokens emitted by vLLM's steps with drafts / those steps: ours")
     tau_difference = models.FloatField(null=True, blank=True, help_text="vllm_tau_emitted minus ours")
-    vllm_acceptance_per_position = models.JSONField(default=list, blank=True)
+    vllm_acceptance_per_position = models.JSONField(default=list, blank=True,
+                                                    help_text="vLLM's counters, drafts accepted past a reply's end included")
     vllm_drafts = models.PositiveIntegerField(null=True, blank=True)
+    vllm_decode_steps = models.PositiveIntegerField(null=True, blank=True,
+                                                    help_text="vLLM's steps after each prompt's first token, drafted or not")
+    vllm_replies_cut = models.PositiveIntegerField(null=True, blank=True,
+                                                   help_text="replies stopped at max_new_tokens, not at the end token")
     vllm_accepted_tokens = models.PositiveIntegerField(null=True, blank=True)
     vllm_output_matches_greedy = models.BooleanField(null=True, blank=True)
     mismatched_prompts = models.JSONField(default=list, blank=True)

@@ -45,6 +45,19 @@ class PipelineRun(models.Model):
     def get_absolute_url(self) -> str:
         return reverse("runs:run_detail", args=[self.pk])
 
+    @property
+    def shown_tau(self) -> float | None:
+        """The τ the run is known by in lists, sweeps, compare and the API: its best checkpoint's once its rule
+        decided (runs.pipeline.best keeps it on the training), else what its evaluate stage measured (the
+        trainer's choice); None before that, and for a run trained elsewhere (it reports no τ of ours)."""
+        if self.external:
+            return None
+        training = getattr(self, "training_run", None)
+        if training is not None and training.best_tau is not None:
+            return training.best_tau
+        evaluation = getattr(self, "evaluation", None)
+        return evaluation.tau if evaluation is not None and evaluation.status == "succeeded" else None
+
 
 class PendingEnqueue(models.Model):
     """Work written to the database but not yet handed to the broker (an outbox): created in the
@@ -159,6 +172,9 @@ class TrainingRun(StageRecord):
     train_tokens = models.BigIntegerField(null=True, blank=True)
     tokens_per_second = models.FloatField(null=True, blank=True)
     best_epoch = models.PositiveIntegerField(null=True, blank=True)
+    best_tau = models.FloatField(null=True, blank=True, help_text=(
+        "the best checkpoint's τ (vLLM's where a serve check ran, else ours), once the run's rule decided it "
+        "(runs.pipeline.best); the lists, sweeps and compare show and sort by it"))
     device = models.CharField(max_length=100, blank=True)
     tokens_per_step = models.PositiveIntegerField(null=True, blank=True, help_text="packing budget actually used")
     loss_tokens_available = models.BigIntegerField(null=True, blank=True, help_text="supervised tokens in the train split")

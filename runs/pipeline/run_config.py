@@ -22,6 +22,9 @@ MIN_TOKENS_PER_STEP, MAX_TOKENS_PER_STEP = 16, 1_048_576
 MAX_SEED = 2**32 - 1
 MAX_EVAL_PROMPTS = 1000
 MAX_EVAL_NEW_TOKENS = 4096
+# Which checkpoint is a run's best (runs.pipeline.best): the highest τ measured on its held-out prompts,
+# or the lowest validation loss. The first is the default: τ is what a draft is deployed for.
+BEST_BY = ("tau", "val_loss")
 
 INT_FIELDS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "seed",
               "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus")
@@ -84,12 +87,16 @@ class RunConfig:
     train_gpus: int = 1  # GPUs for training: torchrun --nproc-per-node for speculators; our loop uses one
     # After measuring acceptance, vLLM itself serves the best checkpoint and counts it (runs.pipeline.job_models.ServeCheck).
     serve_check: bool = False
+    best_by: str = BEST_BY[0]  # "tau" or "val_loss" (runs.pipeline.best)
 
     def __post_init__(self) -> None:
         for name, known in (("extraction_backend", EXTRACTION_BACKENDS), ("training_backend", TRAINING_BACKENDS)):
             value = getattr(self, name)
             if value not in known:
                 raise RunConfigError(f"{name} must be one of {', '.join(known)}, got {str(value)[:40]!r}", field=name)
+        if self.best_by not in BEST_BY:
+            raise RunConfigError(f"best_by must be one of {', '.join(BEST_BY)}, got {str(self.best_by)[:40]!r}",
+                                 field="best_by")
         if not isinstance(self.serve_check, bool):
             raise RunConfigError(f"serve_check must be true or false, got {str(self.serve_check)[:40]!r}",
                                  field="serve_check")

@@ -24,6 +24,7 @@ from runs.models import (
 )
 from runs.fleet.selectors import run_backends
 from runs.data.regeneration_selectors import regeneration_dict, run_data_policy
+from runs.pipeline import best
 from runs.pipeline.glance import run_glance
 from runs.checkpoints.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
 from runs.pipeline.upstream_commands import run_speculators_train_command, with_serve_commands
@@ -56,7 +57,7 @@ def run_rows() -> QuerySet[PipelineRun]:
     in the database. One query joining the five stage tables (run_list()) spent longer in PostgreSQL's
     planner than these six queries take together (measured: 18-28 ms against 13-20 ms for 50 runs)."""
     # prepare's start: a running run's duration, which the list counts on from it (static/js/run_list.js).
-    shown = {"prepare": ["started_at"], "extract": ["layer_ids"], "train": ["epochs", "best_epoch", "started_at"],
+    shown = {"prepare": ["started_at"], "extract": ["layer_ids"], "train": ["epochs", "best_epoch", "best_tau", "started_at"],
              "evaluate": ["tau"]}
     stages = [Prefetch(stage.related_name, queryset=stage.model.objects.only(
         "run_id", "status", *shown.get(stage.name, []))) for stage in STAGES]
@@ -220,7 +221,11 @@ def run_summary(run: PipelineRun) -> dict:
     manifest = getattr(extraction, "manifest", None)
     checkpoints = with_usability(with_serve_commands(checkpoints_with_tau(training.checkpoints.all()),
                                                      verifier=run.target.path if run.target_id else ""))
-    evaluated = next((c for c in checkpoints if evaluation and c.pk == evaluation.checkpoint_id), None)
+    scores = best.checkpoint_scores(run=run, checkpoints=checkpoints)
+    choice = best.best_choice(run=run, scores=scores)
+    by_id = {score.checkpoint_id: score for score in scores}
+    shown = best.best_measurement(evaluation, choice)
+    evaluated = next((c for c in checkpoints if shown and c.pk == shown.checkpoint_id), None)
     policy = run_data_policy(run=run) if run.dataset_id and run.target_id else None
     summary = {
         "run_id": run.pk,
@@ -240,6 +245,8 @@ def run_summary(run: PipelineRun) -> dict:
         # The dataset's provenance when it was regenerated from another (None for a file a user brought).
         "regenerated_from": regeneration_dict(policy.regeneration) if policy and policy.regeneration else None,
         "config": run.config,
+        "best_by": choice.by,
+        "best": best.best_dict(choice),
         "backends": [] if run.external else run_backends(config=run.config),
         "output_dir": run.output_dir,
         "speculators_train_command": None if run.external else run_speculators_train_command(
@@ -276,19 +283,23 @@ def run_summary(run: PipelineRun) -> dict:
                      "loss_tokens_available": training.loss_tokens_available,
                      "loss_tokens_trained": training.loss_tokens_trained},
         "attempts": [attempt_dict(a) for a in run.attempts.all()],
-        "acceptance": evaluation_dict(evaluation, evaluated.simulated_tau if evaluated else None),
+        # Once the best is chosen by τ, the measurement of that best (the stage's own row measured the
+        # trainer's choice, the checkpoint with the lowest validation loss).
+        "acceptance": evaluation_dict(shown, evaluated.simulated_tau if evaluated else None),
         "serve_check": serve_check_dict(run_serve_check(evaluation_id=evaluation.pk) if evaluation else None),
         "checkpoints": [
             {"id": c.pk, "url": c.get_absolute_url(), "epoch": c.epoch, "path": c.path,
              "train_loss": c.train_loss, "val_loss": c.val_loss,
              "is_best": c.is_best, "val_metrics": c.val_metrics, "simulated_tau": c.simulated_tau,
-             "tau": c.measured[0].tau if c.measured else None, "serve_command": c.serve_command,
+             "tau": c.measured[0].tau if c.measured else None,
+             # The τ the best is chosen by (runs.pipeline.best): vLLM's where a serve check ran, else ours.
+             "vllm_tau": by_id[c.pk].tau_vllm if c.pk in by_id else None,
+             "tau_for_best": by_id[c.pk].tau if c.pk in by_id else None, "serve_command": c.serve_command,
              "usable": not c.unusable_why, "unusable_why": c.unusable_why}
             for c in checkpoints
         ],
     }
-    summary["glance"] = run_glance(stages=summary["stages"], checkpoints=summary["checkpoints"],
-                                   training_run_id=training.pk, tau=evaluation.tau if evaluation else None)
+    summary["glance"] = run_glance(stages=summary["stages"], training_run_id=training.pk, best=summary["best"])
     return summary
 
 

@@ -27,13 +27,15 @@ from runs.fleet.fit import host_refusals, serve_check_refusal
 from runs.fleet.selectors import launch_refusals, stage_refusals, workers_live
 from runs.data.paths import check_under_data_roots
 from runs.pipeline.queue import pipeline_enqueue
+from runs.pipeline.preflight import launch_preflight
 from runs.roles import require, require_on_run
 from runs.pipeline.run_config import RunConfig, RunConfigError, check_run_name
 from runs.pipeline.stages import STAGES
 from runs.sweeps.release import sweep_release_after
 from workers.contract.chats import read_conversations
 from workers.contract.errors import InputError
-from workers.contract.target import read_target_json, target_config_from, target_weight_bytes, validate_layer_ids
+from workers.contract.target import (default_layer_ids, read_target_json, target_config_from, target_weight_bytes,
+                                     validate_layer_ids)
 
 
 def target_register(*, path: str | Path) -> TargetModel:
@@ -119,7 +121,30 @@ def input_blames(field: str) -> Iterator[None]:
         raise
 
 
-@transaction.atomic
+def _with_final_layer(layer_ids: list[int], num_layers: int) -> list[int]:
+    # The draft learns from the final hidden state, so it is always captured after the aux layers.
+    return [*layer_ids, num_layers] if layer_ids and layer_ids[-1] != num_layers else list(layer_ids)
+
+
+def _preflight_outside_transaction(*, target_path: str | Path, config: RunConfig) -> dict | None:
+    """The launch's preflight (vLLM's config check takes seconds the first time a target is seen), run
+    before the launch's transaction opens, so that no lock is held meanwhile (SQLite's BEGIN IMMEDIATE
+    would hold every writer back). None when the target is refused by an earlier check, or when a caller's
+    own transaction is open (a sweep, an idempotent API launch): the launch then checks inside."""
+    if transaction.get_connection().in_atomic_block:
+        return None
+    try:
+        resolved = check_under_data_roots(target_path, kind="target directory")
+        cfg = target_config_from(read_target_json(resolved), path=resolved / "config.json")
+        layer_ids = validate_layer_ids(_with_final_layer(list(config.layer_ids or default_layer_ids(cfg.num_layers)),
+                                                         cfg.num_layers), cfg.num_layers)
+    except (InputError, OSError):
+        return None  # refused inside, naming its field, as before
+    if config.draft_vocab_size > cfg.vocab_size:
+        return None
+    return launch_preflight(target_dir=resolved, vocab_size=cfg.vocab_size, layer_ids=layer_ids, config=config)
+
+
 def run_launch(
     *,
     user: AbstractBaseUser,
@@ -136,6 +161,14 @@ def run_launch(
     go to their queues); "this_host", this host by its own probe, for stages run in this process
     (run_pipeline --inline), whatever the live workers can or cannot run."""
     require(user, "launch")
+    checked = _preflight_outside_transaction(target_path=target_path, config=config)
+    return _run_create(user=user, target_path=target_path, dataset_path=dataset_path, config=config, name=name,
+                       enqueue=enqueue, check=check, checked=checked)
+
+
+@transaction.atomic
+def _run_create(*, user: AbstractBaseUser, target_path: str | Path, dataset_path: str | Path, config: RunConfig,
+                name: str, enqueue: bool, check: str, checked: dict | None) -> PipelineRun:
     if check not in ("fleet", "this_host"):
         raise ValueError(f"check must be 'fleet' or 'this_host', got {check!r}")
     name = check_run_name(name)
@@ -153,19 +186,21 @@ def run_launch(
         raise RunConfigError(why, field=field)
     with input_blames("dataset_path"):
         dataset = dataset_register(path=dataset_path)
-    layer_ids = list(config.layer_ids or target.default_layer_ids)
-    if layer_ids and layer_ids[-1] != target.num_layers:
-        # The draft learns from the final hidden state, so it is always captured after the aux layers.
-        layer_ids.append(target.num_layers)
+    layer_ids = _with_final_layer(list(config.layer_ids or target.default_layer_ids), target.num_layers)
     with input_blames("layer_ids"):
         layer_ids = validate_layer_ids(layer_ids, target.num_layers)
     if config.draft_vocab_size > target.vocab_size:
         raise RunConfigError(
             f"draft_vocab_size {config.draft_vocab_size} is larger than the target's vocabulary ({target.vocab_size})",
             field="draft_vocab_size")
+    # The tokenizer against the vocabulary, and vLLM's own config classes where vLLM is here (seconds):
+    # refused now, with nothing stored, rather than after prepare and extraction spent a GPU.
+    if checked is None:
+        checked = launch_preflight(target_dir=Path(target.path), vocab_size=target.vocab_size, layer_ids=layer_ids,
+                                   config=config)
     config = replace(config, layer_ids=layer_ids)
     run = PipelineRun.objects.create(
-        owner=user, name=name, target=target, dataset=dataset, config=config.as_dict()
+        owner=user, name=name, target=target, dataset=dataset, config={**config.as_dict(), **checked}
     )
     run.output_dir = str(settings.EAGLE3WEB_RUNS_DIR / f"run-{run.pk}")
     run.save(update_fields=["output_dir"])

@@ -34,6 +34,7 @@ from runs.models import (
 )
 from runs.data.curation import CatalogueCounts
 from runs.tracking.services import metrics_truncate
+from runs.pipeline.best import best_decide, checkpoint_run_id, tau_on_the_same_prompts
 from runs.pipeline.changes import training_changed
 from runs.pipeline.stages import JOBS, STAGES, STAGES_BY_NAME
 from runs.checkpoints.serve_check_services import serve_check_request
@@ -315,7 +316,9 @@ def vocab_mapping_record(*, record_id: int, result: VocabResult, log_tail: str,
 
 def training_record(*, record_id: int, result: TrainResult, log_tail: str,
                     started_at: datetime | None = None) -> None:
-    """The training's counts and split, and its checkpoints with the best one marked."""
+    """The training's counts and split, and its checkpoints with the trainer's best marked: the lowest
+    validation loss, provisional under best_by "tau" until the evaluate stage measured them all
+    (runs.pipeline.best)."""
     from dataclasses import asdict
 
     checkpoints_register(training_run_id=record_id, checkpoints=[asdict(c) for c in result.checkpoints])
@@ -326,19 +329,29 @@ def training_record(*, record_id: int, result: TrainResult, log_tail: str,
 
 def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str,
                       started_at: datetime | None = None) -> None:
-    """The measurement; for a run that asked for it, a serve check of the same checkpoint on the same prompts."""
+    """The measurement, then the best checkpoint of the run it measured (runs.pipeline.best: by τ, known
+    once the run's evaluate stage has measured every checkpoint); for a run that asked for it, a serve
+    check of that best on the same prompts."""
     with transaction.atomic():
         stage_succeed(stage_name="evaluate", record_id=record_id, fields=result_columns(Evaluation, result),
                       log_tail=log_tail, started_at=started_at)
         evaluation = Evaluation.objects.select_related("run", "checkpoint").get(pk=record_id)
+        best = best_decide(run_id=evaluation.run_id or checkpoint_run_id(evaluation.checkpoint_id))
         if evaluation.run is not None and (evaluation.run.config or {}).get("serve_check") and evaluation.checkpoint:
-            serve_check_request(checkpoint=evaluation.checkpoint, user=None, evaluation=evaluation)
+            # The best by τ may be another checkpoint than the one this row measured: the check serves it with
+            # this row's prompts and settings, which the stage measured every checkpoint with (serve_check_record
+            # takes that checkpoint's own τ as ours).
+            serve_check_request(checkpoint=best or evaluation.checkpoint, user=None, evaluation=evaluation)
 
 
-def checkpoint_evaluation_record(*, checkpoint_id: int, result: EvaluationResult) -> Evaluation:
-    """A measurement the pipeline's evaluate stage made of one of the run's other checkpoints."""
+def measured_alongside_record(*, measured: Evaluation, checkpoint_id: int, result: EvaluationResult) -> Evaluation:
+    """A measurement the pipeline's evaluate stage made of one of the run's other checkpoints, beside
+    `measured` (the run's own) and on its prompts: it records the settings it was made with, so that
+    a serve check starting from it (runs.checkpoints.serve_check_services) derives the same prompt
+    list, not the first max_prompts' default of them."""
     return Evaluation.objects.create(checkpoint_id=checkpoint_id, status=StageStatus.SUCCEEDED,
-                                     finished_at=timezone.now(), **result_columns(Evaluation, result))
+                                     finished_at=timezone.now(), prompts_path=measured.prompts_path,
+                                     max_prompts=measured.max_prompts, **result_columns(Evaluation, result))
 
 
 def catalogue_record(*, record_id: int, result: CatalogueCounts, log_tail: str,
@@ -356,13 +369,16 @@ def verification_request_record(*, record_id: int, result: Verification, log_tai
 def serve_check_record(*, record_id: int, result: ServeCheckResult, log_tail: str,
                        started_at: datetime | None = None) -> None:
     """What vLLM said, beside our τ on the same prompts (the evaluation's): vLLM's emitted-token τ
-    (our definition) minus ours."""
+    (our definition) minus ours; then the best checkpoint of the run that trained it, vLLM's τ counting
+    before ours (runs.pipeline.best)."""
     check = ServeCheck.objects.select_related("evaluation").get(pk=record_id)
-    ours = check.evaluation.tau if check.evaluation is not None else None
+    ours = tau_on_the_same_prompts(checkpoint_id=check.checkpoint_id, evaluation=check.evaluation)
     fields = {**result_columns(ServeCheck, result), "tau": ours,
               "tau_difference": None if ours is None else result.vllm_tau_emitted - ours}
-    stage_succeed(stage_name="serve_check", record_id=record_id, fields=fields, log_tail=log_tail,
-                  started_at=started_at)
+    with transaction.atomic():
+        stage_succeed(stage_name="serve_check", record_id=record_id, fields=fields, log_tail=log_tail,
+                      started_at=started_at)
+        best_decide(run_id=checkpoint_run_id(check.checkpoint_id))
 
 
 # What each stage's (and job's) worker records once it succeeded.

@@ -63,8 +63,7 @@ def sweep_rows(*, sweep: Sweep) -> tuple[list[SweepRow], SweepBest]:
         status = run_selectors.run_status(run)
         if released_at is None and status == StageStatus.QUEUED:
             status = HELD
-        evaluation = run.evaluation
-        tau = evaluation.tau if evaluation.status == StageStatus.SUCCEEDED else None
+        tau = run.shown_tau  # its best checkpoint's (runs.pipeline.best), else its evaluate stage's
         # In the sweep's order of keys: a JSON object column (jsonb) keeps no order of its own.
         settings = {key: values.get(key, "") for key in sweep.keys}
         rows.append(SweepRow(position=position, run=run, settings=settings, status=status, tau=tau))

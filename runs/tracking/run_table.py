@@ -21,7 +21,7 @@ MAX_CHOICES = 500  # entries of a filter menu; the search box finds the rest
 MAX_QUERY_CHARS = 200
 SORTS = {
     "created": "created_at", "name": "name", "status": "status", "duration": "duration",
-    "best_val_loss": "best_val_loss", "tau": "evaluation__tau", "owner": "owner__username",
+    "best_val_loss": "best_val_loss", "tau": "tau", "owner": "owner__username",
     "epochs": "training_run__epochs",
 }
 STATUSES = [s.value for s in StageStatus]
@@ -145,6 +145,8 @@ def run_table(*, filters: RunFilters) -> tuple[Page, int]:
             runs = runs.filter(**{field: value})
     if filters.tag:
         runs = runs.filter(pk__in=_tagged(name=filters.tag))
+    if filters.sort == "tau":  # the best checkpoint's, else the evaluate stage's (PipelineRun.shown_tau)
+        runs = runs.annotate(tau=Coalesce("training_run__best_tau", "evaluation__tau"))
     column = F(SORTS[filters.sort])
     order = column.desc(nulls_last=True) if filters.descending else column.asc(nulls_last=True)
     paginator = Paginator(runs.order_by(order, "-id").values_list("pk", flat=True), PAGE_SIZE)

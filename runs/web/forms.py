@@ -7,6 +7,7 @@ from django import forms
 from runs.fleet.fit import BackendOption
 from runs.data.paths import MAX_PATH_CHARS
 from runs.pipeline.run_config import (
+    BEST_BY,
     MAX_DRAFT_VOCAB,
     MAX_EPOCHS,
     MAX_EVAL_NEW_TOKENS,
@@ -102,6 +103,12 @@ class LaunchForm(forms.Form):
         required=False, label="Check with vLLM",
         help_text="After measuring acceptance, vLLM itself serves the best checkpoint on the same prompts and counts "
         "what it accepts (needs a live worker with vLLM).")
+    best_by = forms.ChoiceField(
+        choices=list(zip(BEST_BY, ("highest measured τ", "lowest validation loss"), strict=True)), initial=BEST_BY[0],
+        required=False, label="Best checkpoint by",
+        help_text="Highest τ: the checkpoint that decodes the held-out prompts fastest (vLLM's τ where the serve "
+        "check ran), the lower validation loss on a tie; chosen once every checkpoint is measured, until then "
+        "the lowest validation loss stands in. Lowest validation loss: the trainer's choice.")
     vary = forms.CharField(
         required=False, max_length=20_000, label="Vary", widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
         help_text="One setting per line, KEY = V1, V2, named as run_pipeline names them: lr = 1e-4, 3e-4 · "
@@ -117,7 +124,7 @@ class LaunchForm(forms.Form):
 
     # Folded under "Advanced settings" (open when one of them has an error), and the sweep box.
     ADVANCED = ("max_tokens_per_step", "val_fraction", "seed", "eval_prompts", "eval_max_new_tokens",
-                "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "serve_check")
+                "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "serve_check", "best_by")
     SWEEP = ("vary", "sweep_mode", "parallel")
     WIDE = ("name", "target_path", "dataset_path", "vary")  # the whole width of the form
 
@@ -215,6 +222,7 @@ class LaunchForm(forms.Form):
             training_backend=data.get("training_backend") or defaults.training_backend,
             train_gpus=data.get("train_gpus") or defaults.train_gpus,
             serve_check=bool(data.get("serve_check")),
+            best_by=data.get("best_by") or defaults.best_by,
         )
 
 

@@ -1,7 +1,7 @@
 // Compare page: each metric family in one chart with every run's series overlaid, with the run page's
 // controls (smoothing, log scale, x by step, epoch, tokens or wall time, which series). A colour per run
 // and a line style per TTT step; validation with markers. The legend sits right of the plot, clear of
-// the axis titles. τ and acceptance per position of each run side by side below.
+// the axis titles. The τ of each run below, under the acceptance table (acceptance_heatmap.js).
 (function () {
   "use strict";
   const root = document.getElementById("compare-plots");
@@ -93,7 +93,7 @@
     });
   }
 
-  function drawAcceptance() {
+  function drawTau() {
     const measured = runs.filter((r) => r.tau != null);
     if (!measured.length) {
       document.getElementById("compare-tau").textContent = "None of these runs has a measured τ yet.";
@@ -104,12 +104,8 @@
       text: measured.map((r) => r.tau.toFixed(2)), textposition: "auto", hovertemplate: "%{x}: τ %{y:.3f}<extra></extra>"}],
       {title: {text: "τ measured"}, height: 320, margin: {l: 50, r: 10, t: 40, b: 80}, yaxis: {rangemode: "tozero"}},
       {displaylogo: false, responsive: true});
-    Plotly.newPlot("compare-acceptance", measured.map((r) => ({type: "bar", name: dom.plotlyText(r.name),
-      x: r.acceptance_per_position.map((_, i) => "position " + (i + 1)), y: r.acceptance_per_position,
-      marker: {color: PALETTE[runs.indexOf(r) % PALETTE.length]}})),
-      {title: {text: "Acceptance per draft position"}, barmode: "group", height: 320,
-        margin: {l: 50, r: 10, t: 40, b: 80}, yaxis: {range: [0, 1]}, legend: {orientation: "h", y: -0.25}},
-      {displaylogo: false, responsive: true});
+    // The acceptance per draft position is the table above it (static/js/acceptance_heatmap.js): the best
+    // checkpoint's measurement of each run against a baseline run.
   }
 
   async function load() {
@@ -123,7 +119,7 @@
     }));
     seriesPicker();
     drawAll();
-    drawAcceptance();
+    drawTau();
     root.dataset.drawn = "1";
   }
 

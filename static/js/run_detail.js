@@ -56,6 +56,12 @@
       setToken("split_rows", fmt.format(split.train_rows) + " / " + fmt.format(split.val_rows));
       setToken("split_conversations", fmt.format(split.train_conversations) + " / " + fmt.format(split.val_conversations) +
         " (split by " + split.by + ", seed " + split.seed + ")");
+      const kept = split.held_out_duplicates_removed;  // absent from splits recorded before content was compared
+      if (kept != null) {
+        const unit = split.by === "row" ? "row" : "conversation";
+        setToken("split_duplicates", fmt.format(kept) + " " + unit + (kept === 1 ? "" : "s") +
+          " whose prompt context also occurs in another " + unit + " (they train)");
+      }
     }
     if (train.loss_tokens_available != null) {
       setToken("loss_tokens_trained", fmt.format(train.loss_tokens_trained) + " / " + fmt.format(train.loss_tokens_available));

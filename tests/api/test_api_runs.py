@@ -58,7 +58,8 @@ def test_a_launch_through_the_api_is_the_run_the_form_launches(people, api, root
 
 def test_omitted_settings_take_run_pipelines_defaults(api, roots):
     run = PipelineRun.objects.get(pk=api("launcher").post("/api/v1/runs/", body(roots)).json()["id"])
-    assert run.config == {**RunConfig().as_dict(), "layer_ids": [2, 4, 5, 8]}  # EAGLE-3's [2, N//2, N-3] + N
+    assert run.config == {**RunConfig().as_dict(), "layer_ids": [2, 4, 5, 8],  # EAGLE-3's [2, N//2, N-3] + N
+                          "vllm_check": "skipped: turned off (EAGLE3WEB_VLLM_PREFLIGHT_SECONDS=0)"}
 
 
 @pytest.mark.parametrize("change, field, words", [

@@ -25,12 +25,12 @@ def cli(*args: str, url: str | None, token: str | None, timeout: float = 60) -> 
 def test_the_command_launches_lists_shows_cancels_and_waits_in_json(live_server, launcher_token, roots):
     code, out, err = cli("--json", "runs", "launch", "--target", str(roots / "target"), "--dataset",
                          str(roots / "chats.jsonl"), "--layer-ids", "3,6", "--epochs", "1", "--draft-vocab-size", "64",
-                         "--name", "from the shell", url=live_server.url, token=launcher_token)
+                         "--name", "from the shell", "--best-by", "val_loss", url=live_server.url, token=launcher_token)
     assert code == 0, err
     run = json.loads(out)
     stored = PipelineRun.objects.get(pk=run["id"])
-    assert (stored.name, stored.config["layer_ids"], stored.config["epochs"], stored.config["draft_vocab_size"]) == (
-        "from the shell", [3, 6, 8], 1, 64)
+    assert (stored.name, stored.config["layer_ids"], stored.config["epochs"], stored.config["draft_vocab_size"],
+            stored.config["best_by"]) == ("from the shell", [3, 6, 8], 1, 64, "val_loss")
     code, out, _ = cli("--json", "runs", "list", "--owner", "cluster-bot", url=live_server.url, token=launcher_token)
     assert code == 0 and [r["id"] for r in json.loads(out)] == [run["id"]]
     code, out, _ = cli("--json", "runs", "status", str(run["id"]), url=live_server.url, token=launcher_token)

@@ -1,11 +1,19 @@
 """vLLM itself (its CPU build, installed by `make vllm`) in the loop: extraction through `vllm serve`
 with our CPU-safe connector, and the serve check of a draft trained here.
 
+The serve check is of a draft of the regeneration tests' talker (tests/regenerate_data.py), trained on
+the talker's own replies: the session's tiny_target repeats one token and never reaches its end
+token, so any draft that repeats would agree with vLLM there. The talker's replies differ from prompt
+to prompt, some end at its end token and some at max_new_tokens, and a draft trained for two epochs
+on them reaches a τ well inside (1.2, k + 1 − 0.2), so a τ that both sides count alike can fail.
+
 Where vLLM is not installed these tests skip, saying so; CI sets EAGLE3WEB_REQUIRE_VLLM=1 (after
-`make vllm`), so there a missing vLLM fails them instead. Each vLLM start takes about a minute on two
-cores: one pipeline run (one start) and one serve check (two) are shared by the tests below."""
+`make vllm`), so there a missing vLLM fails them instead. Each vLLM start takes one to two minutes on
+two cores: one pipeline run extracting with vLLM (one start), the talker's replies (one) and the
+talker run's serve check (two) are shared by the tests below."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -24,6 +32,10 @@ pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 MAX_NEW_TOKENS = 48
 MAX_PROMPTS = 12
+# The talker's replies run 9 to 17 tokens: at 12, some end at its end token and some are cut.
+TALKER_MAX_NEW_TOKENS = 12
+TALKER_PROMPTS = 16  # fewer than its run holds out, so a row that forgets its count would serve more
+TALKER_CONVERSATIONS = 200
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +56,24 @@ def _cli(name: str, *args) -> dict:
     return json.loads(out.getvalue().strip().splitlines()[-1])
 
 
+def _rows_removed() -> None:
+    from django.contrib.auth import get_user_model
+
+    from runs.models import Checkpoint, Dataset, PipelineRun, StageAttempt, TargetModel
+
+    # The measurement and serve check asked for by `serve_check` are attempts without a run.
+    StageAttempt.objects.all().delete()
+    Checkpoint.objects.all().delete()
+    PipelineRun.objects.all().delete()
+    TargetModel.objects.all().delete()
+    Dataset.objects.all().delete()
+    get_user_model().objects.all().delete()
+
+
 @pytest.fixture(scope="module")
 def vllm_run(vllm_install, tiny_target, django_db_setup, django_db_blocker, tmp_path_factory):
     """`run_pipeline --extraction-backend vllm --inline`, shared; its rows are removed afterwards."""
-    from django.contrib.auth import get_user_model
     from django.test import override_settings
-
-    from runs.models import Checkpoint, Dataset, PipelineRun, StageAttempt, TargetModel
 
     root = tmp_path_factory.getbasetemp().resolve()
     with django_db_blocker.unblock(), override_settings(EAGLE3WEB_DATA_ROOTS=[root], EAGLE3WEB_RUNS_DIR=root / "vllm-runs"):
@@ -59,22 +82,39 @@ def vllm_run(vllm_install, tiny_target, django_db_setup, django_db_blocker, tmp_
                        "256", "--epochs", "2", "--val-fraction", "0.3", "--extraction-backend", "vllm", "--eval-prompts", str(MAX_PROMPTS),
                        "--eval-max-new-tokens", str(MAX_NEW_TOKENS), "--inline")
         yield summary
-        # The measurement and serve check asked for by `serve_check` are attempts without a run.
-        StageAttempt.objects.all().delete()
-        Checkpoint.objects.all().delete()
-        PipelineRun.objects.all().delete()
-        TargetModel.objects.all().delete()
-        Dataset.objects.all().delete()
-        get_user_model().objects.all().delete()
+        _rows_removed()
 
 
 @pytest.fixture(scope="module")
-def serve_checked(vllm_run, django_db_blocker):
-    """`manage.py serve_check <best checkpoint>` with the run's evaluation settings (reused, not redone)."""
-    best = next(c for c in vllm_run["checkpoints"] if c["is_best"])
-    with django_db_blocker.unblock():
-        return _cli("serve_check", str(best["id"]), "--max-new-tokens", str(MAX_NEW_TOKENS), "--max-prompts",
-                    str(MAX_PROMPTS))
+def talker_replies(vllm_install, tmp_path_factory):
+    """(the talker, a chat file of its own greedy replies to its chats' user turns), answered by vLLM
+    (the regenerate stage; its replies equal the transformers backend's, tests/e2e/test_regenerate_vllm.py)."""
+    from tests.regenerate_data import talking_target
+    from workers.stages.regenerate import RegenerateSettings, regenerate
+
+    talker = talking_target(tmp_path_factory.getbasetemp())
+    out = tmp_path_factory.mktemp("talker-replies") / "replies.jsonl"
+    regenerate(target_dir=talker.target_dir, source_path=talker.chats_path, out_path=out, backend="vllm",
+               settings=RegenerateSettings(max_new_tokens=64, max_samples=TALKER_CONVERSATIONS),
+               vllm_executable=vllm_install.executable, work_dir=out.parent)
+    return talker, out
+
+
+@pytest.fixture(scope="module")
+def talker_run(talker_replies, django_db_setup, django_db_blocker, tmp_path_factory):
+    """`run_pipeline --serve-check --inline` of a draft of the talker trained on its replies: the run
+    measures our τ on its held-out prompts, then vLLM serves the best checkpoint on them."""
+    from django.test import override_settings
+
+    talker, replies = talker_replies
+    root = tmp_path_factory.getbasetemp().resolve()
+    with django_db_blocker.unblock(), override_settings(EAGLE3WEB_DATA_ROOTS=[root], EAGLE3WEB_RUNS_DIR=root / "talker-runs"):
+        summary = _cli("run_pipeline", "--target", str(talker.target_dir), "--dataset", str(replies),
+                       "--max-seq-len", "256", "--draft-vocab-size", "512", "--epochs", "2", "--lr", "0.003",
+                       "--val-fraction", "0.2", "--eval-prompts", str(TALKER_PROMPTS), "--eval-max-new-tokens",
+                       str(TALKER_MAX_NEW_TOKENS), "--serve-check", "--inline")
+        yield summary
+        _rows_removed()
 
 
 def test_inline_run_extracts_with_real_vllm_like_transformers_does(vllm_run, tiny_target, tmp_path):
@@ -103,24 +143,66 @@ def test_inline_run_extracts_with_real_vllm_like_transformers_does(vllm_run, tin
             assert diff <= scale * 2 ** -7, f"{path.name} layer {layer}: max diff {diff} at magnitude {scale}"
 
 
-def test_serve_check_of_a_draft_trained_here_agrees_with_our_tau(serve_checked, vllm_run, vllm_install):
-    check = serve_checked
+def _held_out_prompts(run: dict, limit: int) -> list[list[int]]:
+    """The first `limit` prompts of the run's held-out conversations, read here without the app's plan."""
+    from workers.stages.evaluate.prompts import prompts_from_prepared, validation_rows
+
+    best = next(c for c in run["checkpoints"] if c["is_best"])
+    return prompts_from_prepared(Path(run["output_dir"]) / "prepared", validation_rows(Path(best["path"]).parent),
+                                 limit=limit)
+
+
+def test_serve_check_of_a_talkers_draft_agrees_with_our_tau_on_the_same_prompts(talker_run, vllm_install):
+    check, ours = talker_run["serve_check"], talker_run["acceptance"]
+    assert [s["status"] for s in talker_run["stages"]] == ["succeeded"] * 5, talker_run["stages"]
     assert check["status"] == "succeeded", check["error"]
+    k = check["num_speculative_tokens"]
+    print(f"talker draft, k={k}: our tau {check['tau']:.4f}, vLLM's on emitted tokens {check['vllm_tau_emitted']:.4f} "
+          f"(its counters {check['vllm_tau']:.4f}); {check['vllm_drafts']} drafts in {check['vllm_decode_steps']} "
+          f"steps; {check['vllm_replies_cut']} of {check['prompts_count']} replies cut")
+    # A draft that learned something, and not a stand-in that accepts everything.
+    assert 1.2 < check["tau"] < k + 1 - 0.2 and 1.2 < check["vllm_tau_emitted"] < k + 1 - 0.2, check
+    # The very prompts our τ was measured on: the run's held-out conversations, as many as it measured.
+    expected = _held_out_prompts(talker_run, TALKER_PROMPTS)
+    digest = hashlib.sha256(json.dumps(expected, separators=(",", ":")).encode()).hexdigest()
+    assert check["prompts_count"] == ours["num_prompts"] == len(expected) == TALKER_PROMPTS
+    assert check["prompts_sha256"] == digest and check["tau"] == pytest.approx(ours["tau"])
+    assert check["max_new_tokens"] == TALKER_MAX_NEW_TOKENS
+    # Replies that end at the end token and replies cut at max_new_tokens, whose last step's drafts
+    # vLLM's counters count past the end: the emitted-token accounting is what makes both agree.
+    assert 0 < check["vllm_replies_cut"] < check["prompts_count"], check
+    assert check["vllm_decode_steps"] >= check["vllm_drafts"] > 0
+    assert abs(check["tau_difference"]) <= 0.05 and check["disagrees"] is False, check
+    assert ours["output_matches_greedy"] is True
     assert check["vllm_output_matches_greedy"] is True and check["mismatched_prompts"] == []
-    # The very prompts our evaluation decoded (the run's held-out conversations), not new ones.
-    assert check["num_prompts"] == vllm_run["acceptance"]["num_prompts"] >= 4
-    assert check["max_new_tokens"] == MAX_NEW_TOKENS
-    assert check["tau"] == pytest.approx(vllm_run["acceptance"]["tau"])  # our decoding is deterministic
-    assert check["vllm_drafts"] > 0 and 1.0 <= check["vllm_tau_emitted"] <= 1 + check["num_speculative_tokens"]
-    assert check["tau"] is not None and abs(check["tau_difference"]) <= 0.05, check
     assert check["vllm_version"] == vllm_install.version and check["vllm_build"] == vllm_install.build
     assert check["vllm_tokens_per_s_with"] > 0 and check["vllm_tokens_per_s_without"] > 0
     assert " serve " in check["command"] and '"method": "eagle3"' in check["command"]
-    assert check["disagrees"] is False
 
 
-def test_a_checkpoint_vllm_refuses_fails_quoting_its_log_and_stores_no_result(serve_checked, vllm_run, tiny_target,
-                                                                             tmp_path, user):
+def test_a_serve_check_of_another_checkpoint_serves_the_prompts_its_measurement_decoded(talker_run, django_db_blocker):
+    """The run measures its other checkpoints too; "Check with vLLM" on one of them serves the prompts
+    that measurement decoded, also for a row recorded before such rows kept their count of prompts."""
+    from runs.checkpoints.serve_check_services import serve_check_plan, serve_check_request
+    from runs.models import Checkpoint
+    from workers.stages.evaluate.serve_check import prompts_digest
+
+    other = next(c for c in talker_run["checkpoints"] if not c["is_best"])
+    assert len(_held_out_prompts(talker_run, 1000)) > TALKER_PROMPTS  # else a lost count would not show
+    with django_db_blocker.unblock():
+        checkpoint = Checkpoint.objects.get(pk=other["id"])
+        measured = checkpoint.evaluations.get()
+        assert (measured.max_prompts, measured.num_prompts) == (TALKER_PROMPTS, TALKER_PROMPTS)
+        assert measured.max_new_tokens == TALKER_MAX_NEW_TOKENS
+        type(measured).objects.filter(pk=measured.pk).update(max_prompts=32)  # as the pipeline left them before
+        check, created = serve_check_request(checkpoint=checkpoint, user=None, enqueue=False)
+        assert created and check.evaluation_id == measured.pk and check.max_new_tokens == TALKER_MAX_NEW_TOKENS
+        served = prompts_digest(serve_check_plan(check=check).prompts())
+        check.delete()
+    assert served == (TALKER_PROMPTS, talker_run["serve_check"]["prompts_sha256"])
+
+
+def test_a_checkpoint_vllm_refuses_fails_quoting_its_log_and_stores_no_result(vllm_run, tiny_target, tmp_path, user):
     from runs.pipeline.job_models import ServeCheck
     from runs.models import Checkpoint, Evaluation, StageStatus
     from runs.checkpoints.serve_check_services import serve_check_request
@@ -147,7 +229,7 @@ def test_a_checkpoint_vllm_refuses_fails_quoting_its_log_and_stores_no_result(se
     assert check.vllm_tau is None and check.vllm_output_matches_greedy is None and check.tau_difference is None
 
 
-def test_a_stop_request_mid_check_leaves_no_vllm_process(serve_checked, vllm_run, tiny_target, tmp_path):
+def test_a_stop_request_mid_check_leaves_no_vllm_process(vllm_run, tiny_target, tmp_path):
     from workers.contract.backends import vllm_executable
     from workers.stages.evaluate.serve_check import ServeCheckStopped, serve_check
 

@@ -69,32 +69,31 @@ def test_record_names_the_held_out_conversations():
     assert record["sizes"] == info.as_dict()
 
 
-# speculators' trainer splits by position: rows [0, int(n * (1 - val_fraction))) train, the rest validate.
+# speculators' trainer splits by position (rows [0, int(n * ratio)) train); it gets our split's rows
+# in split order, train rows first, with a ratio whose boundary is exactly between the two sides.
 CONTIGUOUS = ["a", "a", "b", "b", "b", "c", "c", "d"]
 
 
-def test_speculators_split_keeps_the_straddling_conversation_out_of_the_recorded_validation_rows(tmp_path):
-    train_rows, info, record = speculators_split(CONTIGUOUS, num_rows=8, val_fraction=0.5, seed=0)
-    assert train_rows == 4  # a, a, b, b train; b, c, c, d validate: "b" straddles
-    assert record["straddling_conversations"] == ["b"]
-    assert record["val_rows"] == [5, 6, 7] and record["val_conversations"] == ["c", "d"]
-    assert record["train_rows"] == [0, 1, 2, 3]
-    # The sizes stay what speculators validates on: all four rows after the boundary.
-    assert (info.train_rows, info.val_rows) == (4, 4) and record["sizes"]["val_rows"] == 4
-    assert (info.train_conversations, info.val_conversations) == (2, 2)
-    write_split(tmp_path, record)
-    assert validation_rows(tmp_path) == [5, 6, 7]
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("val_fraction", [0.2, 0.375, 0.5])
+def test_speculators_split_is_ours_laid_out_train_first_with_no_conversation_on_both_sides(tmp_path, seed,
+                                                                                            val_fraction):
+    split = speculators_split(CONTIGUOUS, num_rows=8, val_fraction=val_fraction, seed=seed, prompt_keys=None)
+    train_rows, val_rows, info = split_train_val(CONTIGUOUS, val_fraction=val_fraction, seed=seed)
+    assert split.info == info and split.order == train_rows + val_rows and split.train_rows == len(train_rows)
+    assert int(len(split.order) * split.train_data_ratio) == split.train_rows  # ArrowDataset's own expression
+    trained = {CONTIGUOUS[i] for i in split.order[:split.train_rows]}
+    validated = {CONTIGUOUS[i] for i in split.order[split.train_rows:]}
+    assert trained and validated and not trained & validated
+    assert split.record["val_rows"] == val_rows and split.record["train_rows"] == train_rows
+    assert "straddling_conversations" not in split.record
+    write_split(tmp_path, split.record)
+    assert validation_rows(tmp_path) == val_rows
 
 
-def test_speculators_split_on_a_conversation_boundary_records_every_validation_row():
-    train_rows, _, record = speculators_split(CONTIGUOUS, num_rows=8, val_fraction=0.375, seed=0)
-    assert train_rows == 5 and record["straddling_conversations"] == []
-    assert record["val_rows"] == [5, 6, 7] and record["val_conversations"] == ["c", "d"]
-
-
-def test_an_evaluation_is_refused_when_every_validation_row_was_partly_trained_on(tmp_path):
-    _, info, record = speculators_split(["a", "a", "b", "b"], num_rows=4, val_fraction=0.25, seed=0)
-    assert record["val_rows"] == [] and record["straddling_conversations"] == ["b"] and info.val_rows == 1
-    write_split(tmp_path, record)
+def test_an_evaluation_is_refused_when_a_recorded_split_holds_no_validation_row(tmp_path):
+    # Runs trained before the split was ours recorded an empty side when speculators' positional split put
+    # every validation row in a conversation it also trained on.
+    write_split(tmp_path, {"by": "contiguous rows", "train_rows": [0, 1, 2], "val_rows": []})
     with pytest.raises(EvaluationInputError, match="no held-out conversation .* give a prompts file"):
         validation_rows(tmp_path)

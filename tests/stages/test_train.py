@@ -221,6 +221,7 @@ def test_a_one_token_row_is_counted_unusable_and_adds_no_available_tokens(inputs
     from datasets import Dataset, load_from_disk
     from safetensors.torch import load_file, save_file
 
+    from workers.stages.train.prompt_keys import read_prompt_keys
     from workers.stages.train.split import split_train_val
 
     rows = load_from_disk(str(inputs.prepared_dir)).with_format(None).to_dict()
@@ -233,8 +234,9 @@ def test_a_one_token_row_is_counted_unusable_and_adds_no_available_tokens(inputs
     shutil.copytree(inputs.hidden_states_dir, hs_dir)
     save_file({"token_ids": first["token_ids"][:1].contiguous(),
                "hidden_states": first["hidden_states"][:1].contiguous()}, str(hs_dir / f"hs_{NUM_ROWS}.safetensors"))
+    keys = read_prompt_keys(tmp_path / "prepared")  # the split train() makes: held out by prompt content
     seed = next(s for s in range(20) if NUM_ROWS in split_train_val(None, val_fraction=0.1, seed=s,
-                                                                     num_rows=NUM_ROWS + 1)[0])
+                                                                     num_rows=NUM_ROWS + 1, prompt_keys=keys)[0])
     result = run_train(inputs, tmp_path / "out", prepared_dir=tmp_path / "prepared", hidden_states_dir=hs_dir,
                        epochs=1, seed=seed)
     assert result.rows_unusable == 1

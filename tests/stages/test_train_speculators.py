@@ -7,6 +7,7 @@ tests/stages/speculators_cpu_seam/sitecustomize.py). Tests named `..._cpu_device
 that test-only seam on the subprocess's PYTHONPATH, which maps its device-0 calls to the CPU; the
 command line, data, model, loss, DDP, metric records, checkpoints and resume are speculators' own."""
 import json
+import re
 import shutil
 from argparse import Namespace
 from pathlib import Path
@@ -237,14 +238,20 @@ def test_retry_resumes_with_speculators_own_resume_cpu_device_patched(stopped_th
     log = (stopped_then_resumed["out_dir"] / "speculators_train.log").read_text()
     assert f"Resuming training on epoch {last + 1}" in log
     assert result.loss_tokens_trained == result.loss_tokens_available > 0
-    assert result.split.by == "contiguous rows"
+    # Our split (by conversation, the run's seed, held out by prompt content), which speculators read in
+    # split order: its positional boundary falls exactly between the sides.
+    assert result.split.by == "conversation" and result.split.held_out_duplicates_removed is not None
     split = json.loads((stopped_then_resumed["out_dir"] / "split.json").read_text())
-    ids = read_rows(run_dir["prepared_dir"]).source_ids
-    trained_on = set(ids[: result.split.train_rows])
-    # The rows speculators validates on, less those of a conversation it also trains on.
+    rows = read_rows(run_dir["prepared_dir"])
+    ids = rows.source_ids
+    order = json.loads((run_dir["run"] / "speculators_data_split" / "split_order.json").read_text())["order"]
+    assert order == split["train_rows"] + split["val_rows"] and len(split["train_rows"]) == result.split.train_rows
     assert split["sizes"]["val_rows"] == result.split.val_rows == len(ids) - result.split.train_rows
-    assert split["val_rows"] == [i for i in range(result.split.train_rows, len(ids)) if ids[i] not in trained_on]
+    trained_on = {ids[i] for i in split["train_rows"]}
     assert split["val_rows"] and not {ids[i] for i in split["val_rows"]} & trained_on
+    assert not {rows.prompt_keys[i] for i in split["val_rows"]} & {rows.prompt_keys[i] for i in split["train_rows"]}
+    ratio = float(re.search(r"--train-data-ratio (\S+)", (result.out_dir / "train_command.txt").read_text())[1])
+    assert int(len(ids) * ratio) == result.split.train_rows
 
 
 def test_checkpoints_are_eagle3_drafts_our_pages_and_vllm_read_cpu_device_patched(stopped_then_resumed, run_dir):
@@ -263,7 +270,7 @@ def test_checkpoints_are_eagle3_drafts_our_pages_and_vllm_read_cpu_device_patche
     draft = Eagle3DraftModel.from_pretrained(str(best.path))
     assert draft.d2t.shape == (DRAFT_VOCAB,)
     command = (result.out_dir / "train_command.txt").read_text()
-    assert f"--data-path {run_dir['run'] / 'speculators_data'}" in command
+    assert f"--data-path {run_dir['run'] / 'speculators_data_split'}" in command  # the rows in split order
 
 
 def test_speculators_trains_with_the_eager_loss_unless_its_flags_say_otherwise():

@@ -61,12 +61,20 @@ def test_the_page_shows_vllms_tau_beside_ours_and_warns_past_the_tolerance(clien
                               vllm_acceptance_per_position=[0.6, 0.3, 0.2], vllm_version="0.32.0+cpu",
                               vllm_build="cpu", num_prompts=12, max_new_tokens=48, num_speculative_tokens=3,
                               vllm_tokens_per_s_with=50.0, vllm_tokens_per_s_without=40.0, vllm_speedup=1.25,
-                              dtype="float32", command="vllm serve /t --speculative-config '{}'")
+                              dtype="float32", command="vllm serve /t --speculative-config '{}'", prompts_count=12,
+                              prompts_sha256="ab12cd34ef56" + "0" * 52, vllm_drafts=40, vllm_decode_steps=41,
+                              vllm_replies_cut=1)
     client.force_login(user)
     page = client.get(checkpoint.get_absolute_url()).content.decode()
     assert "2.100" in page and "its counters: 2.200" in page and "ours on the same prompts: 2.000" in page
     assert "differs from ours by 0.100, more than 0.05" in page
-    assert "0.600 / 0.300 / 0.200" in page and "1.25× the tokens/s of the target alone" in page
+    assert "1.25× the tokens/s of the target alone" in page
+    # which prompts both sides decoded: their count and hash (short), beside both τ and in the list
+    assert "12 prompts, sha256 ab12cd34ef56)" in page and page.count(">ab12cd34ef56</code>") == 2
+    assert "1 reply stopped there, the others at the end token" in page and "40 steps with drafts of 41" in page
+    # vLLM's per-position counters are shown as its own, saying why they are not set beside ours
+    assert "vLLM's own counters per position: 0.600 / 0.300 / 0.200" in page
+    assert "cannot be cut back to what the replies kept" in page
     assert 'id="unusable"' not in page
 
 
@@ -97,3 +105,18 @@ def test_the_run_page_shows_the_serve_check_of_its_measurement(client, user, che
     assert "serve check failed" in page and "vllm serve stopped before it was ready" in page
     summary = client.get(f"/api/runs/{run.pk}/").json()["serve_check"]
     assert summary["status"] == "failed" and summary["vllm_tau"] is None
+    assert summary["prompts_count"] is None and summary["prompts_sha256"] == ""
+
+
+def test_the_api_gives_the_prompt_lists_count_and_hash(client, user, checkpoint):
+    run = checkpoint.training_run.run
+    type(run.evaluation).objects.filter(pk=run.evaluation.pk).update(
+        checkpoint=checkpoint, status=StageStatus.SUCCEEDED, tau=2.0, output_matches_greedy=True, num_prompts=12)
+    digest = "ab12cd34ef56" + "0" * 52
+    ServeCheck.objects.create(checkpoint=checkpoint, evaluation_id=run.evaluation.pk, status=StageStatus.SUCCEEDED,
+                              tau=2.0, vllm_tau=2.4, vllm_tau_emitted=2.0, tau_difference=0.0, prompts_count=12,
+                              prompts_sha256=digest, vllm_drafts=40, vllm_decode_steps=40, vllm_replies_cut=3)
+    client.force_login(user)
+    summary = client.get(f"/api/runs/{run.pk}/").json()["serve_check"]
+    assert (summary["prompts_count"], summary["prompts_sha256"]) == (12, digest)
+    assert (summary["vllm_decode_steps"], summary["vllm_replies_cut"], summary["disagrees"]) == (40, 3, False)

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from runs.pipeline import selectors, services
 from runs.management.command_user import command_user
 from runs.models import PipelineRun, StageStatus
-from runs.pipeline.run_config import RunConfig, parse_layer_ids
+from runs.pipeline.run_config import BEST_BY, RunConfig, parse_layer_ids
 from workers.contract.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
 from workers.contract.errors import InputError
 
@@ -35,6 +35,7 @@ def run_config_from(opts: dict) -> RunConfig:
         training_backend=opts["training_backend"],
         train_gpus=opts["train_gpus"],
         serve_check=opts["serve_check"],
+        best_by=opts["best_by"],
     )
 
 
@@ -71,6 +72,11 @@ class Command(BaseCommand):
                             help="GPUs for training (torchrun processes for speculators; eagle3web uses one)")
         parser.add_argument("--serve-check", action="store_true",
                             help="after measuring acceptance, serve the best checkpoint with vLLM on the same prompts")
+        # No argparse choices: RunConfig refuses a bad value naming the field, as the form and the API do.
+        parser.add_argument("--best-by", default=RunConfig.best_by,
+                            help=f"{' or '.join(BEST_BY)} (default %(default)s): the run's best checkpoint is the one "
+                            "with the highest τ measured on the held-out prompts (vLLM's where a serve check ran), "
+                            "or the one with the lowest validation loss")
         parser.add_argument("--name", default="")
         parser.add_argument("--user", default="", help="owner's username (default: the 'cli' account)")
         mode = parser.add_mutually_exclusive_group()
@@ -126,8 +132,13 @@ class Command(BaseCommand):
                 self.stdout.write(f"    warning: {warning}")
             if stage["error"]:
                 self.stdout.write("    " + stage["error"].splitlines()[0])
+        best = summary["best"]
         for ckpt in summary["checkpoints"]:
-            self.stdout.write(f"  checkpoint epoch {ckpt['epoch']}: {ckpt['path']}{' (best)' if ckpt['is_best'] else ''}")
+            mark = (" (best, provisional)" if best["provisional"] else " (best)") if ckpt["is_best"] else ""
+            tau = f" tau {ckpt['tau_for_best']:.2f}" if ckpt["tau_for_best"] is not None else ""
+            self.stdout.write(f"  checkpoint epoch {ckpt['epoch']}: {ckpt['path']}{tau}{mark}")
+        if best["text"]:
+            self.stdout.write(f"  {best['text']}")
         acceptance = summary["acceptance"]
         if acceptance["tau"] is not None:
             simulated = acceptance["simulated_tau"]

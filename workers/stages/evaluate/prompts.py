@@ -14,8 +14,11 @@ class EvaluationInputError(InputError):
 
 def prompts_from_prepared(prepared_dir: Path, row_indices: list[int], *, limit: int) -> list[list[int]]:
     """The context of each held-out conversation's first reply: a prepared row cut at its first
-    supervised token. One prompt per conversation, in split order."""
+    supervised token (workers.stages.train.prompt_keys, whose keys kept every such context out of
+    training). One prompt per conversation, in split order."""
     from datasets import load_from_disk
+
+    from workers.stages.train.prompt_keys import prompt_context
 
     data = load_from_disk(str(prepared_dir)).with_format(None)
     has_source = "source_id" in data.column_names
@@ -26,10 +29,9 @@ def prompts_from_prepared(prepared_dir: Path, row_indices: list[int], *, limit: 
         if key in seen:
             continue
         seen.add(key)
-        mask = row["loss_mask"]
-        first = next((j for j, m in enumerate(mask) if m), None)
-        if first:
-            prompts.append(list(row["input_ids"][:first]))
+        context = prompt_context(row["input_ids"], row["loss_mask"])
+        if context:
+            prompts.append(context)
         if len(prompts) >= limit:
             break
     return prompts

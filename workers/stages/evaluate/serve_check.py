@@ -5,13 +5,21 @@ asks the engine users deploy. It starts `vllm serve` with exactly the line a che
 (workers.contract.serving.vllm_serve_command) plus the serving settings of this check (port, dtype,
 context length), sends each prompt as token ids to /v1/completions (greedy, one at a time), reads
 vLLM's speculative-decoding counters from /metrics (`vllm:spec_decode_num_drafts_total`,
-`..._num_accepted_tokens_total`, `..._num_accepted_tokens_per_pos_total`), then serves the target
-alone with the same settings and the same prompts. vLLM's acceptance length, as its own logs and
-dashboards compute it, is 1 + accepted / drafts; per position i, accepted_per_pos[i] / drafts. Those
-counters include drafts accepted in a request's last step past max_tokens (or EOS), which the output
-never shows; our τ counts only emitted tokens. So the figure compared with ours is the same
-definition on vLLM's side: tokens vLLM emitted after each prompt's first, over its drafts (one per
-verification forward): `vllm_tau_emitted`.
+`..._num_accepted_tokens_total`, `..._num_accepted_tokens_per_pos_total`) and its count of decode steps
+(`vllm:inter_token_latency_seconds_count`: one observation per step that emitted tokens after a
+request's first), then serves the target alone with the same settings and the same prompts.
+
+vLLM's acceptance length, as its own logs and dashboards compute it, is 1 + accepted / drafts; per
+position i, accepted_per_pos[i] / drafts. Those counters include drafts accepted in a request's last
+step past max_tokens (or EOS), which the output never shows; our τ counts only emitted tokens. So the
+figure compared with ours is our definition on vLLM's side (`vllm_tau_emitted`, emitted_tau below):
+the tokens emitted by the steps that had drafts, over those steps. A decode step vLLM ran without
+drafts (none scheduled, e.g. near the context's end) emitted exactly one token and is left out of both,
+as our loop, which drafts at every step, has no such step. The per-position figures cannot be put on
+that footing from counters summed over all steps (the drafts a reply's end cuts lie in its last step,
+at positions that step's acceptance decides), so they are kept as vLLM's counters say, not beside ours.
+
+The prompts are hashed (prompts_digest) so that the record says which list both sides decoded.
 
 Like with like: the target runs in the dtype our evaluation loads it in (its config's), since vLLM
 would otherwise downcast a float32 target to bfloat16. Pure: no Django, no torch (vLLM runs in its
@@ -19,6 +27,7 @@ own environment, workers.contract.vllm_env).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -42,7 +51,9 @@ DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 TAU_WARNING = 0.05  # |vLLM's τ − ours| beyond this is a warning naming both
 WITH_LOG, WITHOUT_LOG = "vllm_serve_with_draft.log", "vllm_serve_target_only.log"
-_COUNTER = re.compile(r'^(vllm:spec_decode_num_[a-z_]+_total)(\{[^}]*\})?\s+([0-9.eE+-]+)$')
+# vLLM 0.32's exposition: `name{engine="0",model_name="..."} 12.0`; the per-position counter adds position="i".
+_COUNTER = re.compile(r'^(vllm:spec_decode_num_[a-z_]+_total|vllm:inter_token_latency_seconds_count)'
+                      r'(\{[^}]*\})?\s+([0-9.eE+-]+)$')
 _POSITION = re.compile(r'position="(\d+)"')
 
 
@@ -60,6 +71,7 @@ class SpecCounters:
     draft_tokens: int
     accepted_tokens: int
     accepted_per_position: list[int]
+    decode_steps: int | None = None  # None: the page has no inter-token latency histogram
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,8 @@ class ServeCheckResult:
     checkpoint_dir: Path
     target_dir: Path
     num_prompts: int
+    prompts_count: int  # the list served, as prompts_digest names it
+    prompts_sha256: str
     max_new_tokens: int
     num_speculative_tokens: int
     dtype: str
@@ -74,14 +88,16 @@ class ServeCheckResult:
     vllm_version: str
     vllm_build: str
     vllm_tau: float  # vLLM's counters: 1 + accepted / drafts
-    vllm_tau_emitted: float  # (tokens emitted after each prompt's first) / drafts: our τ's definition
-    vllm_acceptance_per_position: list[float]
+    vllm_tau_emitted: float  # tokens emitted by the steps with drafts / those steps: our τ's definition
+    vllm_acceptance_per_position: list[float]  # vLLM's counters, past a reply's end included
     vllm_drafts: int
+    vllm_decode_steps: int | None  # steps after each prompt's first token, with drafts or without
     vllm_draft_tokens: int
     vllm_accepted_tokens: int
     vllm_output_matches_greedy: bool
     mismatched_prompts: list[int]
     vllm_new_tokens: int
+    vllm_replies_cut: int  # replies that stopped at max_new_tokens; the others ended at the target's end token
     vllm_tokens_per_s_with: float
     vllm_tokens_per_s_without: float
     vllm_speedup: float
@@ -110,10 +126,33 @@ def parse_spec_counters(metrics_text: str, *, k: int) -> SpecCounters:
                 per_position[int(position.group(1))] += value
         else:
             totals[name] = totals.get(name, 0.0) + value
+    steps = totals.get("vllm:inter_token_latency_seconds_count")
     return SpecCounters(drafts=int(totals.get("vllm:spec_decode_num_drafts_total", 0)),
                         draft_tokens=int(totals.get("vllm:spec_decode_num_draft_tokens_total", 0)),
                         accepted_tokens=int(totals.get("vllm:spec_decode_num_accepted_tokens_total", 0)),
-                        accepted_per_position=[int(v) for v in per_position])
+                        accepted_per_position=[int(v) for v in per_position],
+                        decode_steps=None if steps is None else int(steps))
+
+
+def prompts_digest(prompts: list[list[int]]) -> tuple[int, str]:
+    """(count, sha256) of a prompt list: its token ids as compact JSON, so that two records name the
+    same list exactly when they hold the same hash."""
+    text = json.dumps([[int(t) for t in p] for p in prompts], separators=(",", ":"))
+    return len(prompts), hashlib.sha256(text.encode()).hexdigest()
+
+
+def emitted_tau(*, outputs: list[list[int]], drafts: int, decode_steps: int | None) -> tuple[float, int]:
+    """(τ on emitted tokens, steps without drafts) from what vLLM emitted and counted between two scrapes.
+
+    Every decode step emitted at least one token, so the steps without drafts emitted exactly one each
+    (decode_steps − drafts of them); the rest of the tokens after each prompt's first came from the
+    drafted steps. `decode_steps` None (a vLLM without the histogram) is read as every step drafted."""
+    emitted = sum(max(0, len(o) - 1) for o in outputs)
+    undrafted = 0 if decode_steps is None else decode_steps - drafts
+    if drafts <= 0 or undrafted < 0 or emitted - undrafted < drafts:
+        raise VllmServerError(f"vLLM's counters do not add up: {drafts} drafts, {decode_steps} decode steps, "
+                              f"{emitted} tokens emitted after each prompt's first")
+    return (emitted - undrafted) / drafts, undrafted
 
 
 def target_dtype(target_dir: Path) -> str:
@@ -148,9 +187,10 @@ def _get_text(url: str, timeout: float = 30.0) -> str:
 
 def _complete_all(server: VllmServer, *, model: str, prompts: list[list[int]], max_new_tokens: int,
                   request_timeout_s: float, tick: Callable[[], None], should_stop: Callable[[], bool] | None,
-                  ) -> tuple[list[list[int]], float]:
-    """Each prompt's greedy completion (token ids) and the seconds the requests took, one at a time."""
-    outputs, seconds = [], 0.0
+                  ) -> tuple[list[list[int]], list[str], float]:
+    """Each prompt's greedy completion (token ids), why it ended ("length" at max_tokens, "stop" at the
+    end token) and the seconds the requests took, one at a time."""
+    outputs, reasons, seconds = [], [], 0.0
     for n, prompt in enumerate(prompts):
         if should_stop is not None and should_stop():
             raise ServeCheckStopped(f"serve check stopped on request after {n} of {len(prompts)} prompts")
@@ -168,8 +208,9 @@ def _complete_all(server: VllmServer, *, model: str, prompts: list[list[int]], m
         if choice.get("prompt_token_ids") not in (None, prompt):
             raise VllmServerError(f"prompt {n}: vLLM answered for other prompt tokens than it was sent")
         outputs.append([int(t) for t in choice.get("token_ids") or []])
+        reasons.append(str(choice.get("finish_reason")))
         tick()
-    return outputs, seconds
+    return outputs, reasons, seconds
 
 
 def serve_check(
@@ -200,11 +241,16 @@ def serve_check(
     k = num_speculative_tokens or checkpoint_speculative_tokens(checkpoint_dir)
     raw = read_target_json(target_dir)
     config = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    max_model_len = max(len(p) for p in prompts) + max_new_tokens + k + 1
+    needed = max(len(p) for p in prompts) + max_new_tokens + k + 1
     positions = config.get("max_position_embeddings")
-    if isinstance(positions, int) and max_model_len > positions:
+    if isinstance(positions, int) and needed > positions:
         raise ServeCheckError(f"the longest prompt ({max(len(p) for p in prompts)} tokens) plus {max_new_tokens} new "
                               f"tokens and {k} drafted ones exceed the target's {positions} positions; lower max_new_tokens")
+    # k more than the tokens verified: vLLM drafts for the next step only while the sequence plus the
+    # drafts still fits (its model runner's _input_fits_in_drafter) and otherwise schedules zeros as
+    # drafts, rejected, where our loop drafts for real; the headroom keeps that from happening.
+    max_model_len = needed + k if not isinstance(positions, int) else min(needed + k, positions)
+    count, digest = prompts_digest(prompts)
     dtype = target_dtype(target_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = server_environment(install, kvcache_space_gib=kvcache_gib(target_config=config, max_model_len=max_model_len,
@@ -228,39 +274,47 @@ def serve_check(
     with VllmServer(command=with_draft, log_path=out_dir / WITH_LOG, port=int(with_draft[-1]), env=env) as server:
         startup = server.wait_healthy(timeout_s=startup_timeout_s, should_stop=should_stop, on_stop=stopped)
         before = parse_spec_counters(_get_text(f"{server.base_url}/metrics"), k=k)
-        outputs_with, seconds_with = _complete_all(server, model=str(target_dir), prompts=prompts,
-                                                   max_new_tokens=max_new_tokens, request_timeout_s=request_timeout_s,
-                                                   tick=tick, should_stop=should_stop)
+        outputs_with, reasons, seconds_with = _complete_all(
+            server, model=str(target_dir), prompts=prompts, max_new_tokens=max_new_tokens,
+            request_timeout_s=request_timeout_s, tick=tick, should_stop=should_stop)
         after = parse_spec_counters(_get_text(f"{server.base_url}/metrics"), k=k)
     target_only[-1] = str(free_port())
     log.info("serving the target alone: %s", shlex.join(target_only))
     with VllmServer(command=target_only, log_path=out_dir / WITHOUT_LOG, port=int(target_only[-1]), env=env) as server:
         server.wait_healthy(timeout_s=startup_timeout_s, should_stop=should_stop, on_stop=stopped)
-        outputs_without, seconds_without = _complete_all(server, model=str(target_dir), prompts=prompts,
-                                                         max_new_tokens=max_new_tokens,
-                                                         request_timeout_s=request_timeout_s, tick=tick,
-                                                         should_stop=should_stop)
+        outputs_without, _, seconds_without = _complete_all(
+            server, model=str(target_dir), prompts=prompts, max_new_tokens=max_new_tokens,
+            request_timeout_s=request_timeout_s, tick=tick, should_stop=should_stop)
     drafts = after.drafts - before.drafts
     if drafts <= 0:
         raise VllmServerError(f"vLLM served {len(prompts)} prompts with the draft but counted no drafts in /metrics: "
                               f"was the draft loaded? Last lines of {out_dir / WITH_LOG}:\n{log_tail(out_dir / WITH_LOG)}")
     accepted = after.accepted_tokens - before.accepted_tokens
+    # A series first observed after the first scrape started from zero, as the counters do.
+    steps = None if after.decode_steps is None else after.decode_steps - (before.decode_steps or 0)
+    tau_emitted, undrafted = emitted_tau(outputs=outputs_with, drafts=drafts, decode_steps=steps)
+    if steps is None:
+        log.warning("vLLM's /metrics has no vllm:inter_token_latency_seconds_count: every decode step is taken to "
+                    "have had drafts")
     per_position = [(a - b) / drafts for a, b in zip(after.accepted_per_position, before.accepted_per_position)]
     mismatched = [i for i, (a, b) in enumerate(zip(outputs_with, outputs_without)) if a != b]
     new_tokens = sum(len(o) for o in outputs_with)
     result = ServeCheckResult(
-        checkpoint_dir=checkpoint_dir, target_dir=target_dir, num_prompts=len(prompts), max_new_tokens=max_new_tokens,
-        num_speculative_tokens=k, dtype=dtype, command=shlex.join(with_draft), vllm_version=install.version,
-        vllm_build=install.build, vllm_tau=1.0 + accepted / drafts,
-        vllm_tau_emitted=sum(max(0, len(o) - 1) for o in outputs_with) / drafts, vllm_acceptance_per_position=per_position,
-        vllm_drafts=drafts, vllm_draft_tokens=after.draft_tokens - before.draft_tokens, vllm_accepted_tokens=accepted,
+        checkpoint_dir=checkpoint_dir, target_dir=target_dir, num_prompts=len(prompts), prompts_count=count,
+        prompts_sha256=digest, max_new_tokens=max_new_tokens, num_speculative_tokens=k, dtype=dtype,
+        command=shlex.join(with_draft), vllm_version=install.version, vllm_build=install.build,
+        vllm_tau=1.0 + accepted / drafts, vllm_tau_emitted=tau_emitted, vllm_acceptance_per_position=per_position,
+        vllm_drafts=drafts, vllm_decode_steps=steps, vllm_draft_tokens=after.draft_tokens - before.draft_tokens,
+        vllm_accepted_tokens=accepted,
         vllm_output_matches_greedy=not mismatched, mismatched_prompts=mismatched, vllm_new_tokens=new_tokens,
+        vllm_replies_cut=sum(r == "length" for r in reasons),
         vllm_tokens_per_s_with=new_tokens / seconds_with if seconds_with else 0.0,
         vllm_tokens_per_s_without=sum(len(o) for o in outputs_without) / seconds_without if seconds_without else 0.0,
         vllm_speedup=seconds_without / seconds_with if seconds_with else 0.0,
         startup_seconds=startup, seconds=time.monotonic() - started, outputs_with=outputs_with)
-    log.info("vLLM %s (%s build) served %s on %d prompts: tau %.3f, acceptance %s, %s output as the target alone",
-             install.version, install.build, checkpoint_dir, len(prompts), result.vllm_tau,
+    log.info("vLLM %s (%s build) served %s on %d prompts (sha256 %s): tau %.3f on emitted tokens (%d steps without "
+             "drafts), its counters' %.3f, acceptance %s, %s output as the target alone",
+             install.version, install.build, checkpoint_dir, count, digest[:12], tau_emitted, undrafted, result.vllm_tau,
              [round(p, 3) for p in per_position], "same" if not mismatched else f"DIFFERENT on {len(mismatched)} prompt(s) from")
     return result
 

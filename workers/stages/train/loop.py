@@ -53,6 +53,7 @@ from workers.stages.device import device_label, resolve_device  # noqa: E402,F40
 from workers.stages.train.steps import DraftStepper, prefetch  # noqa: E402
 from workers.contract.errors import StopRequested  # noqa: E402
 from workers.stages.train.split import SplitError, SplitInfo, split_record, split_train_val, write_split  # noqa: E402,F401
+from workers.stages.train.prompt_keys import prompt_context_keys  # noqa: E402
 from workers.contract.target import read_target_config, validate_layer_ids  # noqa: E402
 from workers.stages.train.checkpoints import _clear_previous_run, save_epoch_checkpoint  # noqa: E402,F401
 from workers.stages.train.resume import (  # noqa: E402
@@ -100,6 +101,14 @@ class CheckpointInfo:
     val_loss: float
     val_metrics: dict
     is_best: bool
+
+
+def lowest_val_loss_epoch(losses: dict[int, float]) -> int:
+    """The epoch with the lowest validation loss, the earlier on a tie; a NaN loss (a diverged validation)
+    never wins, where min() would keep it (NaN compares false). The trainers mark it best; the run's best
+    is decided later, by the τ measured for every checkpoint unless the run chose validation loss
+    (runs.pipeline.best applies the same rule to the registered losses)."""
+    return min(losses, key=lambda e: (math.inf if math.isnan(losses[e]) else losses[e], e))
 
 
 @dataclass(frozen=True)
@@ -233,7 +242,8 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
           attention: str = "auto", loss_implementation: str = "auto") -> TrainResult:
     """Train the draft; `on_checkpoint` hears of each epoch's checkpoint as soon as it is on disk
     (is_best False until the end, when the returned result marks the best). The split (by
-    conversation, see workers.stages.train.split) is written to out_dir/split.json before training.
+    conversation, held out by prompt content, see workers.stages.train.split) is written to out_dir/split.json
+    before training.
 
     A resume state (workers.stages.train.resume) is saved at each epoch's end and every
     `resume_every_steps` steps or `resume_every_seconds`; a later call with the same inputs continues
@@ -250,7 +260,8 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
                                  layer_ids=layer_ids, hidden_size=target.hidden_size)
     try:
         train_idx, val_idx, split = split_train_val(samples.source_ids, val_fraction=val_fraction, seed=seed,
-                                                    num_rows=len(samples))
+                                                    num_rows=len(samples),
+                                                    prompt_keys=prompt_context_keys(samples.rows))
     except SplitError as exc:
         raise TrainInputError(f"{prepared_dir}: {exc}") from None
     budget = token_budget(max_tokens_per_step, samples.lengths)
@@ -367,7 +378,7 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
         raise
 
     epoch_rows = [(e, Path(p), tl, v) for e, p, tl, v in progress.epoch_rows]
-    best_epoch = min(epoch_rows, key=lambda r: r[3].get("loss", math.inf))[0]
+    best_epoch = lowest_val_loss_epoch({e: v.get("loss", math.inf) for e, _p, _tl, v in epoch_rows})
     checkpointer.update_best_symlink(best_epoch)
     checkpoints = [CheckpointInfo(epoch=e, path=p, train_loss=tl, val_loss=v.get("loss", math.nan), val_metrics=v,
                                   is_best=e == best_epoch) for e, p, tl, v in epoch_rows]

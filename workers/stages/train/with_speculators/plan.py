@@ -3,9 +3,12 @@
 The figures the training result reports (steps, tokens, supervised tokens per epoch) cannot be read
 back from its logs, which hold rank 0's share only; they follow from its own code, called here with
 the arguments `train/cli.py main` gives it:
-- the split (`train/data.py ArrowDataset.__init__`): rows [0, int(n * train_data_ratio)) train, the
-  rest validate; by position, not by conversation, so the one conversation whose rows straddle the
-  boundary is on both sides (prepared rows of a conversation are consecutive);
+- the split (`train/data.py ArrowDataset.__init__`): rows [0, int(n * train_data_ratio)) of the data
+  directory train, the rest validate; by position only, whatever the seed. So the split is ours
+  (workers.stages.train.split: by conversation with the run's seed, held out by prompt content) and
+  speculators reads the rows in split order, train conversations first (with_speculators/split_data.py
+  writes that directory), with a ratio whose boundary falls exactly between the two sides: no
+  conversation has rows on both;
 - the steps (`train/dataloader.py _setup_dataloader`): `MultipackDistributedBatchSamplerV2` over
   the train rows' `seq_len`, `num_replicas` = the number of processes, the run's seed, `set_epoch(e)`
   each epoch (`Trainer.train_epoch`); every rank takes one batch per step, and a tail of fewer rows
@@ -19,10 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.stages.train.split import SplitError, SplitInfo, split_record
+from workers.stages.train.split import SplitInfo, split_record, split_train_val
 
 DEFAULT_TOTAL_SEQ_LEN = 8192  # speculators' --total-seq-len default (train/config/schema.py DataArgs)
-SPLIT_BY = "contiguous rows"
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,29 @@ class RowFacts:
     lengths: list[int]
     loss_after_first: list[int]  # sum(loss_mask[1:]) per row
     source_ids: list[str] | None
+    prompt_keys: list[str | None] | None = None  # workers.stages.train.prompt_keys, per row
+
+    def in_order(self, order: list[int]) -> RowFacts:
+        """The same facts for the rows as speculators reads them: position p holds prepared row order[p]."""
+        def pick(values):
+            return None if values is None else [values[i] for i in order]
+
+        return RowFacts(lengths=pick(self.lengths), loss_after_first=pick(self.loss_after_first),
+                        source_ids=pick(self.source_ids), prompt_keys=pick(self.prompt_keys))
+
+
+@dataclass(frozen=True)
+class SpeculatorsSplit:
+    order: list[int]  # the prepared row at each position of the data speculators reads: train rows, then val rows
+    train_rows: int  # positions [0, train_rows) train, the rest validate
+    info: SplitInfo
+    record: dict  # what split.json holds, in prepared-row indices (the evaluate stage reads prompts by them)
+
+    @property
+    def train_data_ratio(self) -> float:
+        """speculators' --train-data-ratio: int(n * ratio) is train_rows exactly (half a row of margin
+        either side, so no float rounding moves the boundary into a conversation)."""
+        return (self.train_rows + 0.5) / len(self.order)
 
 
 @dataclass(frozen=True)
@@ -60,6 +85,7 @@ def read_rows(prepared_dir: Path) -> RowFacts:
     from datasets import load_from_disk
 
     from workers.stages.train.data import TrainInputError, _mask_sums_after_first
+    from workers.stages.train.prompt_keys import prompt_context_keys
 
     try:
         rows = load_from_disk(str(prepared_dir))
@@ -71,38 +97,26 @@ def read_rows(prepared_dir: Path) -> RowFacts:
     plain = rows.with_format(None)
     source_ids = [str(s) for s in plain["source_id"]] if "source_id" in rows.column_names else None
     return RowFacts(lengths=[int(n) for n in plain["seq_len"]], loss_after_first=_mask_sums_after_first(rows),
-                    source_ids=source_ids)
+                    source_ids=source_ids, prompt_keys=prompt_context_keys(rows))
 
 
-def speculators_split(source_ids: list[str] | None, *, num_rows: int, val_fraction: float,
-                      seed: int) -> tuple[int, SplitInfo, dict]:
-    """(train row count, SplitInfo, what split.json holds) for ArrowDataset's split by position.
-
-    split.json's val_rows are the validation rows of conversations with no row in training: fewer
-    than SplitInfo.val_rows when a conversation straddles the boundary."""
-    if not 0.0 < val_fraction < 1.0:
-        raise SplitError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    train_rows = int(num_rows * (1.0 - val_fraction))
-    if not 0 < train_rows < num_rows:
-        raise SplitError(f"cannot split {num_rows} prepared rows at train_data_ratio {1.0 - val_fraction:g}: "
-                         f"speculators would leave its {'train' if train_rows == 0 else 'validation'} split empty")
-    ids = source_ids if source_ids is not None else [str(i) for i in range(num_rows)]
-    train_ids, val_ids = set(ids[:train_rows]), set(ids[train_rows:])
-    straddling = sorted(train_ids & val_ids)
-    info = SplitInfo(by=SPLIT_BY, seed=seed, val_fraction=val_fraction, train_rows=train_rows,
-                     val_rows=num_rows - train_rows, train_conversations=len(train_ids),
-                     val_conversations=len(val_ids - train_ids))
-    # The evaluate stage prompts from val_rows, and the straddling conversation's later turns hold its
-    # trained-on turns as context, so its rows leave the record; `info` (the record's "sizes") keeps
-    # counting what speculators validates on.
-    held_out = [i for i in range(train_rows, num_rows) if ids[i] not in train_ids]
-    record = split_record(list(range(train_rows)), held_out, info, source_ids)
-    record["straddling_conversations"] = straddling
-    return train_rows, info, record
+def speculators_split(source_ids: list[str] | None, *, num_rows: int, val_fraction: float, seed: int,
+                      prompt_keys: list[str | None] | None) -> SpeculatorsSplit:
+    """Our split (workers.stages.train.split, the same rule and seed as our loop), laid out for
+    speculators' split by position: the train rows first, then the validation rows, each side in
+    prepared order."""
+    train_idx, val_idx, info = split_train_val(source_ids, val_fraction=val_fraction, seed=seed, num_rows=num_rows,
+                                               prompt_keys=prompt_keys)
+    split = SpeculatorsSplit(order=train_idx + val_idx, train_rows=len(train_idx), info=info,
+                             record=split_record(train_idx, val_idx, info, source_ids))
+    boundary = int(len(split.order) * split.train_data_ratio)  # ArrowDataset.__init__'s own expression
+    assert boundary == split.train_rows, (boundary, split.train_rows)
+    return split
 
 
 def plan_epochs(rows: RowFacts, *, train_rows: int, total_seq_len: int, world_size: int, seed: int,
                 epochs: int) -> SpeculatorsPlan:
+    """`rows` as speculators reads them (`RowFacts.in_order(split.order)`): its sampler sees positions."""
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
     lengths = rows.lengths[:train_rows]

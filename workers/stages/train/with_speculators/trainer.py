@@ -2,14 +2,16 @@
 
 What runs (read from the installed speculators 0.9.0, speculators/train/):
   torchrun --standalone --nproc-per-node N -m workers.stages.train.with_speculators.entry
-      --verifier-name-or-path TARGET --data-path RUN/speculators_data --save-path RUN/checkpoints
+      --verifier-name-or-path TARGET --data-path RUN/speculators_data_split --save-path RUN/checkpoints
       --target-layer-ids A B C --draft-vocab-size V --epochs E --lr LR --ttt-steps K --seed S
       --total-seq-len T --train-data-ratio R --on-missing raise --log-dir RUN/checkpoints/logs
       [--hidden-states-backend fp8] [--fsdp-shard] [extra flags]
 - the entry module is `speculators/train/__main__.py` (`main(TrainConfig.resolve())`) plus a logging
   handler (workers.stages.train.with_speculators.entry); the flags are `train/config/schema.py`'s. The data
-  directory is links into the run (workers.contract.speculators_layout): `d2t-V.npy`/`t2d-V.npy` are
-  found there by `cli.py parse_vocab_mappings`, `hidden_states/` by the file backend.
+  directory holds the run's rows in our split's order, train rows first (with_speculators/split_data.py;
+  R puts speculators' positional boundary exactly between the sides), beside RUN/speculators_data, the
+  links into the run (workers.contract.speculators_layout): `d2t-V.npy`/`t2d-V.npy` are found there by
+  `cli.py parse_vocab_mappings`, `hidden_states/` by the file backend.
 - `--on-missing raise`: its default, `generate`, asks a vLLM server for hidden states it lacks.
 - Processes: `maybe_setup_distributed` (train/distributed.py) calls init_process_group when torchrun
   set LOCAL_RANK; then `Trainer.setup_model` wraps in DDP, or FSDP2 `fully_shard` per decoder layer with
@@ -58,9 +60,11 @@ from workers.stages.train.with_speculators.plan import (
     speculators_split,
     total_seq_len_for,
 )
+from workers.stages.train.with_speculators.split_data import split_data_dir, write_split_data
 from workers.stages.train.split import SplitError, write_split
 from workers.contract.target import read_target_config, validate_layer_ids
 from workers.stages.train.loop import _METRIC_KEY, CheckpointInfo, TrainingStopped, TrainInputError, TrainResult
+from workers.stages.train.loop import lowest_val_loss_epoch
 from workers.stages.train.resume import train_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -253,8 +257,9 @@ def train_with_speculators(
     """Train the draft with speculators' Trainer; same callbacks and result as workers.stages.train.loop.train.
 
     `data_dir` (default: beside out_dir, `speculators_data`) is (re)written as links to the run's
-    files. `fsdp` None shards with FSDP when num_gpus > 1. `extra_args` go to speculators as they
-    are (e.g. --optimizer adamw, --num-workers 4). `env` is added to the trainer's environment.
+    files, and `<data_dir>_split` as the rows in split order that speculators trains on. `fsdp` None
+    shards with FSDP when num_gpus > 1. `extra_args` go to speculators as they are (e.g. --optimizer
+    adamw, --num-workers 4). `env` is added to the trainer's environment.
     On a retry speculators resumes from the last finished epoch and `on_resume(step, epochs_done)`
     says so before any metric is reported."""
     started = time.monotonic()
@@ -269,19 +274,19 @@ def train_with_speculators(
                                  t2d_path=t2d_path, out_dir=data_dir or default_data_dir(out_dir.parent))
     if data.draft_vocab_size != draft_vocab_size:
         raise TrainInputError(f"{d2t_path}: {data.draft_vocab_size} entries, but draft_vocab_size is {draft_vocab_size}")
-    ratio = 1.0 - val_fraction
     try:
-        train_rows, split, split_json = speculators_split(rows.source_ids, num_rows=len(rows.lengths),
-                                                          val_fraction=val_fraction, seed=seed)
+        split = speculators_split(rows.source_ids, num_rows=len(rows.lengths), val_fraction=val_fraction, seed=seed,
+                                  prompt_keys=rows.prompt_keys)
     except SplitError as exc:
         raise TrainInputError(f"{prepared_dir}: {exc}") from None
+    train_rows = split.train_rows
     total_seq_len = total_seq_len_for(max_tokens_per_step, rows.lengths)
-    plan = plan_epochs(rows, train_rows=train_rows, total_seq_len=total_seq_len, world_size=num_gpus, seed=seed,
-                       epochs=epochs)
+    plan = plan_epochs(rows.in_order(split.order), train_rows=train_rows, total_seq_len=total_seq_len,
+                       world_size=num_gpus, seed=seed, epochs=epochs)
     fsdp = num_gpus > 1 if fsdp is None else fsdp
     fingerprint = train_fingerprint(
         target_dir=target_dir, prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir, d2t_path=d2t_path,
-        t2d_path=t2d_path, train_rows=list(range(train_rows)), val_rows=list(range(train_rows, len(rows.lengths))),
+        t2d_path=t2d_path, train_rows=split.order[:train_rows], val_rows=split.order[train_rows:],
         plans=[], hyper={"backend": "speculators", "layer_ids": layer_ids, "epochs": epochs, "lr": lr,
                          "ttt_steps": ttt_steps, "seed": seed, "draft_vocab_size": draft_vocab_size,
                          "total_seq_len": total_seq_len, "world_size": num_gpus, "extra_args": list(extra_args)})
@@ -289,12 +294,9 @@ def train_with_speculators(
     resumed_from = ledger.global_step
     if on_resume is not None:
         on_resume(resumed_from, len(ledger.epochs))
-    write_split(out_dir, split_json)
+    write_split(out_dir, split.record)
     if on_split is not None:  # the page shows the split while training runs, not only at its end
-        on_split(split.as_dict())
-    if split_json["straddling_conversations"]:
-        logger.warning("speculators splits by position: conversation %s has rows on both sides (left out of the "
-                       "held-out prompts)", split_json["straddling_conversations"][0])
+        on_split(split.info.as_dict())
     metrics_path = out_dir / METRICS_FILE
     metrics_path.unlink(missing_ok=True)
     capture = _Capture(path=metrics_path, plan=plan, out_dir=out_dir, ledger=ledger, on_metrics=on_metrics,
@@ -304,14 +306,17 @@ def train_with_speculators(
     loss_args, step_config = speculators_loss_args(extra_args)
     logger.info("speculators' trainer: %s", step_config)
     if len(ledger.epochs) < epochs:
+        ordered = write_split_data(prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir,
+                                   links_dir=data.data_dir, order=split.order, out_dir=split_data_dir(data.data_dir))
         command = speculators_command(
             torchrun=torchrun_executable or default_torchrun(), num_gpus=num_gpus, fsdp=fsdp, target_dir=target_dir,
-            data_dir=data.data_dir, out_dir=out_dir, aux_layer_ids=layer_ids[:-1], draft_vocab_size=draft_vocab_size,
-            epochs=epochs, lr=lr, ttt_steps=ttt_steps, seed=seed, total_seq_len=total_seq_len, train_data_ratio=ratio,
+            data_dir=ordered, out_dir=out_dir, aux_layer_ids=layer_ids[:-1], draft_vocab_size=draft_vocab_size,
+            epochs=epochs, lr=lr, ttt_steps=ttt_steps, seed=seed, total_seq_len=total_seq_len,
+            train_data_ratio=split.train_data_ratio,
             hidden_states_backend=backend, extra_args=[*loss_args, *extra_args])
         _run(command, capture=capture, out_dir=out_dir, env=env, should_stop=should_stop,
              stop_grace_seconds=stop_grace_seconds)
-    result = _result(capture, plan=plan, split=split, epochs=epochs, out_dir=out_dir, num_gpus=num_gpus, fsdp=fsdp,
+    result = _result(capture, plan=plan, split=split.info, epochs=epochs, out_dir=out_dir, num_gpus=num_gpus, fsdp=fsdp,
                      resumed_from=resumed_from, seconds=time.monotonic() - started)
     return dataclasses.replace(result, step_config=step_config)
 
@@ -371,7 +376,7 @@ def _result(capture: _Capture, *, plan, split, epochs: int, out_dir: Path, num_g
     if any(plan.rows_left_out):
         logger.warning("speculators' sampler left %d train rows out of each epoch (fewer than %d processes)",
                        max(plan.rows_left_out), num_gpus)
-    best = min(done, key=lambda e: e.val_metrics.get("loss", math.inf)).epoch
+    best = lowest_val_loss_epoch({e.epoch: e.val_metrics.get("loss", math.inf) for e in done})
     best_link = out_dir / "checkpoint_best"
     if not best_link.is_symlink() or best_link.readlink() != Path(str(best)):
         best_link.unlink(missing_ok=True)  # a resumed speculators chose among its own epochs only

@@ -1,0 +1,249 @@
+"""A run's best checkpoint: which one it is, why, and marking it.
+
+Under `best_by` "tau" (RunConfig's default) the best is the checkpoint with the highest τ measured on the
+run's held-out prompts, vLLM's (a serve check's emitted-token τ) where one ran and ours otherwise; on a
+tie to TAU_DECIMALS the lower validation loss, then the earlier epoch. Under "val_loss" it is the lowest
+validation loss, the trainers' own choice.
+
+The trainers mark the lowest validation loss when training ends (workers.stages.train.loop.
+lowest_val_loss_epoch): τ is measured later, by the evaluate stage, which measures the marked checkpoint
+and every other one with the same prompts and settings. Until that stage succeeded the mark is only
+provisional under "tau", and pages say so; best_decide marks the best by τ once it has, and again
+whenever a measurement or a serve check of one of the run's checkpoints lands (runs.pipeline.stage_services).
+
+Only measurements comparable with the run's own count: the evaluate stage's prompts (the held-out
+conversations), its number of prompts, new tokens and proposal length. A measurement someone asked for
+with other prompts or settings measures something else and is left out of the choice (it still shows on
+the checkpoint's page). Runs trained elsewhere report their own checkpoints and have no choice of ours."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.db.models import Prefetch
+
+from runs.models import Checkpoint, Evaluation, PipelineRun, ServeCheck, StageStatus, TrainingRun
+from runs.pipeline.changes import training_changed
+from runs.pipeline.run_config import BEST_BY
+
+TAU, VAL_LOSS = BEST_BY
+# Two τ equal to this many decimals are a tie, as between the runs of a sweep (runs.sweeps.selectors).
+TAU_DECIMALS = 3
+
+
+@dataclass(frozen=True)
+class CheckpointScore:
+    checkpoint_id: int
+    epoch: int
+    val_loss: float | None
+    tau_ours: float | None  # our τ, measured as the run's evaluate stage measures
+    tau_vllm: float | None  # vLLM's emitted-token τ on the same prompts, where a serve check succeeded
+    evaluation: Evaluation | None = field(default=None, compare=False, repr=False)  # where `tau_ours` comes from
+
+    @property
+    def tau(self) -> float | None:
+        """The τ the choice compares: vLLM's where a serve check ran (it is what serving yields), else ours."""
+        return self.tau_vllm if self.tau_vllm is not None else self.tau_ours
+
+    @property
+    def tau_source(self) -> str | None:
+        return "vllm" if self.tau_vllm is not None else ("ours" if self.tau_ours is not None else None)
+
+
+def _loss(score: CheckpointScore) -> float:
+    # A diverged validation (NaN) or none at all never wins on loss.
+    value = score.val_loss
+    return math.inf if value is None or math.isnan(value) else value
+
+
+def lowest_val_loss(scores: list[CheckpointScore]) -> CheckpointScore | None:
+    """The lowest validation loss; the earlier epoch on a tie (the trainers choose the same way)."""
+    return min(scores, key=lambda s: (_loss(s), s.epoch), default=None)
+
+
+def highest_tau(scores: list[CheckpointScore]) -> CheckpointScore | None:
+    """The highest τ; on a tie to TAU_DECIMALS the lower validation loss, then the earlier epoch. None
+    while no checkpoint is measured."""
+    measured = [s for s in scores if s.tau is not None]
+    return min(measured, key=lambda s: (-round(s.tau, TAU_DECIMALS), _loss(s), s.epoch), default=None)
+
+
+def run_best_by(run: PipelineRun) -> str | None:
+    """The run's rule. A run launched before the setting existed keeps what chose its best then (the
+    lowest validation loss); a run trained elsewhere has none of ours (None)."""
+    if run.external:
+        return None
+    return (run.config or {}).get("best_by", VAL_LOSS)
+
+
+def _measured_alike(evaluation: Evaluation) -> dict:
+    """Filters for measurements comparable with this succeeded one: the same prompts, as many of them,
+    the same new tokens per prompt and proposal length (its row holds k and the count as decoded)."""
+    return dict(prompts_path=evaluation.prompts_path, max_new_tokens=evaluation.max_new_tokens,
+                num_speculative_tokens=evaluation.num_speculative_tokens, num_prompts=evaluation.num_prompts)
+
+
+def tau_on_the_same_prompts(*, checkpoint_id: int, evaluation: Evaluation | None) -> float | None:
+    """Our τ of a checkpoint on an evaluation's prompts and settings: that evaluation's when it measured this
+    checkpoint; else, where it measured another checkpoint of the run (a run's serve check of its best by τ
+    uses the run's measurement, runs.pipeline.stage_services.evaluation_record), the checkpoint's own
+    measurement made alike."""
+    if evaluation is None or evaluation.checkpoint_id == checkpoint_id:
+        return evaluation.tau if evaluation is not None else None
+    alike = Evaluation.objects.filter(checkpoint_id=checkpoint_id, status=StageStatus.SUCCEEDED, tau__isnull=False,
+                                      **_measured_alike(evaluation))
+    return alike.order_by("-id").values_list("tau", flat=True).first()
+
+
+def checkpoint_run_id(checkpoint_id: int | None) -> int | None:
+    """The run that trained the checkpoint (None: imported, or none given)."""
+    if checkpoint_id is None:
+        return None
+    return Checkpoint.objects.filter(pk=checkpoint_id).values_list("training_run__run_id", flat=True).first()
+
+
+def _measured(checkpoints) -> list[Checkpoint]:
+    """The checkpoints with `measured`: their succeeded measurements, newest first (as
+    runs.pipeline.selectors.checkpoints_with_tau reads them for the pages)."""
+    if isinstance(checkpoints, list):
+        return checkpoints
+    done = Evaluation.objects.filter(status=StageStatus.SUCCEEDED).order_by("-id")
+    return list(checkpoints.prefetch_related(Prefetch("evaluations", queryset=done, to_attr="measured")))
+
+
+def checkpoint_scores(*, run: PipelineRun, checkpoints: list[Checkpoint] | None = None) -> list[CheckpointScore]:
+    """Each of the run's checkpoints with its validation loss and its τ measured like the run's evaluate stage
+    measured (none before that stage succeeded). `checkpoints`: the run's, with `measured` already read (the
+    summary's); else they are read here. One query for the serve checks once the stage succeeded."""
+    training = getattr(run, "training_run", None)
+    if training is None:
+        return []
+    checkpoints = _measured(Checkpoint.objects.filter(training_run=training) if checkpoints is None else checkpoints)
+    stage = None if run.external else getattr(run, "evaluation", None)
+    decided = stage is not None and stage.status == StageStatus.SUCCEEDED and stage.tau is not None
+    alike = _measured_alike(stage) if decided else {}
+    vllm: dict[int, float] = {}
+    if decided:
+        checks = ServeCheck.objects.filter(checkpoint__training_run=training, status=StageStatus.SUCCEEDED,
+                                           vllm_tau_emitted__isnull=False,
+                                           evaluation__prompts_path=stage.prompts_path,
+                                           **{k: v for k, v in alike.items() if k != "prompts_path"})
+        for checkpoint_id, tau in checks.order_by("-id").values_list("checkpoint_id", "vllm_tau_emitted"):
+            vllm.setdefault(checkpoint_id, tau)  # the latest
+    scores = []
+    for c in sorted(checkpoints, key=lambda c: c.epoch):
+        ours = next((e for e in c.measured if decided and e.tau is not None
+                     and all(getattr(e, k) == v for k, v in alike.items())), None)  # the latest alike
+        scores.append(CheckpointScore(checkpoint_id=c.pk, epoch=c.epoch, val_loss=c.val_loss,
+                                      tau_ours=ours.tau if ours else None, tau_vllm=vllm.get(c.pk),
+                                      evaluation=ours))
+    return scores
+
+
+@dataclass(frozen=True)
+class BestChoice:
+    by: str | None  # the run's rule (run_best_by)
+    by_tau: CheckpointScore | None  # the choice of each rule, whichever the run follows
+    by_val_loss: CheckpointScore | None
+    provisional: bool  # under "tau" before every checkpoint is measured: the lowest loss stands in
+
+    @property
+    def best(self) -> CheckpointScore | None:
+        """The checkpoint the run's rule picks now (the lowest loss while provisional)."""
+        if self.by == TAU and not self.provisional:
+            return self.by_tau
+        return self.by_val_loss if self.by is not None else None
+
+
+def best_choice(*, run: PipelineRun, scores: list[CheckpointScore]) -> BestChoice:
+    by = run_best_by(run)
+    by_tau = highest_tau(scores)
+    return BestChoice(by=by, by_tau=by_tau, by_val_loss=lowest_val_loss(scores),
+                      provisional=by == TAU and bool(scores) and by_tau is None)
+
+
+def best_measurement(evaluation: Evaluation | None, choice: BestChoice) -> Evaluation | None:
+    """The measurement a run's acceptance shows: its best's once the best is known, else the evaluate
+    stage's own row (`evaluation`), which measured the trainer's choice."""
+    chosen = choice.best
+    if evaluation is None or chosen is None or chosen.evaluation is None:
+        return evaluation
+    return chosen.evaluation
+
+
+def _described(score: CheckpointScore) -> str:
+    if score.tau is None:
+        loss = "–" if score.val_loss is None else f"{score.val_loss:.4f}"
+        return f"epoch {score.epoch} (validation loss {loss})"
+    return f"epoch {score.epoch} (τ {score.tau:.2f}{', vLLM' if score.tau_source == 'vllm' else ''})"
+
+
+def best_text(choice: BestChoice) -> str:
+    """One sentence for the run page and run_pipeline: the best, by which rule, and the other rule's
+    choice where it differs."""
+    if choice.by is None or choice.by_val_loss is None:
+        return ""
+    lowest = choice.by_val_loss
+    if choice.provisional:
+        return (f"best so far (provisional): {_described(lowest)}, the lowest validation loss; the best is the "
+                "checkpoint with the highest τ, chosen once the evaluate stage has measured every checkpoint.")
+    by_tau = choice.by_tau
+    if choice.by == TAU:
+        if by_tau.checkpoint_id == lowest.checkpoint_id:
+            return f"best by τ: {_described(by_tau)}, also the lowest validation loss."
+        return f"best by τ: {_described(by_tau)}; lowest validation loss: {_described(lowest)}."
+    if by_tau is None or by_tau.checkpoint_id == lowest.checkpoint_id:
+        return f"best by lowest validation loss (this run's setting): {_described(lowest)}."
+    return (f"best by lowest validation loss (this run's setting): {_described(lowest)}; "
+            f"highest τ: {_described(by_tau)}.")
+
+
+def _score_dict(score: CheckpointScore | None) -> dict | None:
+    if score is None:
+        return None
+    return {"checkpoint_id": score.checkpoint_id, "epoch": score.epoch, "val_loss": score.val_loss,
+            "tau": score.tau, "tau_source": score.tau_source}
+
+
+def best_dict(choice: BestChoice) -> dict:
+    """The summary's `best`: the rule, the checkpoint it picks, whether that is provisional, each
+    rule's choice, and the sentence."""
+    none = dict.fromkeys(("checkpoint_id", "epoch", "val_loss", "tau", "tau_source"))
+    return {"by": choice.by, **(_score_dict(choice.best) or none),
+            "provisional": choice.provisional, "by_tau": _score_dict(choice.by_tau),
+            "by_val_loss": _score_dict(choice.by_val_loss),
+            "differ": bool(choice.by_tau and choice.by_val_loss
+                           and choice.by_tau.checkpoint_id != choice.by_val_loss.checkpoint_id),
+            "text": best_text(choice)}
+
+
+@transaction.atomic
+def best_decide(*, run_id: int | None) -> Checkpoint | None:
+    """Mark the run's best checkpoint by its rule (is_best, and the training's best_epoch), once that
+    rule can decide; returns the best checkpoint as marked afterwards (None: none marked, or no run). While the
+    choice is provisional the trainer's mark stands: the evaluate stage reads it to know which
+    checkpoint it measures first, and the others (runs.checkpoints.evaluation)."""
+    if run_id is None:
+        return None
+    run = PipelineRun.objects.filter(pk=run_id).select_related("training_run", "evaluation").first()
+    training = getattr(run, "training_run", None) if run is not None else None
+    if training is None or run.external:
+        return None
+    # One decision at a time per run: a serve check and a measurement landing together see each other's.
+    marked = list(Checkpoint.objects.select_for_update().filter(training_run=training).order_by("epoch"))
+    if training.status != StageStatus.SUCCEEDED:  # a measurement of an epoch while the others still train
+        return next((c for c in marked if c.is_best), None)
+    choice = best_choice(run=run, scores=checkpoint_scores(run=run))
+    best = choice.best
+    if best is None or choice.provisional:
+        return next((c for c in marked if c.is_best), None)
+    moved = [c.pk for c in marked if c.is_best != (c.pk == best.checkpoint_id)]
+    if moved:
+        Checkpoint.objects.filter(training_run=training).exclude(pk=best.checkpoint_id).update(is_best=False)
+        Checkpoint.objects.filter(pk=best.checkpoint_id).update(is_best=True)
+        training_changed(training_run_id=training.pk)  # the run's pages show the mark
+    if training.best_epoch != best.epoch or training.best_tau != best.tau:
+        # Counted by its manager; best_tau is what the lists, sweeps and compare show (PipelineRun.shown_tau).
+        TrainingRun.objects.filter(pk=training.pk).update(best_epoch=best.epoch, best_tau=best.tau)
+    return Checkpoint.objects.get(pk=best.checkpoint_id)

@@ -1,0 +1,50 @@
+"""Compare's acceptance table in headless Chromium, under the Content-Security-Policy: choosing another
+baseline run in its select changes every delta and colour (static/js/acceptance_heatmap.js), with no
+console error. The runs are those of tests/views/test_compare_acceptance.py: A (k=3, best epoch 2:
+80, 60, 40 %) and B (k=2, best epoch 1: 78, 52 %)."""
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.test_hostile_strings import Watch
+from tests.browser.test_pages_at_a_glance import _log_in
+from tests.views.test_compare_acceptance import A, B, _measured_run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def test_the_baseline_select_changes_the_deltas(live_server, user, roots, page):
+    a, _ = _measured_run(user, roots, A)
+    b, _ = _measured_run(user, roots, B)
+    watch = Watch(page)
+    _log_in(page, live_server, user)
+    page.goto(f"{live_server.url}/runs/compare/?ids={a.pk},{b.pk}")
+    row_a, row_b = (page.locator(f'#acceptance-heatmap tr[data-run="{run.pk}"]') for run in (a, b))
+    cell = lambda row, position: row.locator(f'td[data-position="{position}"]')  # noqa: E731
+
+    # Against A, the first run: B is 2 and 8 points below it, blank past its k.
+    expect(page.locator("#acceptance-baseline")).to_have_value(str(a.pk))
+    expect(row_a).to_have_class("baseline")
+    expect(cell(row_a, 1).locator(".acc-delta")).to_have_text("baseline")
+    expect(cell(row_b, 1).locator(".acc-delta")).to_have_text("−2.0 pp")
+    expect(cell(row_b, 1)).to_have_class("acc acc-down-2")
+    expect(cell(row_b, 2).locator(".acc-delta")).to_have_text("−8.0 pp")
+    expect(cell(row_b, 3)).to_have_class("acc acc-blank")
+
+    # Against B: A is 2 and 8 points above it; B has no third position to compare A's with.
+    page.select_option("#acceptance-baseline", str(b.pk))
+    expect(cell(row_a, 1).locator(".acc-delta")).to_have_text("+2.0 pp")
+    expect(cell(row_a, 1)).to_have_class("acc acc-up-2")
+    expect(cell(row_a, 2).locator(".acc-delta")).to_have_text("+8.0 pp")
+    expect(cell(row_a, 2)).to_have_class("acc acc-up-3")
+    expect(cell(row_a, 3).locator(".acc-delta")).to_have_text("no baseline")
+    expect(cell(row_b, 1).locator(".acc-delta")).to_have_text("baseline")
+    expect(cell(row_b, 1)).to_have_class("acc acc-base")
+    expect(row_b).to_have_class("baseline")
+    expect(row_a).not_to_have_class("baseline")
+    expect(page.locator("#acceptance-baseline-name")).to_have_text(str(b))
+    # The values themselves never change with the baseline.
+    expect(cell(row_a, 1).locator(".acc-value")).to_have_text("80.0 %")
+    expect(page.locator("#compare-tau .main-svg").first).to_be_visible(timeout=20_000)
+    watch.clean()
