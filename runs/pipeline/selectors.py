@@ -300,6 +300,9 @@ def run_summary(run: PipelineRun) -> dict:
         ],
     }
     summary["glance"] = run_glance(stages=summary["stages"], training_run_id=training.pk, best=summary["best"])
+    devices = {s["name"]: s.get("device") for s in summary["stages"]}
+    for chosen in summary["backends"]:  # where it ran, once it did: a GPU count says where it was meant to
+        chosen["device"] = devices.get(chosen["stage"]) or None
     return summary
 
 
