@@ -100,6 +100,18 @@ def sweep_of_run(*, run_id: int) -> Sweep | None:
     return entry.sweep if entry else None
 
 
+def compare_link(rows: list[SweepRow]) -> tuple[str, int] | None:
+    """The compare page for a sweep's runs, and how many it shows: all of them, or when there are more than
+    compare takes, the highest τ first (then the unmeasured, in the sweep's order). None under two runs."""
+    from runs.tracking.comparison import MAX_RUNS, MIN_RUNS
+
+    if len(rows) < MIN_RUNS:
+        return None
+    ranked = sorted(rows, key=lambda row: (row.tau is None, -(row.tau or 0.0), row.position))[:MAX_RUNS]
+    ids = [row.run.pk for row in sorted(ranked, key=lambda row: row.position)]
+    return f"{reverse('runs:run_compare')}?ids={','.join(map(str, ids))}", len(ids)
+
+
 def best_again_url(*, run_id: int) -> str:
     return f"{reverse('runs:run_launch')}?copy={run_id}&more_data=1"
 

@@ -27,6 +27,7 @@ def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "numeric_keys": [k for k in sweep.keys if k in INT_KEYS or k in FLOAT_KEYS],
         "summary": selectors.sweep_summary(sweep=sweep),
         "again_url": selectors.best_again_url(run_id=best.row.run.pk) if best.row else None,
+        "compare": selectors.compare_link(rows),
         "can_cancel": user_can(request.user, "cancel") and not best.finished})
 
 

@@ -34,6 +34,22 @@ def test_the_page_lists_each_run_with_its_swept_settings_status_and_tau(client, 
     assert f'href="/runs/new/?copy={ids[2]}&amp;more_data=1"' in html
     assert "1 of 4 runs measured" in html
     assert '<a href="/sweeps/">Sweeps</a>' in html
+    assert f'<a href="/runs/compare/?ids={",".join(map(str, ids))}" id="sweep-compare">Compare its runs</a>' in html
+
+
+def test_a_sweep_larger_than_compare_links_its_ten_highest_tau_runs(client, user, roots):
+    big = sweep_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                       config=RunConfig(draft_vocab_size=64, max_samples=30), varied=[parse_vary("seed=" + ",".join(
+                           str(s) for s in range(12)))])
+    ids = list(SweepRun.objects.filter(sweep=big).order_by("position").values_list("run_id", flat=True))
+    for stage in STAGES:  # the last run measured: it is among the ten, the two unmeasured before it are not
+        stage.model.objects.filter(run_id=ids[11]).update(status=StageStatus.SUCCEEDED)
+    Evaluation.objects.filter(run_id=ids[11]).update(tau=2.1)
+    client.force_login(user)
+    html = client.get(f"/sweeps/{big.pk}/").content.decode()
+    shown = [*ids[:9], ids[11]]
+    assert f'<a href="/runs/compare/?ids={",".join(map(str, shown))}" id="sweep-compare">Compare the 10 with the highest τ</a>' in html
+    assert client.get(f"/runs/compare/?ids={','.join(map(str, shown))}").status_code == 200
 
 
 
