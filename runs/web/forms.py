@@ -70,7 +70,12 @@ class LaunchForm(forms.Form):
         "always added last. Empty: EAGLE-3's default [2, N//2, N-3] + N.",
     )
     max_seq_len = forms.IntegerField(min_value=MIN_SEQ_LEN, max_value=MAX_SEQ_LEN, initial=512)
-    max_samples = forms.IntegerField(min_value=2, max_value=MAX_SAMPLES, required=False, help_text="Empty: every conversation.")
+    # A run counts rows as speculators counts samples: one per assistant reply that trains (a conversation
+    # fans out into a row per reply), read from the start of the file (workers.stages.prepare).
+    max_samples = forms.IntegerField(
+        min_value=2, max_value=MAX_SAMPLES, required=False, label="Max rows",
+        help_text="Training rows read from the start of the dataset, one per assistant reply (a conversation "
+                  "with three replies gives three rows), as speculators counts samples. Empty: every row.")
     draft_vocab_size = forms.IntegerField(min_value=2, max_value=MAX_DRAFT_VOCAB, initial=1024)
     epochs = forms.IntegerField(min_value=1, max_value=MAX_EPOCHS, initial=2)
     lr = forms.FloatField(min_value=1e-7, max_value=0.5, initial=3e-4, label="Learning rate")
@@ -239,8 +244,9 @@ class RegenerateForm(forms.Form):
     temperature = forms.FloatField(min_value=0.0, max_value=MAX_TEMPERATURE, initial=0.0,
                                    help_text="0 is greedy: the replies the target itself would give.")
     seed = forms.IntegerField(min_value=0, max_value=MAX_REGENERATE_SEED, initial=0)
-    max_samples = forms.IntegerField(min_value=1, required=False,
-                                     help_text="The first N conversations not excluded by curation; empty for all.")
+    max_samples = forms.IntegerField(min_value=1, required=False, label="Max conversations",
+                                     help_text="The first N conversations not excluded by curation (whole "
+                                               "conversations: every reply of each); empty for all.")
 
     def regeneration_settings(self) -> RegenerationSettings:
         data = self.cleaned_data

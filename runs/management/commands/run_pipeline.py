@@ -47,7 +47,8 @@ class Command(BaseCommand):
         parser.add_argument("--dataset", required=True, help="chat JSONL file (under EAGLE3WEB_DATA_ROOTS)")
         parser.add_argument("--layer-ids", default="", help="comma-separated hidden-state ids; default EAGLE-3's")
         parser.add_argument("--max-seq-len", type=int, default=RunConfig.max_seq_len)
-        parser.add_argument("--max-samples", type=int, default=None)
+        parser.add_argument("--max-samples", type=int, default=None,
+                            help="training rows from the dataset's start, one per assistant reply (speculators' samples)")
         parser.add_argument("--draft-vocab-size", type=int, default=RunConfig.draft_vocab_size)
         parser.add_argument("--epochs", type=int, default=RunConfig.epochs)
         parser.add_argument("--lr", type=float, default=RunConfig.lr)
