@@ -252,11 +252,20 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
     common = dict(target_dir=plan.target_dir, prompts=plan.prompts(), prompt_source=plan.prompt_source,
                   max_new_tokens=record.max_new_tokens, num_speculative_tokens=record.num_speculative_tokens,
                   num_gpus=num_gpus, should_stop=reporter.cancelled)
+    # One progress over every checkpoint measured (prompts x checkpoints), said from the start: the page showed
+    # "–" until the last checkpoint began, then counted that one's prompts alone.
+    per = max(1, len(common["prompts"]))
+    total = per * (len(plan.also) + 1)
+    reporter.progress(0, total)
+
+    def progress_of(index: int):
+        return lambda done, _of: reporter.progress(index * per + done, total)
+
     # Recorded with this measurement's settings: a serve check of one of them derives its prompts from them.
-    for checkpoint_id, path in plan.also:
+    for index, (checkpoint_id, path) in enumerate(plan.also):
         db_retry("evaluation", measured_alongside_record, measured=record, checkpoint_id=checkpoint_id,
-                 result=evaluate(checkpoint_dir=path, **common))
-    return evaluate(checkpoint_dir=plan.checkpoint_dir, on_progress=reporter.progress, **common)
+                 result=evaluate(checkpoint_dir=path, on_progress=progress_of(index), **common))
+    return evaluate(checkpoint_dir=plan.checkpoint_dir, on_progress=progress_of(len(plan.also)), **common)
 
 
 def _catalogue(record, reporter: StageReporter):

@@ -50,6 +50,16 @@ def test_inline_run_succeeds_and_summarises_every_stage(inline_run):
     assert Path(summary["manifest_path"]).name == "data_config.json"
 
 
+def test_measuring_acceptance_counts_every_checkpoints_prompts_in_one_progress(inline_run):
+    """The evaluate stage measures every checkpoint; its progress counts them all (the page showed "–" until
+    the last one began, then that one's prompts alone)."""
+    summary, _ = inline_run
+    evaluate = next(s for s in summary["stages"] if s["name"] == "evaluate")
+    prompts = summary["acceptance"]["num_prompts"]
+    assert prompts > 0 and len(summary["checkpoints"]) == 2
+    assert evaluate["progress_total"] == prompts * len(summary["checkpoints"]) == evaluate["progress_done"]
+
+
 def test_each_checkpoint_loads_in_speculators_and_names_verifier_and_layers(inline_run, tiny_target):
     from speculators.models.eagle3 import Eagle3DraftModel
 
