@@ -60,8 +60,10 @@ class ApiSchema(AutoSchema):
                 for name in uritemplate.variables(path)]
 
     def _query_parameters(self, method):
-        return [{"name": name, "in": "query", "required": False, "schema": {"type": kind}, "description": text}
-                for name, kind, text in self._declared("query_params", method, [])]
+        # (name, type, description) or (name, type, description, allowed values): an enum (a run's status).
+        return [{"name": name, "in": "query", "required": False,
+                 "schema": {"type": kind, **({"enum": list(rest[0])} if rest else {})}, "description": text}
+                for name, kind, text, *rest in self._declared("query_params", method, [])]
 
     def _header_parameters(self, method):
         # `header_params` as `query_params`: (name, type, description), none of them required.

@@ -22,7 +22,9 @@ def run_row(run, request) -> dict:
     duration = getattr(run, "duration", None)
     training = getattr(run, "training_run", None)
     return {
-        "id": run.pk, "name": str(run), "status": run.status, "owner": _user(run.owner),
+        "id": run.pk, "name": str(run), "status": run.status,
+        "status_reason": getattr(run, "status_reason", "") or None,  # "held: its sweep runs at most 2 at once"
+        "owner": _user(run.owner),
         "external": run.external, "target": run.target.name if run.target_id else None,
         "dataset": run.dataset.name if run.dataset_id else None, "created_at": _iso(run.created_at),
         "duration_seconds": round(duration.total_seconds(), 1) if duration is not None else None,

@@ -32,7 +32,8 @@ class RunList(ApiView):
     field_names = launch.BODY_NAMES
     query_params = {"GET": [
         ("q", "string", "search names, targets, datasets, owners, exact tags, or a run id"),
-        ("status", "string", f"one of {', '.join(run_table.STATUSES)}"),
+        ("status", "string", f"one of {', '.join(run_table.STATUSES)} (held: a sweep's run its sweep has not "
+                             "handed to the queues yet; each row's status_reason says why)", run_table.STATUSES),
         ("target", "string", "target name"), ("dataset", "string", "dataset name"),
         ("owner", "string", "owner's username"), ("tag", "string", "a tag"),
         ("sort", "string", f"{', '.join(run_table.SORTS)}; '-' first for descending (default -created)"),

@@ -35,7 +35,7 @@ from runs.review.reviews import SUBJECTS
 def run_list() -> QuerySet[PipelineRun]:
     return PipelineRun.objects.select_related(
         "owner", "target", "dataset", "preparation", "extract_stage__extraction__manifest", "vocab_mapping",
-        "training_run", "evaluation"
+        "training_run", "evaluation", "sweep_entry__sweep"  # run_status: held by its sweep
     )
 
 
@@ -61,8 +61,10 @@ def run_rows() -> QuerySet[PipelineRun]:
              "evaluate": ["tau"]}
     stages = [Prefetch(stage.related_name, queryset=stage.model.objects.only(
         "run_id", "status", *shown.get(stage.name, []))) for stage in STAGES]
-    return (PipelineRun.objects.select_related("owner", "target", "dataset")
-            .only("name", "external", "created_at", "owner__username", "target__name", "dataset__name")
+    # The sweep entry and its sweep's `parallel`: whether (and why) its sweep holds the run back (run_status).
+    return (PipelineRun.objects.select_related("owner", "target", "dataset", "sweep_entry__sweep")
+            .only("name", "external", "created_at", "owner__username", "target__name", "dataset__name",
+                  "sweep_entry__released_at", "sweep_entry__sweep__parallel")
             .prefetch_related(*stages))
 
 
@@ -138,13 +140,40 @@ RUN_STATUS_RULES = ((any, StageStatus.FAILED), (any, StageStatus.CANCELLED),
 RUN_STATUS_OTHERWISE = StageStatus.RUNNING
 
 
+# A run of a sweep that its sweep has not handed to the queues yet (runs.sweeps.release): every stage
+# queued and its SweepRun's released_at null. A run status, not a stage's; run_table words it in SQL too.
+RUN_HELD = "held"
+RUN_STATUSES = [*(s.value for s in StageStatus), RUN_HELD]
+
+
+def _sweep_entry(run: PipelineRun):
+    """The run's SweepRun (and its sweep), or None: joined by run_list() and run_rows(), else one query."""
+    try:
+        return run.sweep_entry
+    except PipelineRun.sweep_entry.RelatedObjectDoesNotExist:
+        return None
+
+
 def run_status(run: PipelineRun) -> str:
-    """One word for the whole run, derived from its stages."""
+    """One word for the whole run, derived from its stages (and, for a sweep's run not yet handed to the
+    queues, its sweep: RUN_HELD). The pages, the API and the CLI all read it from here."""
     statuses = [record.status for _, _, record in run_stages(run)]
     for quantifier, status in RUN_STATUS_RULES:
         if quantifier(s == status for s in statuses):
+            if status == StageStatus.QUEUED and not run.external:
+                entry = _sweep_entry(run)
+                if entry is not None and entry.released_at is None:
+                    return RUN_HELD
             return status
     return RUN_STATUS_OTHERWISE
+
+
+def run_status_reason(run: PipelineRun, status: str | None = None) -> str:
+    """Why the run waits, in words ("held: its sweep runs at most 2 at once"); "" when there is nothing to
+    say. `status` when the caller has it already (run_status's)."""
+    if (status or run_status(run)) != RUN_HELD:
+        return ""
+    return f"{RUN_HELD}: its sweep runs at most {_sweep_entry(run).sweep.parallel} at once"
 
 
 def run_is_finished(run: PipelineRun) -> bool:
@@ -232,6 +261,7 @@ def run_summary(run: PipelineRun) -> dict:
         "name": str(run),
         "external": run.external,
         "status": run_status(run),
+        "status_reason": run_status_reason(run) or None,
         "finished": run_is_finished(run),
         # The target is named by its config.json: a directory with weights in a summary reads as a
         # checkpoint to the reviewers' checker, and the only checkpoints here are the draft's.

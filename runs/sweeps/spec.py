@@ -32,10 +32,19 @@ SWEEP_KEYS = ("layer_ids", *INT_KEYS, *FLOAT_KEYS, *TEXT_KEYS, "dataset")
 
 
 class SweepError(RunConfigError):
-    """A sweep that cannot be launched; its field is the form's `vary` unless a run's own field is to blame."""
+    """A sweep that cannot be launched; its field is the form's `vary` unless a run's own field is to blame.
 
-    def __init__(self, message: str, *, field: str | None = "vary"):
+    str(error) speaks the command line (`--vary lr=abc: ...`); `in_form` says the same in the launch form's
+    words (its KEY = V1, V2 lines, "settings"), one message per bad line of the box."""
+
+    def __init__(self, message: str, *, field: str | None = "vary", in_form: list[str] | str | None = None):
         super().__init__(message, field=field)
+        self.in_form = [in_form] if isinstance(in_form, str) else list(in_form or [message])
+
+
+def _refused(cli: str, form: str, core: str) -> SweepError:
+    """One error, named as the command line writes it (`cli`) and as the form's box does (`form`)."""
+    return SweepError(f"{cli}: {core}", in_form=f"{form}: {core}")
 
 
 @dataclass(frozen=True)
@@ -51,38 +60,41 @@ def normalise_key(raw: str) -> str:
     key = raw.strip().lstrip("-").replace("-", "_").lower()
     if key not in SWEEP_KEYS:
         raise SweepError(f"--vary {raw.strip()[:40]!r}: not an option a sweep can vary; vary one of "
-                         f"{', '.join(SWEEP_KEYS)}")
+                         f"{', '.join(SWEEP_KEYS)}",
+                         in_form=f"{raw.strip()[:40]!r} is not a setting; settings you can sweep: {', '.join(SWEEP_KEYS)}")
     return key
 
 
 def parse_value(key: str, text: str) -> Any:
     """One value as the run takes it; a value that cannot be one names the key and the value."""
-    shown = f"--vary {key}={text[:60]}"
+    shown, in_form = f"--vary {key}={text[:60]}", f"{key} = {text[:60]}"
     if text.lower() == DEFAULT:
         if key not in OPTIONAL_KEYS:
-            raise SweepError(f"{shown}: only {', '.join(OPTIONAL_KEYS)} have a default to sweep over")
+            raise _refused(shown, in_form, f"only {', '.join(OPTIONAL_KEYS)} have a default to sweep over")
         return [] if key == "layer_ids" else None
     if key == "layer_ids":
         items = [i.strip() for i in text.split(ITEM_SEPARATOR)]
         if len(items) > MAX_LAYER_IDS or not all(i.isascii() and i.isdigit() and len(i) <= 6 for i in items):
             raise SweepError(f"{shown}: layer ids are whole numbers separated by '{ITEM_SEPARATOR}' within one value "
-                             f"(commas separate the values), e.g. layer_ids=2:4:5,1:3:5")
+                             f"(commas separate the values), e.g. layer_ids=2:4:5,1:3:5",
+                             in_form=f"{in_form}: layer ids are whole numbers separated by '{ITEM_SEPARATOR}' within "
+                                     f"one value (commas separate the values), e.g. layer_ids = 2:4:5, 1:3:5")
         try:
             return check_layer_ids([int(i) for i in items])
         except RunConfigError as exc:
-            raise SweepError(f"{shown}: {exc}") from None
+            raise _refused(shown, in_form, str(exc)) from None
     if key in INT_KEYS:
         try:
             return int(text.replace("_", ""), 10)
         except ValueError:
-            raise SweepError(f"{shown}: {key} takes whole numbers") from None
+            raise _refused(shown, in_form, f"{key} takes whole numbers") from None
     if key in FLOAT_KEYS:
         try:
             value = float(text)
         except ValueError:
-            raise SweepError(f"{shown}: {key} takes numbers, such as 3e-4") from None
+            raise _refused(shown, in_form, f"{key} takes numbers, such as 3e-4") from None
         if not math.isfinite(value):
-            raise SweepError(f"{shown}: {key} must be a finite number")
+            raise _refused(shown, in_form, f"{key} must be a finite number")
         return value
     return text  # backends and datasets: checked as a single launch checks them
 
@@ -91,32 +103,52 @@ def parse_vary(raw: str) -> Varied:
     """'lr=1e-4,3e-4' -> Varied('lr', ('1e-4', '3e-4'), (0.0001, 0.0003))."""
     key_text, sep, values_text = raw.partition("=")
     if not sep:
-        raise SweepError(f"--vary {raw.strip()[:60]!r}: write KEY=V1,V2 (e.g. lr=1e-4,3e-4)")
+        raise SweepError(f"--vary {raw.strip()[:60]!r}: write KEY=V1,V2 (e.g. lr=1e-4,3e-4)",
+                         in_form=f"{raw.strip()[:60]!r} has no '=': write one setting per line as KEY = V1, V2 "
+                                 "(e.g. lr = 1e-4, 3e-4)")
     key = normalise_key(key_text)
     if len(values_text) > MAX_VALUES_TEXT:
-        raise SweepError(f"--vary {key}: {len(values_text):,} characters of values; at most {MAX_VALUES_TEXT:,}")
+        raise _refused(f"--vary {key}", key, f"{len(values_text):,} characters of values; at most {MAX_VALUES_TEXT:,}")
     texts = tuple(t.strip() for t in values_text.split(VALUE_SEPARATOR))
     if not values_text.strip() or any(not t for t in texts):
-        raise SweepError(f"--vary {key}={values_text.strip()[:60]}: an empty value (write `default` for the "
-                         "option's default, where it has one)")
+        shown = values_text.strip()[:60]
+        raise SweepError(f"--vary {key}={shown}: an empty value (write `default` for the option's default, where "
+                         "it has one)", in_form=f"{key} = {shown}: an empty value (write `default` for the "
+                                                "setting's default, where it has one)")
     values = tuple(parse_value(key, t) for t in texts)
     seen: dict[str, str] = {}
     for text, value in zip(texts, values):
         if (same := seen.get(repr(value))) is not None:
-            raise SweepError(f"--vary {key}: {same} and {text} are the same value; each run of a sweep differs")
+            raise _refused(f"--vary {key}", key, f"{same} and {text} are the same value; each run of a sweep differs")
         seen[repr(value)] = text
     return Varied(key=key, texts=texts, values=values)
 
 
 def parse_vary_lines(text: str) -> list[Varied]:
-    """The launch form's box: one KEY=V1,V2 line per swept key; blank lines are skipped."""
-    return check_keys([parse_vary(line) for line in text.splitlines() if line.strip()])
+    """The launch form's box: one KEY=V1,V2 line per swept key; blank lines are skipped. Every bad line is
+    named at once: the SweepError's `in_form` holds a message per bad line (and per key given twice)."""
+    varied, problems = [], []
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                varied.append(parse_vary(line))
+            except SweepError as exc:
+                problems.append(exc)
+    try:
+        check_keys(varied)
+    except SweepError as exc:
+        problems.append(exc)
+    if problems:
+        raise SweepError("; ".join(str(p) for p in problems),
+                         in_form=[message for p in problems for message in p.in_form])
+    return varied
 
 
 def check_keys(varied: list[Varied]) -> list[Varied]:
     keys = [v.key for v in varied]
     if repeated := sorted({k for k in keys if keys.count(k) > 1}):
-        raise SweepError(f"--vary {repeated[0]} is given twice; list all its values in one --vary")
+        raise SweepError(f"--vary {repeated[0]} is given twice; list all its values in one --vary",
+                         in_form=[f"{k} is on {keys.count(k)} lines; put all its values on one line" for k in repeated])
     return varied
 
 

@@ -13,7 +13,8 @@ from django.db.models.functions import Coalesce, Now
 
 from runs.models import Checkpoint, Dataset, PipelineRun, RunTag, StageStatus, TargetModel
 from runs.pipeline.stages import STAGES
-from runs.pipeline.selectors import RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, run_rows, run_status
+from runs.pipeline.selectors import (RUN_HELD, RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, RUN_STATUSES, run_rows,
+                                     run_status, run_status_reason)
 from workers.contract.errors import InputError
 
 PAGE_SIZE = 50
@@ -24,7 +25,7 @@ SORTS = {
     "best_val_loss": "best_val_loss", "tau": "tau", "owner": "owner__username",
     "epochs": "training_run__epochs",
 }
-STATUSES = [s.value for s in StageStatus]
+STATUSES = RUN_STATUSES  # the stages' words and "held" (a sweep's run not yet handed to the queues)
 COLUMNS = (("name", "Run"), ("status", "Status"), ("duration", "Duration"), ("epochs", "Epochs"),
            ("best_val_loss", "Best val loss"), ("tau", "τ"), ("owner", "Owner"), ("created", "Created"))
 
@@ -110,6 +111,9 @@ def with_columns(queryset: QuerySet[PipelineRun]) -> QuerySet[PipelineRun]:
     return _shown_columns(queryset).annotate(
         status=Case(
             When(external=True, then=F("training_run__status")),  # its one stage's status (run_status)
+            # Every stage queued and its sweep not yet handing it over (run_status's RUN_HELD).
+            When(_every_stage(StageStatus.QUEUED) & Q(sweep_entry__isnull=False, sweep_entry__released_at__isnull=True),
+                 then=Value(RUN_HELD)),
             *(When((_any_stage if quantifier is any else _every_stage)(status), then=Value(status.value))
               for quantifier, status in RUN_STATUS_RULES),
             default=Value(RUN_STATUS_OTHERWISE.value), output_field=CharField()))
@@ -155,6 +159,7 @@ def run_table(*, filters: RunFilters) -> tuple[Page, int]:
     rows = {run.pk: run for run in _shown_columns(run_rows()).filter(pk__in=ids).prefetch_related("tags")}
     for run in rows.values():
         run.status = run_status(run)
+        run.status_reason = run_status_reason(run, run.status)
     page.object_list = [rows[pk] for pk in ids if pk in rows]
     return page, paginator.count
 

@@ -115,7 +115,7 @@ class LaunchForm(forms.Form):
         "check ran), the lower validation loss on a tie; chosen once every checkpoint is measured, until then "
         "the lowest validation loss stands in. Lowest validation loss: the trainer's choice.")
     vary = forms.CharField(
-        required=False, max_length=20_000, label="Vary", widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        required=False, max_length=20_000, label="Sweep", widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
         help_text="One setting per line, KEY = V1, V2, named as run_pipeline names them: lr = 1e-4, 3e-4 · "
         f"epochs = 1, 2 · layer_ids = 2{ITEM_SEPARATOR}4{ITEM_SEPARATOR}5, 1{ITEM_SEPARATOR}3{ITEM_SEPARATOR}5 "
         f"(ids within one value by '{ITEM_SEPARATOR}') · ttt_steps, draft_vocab_size, max_samples, dataset, ... "
@@ -174,8 +174,8 @@ class LaunchForm(forms.Form):
     def clean_vary(self) -> list[Varied]:
         try:
             return parse_vary_lines(self.cleaned_data.get("vary") or "")
-        except SweepError as exc:
-            raise forms.ValidationError(str(exc)) from None
+        except SweepError as exc:  # every bad line, in the form's words (str(exc) is the command line's)
+            raise forms.ValidationError(exc.in_form) from None
 
     def clean_sweep_mode(self) -> str:
         return self.cleaned_data.get("sweep_mode") or MODES[0]

@@ -1,11 +1,11 @@
 // The runs list stays live: a running run's duration ticks every second, and while any run on the page
-// is queued or running the table is read again every 5 s (the same URL, so filters, sort and page hold)
+// is held, queued or running the table is read again every 5 s (the same URL, so filters, sort and page hold)
 // and its rows replaced, keeping the runs ticked for comparison.
 (function () {
   "use strict";
   const table = document.getElementById("run-table");
   if (!table) return;
-  const LIVE = 'tr[data-status="queued"], tr[data-status="running"]';
+  const LIVE = 'tr[data-status="held"], tr[data-status="queued"], tr[data-status="running"]';
 
   function durationText(seconds) {  // runs.tracking.run_table.duration_text
     seconds = Math.max(0, Math.floor(seconds));

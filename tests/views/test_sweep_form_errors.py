@@ -1,0 +1,72 @@
+"""The launch form's sweep box says what is wrong in the form's words (its label, "settings", KEY = V1,
+V2 lines), not the command line's (--vary), and names every bad line at once (issue 28). The command
+keeps its own wording."""
+import pytest
+
+from runs.sweeps.spec import SWEEP_KEYS, SweepError, parse_vary
+from runs.web.forms import LaunchForm
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def form(roots):
+    return {"target_path": str(roots / "target"), "dataset_path": str(roots / "chats.jsonl"), "max_seq_len": 512,
+            "draft_vocab_size": 64, "epochs": 1, "lr": 0.0003, "ttt_steps": 3, "sweep_mode": "grid", "parallel": 1}
+
+
+def box_errors(html: str) -> list[str]:
+    box = html.split('data-field="vary"')[1].split('<div class="hint">')[0]
+    return [part.split("</div>")[0] for part in box.split('<div class="field-error">')[1:]]
+
+
+def test_every_bad_line_is_named_at_once_in_the_forms_words(client, user, form):
+    client.force_login(user)
+    vary = "learning_rate = 1e-4, 3e-4\nepochs = 1, two\nseed = 1, 2\nttt_steps 1, 2\nlr = 1e-4, 1e-4"
+    response = client.post("/runs/new/", {**form, "vary": vary})
+    assert response.status_code == 400
+    html = response.content.decode()
+    errors = box_errors(html)
+    assert errors == [
+        "&#x27;learning_rate&#x27; is not a setting; settings you can sweep: " + ", ".join(SWEEP_KEYS),
+        "epochs = two: epochs takes whole numbers",
+        "&#x27;ttt_steps 1, 2&#x27; has no &#x27;=&#x27;: write one setting per line as KEY = V1, V2 "
+        "(e.g. lr = 1e-4, 3e-4)",
+        "lr: 1e-4 and 1e-4 are the same value; each run of a sweep differs",
+    ]
+    assert not any("--vary" in e or "option" in e for e in errors)
+    summary = html.split('id="launch-errors"')[1].split("</div>")[0]
+    assert "4 problems to fix" in summary
+    assert ('<a href="#id_vary">Sweep</a>: &#x27;learning_rate&#x27; is not a setting; settings you can sweep: '
+            "layer_ids, ") in summary
+    assert summary.count('<a href="#id_vary">Sweep</a>:') == 4
+
+
+def test_a_key_given_twice_is_named_in_the_forms_words(form):
+    bound = LaunchForm(data={**form, "vary": "epochs = 1, 2\nseed = 1, 2\nEpochs = 3"})
+    assert not bound.is_valid()
+    assert bound.errors["vary"] == ["epochs is on 2 lines; put all its values on one line"]
+
+
+def test_a_default_where_there_is_none_says_setting(form):
+    bound = LaunchForm(data={**form, "vary": "epochs = default, 2"})
+    assert not bound.is_valid()
+    assert bound.errors["vary"] == ["epochs = default: only layer_ids, max_samples, max_tokens_per_step have a "
+                                    "default to sweep over"]
+
+
+def test_the_command_keeps_its_wording():
+    with pytest.raises(SweepError) as caught:
+        parse_vary("learning_rate=1e-4")
+    assert str(caught.value).startswith("--vary 'learning_rate': not an option a sweep can vary; vary one of ")
+    with pytest.raises(SweepError) as caught:
+        parse_vary("epochs=1,two")
+    assert str(caught.value) == "--vary epochs=two: epochs takes whole numbers"
+
+
+def test_a_good_box_still_launches_a_sweep(client, user, form):
+    from runs.models import Sweep
+
+    client.force_login(user)
+    response = client.post("/runs/new/", {**form, "vary": "epochs = 1, 2\n\nseed = 3, 4"})
+    assert response.status_code == 302 and response["Location"] == f"/sweeps/{Sweep.objects.get().pk}/"
