@@ -31,15 +31,38 @@ from runs.models import (
 STAGE_FIELDS = ("status", "started_at", "finished_at", "progress_done", "progress_total", "worker")
 
 
+# The index lists what staff curate (targets, datasets and their samples, runs, checkpoints, reviews,
+# tags, tokens, workers, users). Only what a person makes by hand without breaking an invariant has
+# "Add": the rest is written by a launch, an import, a registration, a heartbeat or a worker.
+class NoAddAdmin(admin.ModelAdmin):
+    """Rows a service writes (checked there: a target read from its config.json, a run launched with its
+    stages, an import that read its files): staff read, edit what the page allows and delete; no Add."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class InternalAdmin(NoAddAdmin):
+    """Bookkeeping only workers and services write (stage records, attempts, jobs, metric chunks...): off
+    the index and read-only. Its pages stay open by URL (and from the run's page), deleting included,
+    for recovery."""
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_module_permission(self, request):
+        return False
+
+
 @admin.register(TargetModel)
-class TargetModelAdmin(admin.ModelAdmin):
+class TargetModelAdmin(NoAddAdmin):
     list_display = ("name", "architecture", "num_layers", "hidden_size", "vocab_size", "path", "created_at")
     list_filter = ("architecture", "model_type", "nested_text_config")
     search_fields = ("name", "path", "architecture")
 
 
 @admin.register(Dataset)
-class DatasetAdmin(admin.ModelAdmin):
+class DatasetAdmin(NoAddAdmin):
     list_display = ("name", "path", "size_bytes", "created_at")
     search_fields = ("name", "path", "notes")
 
@@ -68,7 +91,7 @@ class TrainingRunInline(StageInline):
 
 
 @admin.register(PipelineRun)
-class PipelineRunAdmin(admin.ModelAdmin):
+class PipelineRunAdmin(NoAddAdmin):
     list_display = ("id", "name", "owner", "target", "dataset", "created_at")
     list_filter = ("target", "owner", "created_at")
     search_fields = ("name", "target__name", "dataset__name", "owner__username")
@@ -79,7 +102,7 @@ class PipelineRunAdmin(admin.ModelAdmin):
     readonly_fields = ("config",)
 
 
-class StageAdmin(admin.ModelAdmin):
+class StageAdmin(InternalAdmin):
     list_filter = ("status",)
     readonly_fields = ("log_tail", "error")
 
@@ -97,7 +120,7 @@ class ExtractStageAdmin(StageAdmin):
 
 
 @admin.register(Extraction)
-class ExtractionAdmin(admin.ModelAdmin):
+class ExtractionAdmin(NoAddAdmin):
     list_display = ("id", "produced_by", "imported_by", "imported_at", "target", "layer_ids", "num_samples",
                     "total_tokens", "dtype", "path")
     list_filter = ("target", "dtype", "layer_id_convention", "layout")
@@ -106,7 +129,7 @@ class ExtractionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Manifest)
-class ManifestAdmin(admin.ModelAdmin):
+class ManifestAdmin(InternalAdmin):
     list_display = ("id", "extraction", "format_version", "path", "created_at")
     list_filter = ("format_version",)
     search_fields = ("path",)
@@ -124,13 +147,18 @@ class TrainingRunAdmin(StageAdmin):
 
 
 @admin.register(PendingEnqueue)
-class PendingEnqueueAdmin(admin.ModelAdmin):
+class PendingEnqueueAdmin(NoAddAdmin):
+    """The outbox: listed, so that staff see what waits and why, and delete a row that should not be sent."""
+
     list_display = ("id", "kind", "object_id", "created_at", "attempts", "last_error")
     list_filter = ("kind",)
 
+    def has_change_permission(self, request, obj=None):
+        return False
+
 
 @admin.register(StageAttempt)
-class StageAttemptAdmin(admin.ModelAdmin):
+class StageAttemptAdmin(InternalAdmin):
     list_display = ("id", "run", "stage", "number", "outcome", "worker", "started_at", "finished_at")
     list_filter = ("stage", "outcome")
     readonly_fields = ("log_tail", "error")
@@ -169,7 +197,7 @@ class EvaluationAdmin(StageAdmin):
 
 
 @admin.register(Checkpoint)
-class CheckpointAdmin(admin.ModelAdmin):
+class CheckpointAdmin(NoAddAdmin):
     list_display = ("id", "training_run", "epoch", "val_loss", "train_loss", "is_best", "imported_by", "imported_at",
                     "path")
     list_filter = ("is_best", ("training_run", admin.EmptyFieldListFilter))
@@ -177,7 +205,7 @@ class CheckpointAdmin(admin.ModelAdmin):
 
 
 @admin.register(MetricSeries)
-class MetricSeriesAdmin(admin.ModelAdmin):
+class MetricSeriesAdmin(InternalAdmin):
     list_display = ("training_run", "split", "key", "num_points", "last_step", "last_value", "min_value", "min_step",
                     "num_refused")
     list_filter = ("split",)
@@ -194,17 +222,20 @@ class RunTagAdmin(admin.ModelAdmin):
 
 
 @admin.register(MetricChunk)
-class MetricChunkAdmin(admin.ModelAdmin):
+class MetricChunkAdmin(InternalAdmin):
     list_display = ("series", "first_step", "last_step", "num_points")
     fields = readonly_fields = ("series", "first_step", "last_step", "num_points")  # the arrays are binary
 
 
 @admin.register(Verification)
-class VerificationAdmin(admin.ModelAdmin):
+class VerificationAdmin(NoAddAdmin):
     list_display = ("id", "extraction", "passed", "full", "layout", "seconds", "created_by", "created_at")
     list_filter = ("passed", "full", "layout")
     search_fields = ("extraction__path",)
     readonly_fields = ("checks", "report")
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a verification's result is what it measured; an override says why it is set aside
 
 
 class LengthFilter(admin.SimpleListFilter):
@@ -224,39 +255,52 @@ class LengthFilter(admin.SimpleListFilter):
 
 
 @admin.register(DatasetSample)
-class DatasetSampleAdmin(admin.ModelAdmin):
+class DatasetSampleAdmin(NoAddAdmin):
     list_display = ("sample_id", "dataset", "line", "num_turns", "num_chars", "excluded", "tags", "preview")
     list_filter = ("excluded", "dataset", LengthFilter, "num_turns")
     search_fields = ("sample_id", "preview", "tags", "notes")
     readonly_fields = ("dataset", "sample_id", "line", "num_turns", "num_chars", "preview", "content_hash")
     actions = ["exclude_samples", "include_samples", "tag_needs_review"]
 
-    def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        if change and form.changed_data:
-            CurationAction.objects.create(user=request.user, dataset=obj.dataset, action="edit",
-                                          sample_ids=[obj.sample_id], detail="changed " + ", ".join(form.changed_data))
+    def get_actions(self, request):
+        # Exclusion is the curation: deleting samples would lose them and their curation log (a catalogue
+        # pass would add them back, uncurated). A dataset's samples go with the dataset.
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    @staticmethod
+    def _first_ids(queryset) -> list[str]:
+        """The ids the message names, read before the action (a filter such as "not excluded" would
+        match none of them after it)."""
+        from runs.data.curation import NAMED_SAMPLES
+
+        return list(queryset.values_list("sample_id", flat=True)[:NAMED_SAMPLES])
 
     @admin.action(description="Exclude from later preparations")
     def exclude_samples(self, request, queryset):
-        from runs.data.curation import samples_set_excluded
+        from runs.data.curation import samples_named, samples_set_excluded
 
+        first = self._first_ids(queryset)
         count = samples_set_excluded(samples=queryset, excluded=True, user=request.user)
-        self.message_user(request, f"Excluded {count} sample(s); runs launched from now on skip them.")
+        self.message_user(request, f"Excluded {count} sample(s): {samples_named(first, total=count)}; "
+                                   "runs launched from now on skip them.")
 
     @admin.action(description="Include again")
     def include_samples(self, request, queryset):
-        from runs.data.curation import samples_set_excluded
+        from runs.data.curation import samples_named, samples_set_excluded
 
+        first = self._first_ids(queryset)
         count = samples_set_excluded(samples=queryset, excluded=False, user=request.user)
-        self.message_user(request, f"Included {count} sample(s) again.")
+        self.message_user(request, f"Included {count} sample(s) again: {samples_named(first, total=count)}.")
 
     @admin.action(description="Tag 'needs-review'")
     def tag_needs_review(self, request, queryset):
-        from runs.data.curation import samples_tag
+        from runs.data.curation import samples_named, samples_tag
 
+        first = self._first_ids(queryset)
         count = samples_tag(samples=queryset, tag="needs-review", user=request.user)
-        self.message_user(request, f"Tagged {count} sample(s) 'needs-review'.")
+        self.message_user(request, f"Tagged {count} sample(s) 'needs-review': {samples_named(first, total=count)}.")
 
 
 @admin.register(CurationAction)
@@ -281,13 +325,13 @@ class ReviewAdmin(admin.ModelAdmin):
 
 
 @admin.register(VerificationOverride)
-class VerificationOverrideAdmin(admin.ModelAdmin):
+class VerificationOverrideAdmin(NoAddAdmin):
     list_display = ("created_at", "reviewer", "verification", "reason")
     search_fields = ("reason", "reviewer__username")
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(NoAddAdmin):
     """Rows the workers' heartbeats write (the /workers/ page reads them); delete one that is gone for good."""
 
     list_display = ("name", "hostname", "last_seen", "stopped_at", "started_at")

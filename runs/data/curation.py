@@ -20,6 +20,10 @@ from workers.contract.errors import InputError
 CATALOGUE_BATCH = 2000
 CONTENT_FIELDS = ("line", "num_turns", "num_chars", "preview", "content_hash")
 CURATION_FIELDS = ("excluded", "tags", "notes")
+# How many sample ids a curation log entry (and the admin's message) names before counting the rest,
+# and how much of each id it shows: the entry's detail holds 500 characters; sample_ids keeps them all.
+NAMED_SAMPLES = 10
+NAMED_ID_CHARS = 32
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,15 @@ def dataset_samples_sync(*, dataset: Dataset, on_progress: Callable[[int, int], 
     return CatalogueCounts(added=after - before, total=after)
 
 
+def samples_named(ids: list[str], *, total: int | None = None) -> str:
+    """"a, b, c" or "a, b, ... and 7 more": the first NAMED_SAMPLES ids (each cut to NAMED_ID_CHARS),
+    then how many more of `total` (default: len(ids)) there are."""
+    total = len(ids) if total is None else total
+    shown = [i if len(i) <= NAMED_ID_CHARS else i[:NAMED_ID_CHARS - 1] + "\u2026" for i in ids[:NAMED_SAMPLES]]
+    rest = total - len(shown)
+    return ", ".join(shown) + (f" and {rest} more" if rest > 0 else "")
+
+
 @transaction.atomic
 def samples_set_excluded(*, samples: QuerySet[DatasetSample], excluded: bool, user: AbstractBaseUser) -> int:
     by_dataset: dict[int, list[str]] = {}
@@ -210,7 +223,7 @@ def samples_set_excluded(*, samples: QuerySet[DatasetSample], excluded: bool, us
     count = samples.update(excluded=excluded)
     for dataset_id, ids in by_dataset.items():
         CurationAction.objects.create(user=user, dataset_id=dataset_id, action="exclude" if excluded else "include",
-                                      sample_ids=ids, detail=f"{len(ids)} sample(s)")
+                                      sample_ids=ids, detail=f"{len(ids)} sample(s): {samples_named(ids)}"[:500])
     return count
 
 
@@ -228,7 +241,7 @@ def samples_tag(*, samples: QuerySet[DatasetSample], tag: str, user: AbstractBas
         by_dataset.setdefault(sample.dataset_id, []).append(sample.sample_id)
     for dataset_id, ids in by_dataset.items():
         CurationAction.objects.create(user=user, dataset_id=dataset_id, action="tag", sample_ids=ids,
-                                      detail=f"tag {tag!r} on {len(ids)} sample(s)")
+                                      detail=f"tag {tag!r} on {len(ids)} sample(s): {samples_named(ids)}"[:500])
     return sum(len(ids) for ids in by_dataset.values())
 
 

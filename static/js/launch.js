@@ -18,11 +18,21 @@
     return i === 0 ? `${n} bytes` : `${n.toFixed(1)} ${units[i]}`;
   }
 
-  async function inspect() {
+  // The server's error on the target field, if the form came back with one: for the path as submitted.
+  let serverError = info.parentElement.querySelector(".field-error:not(#target-info)");
+
+  async function inspect(event) {
+    if (event && serverError) { serverError.remove(); serverError = null; }  // another path: not its error
     if (!target.value.trim()) return;
     const resp = await fetch(form.dataset.inspectUrl + "?path=" + encodeURIComponent(target.value.trim()));
     const body = await resp.json();
-    if (!resp.ok) { info.textContent = body.error; info.className = "field-error"; return; }
+    if (!resp.ok) {
+      // Said once: the server's error for this path is already under the field.
+      const said = serverError && serverError.textContent.trim() === body.error;
+      info.textContent = said ? "" : body.error;
+      info.className = said ? "hint" : "field-error";
+      return;
+    }
     info.className = "hint";
     info.textContent = `${body.architecture}: ${body.num_layers} layers, hidden ${body.hidden_size}, vocab ${body.vocab_size}` +
       (body.nested_text_config ? " (read from text_config)" : "") + `. EAGLE-3 default layers: ${body.default_layer_ids.join(", ")}.` +
