@@ -182,8 +182,9 @@ def test_form_offers_only_what_live_workers_run_and_refuses_the_rest_with_a_400(
     assert response.status_code == 302 and run.config["extraction_backend"] == "vllm"
     api = client.get(f"/api/runs/{run.pk}/").json()
     assert api["backends"] == [
-        {"stage": "extract", "backend": "vllm", "label": "vLLM", "gpus": 2, "default": False},
-        {"stage": "train", "backend": "eagle3web", "label": "eagle3web's training loop", "gpus": 1, "default": True}]
+        {"stage": "extract", "backend": "vllm", "label": "vLLM", "gpus": 2, "default": False, "device": None},
+        {"stage": "train", "backend": "eagle3web", "label": "eagle3web's training loop", "gpus": 1, "default": True,
+         "device": None}]  # where each ran, once it did (none has yet)
     assert "<strong>vLLM</strong> on 2 GPUs" in client.get(f"/runs/{run.pk}/").content.decode()
 
 
