@@ -14,7 +14,6 @@ from runs.pipeline.run_config import MAX_SAMPLES
 
 # Two taus equal to this many decimals (as the pages show them) are a tie.
 TAU_DECIMALS = 3
-HELD = "held"  # a run its sweep has not handed to the queue yet (runs.sweeps.release)
 
 
 def sweep_list() -> QuerySet[Sweep]:
@@ -30,7 +29,7 @@ class SweepRow:
     position: int
     run: PipelineRun
     settings: dict[str, str]  # swept key -> value as typed
-    status: str  # the run's status, or HELD while its sweep holds it back
+    status: str  # the run's status ("held" while its sweep holds it back: run_selectors.run_status)
     tau: float | None  # measured acceptance length, once its evaluate stage succeeded
     is_best: bool = False
 
@@ -55,14 +54,12 @@ class SweepBest:
 
 def sweep_rows(*, sweep: Sweep) -> tuple[list[SweepRow], SweepBest]:
     entries = list(SweepRun.objects.filter(sweep=sweep).order_by("position").values_list(
-        "position", "run_id", "values", "released_at"))
+        "position", "run_id", "values"))
     runs = {run.pk: run for run in run_selectors.run_rows().filter(pk__in=[e[1] for e in entries])}
     rows = []
-    for position, run_id, values, released_at in entries:
+    for position, run_id, values in entries:
         run = runs[run_id]
         status = run_selectors.run_status(run)
-        if released_at is None and status == StageStatus.QUEUED:
-            status = HELD
         tau = run.shown_tau  # its best checkpoint's (runs.pipeline.best), else its evaluate stage's
         # In the sweep's order of keys: a JSON object column (jsonb) keeps no order of its own.
         settings = {key: values.get(key, "") for key in sweep.keys}

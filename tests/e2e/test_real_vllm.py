@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from django.core.management import call_command
 from django.utils import timezone
 from safetensors.torch import load_file
+from tests.vllm_here import vllm_or_skip
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -40,14 +40,7 @@ TALKER_CONVERSATIONS = 200
 
 @pytest.fixture(scope="module")
 def vllm_install():
-    from workers.contract.vllm_env import vllm_install as find
-
-    install = find()
-    if isinstance(install, str):
-        if os.environ.get("EAGLE3WEB_REQUIRE_VLLM") == "1":
-            pytest.fail(f"EAGLE3WEB_REQUIRE_VLLM=1 but {install}")
-        pytest.skip(f"real vLLM is not here: {install}")
-    return install
+    return vllm_or_skip()
 
 
 def _cli(name: str, *args) -> dict:

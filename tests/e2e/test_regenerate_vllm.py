@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.vllm_here import vllm_or_skip
 from tests.regenerate_data import TOO_LONG_TEXT, demo_rows, read_jsonl, shaped_rows, talking_target, write_jsonl
 from workers.stages.regenerate import RegenerateError, RegenerateSettings, regenerate
 
@@ -27,14 +28,7 @@ MAX_MODEL_LEN = 2048  # the talker's positions: what regenerate() starts vLLM wi
 
 @pytest.fixture(scope="module")
 def vllm_install():
-    from workers.contract.vllm_env import vllm_install as find
-
-    install = find()
-    if isinstance(install, str):
-        if os.environ.get("EAGLE3WEB_REQUIRE_VLLM") == "1":
-            pytest.fail(f"EAGLE3WEB_REQUIRE_VLLM=1 but {install}")
-        pytest.skip(f"real vLLM is not here: {install}")
-    return install
+    return vllm_or_skip()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import time
 
 import pytest
@@ -22,6 +21,7 @@ from runs.pipeline.run_config import RunConfig
 from workers.contract.errors import InputError
 from workers.contract.target import TargetConfigError, validate_layer_ids
 from workers.contract.vllm_env import VllmInstall
+from tests.vllm_here import vllm_or_skip
 
 pytestmark = pytest.mark.django_db
 
@@ -82,14 +82,7 @@ def fake_vllm(monkeypatch, settings):
 
 @pytest.fixture(scope="module")
 def real_vllm():
-    from workers.contract.vllm_env import vllm_install
-
-    install = vllm_install()
-    if isinstance(install, str):
-        if os.environ.get("EAGLE3WEB_REQUIRE_VLLM") == "1":
-            pytest.fail(f"EAGLE3WEB_REQUIRE_VLLM=1 but {install}")
-        pytest.skip(f"real vLLM is not here: {install}")
-    return install
+    return vllm_or_skip()
 
 
 @pytest.fixture

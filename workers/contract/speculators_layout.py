@@ -82,6 +82,20 @@ def _only_links(directory: Path) -> bool:
     return all(entry.is_symlink() for entry in directory.iterdir())
 
 
+def swap_in(staging: Path, out_dir: Path) -> None:
+    """Put the folder written at `staging` in `out_dir`'s place, replacing what was there, so that a reader
+    never sees half a directory (the old one is moved aside, then removed)."""
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(out_dir, old)
+        os.replace(staging, out_dir)
+        shutil.rmtree(old)
+    else:
+        os.replace(staging, out_dir)
+
+
 def speculators_data_link(*, prepared_dir: Path, hidden_states_dir: Path, d2t_path: Path, t2d_path: Path,
                           out_dir: Path) -> SpeculatorsData:
     """(Re)write out_dir as speculators' data directory: one relative link per file it reads.
@@ -104,15 +118,7 @@ def speculators_data_link(*, prepared_dir: Path, hidden_states_dir: Path, d2t_pa
     for name, target in plan.items():
         # Relative to out_dir (staging has the same parent, so the same text resolves the same way).
         (staging / name).symlink_to(os.path.relpath(target, out_dir), target_is_directory=target.is_dir())
-    if out_dir.exists():
-        old = out_dir.parent / f".{out_dir.name}.old"
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(out_dir, old)
-        os.replace(staging, out_dir)
-        shutil.rmtree(old)
-    else:
-        os.replace(staging, out_dir)
+    swap_in(staging, out_dir)
     return SpeculatorsData(data_dir=out_dir, draft_vocab_size=size, linked=tuple(sorted(plan)))
 
 

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from workers.contract.errors import InputError
+from workers.contract.speculators_layout import swap_in
 
 ORDER_FILE = "split_order.json"
 DATASET_ENTRIES = ("state.json", "dataset_info.json")  # with data-*.arrow: what save_to_disk writes
@@ -68,13 +69,5 @@ def write_split_data(*, prepared_dir: Path, hidden_states_dir: Path, links_dir: 
     for position, row in enumerate(order):
         (hs_dir / f"hs_{position}.safetensors").symlink_to(os.path.join(base, f"hs_{row}.safetensors"))
     (staging / ORDER_FILE).write_text(json.dumps({"order": [int(i) for i in order]}) + "\n")
-    if out_dir.exists():
-        old = out_dir.parent / f".{out_dir.name}.old"
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(out_dir, old)
-        os.replace(staging, out_dir)
-        shutil.rmtree(old)
-    else:
-        os.replace(staging, out_dir)
+    swap_in(staging, out_dir)
     return out_dir
