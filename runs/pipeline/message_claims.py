@@ -28,6 +28,8 @@ from django.utils import timezone
 from runs.fleet.models import Worker
 from runs.fleet.selectors import heartbeat_seconds
 from runs.models import PendingEnqueue, StageStatus
+from runs.pipeline.queue import (EVALUATION_TASK, JOB_TASK, STAGE_TASK, evaluation_enqueue, job_enqueue,
+                                 pipeline_enqueue, run_next_stage)
 from runs.pipeline.stages import JOBS, STAGES, STAGES_BY_NAME, StageKind
 
 logger = logging.getLogger(__name__)
@@ -37,7 +39,6 @@ logger = logging.getLogger(__name__)
 CLAIM_SECONDS = 10
 # The key the reconcilers keep in the broker's Redis; missing, the broker is new or lost its data.
 BROKER_MARK_KEY = "eagle3web:broker-mark"
-STAGE_TASK, EVALUATION_TASK, JOB_TASK = "eagle3web.stage", "eagle3web.evaluate_checkpoint", "eagle3web.job"
 
 
 def _claimable_rows(task_name: str, args: list | tuple):
@@ -85,8 +86,6 @@ def _claimer_alive(name: str, claimed_at: datetime, now: datetime) -> bool:
 
 
 def _send_again(kind: StageKind, row) -> None:
-    from runs.pipeline.queue import evaluation_enqueue, job_enqueue, pipeline_enqueue
-
     if kind.is_job:
         job_enqueue(job_name=kind.name, record_id=row.pk)
     elif getattr(row, "run_id", None) is not None:
@@ -138,8 +137,6 @@ def _messages_owed() -> list[tuple[str, object]]:
     """(what, how to send it) for every queued row the broker should hold a message for: not waiting
     in the outbox, not a run its sweep holds back or one trained elsewhere, not a stage behind an
     unfinished one."""
-    from runs.pipeline.queue import evaluation_enqueue, job_enqueue, pipeline_enqueue, run_next_stage
-
     owed = []
     for kind in JOBS:
         queued = _outside_outbox(kind.model.objects.filter(status=StageStatus.QUEUED), kind.name)

@@ -15,7 +15,6 @@ from django.utils import timezone
 from runs.fleet.models import Worker
 from runs.models import PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline.job_models import DatasetCatalogue
-from runs.pipeline import message_claims
 from runs.pipeline.message_claims import (
     BROKER_MARK_KEY,
     CLAIM_SECONDS,
@@ -24,14 +23,14 @@ from runs.pipeline.message_claims import (
     message_claim,
     message_claim_drop,
 )
-from runs.pipeline.queue import run_next_stage
+from runs.pipeline.queue import STAGE_TASK, run_next_stage
 from runs.pipeline.stage_services import HAND_OVER_NEXT, stage_record_id, stage_start, stage_succeed
 from tests.outage import private_redis
 from tests.services.test_run_launch import launch
 
 pytestmark = pytest.mark.django_db
 
-STAGE = "eagle3web.stage"
+STAGE = STAGE_TASK
 
 
 def _launched(roots, user) -> PipelineRun:
@@ -154,4 +153,3 @@ def test_a_broker_that_came_back_empty_gets_every_handed_over_message_again_once
         server.start()  # empty, as a Redis without its append-only file comes back
         PendingEnqueue.objects.filter(object_id=waiting.pk).delete()
         assert broker_forgot_messages(client) != [] and client.exists(BROKER_MARK_KEY)
-    assert message_claims.STAGE_TASK == STAGE
