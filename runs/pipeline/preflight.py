@@ -207,7 +207,7 @@ def vllm_check(*, target_dir: Path, layer_ids: list[int], config: RunConfig) -> 
     if isinstance(install, str):
         return f"skipped: {install}"
     # Served as the serve check serves it: on the GPUs vLLM extracted on, in the target's own dtype.
-    from workers.stages.evaluate.serve_check import target_dtype
+    from workers.contract.target import target_dtype
 
     tp = config.tensor_parallel_size if config.extraction_backend == "vllm" else 1
     request = {"target": str(target_dir), "num_speculative_tokens": config.ttt_steps, "tensor_parallel_size": tp,

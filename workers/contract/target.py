@@ -164,3 +164,12 @@ def validate_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
     if any(b <= a for a, b in zip(layer_ids, layer_ids[1:])):
         raise TargetConfigError(f"layer ids must be strictly increasing without repeats, got {layer_ids}")
     return list(layer_ids)
+
+
+def target_dtype(target_dir: Path) -> str:
+    """The dtype the target's config names, which the serve check and the launch's vLLM check serve it in
+    (what our evaluation loads it in); 'auto' when it names none."""
+    raw = read_target_json(target_dir)
+    config = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    dtype = config.get("dtype") or config.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype")
+    return str(dtype) if dtype in ("float32", "bfloat16", "float16") else "auto"

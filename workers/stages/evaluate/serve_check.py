@@ -41,7 +41,7 @@ from pathlib import Path
 
 from workers.contract.errors import InputError, StopRequested
 from workers.contract.serving import checkpoint_speculative_tokens, vllm_serve_command
-from workers.contract.target import read_target_json
+from workers.contract.target import read_target_json, target_dtype  # noqa: F401 - target_dtype: its name here too
 from workers.contract.vllm_env import kvcache_gib, server_environment, vllm_install_at
 from workers.stages.extract.vllm_server import HOST, VllmServer, VllmServerError, free_port, log_tail
 
@@ -153,14 +153,6 @@ def emitted_tau(*, outputs: list[list[int]], drafts: int, decode_steps: int | No
         raise VllmServerError(f"vLLM's counters do not add up: {drafts} drafts, {decode_steps} decode steps, "
                               f"{emitted} tokens emitted after each prompt's first")
     return (emitted - undrafted) / drafts, undrafted
-
-
-def target_dtype(target_dir: Path) -> str:
-    """The dtype the target's config names (what our evaluation loads it in); 'auto' when it names none."""
-    raw = read_target_json(target_dir)
-    config = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    dtype = config.get("dtype") or config.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype")
-    return str(dtype) if dtype in ("float32", "bfloat16", "float16") else "auto"
 
 
 def serve_check_commands(*, vllm_executable: str, target_dir: Path, checkpoint_dir: Path, k: int, dtype: str,
