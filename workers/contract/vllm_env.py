@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROJECT_VLLM = ROOT / ".venv-vllm" / "bin" / "vllm"
 PLUGINS_DIR = ROOT / "workers" / "vllm_plugins"
 CPU_CONNECTOR = ("CpuHiddenStatesConnector", "eagle3web_cpu_connector")
-STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
+STAMPED_CONNECTOR = ("StampedHiddenStatesConnector", "eagle3web_cpu_connector")
 KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 MIN_KVCACHE_GIB = 1
 GIB = 1 << 30
@@ -121,21 +121,21 @@ def kvcache_gib(*, target_config: dict, max_model_len: int, concurrency: int, ex
 
 
 def server_environment(install: VllmInstall, *, kvcache_space_gib: int) -> dict[str, str]:
-    """What a `vllm serve` child adds to this worker's environment: on the CPU build, its KV cache
-    size (a value the worker's own environment sets wins) and the folder of our CPU connector."""
-    if not install.is_cpu:
-        return {}
+    """What a `vllm serve` child adds to this worker's environment: the folder of our connectors
+    (workers/vllm_plugins) and, on the CPU build, its KV cache size (a value the worker's own
+    environment sets wins)."""
     path = os.environ.get("PYTHONPATH", "")
-    return {
-        KVCACHE_ENV: os.environ.get(KVCACHE_ENV) or str(kvcache_space_gib),
-        "PYTHONPATH": os.pathsep.join([str(PLUGINS_DIR), path]) if path else str(PLUGINS_DIR),
-    }
+    env = {"PYTHONPATH": os.pathsep.join([str(PLUGINS_DIR), path]) if path else str(PLUGINS_DIR)}
+    if install.is_cpu:
+        env[KVCACHE_ENV] = os.environ.get(KVCACHE_ENV) or str(kvcache_space_gib)
+    return env
 
 
 def hidden_states_connector(install: VllmInstall | None) -> dict:
-    """kv_transfer_config's connector keys: the stock connector pins memory on CUDA streams, which
-    fails without an accelerator, so the CPU build gets its subclass (workers/vllm_plugins)."""
-    if install is not None and install.is_cpu:
-        name, module = CPU_CONNECTOR
-        return {"kv_connector": name, "kv_connector_module_path": module}
-    return {"kv_connector": STOCK_CONNECTOR}
+    """kv_transfer_config's connector keys: ours, which stamp each file with the layer ids and model
+    the server captured with (workers/vllm_plugins); the CPU build's also copies without CUDA streams,
+    which the stock connector needs. The stock connector where the install is unknown (no plugin path)."""
+    if install is None:
+        return {"kv_connector": "ExampleHiddenStatesConnector"}
+    name, module = CPU_CONNECTOR if install is not None and install.is_cpu else STAMPED_CONNECTOR
+    return {"kv_connector": name, "kv_connector_module_path": module}

@@ -7,19 +7,28 @@ on a CUDA stream, which fails on a CPU host ("pin_memory=True requires a CUDA or
 backend"). Here the cache already lives in host memory, so a plain copy is the whole transfer; the
 lock file, the writer threads and the file layout are the parent's, unchanged, so clients and
 speculators' checks read the same files either way.
+
+Both builds' servers use StampedHiddenStatesConnector (the CPU one through its subclass): each file's
+safetensors header names the layer ids, the model and its widths the server captured with, so a
+trainer that reads files a running server wrote (an online run's capture servers, given by URL) can
+refuse a server started for another target or other layers; the tensors are unchanged.
 """
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from functools import partial
 
 import torch
+from safetensors.torch import save_file
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
     ExampleHiddenStatesConnector,
     PendingSave,
     extract_from_kv_cache,
 )
+
+STAMP_PREFIX = "eagle3web_"  # the header keys; workers.stages.train.online.capture reads them
 
 
 class _Copied:
@@ -33,7 +42,37 @@ class _Copied:
         return None
 
 
-class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
+def server_stamp(vllm_config) -> dict[str, str]:
+    """What this server captures: layer ids, model, hidden size, layer count (header strings)."""
+    hf = vllm_config.model_config.hf_config
+    text = getattr(hf, "text_config", None) or hf
+    spec = vllm_config.speculative_config.draft_model_config.hf_config
+    return {
+        f"{STAMP_PREFIX}layer_ids": json.dumps(list(getattr(spec, "eagle_aux_hidden_state_layer_ids", []))),
+        f"{STAMP_PREFIX}model": str(vllm_config.model_config.model),
+        f"{STAMP_PREFIX}hidden_size": str(getattr(text, "hidden_size", "")),
+        f"{STAMP_PREFIX}num_hidden_layers": str(getattr(text, "num_hidden_layers", "")),
+    }
+
+
+class StampedHiddenStatesConnector(ExampleHiddenStatesConnector):
+    """ExampleHiddenStatesConnector whose files carry server_stamp() in their safetensors header."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self._stamp = server_stamp(vllm_config)
+
+    def _write_tensors(self, tensors, event, filename: str, lock_fd: int | None) -> None:
+        """The parent's writer (a static method it calls through self), with the stamp in the header."""
+        try:
+            event.synchronize()
+            save_file(tensors, filename, metadata=self._stamp)
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)  # releases LOCK_EX
+
+
+class CpuHiddenStatesConnector(StampedHiddenStatesConnector):
     """ExampleHiddenStatesConnector whose copy out of the hidden-states cache is a plain clone."""
 
     def _submit_async_write(self, pending: PendingSave) -> None:

@@ -101,7 +101,7 @@ def _refuse_foreign_tokens(input_ids, vocab_size: int, prepared_dir: Path) -> No
                          f"({vocab_size}); was it prepared with another tokenizer?")
 
 
-def _max_model_len(target_dir: Path, lengths: list[int]) -> int:
+def max_model_len(target_dir: Path, lengths: list[int]) -> int:
     """The longest row plus the token each request generates, refused past the target's positions."""
     needed = max(lengths) + 1
     raw = read_target_json(target_dir)
@@ -182,7 +182,7 @@ def _fetch_sample(*, client, model_id: str, index: int, token_ids: list[int], st
     return _Done(index=index, tokens=len(token_ids), nbytes=target.stat().st_size)
 
 
-def _install_and_environment(executable: str, *, target_dir: Path, max_model_len: int, concurrency: int,
+def install_and_environment(executable: str, *, target_dir: Path, max_model_len: int, concurrency: int,
                              cached_bytes_per_token: int):
     """The vLLM behind `executable` (None when it cannot be told: the server's own start then says
     what is wrong) and the environment its server needs (on the CPU build: KV cache and connector)."""
@@ -233,7 +233,7 @@ def extract_with_vllm(
     data, lengths = open_prepared(prepared_dir)
     num_rows, input_ids = len(lengths), data.data.table.column("input_ids")
     _refuse_foreign_tokens(input_ids, target.vocab_size, prepared_dir)
-    max_model_len = _max_model_len(target_dir, lengths)
+    model_len = max_model_len(target_dir, lengths)
 
     fingerprint = extraction_fingerprint(target_dir=target_dir, prepared_dir=prepared_dir, layer_ids=layer_ids,
                                          dtype=STORE_DTYPE, num_rows=num_rows)
@@ -261,11 +261,11 @@ def extract_with_vllm(
 
     if todo:  # a resumed extraction with nothing left to do never starts a server
         port = port or free_port()
-        install, env = _install_and_environment(vllm_executable, target_dir=target_dir, max_model_len=max_model_len,
+        install, env = install_and_environment(vllm_executable, target_dir=target_dir, max_model_len=model_len,
                                                 concurrency=concurrency, cached_bytes_per_token=num_layers * hidden_size * 2)
         command = serve_command(vllm_executable=vllm_executable, target_dir=target_dir, layer_ids=layer_ids,
                                 staging_dir=staging.resolve(), tensor_parallel_size=tensor_parallel_size,
-                                port=port, max_model_len=max_model_len, dtype=STORE_DTYPE,
+                                port=port, max_model_len=model_len, dtype=STORE_DTYPE,
                                 connector=hidden_states_connector(install))
         server = VllmServer(command=command, log_path=out_dir / LOG_NAME, port=port, env=env)
         log.info("starting %s", " ".join(command))

@@ -29,6 +29,7 @@ from speculators.models.eagle3.data import shift_batch  # noqa: E402
 from speculators.train.data import CollateFn  # noqa: E402
 from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2  # noqa: E402
 from workers.contract.errors import InputError  # noqa: E402
+from workers.stages.train.resume import dir_summary  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,17 @@ class HiddenStateSamples(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def identity(self) -> list:
+        """What a training's resume fingerprint records of its hidden states (a redone extraction differs)."""
+        return [str(self.hidden_states_dir.resolve()), dir_summary(self.hidden_states_dir)]
+
+    def expect(self, rows: list[int], *, validation: bool = False) -> None:
+        """The rows the trainer reads next; an extraction on disk has nothing to fetch ahead (the online
+        dataset, workers.stages.train.online.samples, does)."""
+
+    def step_values(self, seconds: float) -> dict[str, float]:
+        return {}
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         path = self.hidden_states_dir / f"hs_{index}.safetensors"

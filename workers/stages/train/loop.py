@@ -65,6 +65,7 @@ from workers.stages.train.resume import (  # noqa: E402
     save_state,
     train_fingerprint,
 )
+from workers.stages.train.online.source import OnlineSource, SupplyReport  # noqa: E402
 from workers.stages.train.data import (  # noqa: E402,F401  (re-exported: tests and bench use them from here)
     DEFAULT_TOKENS_PER_STEP,
     HiddenStateSamples,
@@ -143,6 +144,8 @@ class TrainResult:
     # steps, train_tokens and the loss figures cover the whole training, earlier attempts included;
     # tokens_per_second and seconds are this attempt's (the earlier attempts' when this one had no step left).
     resumed_from_step: int = 0
+    # Where the hidden states came from and how well they kept up (workers.stages.train.online.SupplyReport).
+    supply: dict = field(default_factory=dict)
 
 
 def build_draft_model(*, target_dir: Path, layer_ids: list[int], d2t_path: Path, t2d_path: Path,
@@ -228,7 +231,29 @@ class _MetricSink:
         self.pending, self.steps_since, self.last = [], 0, time.monotonic()
 
 
-def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_path: Path, t2d_path: Path,
+def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path | None, layer_ids: list[int],
+          online: OnlineSource | None = None, should_stop: Callable[[], bool] | None = None, **options) -> TrainResult:
+    """Train the draft (see train_on) from an extraction's `hidden_states_dir`, or, given `online`, from
+    capture servers that produce each sample's hidden states when the trainer first needs it
+    (workers.stages.train.online), started here and stopped when training ends."""
+    target = read_target_config(target_dir)
+    validate_layer_ids(layer_ids, target.num_layers)
+    if online is None:
+        samples = HiddenStateSamples(prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir,
+                                     layer_ids=layer_ids, hidden_size=target.hidden_size)
+        return train_on(samples, target_dir=target_dir, prepared_dir=prepared_dir, layer_ids=layer_ids,
+                        should_stop=should_stop, **options)
+    from workers.stages.train.online.samples import online_samples
+
+    with online_samples(online=online, target_dir=target_dir, prepared_dir=prepared_dir, layer_ids=layer_ids,
+                        should_stop=should_stop) as (samples, fleet):
+        return train_on(samples, target_dir=target_dir, prepared_dir=prepared_dir, layer_ids=layer_ids,
+                        should_stop=should_stop, supply_of=lambda seconds, tokens: samples.report(
+                            train_seconds=seconds, train_tokens=tokens, servers=fleet.servers,
+                            startup_seconds=fleet.startup_seconds).as_dict(), **options)
+
+
+def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Path, d2t_path: Path, t2d_path: Path,
           out_dir: Path, layer_ids: list[int], epochs: int, lr: float, ttt_steps: int, draft_vocab_size: int,
           val_fraction: float = 0.1, max_tokens_per_step: int | None = None, seed: int = 0, device: str = "auto",
           on_progress: Callable[[int, int], None] | None = None,
@@ -239,7 +264,8 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
           on_split: Callable[[dict], None] | None = None,
           resume_every_steps: int | None = None,
           resume_every_seconds: float | None = RESUME_SAVE_SECONDS,
-          attention: str = "auto", loss_implementation: str = "auto") -> TrainResult:
+          attention: str = "auto", loss_implementation: str = "auto",
+          supply_of: Callable[[float, int], dict] | None = None) -> TrainResult:
     """Train the draft; `on_checkpoint` hears of each epoch's checkpoint as soon as it is on disk
     (is_best False until the end, when the returned result marks the best). The split (by
     conversation, held out by prompt content, see workers.stages.train.split) is written to out_dir/split.json
@@ -254,10 +280,6 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
     if epochs < 1 or ttt_steps < 1 or lr <= 0:
         raise ValueError(f"need epochs >= 1, ttt_steps >= 1, lr > 0; got {epochs}, {ttt_steps}, {lr}")
     run_on = resolve_device(device)
-    target = read_target_config(target_dir)
-    validate_layer_ids(layer_ids, target.num_layers)
-    samples = HiddenStateSamples(prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir,
-                                 layer_ids=layer_ids, hidden_size=target.hidden_size)
     try:
         train_idx, val_idx, split = split_train_val(samples.source_ids, val_fraction=val_fraction, seed=seed,
                                                     num_rows=len(samples),
@@ -279,7 +301,7 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = train_fingerprint(
-        target_dir=target_dir, prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir, d2t_path=d2t_path,
+        target_dir=target_dir, prepared_dir=prepared_dir, hidden_states=samples.identity(), d2t_path=d2t_path,
         t2d_path=t2d_path, train_rows=train_idx, val_rows=val_idx, plans=plans,
         hyper={"layer_ids": list(layer_ids), "epochs": epochs, "lr": lr, "ttt_steps": ttt_steps, "seed": seed,
                "draft_vocab_size": draft_vocab_size, "val_fraction": val_fraction, "tokens_per_step": budget})
@@ -323,6 +345,7 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
         for epoch in range(progress.epoch, epochs):
             plan = plans[epoch]
             todo = remaining_plan(plan, samples.lengths, progress.local_step)
+            samples.expect([row for rows in todo for row in rows])  # an online dataset fetches ahead
             batches = stepper.timed(prefetch(
                 iter_batches(samples, todo, max_tokens=budget, dtype=batch_dtype(run_on),
                              pad_to=lambda n: stepper.step_length(n, budget)),
@@ -343,6 +366,7 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
                 values = _public_metrics(raw)
                 progress.losses.append(values["loss"])
                 values.update(lr=lr_now, tokens_per_s=tokens / max(t1 - t0, 1e-9), tokens_seen=progress.train_tokens)
+                values.update(samples.step_values(attempt_seconds))
                 sink.add(step, epoch + local_step / len(plan), "train", values)
                 if on_progress is not None:
                     on_progress(step, total_steps)
@@ -355,6 +379,7 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
             progress.loss_tokens_per_epoch.append(loss_tokens)
             if loss_tokens != available:
                 logger.warning("epoch %d: %d of %d supervised tokens reached the loss", epoch, loss_tokens, available)
+            samples.expect([row for rows in val_plan for row in rows], validation=True)
             val = evaluate(stepper, samples, val_plan, max_tokens=budget, should_stop=should_stop, steps_done=step)
             val_public = {k: float(v) for k, v in val.items() if _METRIC_KEY.match(k)}
             sink.add(step, epoch + 1.0, "val", val_public)
@@ -392,4 +417,13 @@ def train(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_
                        split=split, device=device_label(run_on), resumed_from_step=resumed_from,
                        step_config=stepper.describe(), time_split_s=stepper.times.as_dict(),
                        step_lengths=sorted({length for length, _grad in stepper.shapes}),
-                       graphs_compiled=stepper.graphs_compiled(), recompiles=stepper.recompiles())
+                       graphs_compiled=stepper.graphs_compiled(), recompiles=stepper.recompiles(),
+                       supply=(supply_of(attempt_seconds, attempt_tokens) if supply_of is not None
+                               else offline_supply(stepper.times.as_dict(), attempt_seconds)))
+
+
+def offline_supply(time_split_s: dict, seconds: float) -> dict:
+    """An extraction on disk: the share of step time the trainer waited for its next batch."""
+    wait = float(time_split_s.get("data", 0.0))
+    return SupplyReport(hidden_states="offline", fetch_wait_seconds=wait,
+                        fetch_wait_fraction=min(1.0, wait / seconds) if seconds > 0 else 0.0).as_dict()

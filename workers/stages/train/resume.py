@@ -36,13 +36,13 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _dir_summary(directory: Path) -> list:
+def dir_summary(directory: Path) -> list:
     """[files, bytes, newest mtime_ns]: changes when an extraction is redone, costs a stat per file."""
     files = files_signature(directory)
     return [len(files), sum(f[1] for f in files), max((f[2] for f in files), default=0)]
 
 
-def train_fingerprint(*, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_path: Path,
+def train_fingerprint(*, target_dir: Path, prepared_dir: Path, hidden_states: list, d2t_path: Path,
                       t2d_path: Path, train_rows: list[int], val_rows: list[int], plans: list[list[list[int]]],
                       hyper: dict) -> str:
     """What a training is made from, as one JSON string; equal strings mean a state may be resumed."""
@@ -51,7 +51,7 @@ def train_fingerprint(*, target_dir: Path, prepared_dir: Path, hidden_states_dir
         "format": STATE_FORMAT,
         "target": [str(Path(target_dir).resolve()), _sha256(Path(target_dir) / "config.json")],
         "prepared": [str(Path(prepared_dir).resolve()), files_signature(Path(prepared_dir))],
-        "hidden_states": [str(Path(hidden_states_dir).resolve()), _dir_summary(Path(hidden_states_dir))],
+        "hidden_states": hidden_states,  # the dataset's identity(): an extraction's folder and summary, or online
         "vocab": [_sha256(d2t_path), _sha256(t2d_path)],
         "split_and_plan_sha256": rows,
         "hyper": hyper,

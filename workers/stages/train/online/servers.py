@@ -1,0 +1,175 @@
+"""Capture servers: `vllm serve` with the extract_hidden_states speculative config, started by the
+train stage (as the extract stage starts one) or already running at a URL.
+
+A started server writes into its own folder under the run's cache folder (same filesystem: a
+checked sample moves into the cache without a copy) and runs under child_guard like every child of
+a worker. A server given by URL writes where its operator configured its connector; this worker
+reads the path each response names, so the two share a filesystem (as speculators' own
+`--vllm-endpoint` training requires). Every server is checked before use: /health answers, and
+/v1/models serves the target (by path, or by folder name for a server on another host).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workers.contract.errors import InputError, StopRequested
+from workers.contract.target import read_target_config
+from workers.contract.vllm_env import hidden_states_connector
+from workers.stages.extract.vllm_server import VllmServer, VllmServerError, free_port, log_tail, serve_command
+from workers.stages.extract.with_vllm import STORE_DTYPE, install_and_environment
+
+log = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 1800.0
+PROBE_TIMEOUT_S = 10.0
+CONCURRENCY = 16  # requests a started server's KV cache is sized for: the online dataset's REQUESTS_PER_SERVER
+
+
+class CaptureStopped(StopRequested):
+    """should_stop() asked the training to end while its capture servers started."""
+
+
+@dataclass
+class CaptureServer:
+    """One server the training asks for samples: its base URL, the model id it serves, and (for a
+    server this stage started) its process and folder."""
+
+    url: str
+    model_id: str = ""
+    process: VllmServer | None = None
+    staging: Path | None = None
+    failures: int = 0
+    dead: str | None = None  # why it is no longer asked, once it is not
+    captured: int = 0
+    in_flight: int = 0
+    log_path: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+    def why_dead(self) -> str | None:
+        if self.dead is None and self.process is not None:
+            self.dead = self.process.died()
+        return self.dead
+
+    def describe_log(self) -> str:
+        if self.log_path is None:
+            return f"(the server at {self.url} is not this worker's: read its own log)"
+        return f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+
+
+def _get_json(url: str, timeout: float = PROBE_TIMEOUT_S):
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read().decode())
+
+
+def check_url(url: str) -> str:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise InputError(f"capture server URL {url!r} is not an http(s)://host:port address")
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def served_model(server: CaptureServer, target_dir: Path) -> str:
+    """The model id under which `server` serves the target, refused when it serves another model."""
+    try:
+        models = _get_json(f"{server.url}/v1/models").get("data", [])
+    except (urllib.error.URLError, OSError, ValueError, AttributeError) as exc:
+        raise VllmServerError(f"capture server {server.url}: GET /v1/models failed ({exc}); "
+                              f"{server.describe_log()}") from None
+    target = Path(target_dir)
+    for model in models:
+        for name in (model.get("id"), model.get("root")):
+            if not name:
+                continue
+            if name == str(target) or Path(name).name == target.name:
+                return str(model.get("id"))
+    names = [m.get("root") or m.get("id") for m in models]
+    raise InputError(f"capture server {server.url} serves {names}, not the run's target {target}: "
+                     "point the run at a server started for its target")
+
+
+class CaptureFleet:
+    """The servers of one training. Leaving the context stops the ones it started."""
+
+    def __init__(self, *, target_dir: Path, layer_ids: list[int], count: int, urls: tuple[str, ...] | list[str],
+                 work_dir: Path, max_model_len: int, vllm_executable: str = "vllm",
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S, should_stop: Callable[[], bool] | None = None):
+        if count < 0 or (count == 0 and not urls):
+            raise InputError("an online run needs at least one capture server: start one (capture_servers >= 1) "
+                             "or name running ones (capture_urls)")
+        self.target_dir, self.layer_ids = Path(target_dir), list(layer_ids)
+        self.count, self.urls = count, [check_url(u) for u in urls]
+        self.work_dir, self.max_model_len = Path(work_dir), max_model_len
+        self.vllm_executable, self.startup_timeout_s = vllm_executable, startup_timeout_s
+        self.should_stop = should_stop
+        self.servers: list[CaptureServer] = []
+        self.startup_seconds = 0.0
+
+    def __enter__(self) -> CaptureFleet:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for server in self.servers:
+            if server.process is not None:
+                server.process.stop()
+
+    def _start(self) -> None:
+        started = time.perf_counter()
+        sample_bytes_per_token = len(self.layer_ids) * read_target_config(self.target_dir).hidden_size * 2
+        for n in range(self.count):
+            staging = self.work_dir / f"capture_{n}"
+            staging.mkdir(parents=True, exist_ok=True)
+            port = free_port()
+            install, env = install_and_environment(
+                self.vllm_executable, target_dir=self.target_dir, max_model_len=self.max_model_len,
+                concurrency=CONCURRENCY, cached_bytes_per_token=sample_bytes_per_token)
+            command = serve_command(vllm_executable=self.vllm_executable, target_dir=self.target_dir,
+                                    layer_ids=self.layer_ids, staging_dir=staging.resolve(), tensor_parallel_size=1,
+                                    port=port, max_model_len=self.max_model_len, dtype=STORE_DTYPE,
+                                    connector=hidden_states_connector(install))
+            log_path = self.work_dir / f"capture_{n}.log"
+            process = VllmServer(command=command, log_path=log_path, port=port, env=env)
+            log.info("starting capture server %d: %s", n, " ".join(command))
+            process.start()
+            self.servers.append(CaptureServer(url=process.base_url, process=process, staging=staging.resolve(),
+                                              log_path=log_path))
+        for url in self.urls:
+            self.servers.append(CaptureServer(url=url))
+
+        def stopped() -> Exception:
+            return CaptureStopped("training stopped on request while its capture servers started")
+
+        for server in self.servers:
+            if server.process is not None:  # all started at once above; each waited for in turn
+                remaining = max(1.0, self.startup_timeout_s - (time.perf_counter() - started))
+                server.process.wait_healthy(timeout_s=remaining, should_stop=self.should_stop, on_stop=stopped)
+            elif not _healthy(server.url):
+                raise VllmServerError(f"capture server {server.url} does not answer GET /health: is it running?")
+            server.model_id = served_model(server, self.target_dir)
+        self.startup_seconds = time.perf_counter() - started
+
+    def live(self) -> list[CaptureServer]:
+        return [s for s in self.servers if s.why_dead() is None]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=PROBE_TIMEOUT_S) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return False
