@@ -39,15 +39,18 @@ def _is_dataset_file(name: str) -> bool:
     return name in DATASET_ENTRIES or (name.startswith("data-") and name.endswith(".arrow"))
 
 
-def write_split_data(*, prepared_dir: Path, hidden_states_dir: Path, links_dir: Path, order: list[int],
+def write_split_data(*, prepared_dir: Path, hidden_states_dir: Path | None, links_dir: Path, order: list[int],
                      out_dir: Path) -> Path:
     """(Re)write out_dir as speculators' `--data-path` with prepared row order[p] at position p.
 
     The other entries of `links_dir` (d2t/t2d, token_freq.pt) are linked as they are. Written in a
-    sibling folder and swapped in, so a reader never sees half a directory."""
+    sibling folder and swapped in, so a reader never sees half a directory. `hidden_states_dir` None
+    (an online run) leaves `hidden_states/` empty: speculators then asks its vLLM endpoint for every
+    sample (`--on-missing generate`) and deletes each file it was sent once read, so nothing
+    accumulates there."""
     from datasets import load_from_disk
 
-    prepared_dir, hidden_states_dir = Path(prepared_dir).resolve(), Path(hidden_states_dir).resolve()
+    prepared_dir = Path(prepared_dir).resolve()
     links_dir, out_dir = Path(links_dir).absolute(), Path(out_dir).absolute()
     if out_dir.exists() and not (out_dir / ORDER_FILE).is_file():
         raise SplitDataError(f"{out_dir}: exists and was not written by the train stage (no {ORDER_FILE}); "
@@ -65,9 +68,11 @@ def write_split_data(*, prepared_dir: Path, hidden_states_dir: Path, links_dir: 
         (staging / entry.name).symlink_to(os.path.relpath(target, out_dir), target_is_directory=target.is_dir())
     hs_dir = staging / HIDDEN_STATES
     hs_dir.mkdir()
-    base = os.path.relpath(hidden_states_dir, out_dir / HIDDEN_STATES)  # staging has the same depth
-    for position, row in enumerate(order):
-        (hs_dir / f"hs_{position}.safetensors").symlink_to(os.path.join(base, f"hs_{row}.safetensors"))
+    if hidden_states_dir is not None:
+        # Relative to out_dir/hidden_states: staging has the same depth.
+        base = os.path.relpath(Path(hidden_states_dir).resolve(), out_dir / HIDDEN_STATES)
+        for position, row in enumerate(order):
+            (hs_dir / f"hs_{position}.safetensors").symlink_to(os.path.join(base, f"hs_{row}.safetensors"))
     (staging / ORDER_FILE).write_text(json.dumps({"order": [int(i) for i in order]}) + "\n")
     swap_in(staging, out_dir)
     return out_dir

@@ -12,7 +12,8 @@ What runs (read from the installed speculators 0.9.0, speculators/train/):
   R puts speculators' positional boundary exactly between the sides), beside RUN/speculators_data, the
   links into the run (workers.contract.speculators_layout): `d2t-V.npy`/`t2d-V.npy` are found there by
   `cli.py parse_vocab_mappings`, `hidden_states/` by the file backend.
-- `--on-missing raise`: its default, `generate`, asks a vLLM server for hidden states it lacks.
+- `--on-missing raise`: its default, `generate`, asks a vLLM server for hidden states it lacks; an online
+  run (`online`) uses it, with an empty `hidden_states/` and one capture server (with_speculators/online.py).
 - Processes: `maybe_setup_distributed` (train/distributed.py) calls init_process_group when torchrun
   set LOCAL_RANK; then `Trainer.setup_model` wraps in DDP, or FSDP2 `fully_shard` per decoder layer with
   `--fsdp-shard` (default here when N > 1; DistributedCheckpointer gathers full weights on rank 0).
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
+import functools
 import logging
 import math
 import os
@@ -52,7 +53,8 @@ from pathlib import Path
 from workers.stages.child_process import die_with_parent, guarded, stop_group
 from workers.stages.train.with_speculators.entry import METRICS_PATH_ENV
 from workers.contract.speculators_layout import default_data_dir, speculators_data_link
-from workers.stages.train.with_speculators.ledger import EpochDone, checkpoint_whole, ledger_open, ledger_save
+from workers.stages.train.with_speculators.ledger import ledger_open
+from workers.stages.train.with_speculators.online import speculators_endpoint
 from workers.stages.train.with_speculators.plan import (
     check_hidden_states,
     plan_epochs,
@@ -60,12 +62,14 @@ from workers.stages.train.with_speculators.plan import (
     speculators_split,
     total_seq_len_for,
 )
-from workers.stages.train.with_speculators.split_data import split_data_dir, write_split_data
+from workers.stages.train.with_speculators.records import MetricCapture
+from workers.stages.train.with_speculators.split_data import HIDDEN_STATES, split_data_dir, write_split_data
 from workers.stages.train.split import SplitError, write_split
 from workers.contract.target import read_target_config, validate_layer_ids
-from workers.stages.train.loop import _METRIC_KEY, CheckpointInfo, TrainingStopped, TrainInputError, TrainResult
+from workers.stages.train.loop import CheckpointInfo, TrainingStopped, TrainInputError, TrainResult
 from workers.stages.train.loop import lowest_val_loss_epoch
-from workers.stages.train.resume import train_fingerprint
+from workers.stages.train.online.source import OnlineSource, SupplyReport
+from workers.stages.train.resume import dir_summary, train_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +82,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _METRIC_ECHO = re.compile(r"\b(train|val|profile)/\w+=")  # speculators' console copy of a metric record
 _PROGRESS_BAR = re.compile(r"━|\d+%\|")  # tqdm/rich bars: in the log file, not in the stage's log lines
 _RICH_SOURCE = re.compile(r"\s+\w+\.py:\d+$")  # RichHandler's right-aligned "trainer.py:739"
+# httpx's line per request: online, one per sample (in the log file, not in the stage's log lines)
+_HTTP_REQUEST = re.compile(r"\bHTTP Request: (GET|POST) ")
 
 
 class SpeculatorsTrainError(RuntimeError):
@@ -94,114 +100,20 @@ def default_torchrun() -> str:
 def speculators_command(*, torchrun: str, num_gpus: int, fsdp: bool, target_dir: Path, data_dir: Path,
                         out_dir: Path, aux_layer_ids: Sequence[int], draft_vocab_size: int, epochs: int, lr: float,
                         ttt_steps: int, seed: int, total_seq_len: int, train_data_ratio: float,
-                        hidden_states_backend: str = "file", extra_args: Sequence[str] = ()) -> list[str]:
+                        hidden_states_backend: str = "file", extra_args: Sequence[str] = (),
+                        online_flags: Sequence[str] = ()) -> list[str]:
+    """`online_flags` (with_speculators/online.py endpoint_flags) replace `--on-missing raise`."""
     command = [torchrun, "--standalone", "--nproc-per-node", str(num_gpus), "-m", ENTRY_MODULE,
                "--verifier-name-or-path", str(target_dir), "--data-path", str(data_dir), "--save-path", str(out_dir),
                "--target-layer-ids", *[str(i) for i in aux_layer_ids], "--draft-vocab-size", str(draft_vocab_size),
                "--epochs", str(epochs), "--lr", repr(float(lr)), "--ttt-steps", str(ttt_steps), "--seed", str(seed),
                "--total-seq-len", str(total_seq_len), "--train-data-ratio", repr(train_data_ratio),
-               "--on-missing", "raise", "--log-dir", str(Path(out_dir) / "logs")]
+               *(online_flags or ("--on-missing", "raise")), "--log-dir", str(Path(out_dir) / "logs")]
     if hidden_states_backend != "file":
         command += ["--hidden-states-backend", hidden_states_backend]
     if fsdp:
         command.append("--fsdp-shard")
     return command + list(extra_args)
-
-
-class _Capture:
-    """Turns the entry module's metric lines into our points, epochs and checkpoints."""
-
-    def __init__(self, *, path: Path, plan, out_dir: Path, ledger, on_metrics, on_checkpoint, on_progress):
-        self.path, self.plan, self.out_dir, self.ledger = path, plan, out_dir, ledger
-        self.on_metrics, self.on_checkpoint, self.on_progress = on_metrics, on_checkpoint, on_progress
-        self.offset, self.points, self.device = 0, [], ""
-        self.step = ledger.global_step
-        self.losses: dict[int, list[float]] = collections.defaultdict(list)
-        self.profiled: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-        self.pending_val: dict[int, tuple[int, dict]] = {}
-        self.dropped_samples = 0.0
-
-    def poll(self) -> None:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return
-        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next poll
-        self.offset += len(whole)
-        for line in whole.decode("utf-8").splitlines():
-            self._line(json.loads(line))
-        self._register_checkpoints()
-        self.flush()
-
-    def _line(self, line: dict) -> None:
-        if "device" in line:
-            self.device = line["device"]
-            return
-        record = line["record"]
-        if "train" in record:
-            self._train(record)
-        elif "val" in record:
-            epoch, step = int(record["epoch"]), int(line["step"])
-            values = {k.removesuffix("_epoch"): float(v) for k, v in record["val"].items()
-                      if _METRIC_KEY.match(k.removesuffix("_epoch"))}
-            self.points += [{"step": step, "epoch": float(epoch + 1), "split": "val", "key": k, "value": v}
-                            for k, v in values.items()]
-            self.pending_val[epoch] = (step, values)
-
-    def _train(self, record: dict) -> None:
-        epoch, step = int(record["epoch"]), int(record["global_step"]) + 1
-        local = step - self.plan.steps_before(epoch)
-        values = {k: float(v) for k, v in record["train"].items() if _METRIC_KEY.match(k)}
-        self.dropped_samples += float(record["train"].get("error_records", 0.0))
-        lr = record.get("lr")
-        if isinstance(lr, Mapping):  # muon: {"Muon": lr, "AdamW": lr}; --lr sets AdamW's
-            lr = lr.get("AdamW", next(iter(lr.values()), None))
-        if isinstance(lr, (int, float)):
-            values["lr"] = float(lr)
-        if 1 <= local <= self.plan.steps_per_epoch[epoch]:
-            tokens = self.plan.step_tokens[epoch][local - 1]
-            values["tokens_seen"] = float(self.plan.tokens_through(epoch, local))
-            step_ms = (record.get("profile") or {}).get("step_ms")
-            if isinstance(step_ms, (int, float)) and step_ms > 0:
-                values["tokens_per_s"] = tokens / (step_ms / 1000)
-                self.profiled[epoch][0] += tokens
-                self.profiled[epoch][1] += step_ms / 1000
-        if "loss" in values:
-            self.losses[epoch].append(values["loss"])
-        fraction = epoch + local / max(self.plan.steps_per_epoch[epoch], 1)
-        self.points += [{"step": step, "epoch": round(fraction, 6), "split": "train", "key": k, "value": v}
-                        for k, v in values.items()]
-        self.step = step
-        if self.on_progress is not None:
-            self.on_progress(step, self.plan.total_steps)
-
-    def flush(self) -> None:
-        if self.points and self.on_metrics is not None:
-            self.on_metrics(self.points)
-        self.points = []
-
-    def _register_checkpoints(self) -> None:
-        for epoch in sorted(self.pending_val):
-            folder = self.out_dir / str(epoch)
-            if epoch != len(self.ledger.epochs) or not checkpoint_whole(folder, epoch):
-                continue
-            step, values = self.pending_val.pop(epoch)
-            losses = self.losses.pop(epoch, [])
-            train_loss = sum(losses) / len(losses) if losses else math.nan
-            tokens, seconds = self.profiled.pop(epoch, [0, 0.0])
-            self.flush()  # the curve up to this checkpoint is stored before the checkpoint is
-            info = CheckpointInfo(epoch=epoch, path=folder, train_loss=train_loss,
-                                  val_loss=values.get("loss", math.nan), val_metrics=values, is_best=False)
-            if self.on_checkpoint is not None:
-                self.on_checkpoint(info)
-            self.ledger.epochs.append(EpochDone(epoch=epoch, path=str(folder), train_loss=train_loss,
-                                                val_metrics=values, global_step=step, profiled_tokens=int(tokens),
-                                                profiled_seconds=seconds))
-            ledger_save(self.out_dir, self.ledger)
-            logger.info("epoch %d: train loss %.4f, val loss %.4f, checkpoint %s", epoch, train_loss,
-                        values.get("loss", math.nan), folder)
 
 
 class _Trainer:
@@ -225,7 +137,7 @@ class _Trainer:
             self.log.flush()
             if line.strip():
                 self.tail.append(line)
-                if not (_METRIC_ECHO.search(line) or _PROGRESS_BAR.search(line)):
+                if not (_METRIC_ECHO.search(line) or _PROGRESS_BAR.search(line) or _HTTP_REQUEST.search(line)):
                     logger.info("speculators: %s", " ".join(_RICH_SOURCE.sub("", line).split()))
 
     def stop(self, grace_seconds: float) -> None:
@@ -242,7 +154,7 @@ class _Trainer:
 
 
 def train_with_speculators(
-        *, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path, d2t_path: Path, t2d_path: Path,
+        *, target_dir: Path, prepared_dir: Path, hidden_states_dir: Path | None, d2t_path: Path, t2d_path: Path,
         out_dir: Path, layer_ids: list[int], epochs: int, lr: float, ttt_steps: int, draft_vocab_size: int,
         num_gpus: int = 1, seed: int = 0, val_fraction: float = 0.1, max_tokens_per_step: int | None = None,
         fsdp: bool | None = None, data_dir: Path | None = None, extra_args: Sequence[str] = (),
@@ -253,7 +165,7 @@ def train_with_speculators(
         on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
         on_resume: Callable[[int, int], None] | None = None,
         on_split: Callable[[dict], None] | None = None,
-        torchrun_executable: str | None = None) -> TrainResult:
+        torchrun_executable: str | None = None, online: OnlineSource | None = None) -> TrainResult:
     """Train the draft with speculators' Trainer; same callbacks and result as workers.stages.train.loop.train.
 
     `data_dir` (default: beside out_dir, `speculators_data`) is (re)written as links to the run's
@@ -261,7 +173,10 @@ def train_with_speculators(
     shards with FSDP when num_gpus > 1. `extra_args` go to speculators as they are (e.g. --optimizer
     adamw, --num-workers 4). `env` is added to the trainer's environment.
     On a retry speculators resumes from the last finished epoch and `on_resume(step, epochs_done)`
-    says so before any metric is reported."""
+    says so before any metric is reported. Given `online`, `hidden_states_dir` is not read: speculators
+    asks the run's first capture server for every sample (with_speculators/online.py), started (or
+    reached and checked) before torchrun and stopped when it ends, and the result's `supply` says what
+    was measured of it."""
     started = time.monotonic()
     if epochs < 1 or ttt_steps < 1 or lr <= 0 or num_gpus < 1:
         raise ValueError(f"need epochs, ttt_steps, num_gpus >= 1 and lr > 0; got {epochs}, {ttt_steps}, {num_gpus}, {lr}")
@@ -269,7 +184,13 @@ def train_with_speculators(
     target = read_target_config(target_dir)
     layer_ids = validate_layer_ids(list(layer_ids), target.num_layers)
     rows = read_rows(prepared_dir)
-    backend = check_hidden_states(hidden_states_dir, rows.lengths, layers=len(layer_ids), width=target.hidden_size)
+    if online is None:
+        backend = check_hidden_states(hidden_states_dir, rows.lengths, layers=len(layer_ids), width=target.hidden_size)
+        identity = [str(Path(hidden_states_dir).resolve()), dir_summary(Path(hidden_states_dir))]
+    else:  # the links folder points at the online cache folder: an online run's samples, in prepared order
+        backend, hidden_states_dir = "file", Path(online.cache_dir)
+        hidden_states_dir.mkdir(parents=True, exist_ok=True)
+        identity = ["online", str(hidden_states_dir.resolve())]  # as the online loop's: the source, not its files
     data = speculators_data_link(prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir, d2t_path=d2t_path,
                                  t2d_path=t2d_path, out_dir=data_dir or default_data_dir(out_dir.parent))
     if data.draft_vocab_size != draft_vocab_size:
@@ -285,7 +206,8 @@ def train_with_speculators(
                        world_size=num_gpus, seed=seed, epochs=epochs)
     fsdp = num_gpus > 1 if fsdp is None else fsdp
     fingerprint = train_fingerprint(
-        target_dir=target_dir, prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir, d2t_path=d2t_path,
+        target_dir=target_dir, prepared_dir=prepared_dir,
+        hidden_states=identity, d2t_path=d2t_path,
         t2d_path=t2d_path, train_rows=split.order[:train_rows], val_rows=split.order[train_rows:],
         plans=[], hyper={"backend": "speculators", "layer_ids": layer_ids, "epochs": epochs, "lr": lr,
                          "ttt_steps": ttt_steps, "seed": seed, "draft_vocab_size": draft_vocab_size,
@@ -299,26 +221,43 @@ def train_with_speculators(
         on_split(split.info.as_dict())
     metrics_path = out_dir / METRICS_FILE
     metrics_path.unlink(missing_ok=True)
-    capture = _Capture(path=metrics_path, plan=plan, out_dir=out_dir, ledger=ledger, on_metrics=on_metrics,
-                       on_checkpoint=on_checkpoint, on_progress=on_progress)
+    capture = MetricCapture(path=metrics_path, plan=plan, out_dir=out_dir, ledger=ledger, on_metrics=on_metrics,
+                            on_checkpoint=on_checkpoint, on_progress=on_progress, online=online is not None)
     if on_progress is not None:
         on_progress(resumed_from, plan.total_steps)
     loss_args, step_config = speculators_loss_args(extra_args)
     logger.info("speculators' trainer: %s", step_config)
+    supply = SupplyReport(hidden_states="offline" if online is None else "online",
+                          advice="every epoch was trained by an earlier attempt: nothing to measure").as_dict()
     if len(ledger.epochs) < epochs:
-        ordered = write_split_data(prepared_dir=prepared_dir, hidden_states_dir=hidden_states_dir,
-                                   links_dir=data.data_dir, order=split.order, out_dir=split_data_dir(data.data_dir))
-        command = speculators_command(
-            torchrun=torchrun_executable or default_torchrun(), num_gpus=num_gpus, fsdp=fsdp, target_dir=target_dir,
-            data_dir=ordered, out_dir=out_dir, aux_layer_ids=layer_ids[:-1], draft_vocab_size=draft_vocab_size,
-            epochs=epochs, lr=lr, ttt_steps=ttt_steps, seed=seed, total_seq_len=total_seq_len,
-            train_data_ratio=split.train_data_ratio,
+        ordered = write_split_data(prepared_dir=prepared_dir, links_dir=data.data_dir, order=split.order,
+                                   hidden_states_dir=None if online is not None else hidden_states_dir,
+                                   out_dir=split_data_dir(data.data_dir))
+        command = functools.partial(
+            speculators_command, torchrun=torchrun_executable or default_torchrun(), num_gpus=num_gpus, fsdp=fsdp,
+            target_dir=target_dir, data_dir=ordered, out_dir=out_dir, aux_layer_ids=layer_ids[:-1],
+            draft_vocab_size=draft_vocab_size, epochs=epochs, lr=lr, ttt_steps=ttt_steps, seed=seed,
+            total_seq_len=total_seq_len, train_data_ratio=split.train_data_ratio,
             hidden_states_backend=backend, extra_args=[*loss_args, *extra_args])
-        _run(command, capture=capture, out_dir=out_dir, env=env, should_stop=should_stop,
-             stop_grace_seconds=stop_grace_seconds)
+        run = functools.partial(_run, capture=capture, out_dir=out_dir, env=env, should_stop=should_stop,
+                                stop_grace_seconds=stop_grace_seconds)
+        if online is None:
+            run(command())
+            supply = capture.offline_supply()
+        else:
+            with speculators_endpoint(online, target_dir=target_dir, layer_ids=layer_ids, prepared_dir=prepared_dir,
+                                      lengths=rows.lengths, hidden_states_folder=ordered / HIDDEN_STATES,
+                                      should_stop=should_stop) as source:
+                source.start_counting()
+                try:
+                    run(command(online_flags=source.flags), on_poll=source.disk.sample)
+                except SpeculatorsTrainError as exc:  # a dead server shows as samples it could not produce
+                    raise SpeculatorsTrainError(f"{exc}\n{source.endpoint_state()}") from None
+                fetch_seconds, step_seconds, step_tokens = capture.waited
+                supply = source.supply(fetch_seconds=fetch_seconds, step_seconds=step_seconds, step_tokens=step_tokens)
     result = _result(capture, plan=plan, split=split.info, epochs=epochs, out_dir=out_dir, num_gpus=num_gpus, fsdp=fsdp,
                      resumed_from=resumed_from, seconds=time.monotonic() - started)
-    return dataclasses.replace(result, step_config=step_config)
+    return dataclasses.replace(result, step_config=step_config, supply=supply)
 
 
 def speculators_loss_args(extra_args: Sequence[str]) -> tuple[list[str], str]:
@@ -333,7 +272,8 @@ def speculators_loss_args(extra_args: Sequence[str]) -> tuple[list[str], str]:
             "speculators' compiled forward, eager loss (its fused loss fails under dynamo with torch 2.11)")
 
 
-def _run(command: list[str], *, capture: _Capture, out_dir: Path, env, should_stop, stop_grace_seconds: float) -> None:
+def _run(command: list[str], *, capture: MetricCapture, out_dir: Path, env, should_stop, stop_grace_seconds: float,
+         on_poll: Callable[[], None] | None = None) -> None:
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (child_env.get("PYTHONPATH"), str(REPO_ROOT)) if p)
     child_env.update({METRICS_PATH_ENV: str(capture.path), "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
@@ -344,6 +284,8 @@ def _run(command: list[str], *, capture: _Capture, out_dir: Path, env, should_st
         while trainer.proc.poll() is None:
             time.sleep(POLL_SECONDS)
             capture.poll()
+            if on_poll is not None:
+                on_poll()
             if should_stop is not None and should_stop():
                 trainer.stop(stop_grace_seconds)
                 trainer.wait()
@@ -361,7 +303,7 @@ def _run(command: list[str], *, capture: _Capture, out_dir: Path, env, should_st
                                     f"({trainer.log_path}):\n{tail}")
 
 
-def _result(capture: _Capture, *, plan, split, epochs: int, out_dir: Path, num_gpus: int, fsdp: bool,
+def _result(capture: MetricCapture, *, plan, split, epochs: int, out_dir: Path, num_gpus: int, fsdp: bool,
             resumed_from: int, seconds: float) -> TrainResult:
     done = capture.ledger.epochs
     if len(done) != epochs:
