@@ -95,3 +95,21 @@ class Evaluation(StageRecord):
     class Meta:
         ordering = ["-id"]
 
+
+
+class CheckpointGenerations(models.Model):
+    """The replies one measurement decoded with a checkpoint, token by token: which draft position
+    proposed each token and in which verification forward (workers.stages.evaluate.generations, which
+    bounds it and says how). Its own row, not a field of Evaluation, so that the lists of measurements
+    never load it."""
+
+    evaluation = models.OneToOneField(Evaluation, on_delete=models.CASCADE, related_name="generations")
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="generations")
+    num_speculative_tokens = models.PositiveIntegerField()
+    tokens_cap = models.PositiveIntegerField(help_text="reply tokens kept per prompt")
+    prompts_cap = models.PositiveIntegerField(help_text="prompts kept per measurement")
+    prompts = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]

@@ -71,6 +71,9 @@ class EvaluationResult:
     device: str
     seconds: float
     prompts: list[PromptResult] = field(default_factory=list)
+    # The replies token by token, bounded (workers.stages.evaluate.generations); empty where the target's
+    # tokenizer could not be loaded to give the tokens' texts.
+    generations: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -209,6 +212,20 @@ class Eagle3Proposer:
         return drafts
 
 
+def _generations(target_dir: Path, prompts: list[list[int]], results: list[PromptResult], k: int) -> dict:
+    """The replies token by token with their texts, or nothing (said in the log) where the target has no
+    tokenizer to decode them with: τ was measured all the same."""
+    from workers.stages.evaluate.generations import generation_table
+    from workers.stages.prepare import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(target_dir)
+    except (OSError, ValueError) as exc:
+        log.warning("no generations recorded: the tokenizer of %s did not load (%s)", target_dir, exc)
+        return {}
+    return generation_table(prompts, results, k=k, tokenizer=tokenizer)
+
+
 def evaluate(
     *,
     target_dir: Path,
@@ -271,6 +288,7 @@ def evaluate(
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+    generations = _generations(target_dir, prompts, measured.prompts, k)
     new_tokens, spec_s, greedy_s = measured.new_tokens, measured.spec_seconds, measured.greedy_seconds
     tau, per_position, mismatched = measured.tau, measured.acceptance_per_position, measured.mismatched_prompts
     result = EvaluationResult(
@@ -282,7 +300,7 @@ def evaluate(
         spec_tokens_per_s=new_tokens / spec_s if spec_s else 0.0,
         greedy_tokens_per_s=new_tokens / greedy_s if greedy_s else 0.0,
         speedup=greedy_s / spec_s if spec_s else 0.0,
-        device=where, seconds=time.monotonic() - started, prompts=measured.prompts,
+        device=where, seconds=time.monotonic() - started, prompts=measured.prompts, generations=generations,
     )
     log.info("evaluated %s on %d prompts: tau %.3f (k=%d), acceptance %s, %s greedy output",
              checkpoint_dir, len(measured.prompts), tau, k, [round(p, 3) for p in per_position],

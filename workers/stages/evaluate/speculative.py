@@ -11,12 +11,16 @@ cuts, less one, so tau = (output tokens after the prefill's first) / verificatio
 prefill forward, which every decoder pays once per prompt, is not counted. Acceptance at draft
 position i is the share of verification forwards whose first i+1 drafted tokens were all emitted,
 so tau = 1 + sum(acceptance_per_position).
+
+Each prompt's reply is also traced token by token (token_trace): the verification forward that emitted
+it (0: the prefill) and the draft position that proposed it, or none where the target chose it (a
+correction, with the draft token it replaced, or the bonus token after k accepted drafts).
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -47,6 +51,11 @@ class PromptResult:
     verify_forwards: int
     accepted: list[int]  # per verification forward: its tokens in the output, less one
     matches_greedy: bool
+    # The reply traced token by token (token_trace), one entry per output token.
+    tokens: list[int] = field(default_factory=list)
+    proposed_at: list[int | None] = field(default_factory=list)
+    verify_step: list[int] = field(default_factory=list)
+    rejected: list[int | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,20 @@ def emitted_accepted(contributed: list[int], emitted: int) -> list[int]:
     return accepted
 
 
+def token_trace(steps: list[tuple[list[int], int]], n: int) -> tuple[list[int | None], list[int], list[int | None]]:
+    """Per output token (the first `n`): the draft position (1..k) that proposed it, or None where the
+    target chose it; its verification forward (0: the prefill's token); and, where the target's token
+    replaced a draft, that rejected draft token. `steps`: each verification forward's drafts and how many
+    of them the target accepted, as speculative_decode records them before the output's cuts."""
+    proposed_at: list[int | None] = [None]
+    verify_step, rejected = [0], [None]
+    for step, (drafts, accepted) in enumerate(steps, start=1):
+        proposed_at += [*range(1, accepted + 1), None]
+        verify_step += [step] * (accepted + 1)
+        rejected += [None] * accepted + [drafts[accepted] if accepted < len(drafts) else None]
+    return proposed_at[:n], verify_step[:n], rejected[:n]
+
+
 @torch.inference_mode()
 def greedy_decode(model, prompt: list[int], *, max_new_tokens: int, eos: set[int],
                   device: torch.device | None = None) -> list[int]:
@@ -136,9 +159,10 @@ def greedy_decode(model, prompt: list[int], *, max_new_tokens: int, eos: set[int
 
 @torch.inference_mode()
 def speculative_decode(target: TargetRunner, proposer: Proposer, prompt: list[int], *, k: int, max_new_tokens: int,
-                       eos: set[int]) -> tuple[list[int], list[int]]:
+                       eos: set[int], steps: list[tuple[list[int], int]] | None = None) -> tuple[list[int], list[int]]:
     """Greedy speculative decoding with a chain of k proposed tokens; (tokens, accepted per
-    verification forward, counting only emitted tokens)."""
+    verification forward, counting only emitted tokens). `steps`, when given, gets each verification
+    forward's drafts and how many of them were accepted (token_trace reads them)."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
@@ -155,6 +179,8 @@ def speculative_decode(target: TargetRunner, proposer: Proposer, prompt: list[in
             accepted += 1
         new = drafts[:accepted] + [choices[accepted]]
         contributed.append(len(new))
+        if steps is not None:
+            steps.append((list(drafts), accepted))
         if accepted < k:
             cache.crop(-(k - accepted))  # the target's entries for rejected drafts
         proposer.extend(aux[: accepted + 1], new)
@@ -178,13 +204,16 @@ def measure(model, prompts: list[list[int]], *, aux_layer_ids: list[int], new_pr
             t0 = time.perf_counter()
             reference = greedy_decode(model, prompt, max_new_tokens=max_new_tokens, eos=eos, device=device)
             t1 = time.perf_counter()
+            steps: list[tuple[list[int], int]] = []
             tokens, accepted = speculative_decode(target, new_proposer(prompt), prompt, k=k,
-                                                  max_new_tokens=max_new_tokens, eos=eos)
+                                                  max_new_tokens=max_new_tokens, eos=eos, steps=steps)
             t2 = time.perf_counter()
             greedy_s, spec_s = greedy_s + (t1 - t0), spec_s + (t2 - t1)
+            proposed_at, verify_step, rejected = token_trace(steps, len(tokens))
             results.append(PromptResult(prompt_tokens=len(prompt), new_tokens=len(tokens),
                                         verify_forwards=len(accepted), accepted=accepted,
-                                        matches_greedy=tokens == reference))
+                                        matches_greedy=tokens == reference, tokens=tokens, proposed_at=proposed_at,
+                                        verify_step=verify_step, rejected=rejected))
             if on_progress is not None:
                 on_progress(n + 1, len(prompts))
     finally:
