@@ -1,5 +1,6 @@
-# Placeholder, filled by the part that owns it (hand-written operations for that part's models only).
-from django.db import migrations
+# Each worker's latest system sample on its heartbeat row (runs.fleet.models.Worker); the runs' sampled
+# series need no table: they are MetricSeries under the split "system" (runs.tracking.system_series).
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
@@ -9,4 +10,14 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(
+            model_name='worker',
+            name='system',
+            field=models.JSONField(blank=True, default=dict, help_text='its latest system sample (workers.system_metrics)'),
+        ),
+        migrations.AddField(
+            model_name='worker',
+            name='system_at',
+            field=models.DateTimeField(blank=True, help_text='when that sample was taken', null=True),
+        ),
     ]
