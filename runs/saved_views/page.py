@@ -1,0 +1,79 @@
+"""The runs list page: its table (shared by every viewer of the same projects and the same query, cached
+until a run, review or tag changes), the viewer's saved views, and the forms to save a view and to act on
+the ticked runs. runs.web.views.run_list and the forms' views (runs.saved_views.views) answer with it."""
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.utils.safestring import mark_safe
+
+from runs.pipeline import changes
+from runs.projects import access
+from runs.review import reviews
+from runs.saved_views import selectors as view_selectors
+from runs.tracking import comparison, run_table
+from runs.web import live
+
+# The runs list's table says "3 minutes ago" and how long running runs have run (the page counts those
+# on by itself): rendered again at least this often even when no run changed.
+RUN_TABLE_SECONDS = 30
+
+
+def _run_table_html(*, filters: run_table.RunFilters, params: QueryDict, visible: list[int] | None) -> str:
+    page, total = run_table.run_table(filters=filters, visible=visible)
+    runs = list(page.object_list)
+    states = reviews.review_states(subjects=runs)
+    rows = [(run, run.status, states.get(run.pk), run_table.duration_text(run.duration)) for run in runs]
+    query = params.copy()
+    query.pop("page", None)
+    columns = []
+    for key, label in run_table.COLUMNS:
+        if key not in filters.columns:
+            continue
+        by_column = query.copy()
+        by_column["sort"] = filters.sort_link(key)
+        state = ("desc" if filters.descending else "asc") if key == filters.sort else ""
+        columns.append({"key": key, "label": label, "href": by_column.urlencode() if key in run_table.SORTS else "",
+                        "state": state})
+    # No request: nothing of the viewer's may enter what every viewer of these projects is shown.
+    return render_to_string("runs/_run_table.html", {
+        "rows": rows, "page": page, "total": total, "filters": filters, "query": query.urlencode(), "columns": columns,
+        "shown": set(filters.columns), "compare_max": comparison.MAX_COMPARED})
+
+
+def list_params(request: HttpRequest) -> tuple[QueryDict, object]:
+    """The list's parameters, with the saved view `?view=<id>` applied (Http404: not one the user finds)."""
+    raw = request.GET.get("view", "")
+    if not raw:
+        return request.GET, None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise Http404(f"no saved view {raw[:20]!r}")
+    view = view_selectors.saved_view_get(user=request.user, pk=int(raw))
+    return view_selectors.view_query(view, request.GET), view
+
+
+def run_list_response(request: HttpRequest, *, params: QueryDict | None = None, view=None, status: int = 200,
+                      form_errors: dict | None = None) -> HttpResponse:
+    if params is None:
+        params, view = list_params(request)
+    try:
+        filters = run_table.RunFilters.from_query(params)
+    except run_table.RunTableError as exc:
+        messages.error(request, str(exc))
+        return redirect("runs:run_list")
+    visible, project_names = access.visible_projects(request.user)
+    # What every viewer of the same projects sees alike, cached until a run, review or tag changes.
+    version = changes.runs_list_version()
+    table = live.cached(("run_table", version, visible, sorted(params.lists())), lambda: (
+        _run_table_html(filters=filters, params=params, visible=visible), RUN_TABLE_SECONDS))
+    choices = live.cached(("run_choices", version), lambda: (run_table.filter_choices(), live.SETTLED_SECONDS))
+    query = params.copy()
+    query.pop("page", None)
+    return render(request, "runs/run_list.html", {
+        "table": mark_safe(table), "filters": filters, "choices": choices,  # noqa: S308 - the template engine's
+        "projects": project_names,
+        "views": list(view_selectors.saved_views_for(user=request.user, visible=visible)), "view": view,
+        "query": query.urlencode(), "settings_text": run_table.settings_text(filters.settings),
+        "form_errors": form_errors or {}}, status=status)
