@@ -190,8 +190,8 @@ def login(port: int, username: str) -> dict:
 def client(port: int, cookies: dict, run_id: int, deadline: float, samples: list) -> None:
     since = 0  # as the run page polls: each time, only the steps after the last one it has
     pages = [("runs_list", lambda: "/"), ("run_page", lambda: f"/runs/{run_id}/"),
-             ("curve_full", lambda: f"/api/runs/{run_id}/metrics/?points=2000"),
-             ("curve_poll", lambda: f"/api/runs/{run_id}/metrics/?start={since}")]
+             ("curve_full", lambda: f"/api/v1/runs/{run_id}/metrics/?points=2000"),
+             ("curve_poll", lambda: f"/api/v1/runs/{run_id}/metrics/?start={since}")]
     while time.monotonic() < deadline:
         for name, path in pages:
             started = time.perf_counter()

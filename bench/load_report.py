@@ -61,7 +61,7 @@ def server_times(log: Path, start: int, end: int) -> dict:
     request's path and status, then its milliseconds): percentiles without the client's share."""
     lines = log.read_bytes()[start:end].decode().splitlines()
     out = {}
-    for name, match in (("all", ""), ("status", "/api/runs/\\d+/$"), ("curves", "/metrics/$"),
+    for name, match in (("all", ""), ("status", "/api/v1/runs/\\d+/status/$"), ("curves", "/metrics/$"),
                         ("pages", "^/(runs/\\d+/)?$")):
         ms = [float(line.split()[-1]) for line in lines if len(line.split()) == 3 and re.search(match, line.split()[0])]
         out[name] = {**percentiles(ms), "requests": len(ms)}

@@ -1,6 +1,7 @@
-"""Benchmark (not a test): training curves at a million points, and the same series in MLflow.
+"""Benchmark (not a test): training curves at a million points, and the same series in MLflow; with
+--scale-only, the runs list at 10,000 runs and a 50-run compare instead (bench/runs_scale.py).
 
-    .venv/bin/python bench/metrics.py --points 1000000 --json
+    .venv/bin/python bench/metrics.py --points 1000000 --json     (or --scale-only --json)
 
 Both sides get the same points: one series (`loss`, split train) of --points steps, a noisy
 falling curve with a spike every 100,000 steps, written in batches of --batch points, interleaved
@@ -9,7 +10,7 @@ rows are not contiguous in either store.
 
 eagle3web: PostgreSQL database `bench_metrics` (created and dropped here), points written through
 the workers' write path (`runs.tracking.services.metrics_record`), read through the curve endpoint
-(`/api/runs/<id>/metrics/`, Django's test client in this process, no HTTP socket): 2,000 points over
+(`/api/v1/runs/<id>/metrics/`, Django's test client in this process, no HTTP socket): 2,000 points over
 the whole series, and over a 10% window. The runs list (`/`) is timed with --runs-list runs.
 
 MLflow: `mlflow server` (installed for the benchmark only, in .mlflow/: `python3 -m venv .mlflow &&
@@ -114,8 +115,8 @@ def make_runs(count: int, *, workdir: Path):
     first = run_launch(user=user, target_path=target, dataset_path=chats, config=RunConfig(), name="bench 0",
                        enqueue=False)
     runs = [first] + PipelineRun.objects.bulk_create([
-        PipelineRun(owner=user, target=first.target, dataset=first.dataset, name=f"bench {i}", config=first.config)
-        for i in range(1, count)])
+        PipelineRun(owner=user, target=first.target, dataset=first.dataset, name=f"bench {i}", config=first.config,
+                    project=first.project) for i in range(1, count)])
     for kind in STAGES:
         row = getattr(first, kind.related_name)
         values = {f.attname: getattr(row, f.attname) for f in kind.model._meta.concrete_fields
@@ -166,7 +167,7 @@ def ours(args) -> dict:
                                batch=args.batch, write=write)}
     client = Client(HTTP_HOST="127.0.0.1")
     client.force_login(user)
-    url = f"/api/runs/{runs[0].pk}/metrics/"
+    url = f"/api/v1/runs/{runs[0].pk}/metrics/"
     lo, hi = int(args.points * 0.45), int(args.points * 0.55)
     for name, params in (("curve", {"keys": "loss", "split": "train", "points": 2000}),
                          ("window_curve", {"keys": "loss", "split": "train", "points": 2000, "start": lo, "end": hi})):
@@ -191,7 +192,6 @@ def ours(args) -> dict:
         assert response.status_code == 200
     result["runs_list"] = {"median_ms": stats(times)[0], "p95_ms": stats(times)[1], "runs": args.runs_list}
     from django.db import connections
-
     connections.close_all()
     drop_database("bench_metrics")
     shutil.rmtree(workdir, ignore_errors=True)
@@ -347,8 +347,14 @@ def main() -> None:
     parser.add_argument("--browser-points", type=int, default=200_000)
     parser.add_argument("--browser-loads", type=int, default=3)
     parser.add_argument("--browser-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--scale-only", action="store_true", help="the runs list and compare at scale alone")
+    parser.add_argument("--compare-runs", type=int, default=50)
+    parser.add_argument("--scale-requests", type=int, default=40)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.scale_only:  # bench/runs_scale.py, a process of its own as --browser-only
+        from bench.runs_scale import scale
+        return print(json.dumps(scale(args), indent=None if args.json else 2))
     if args.browser_only:  # a process of its own: Django is set up once per process, on one database
         print(json.dumps(browser(args)))
         return

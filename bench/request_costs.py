@@ -59,9 +59,9 @@ def main() -> None:
         client = Client(SERVER_NAME="127.0.0.1")
         client.force_login(user)
         pages = {"runs_list": "/", "run_page": f"/runs/{run.pk}/",
-                 "curve_full": f"/api/runs/{run.pk}/metrics/?points=2000",
-                 "curve_poll": f"/api/runs/{run.pk}/metrics/?start=490",
-                 "status_poll": f"/api/runs/{run.pk}/"}
+                 "curve_full": f"/api/v1/runs/{run.pk}/metrics/?points=2000",
+                 "curve_poll": f"/api/v1/runs/{run.pk}/metrics/?start=490",
+                 "status_poll": f"/api/v1/runs/{run.pk}/status/"}
         # The polls again as the page sends them, with the ETag of an answer got just before (untimed):
         # 304 unless the writer moved the counter in between (`not_modified` says how many were).
         conditional = {"status_poll_304": pages["status_poll"], "curve_poll_304": pages["curve_poll"]}

@@ -92,10 +92,10 @@ class Viewer:
         self.last_refresh = 0.0
 
     def _poll_status(self) -> None:
-        self._get("status_poll", f"/api/runs/{self.run_id}/", "status")
+        self._get("status_poll", f"/api/v1/runs/{self.run_id}/status/", "status")
 
     def _poll_curves(self) -> None:
-        base = f"/api/runs/{self.run_id}/metrics/"
+        base = f"/api/v1/runs/{self.run_id}/metrics/"
         if not self.last_steps or time.monotonic() - self.last_refresh > self.timings["refresh_s"]:
             status, body = self._get("curve_full", f"{base}?points={POINTS}", "all")
             self.last_refresh = time.monotonic()

@@ -107,6 +107,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "runs.alerts.context.alerts_unread",  # the bell in the nav
             ],
         },
     },
@@ -187,6 +188,9 @@ EAGLE3WEB_DATA_ROOTS = env_paths("EAGLE3WEB_DATA_ROOTS", [DATA_DIR])
 EAGLE3WEB_RUNS_DIR = Path(env_str("EAGLE3WEB_RUNS_DIR", str(DATA_DIR / "runs"))).resolve()
 # How often (seconds) a stage may write progress to the database.
 EAGLE3WEB_PROGRESS_INTERVAL = env_int("EAGLE3WEB_PROGRESS_INTERVAL", 2)
+# How often (seconds) a worker samples CPU, memory, GPU and disk while it runs a run's stage
+# (workers.system_metrics): each sample becomes a point of the run's "system/..." series.
+EAGLE3WEB_SYSTEM_SAMPLE_SECONDS = env_int("EAGLE3WEB_SYSTEM_SAMPLE_SECONDS", 5)
 # Threads torch may use in a worker's stage; set explicitly because torch's default oversubscribes
 # a machine shared with the web process and other workers.
 EAGLE3WEB_TORCH_THREADS = env_int("EAGLE3WEB_TORCH_THREADS", os.cpu_count() or 1)
@@ -205,6 +209,22 @@ EAGLE3WEB_SPECULATORS_ARGS = shlex.split(env_str("EAGLE3WEB_SPECULATORS_ARGS", "
 # A worker on a host with GPUs also consumes "gpu" and the queues of the backends and GPU counts it
 # can run (workers/fleet.py); 0: only the queues given with -Q.
 EAGLE3WEB_WORKER_GPU_QUEUES = env_bool("EAGLE3WEB_WORKER_GPU_QUEUES", True)
+# Alerts (runs.alerts): webhook hosts (names, addresses or networks, comma-separated) alerts may be
+# posted to; a listed name that resolves to a loopback, private or link-local address is refused unless
+# that address is listed too. Empty: no webhooks. A failed delivery is tried again after this many
+# seconds, doubling each time (6 attempts).
+EAGLE3WEB_WEBHOOK_ALLOWED_HOSTS = env_list("EAGLE3WEB_WEBHOOK_ALLOWED_HOSTS", [])
+EAGLE3WEB_ALERT_RETRY_SECONDS = env_int("EAGLE3WEB_ALERT_RETRY_SECONDS", 30)
+# Alert emails go through Django's mail backends: SMTP by default (set the host), or e.g.
+# django.core.mail.backends.console.EmailBackend to print them in the worker's log.
+EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env_str("DJANGO_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("DJANGO_EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("DJANGO_EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("DJANGO_EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("DJANGO_EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL", "eagle3web@localhost")
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):

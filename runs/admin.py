@@ -2,6 +2,7 @@ from django.contrib import admin
 
 import runs.api.admin  # noqa: F401 - tokens, the API's audit trail, account settings
 import runs.sweeps.admin  # noqa: F401 - sweeps and their runs
+from runs.checkpoints.models import CheckpointGenerations
 from runs.fleet.models import Worker
 from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, ServeCheck, VerificationRequest
 from runs.models import (
@@ -194,6 +195,13 @@ class DatasetRegenerationAdmin(StageAdmin):
 class EvaluationAdmin(StageAdmin):
     list_display = ("id", "run", "checkpoint", *STAGE_FIELDS[:3], "tau", "output_matches_greedy", "num_prompts")
     list_select_related = ("run", "checkpoint")
+
+
+@admin.register(CheckpointGenerations)
+class CheckpointGenerationsAdmin(InternalAdmin):
+    """A measurement's replies token by token (the checkpoint page's generations table)."""
+    list_display = ("id", "checkpoint", "evaluation", "num_speculative_tokens", "tokens_cap", "created_at")
+    list_select_related = ("checkpoint", "evaluation")
 
 
 @admin.register(Checkpoint)

@@ -6,6 +6,7 @@ their runs).
 
 Workflows live in each part's services; the models hold fields, constraints and small derived values.
 """
+from runs.alerts.models import Alert, AlertDelivery, AlertNotice, AlertRule, StageWatch  # noqa: F401
 from runs.api.models import AccountSettings, ApiAuditEntry, ApiToken, LaunchIdempotencyKey  # noqa: F401
 from runs.checkpoints.models import Checkpoint, Evaluation  # noqa: F401
 from runs.data.models import (  # noqa: F401
@@ -35,6 +36,9 @@ from runs.pipeline.models import (  # noqa: F401
     VocabMapping,
 )
 from runs.pipeline.stage_record import FINISHED_STATUSES, StageRecord, StageStatus  # noqa: F401 - the models' vocabulary
+from runs.projects.models import Project, ProjectMember  # noqa: F401
+from runs.reports.models import Report, ReportVersion  # noqa: F401
 from runs.review.models import Review, RunTag  # noqa: F401
+from runs.saved_views.models import SavedView  # noqa: F401
 from runs.sweeps.models import Sweep, SweepRun  # noqa: F401
 from runs.tracking.models import MetricChunk, MetricSeries  # noqa: F401

@@ -1,6 +1,8 @@
 """Who may do what. Groups: viewer (reads), launcher (launches runs, cancels, retries and tags their
 own, imports), reviewer (verifies and reviews), admin (everything). Superusers count as admin.
-Other groups are teams (require_on_run)."""
+Other groups are teams (require_on_run). Beside these site roles, each project has its own (viewer,
+editor, owner: runs.projects.access): seeing a run needs its project, launching the site's launch role
+and the project's editor role."""
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser

@@ -1,6 +1,7 @@
 """A worker's part in the fleet: at start it probes what its host can run, adds the queues its
-GPUs serve, and from then on writes a heartbeat (runs.fleet.models.Worker) with its capabilities
-and queues every EAGLE3WEB_STAGE_LEASE_SECONDS/2; a clean shutdown says so at once.
+GPUs serve, and from then on writes a heartbeat (runs.fleet.models.Worker) with its capabilities,
+queues and a sample of its CPU, memory, GPU and disk (workers.system_metrics) every
+EAGLE3WEB_STAGE_LEASE_SECONDS/2; a clean shutdown says so at once.
 
 Queues (workers.contract.backends): a worker consumes what -Q gives it ("cpu" when no -Q is given)
 and, on a host with GPUs, also "gpu" plus "<backend>.<n>" for every backend it can run on n GPUs,
@@ -25,6 +26,7 @@ from django.utils import timezone
 from runs.fleet.selectors import heartbeat_seconds
 from runs.fleet.services import worker_heartbeat, worker_stopped
 from workers.contract.backends import host_capabilities_isolated, host_queues
+from workers.system_metrics import SystemMeter
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +61,19 @@ class WorkerHeartbeat(threading.Thread):
         super().__init__(name="worker-heartbeat", daemon=True)
         self.node = dict(node)
         self.stopped = threading.Event()
+        self.meter: SystemMeter | None = None
+
+    def _system(self) -> dict | None:
+        """This worker's figures now (its main process and pool, workers.system_metrics); None when unreadable."""
+        try:
+            self.meter = self.meter or SystemMeter()
+            return self.meter.sample()
+        except Exception:  # noqa: BLE001 - a beat without figures still says the worker is alive
+            logger.warning("could not sample this worker's system figures", exc_info=True)
+            return None
 
     def beat(self) -> None:
-        worker_heartbeat(**self.node)
+        worker_heartbeat(**self.node, system=self._system())
 
     def run(self) -> None:
         period = heartbeat_seconds()

@@ -22,6 +22,8 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from eagle3web.db import db_retry
+from runs.alerts import events as alert_events
+from runs.alerts.services import delivery_send
 from runs.data.curation import dataset_exclusions, dataset_samples_sync
 from runs.data.extractions import extraction_verify
 from runs.data.regeneration import regeneration_record
@@ -47,12 +49,15 @@ from runs.pipeline.stages import JOB_NAMES, STAGES, STAGES_BY_NAME
 from runs.pipeline.queue import outbox_flush
 from runs.sweeps.release import sweeps_release
 from runs.pipeline.routing import stage_backend
+from runs.pipeline import online as online_run
+from workers.online_tasks import hidden_states_dir as _hidden_states_dir, online_source as _online_source
 from runs.checkpoints.serve_check_selectors import run_serve_checks_queued
 import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
 from runs.pipeline.message_claims import claims_reconcile, message_claim_drop
 from runs.pipeline.stage_services import HAND_OVER_NEXT
 from workers.claims import broker_mark_check  # also: every worker claims the messages it takes
 from workers.contract.errors import StopRequested
+from workers.system_metrics import StageSampler
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +170,8 @@ def _extract(record, reporter: StageReporter):
     from workers.stages.extract.resume import RESUME_NAME
 
     run = record.run
+    if online_run.is_online(run.config):
+        return online_run.online_extract(run=run)  # training captures the hidden states; nothing to extract
     backend, gpus = _backend(run, "extract")
     common = dict(target_dir=Path(run.target.path), prepared_dir=Path(run.preparation.out_dir),
                   out_dir=_resumable_dir(Path(run.output_dir) / "extraction", marker=RESUME_NAME),
@@ -194,8 +201,7 @@ def _vocab(record, reporter: StageReporter):
     )
     # Every run's folder then holds `speculators_data/`, which `speculators train --data-path` reads as is.
     run_data_link(run_dir=Path(run.output_dir), prepared_dir=Path(run.preparation.out_dir),
-                  hidden_states_dir=Path(run.extract_stage.extraction.path) / "hidden_states",
-                  d2t_path=result.d2t_path, t2d_path=result.t2d_path)
+                  hidden_states_dir=_hidden_states_dir(run), d2t_path=result.d2t_path, t2d_path=result.t2d_path)
     return result
 
 
@@ -204,6 +210,8 @@ def _train(record, reporter: StageReporter):
     backend, gpus = _backend(run, "train")
     options = dict(val_fraction=run.config.get("val_fraction", 0.1),
                    max_tokens_per_step=run.config.get("max_tokens_per_step"))
+    if (online := _online_source(run)) is not None:
+        options["online"] = online  # the loop reads the cache and asks the capture servers for the rest
     if backend == "speculators":
         from workers.stages.train.with_speculators.trainer import train_with_speculators as trainer
 
@@ -214,11 +222,12 @@ def _train(record, reporter: StageReporter):
         **options,
         target_dir=Path(run.target.path),
         prepared_dir=Path(run.preparation.out_dir),
-        hidden_states_dir=Path(run.extract_stage.extraction.path) / "hidden_states",
+        hidden_states_dir=_hidden_states_dir(run),
         d2t_path=Path(run.vocab_mapping.d2t_path),
         t2d_path=Path(run.vocab_mapping.t2d_path),
         out_dir=Path(run.output_dir) / "checkpoints",
-        layer_ids=run.extract_stage.extraction.layer_ids,
+        # An online run has no extraction: the layers its stage row planned (with the final one) are asked for.
+        layer_ids=run.extract_stage.layer_ids if online else run.extract_stage.extraction.layer_ids,
         epochs=record.epochs,
         lr=record.lr,
         ttt_steps=record.ttt_steps,
@@ -239,6 +248,7 @@ def _train(record, reporter: StageReporter):
 
 def _evaluate(record: Evaluation, reporter: StageReporter):
     from workers.stages.evaluate.measure import evaluate
+    from workers.stages.evaluate.prompts import prompts_load
 
     # A run's stage loads the target on its extraction's GPU count (runs.pipeline.routing sent it to the queue
     # of Transformers on that many); a standalone evaluation, sent to "gpu", and a run from before
@@ -249,7 +259,7 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
         if num_gpus != 1:
             _backend(record.run, "evaluate")  # refused here, naming why, on a worker that cannot spread it
     plan = evaluation_plan(evaluation=record)
-    common = dict(target_dir=plan.target_dir, prompts=plan.prompts(), prompt_source=plan.prompt_source,
+    common = dict(target_dir=plan.target_dir, prompts=prompts_load(plan.prompts), prompt_source=plan.prompt_source,
                   max_new_tokens=record.max_new_tokens, num_speculative_tokens=record.num_speculative_tokens,
                   num_gpus=num_gpus, should_stop=reporter.cancelled)
     # One progress over every checkpoint measured (prompts x checkpoints), said from the start: the page showed
@@ -280,10 +290,12 @@ def _verify(record, reporter: StageReporter):
 def _serve_check(record, reporter: StageReporter):
     from runs.checkpoints.serve_check_services import serve_check_plan
     from workers.contract.backends import vllm_executable
+    from workers.stages.evaluate.prompts import prompts_load
     from workers.stages.evaluate.serve_check import serve_check
 
     plan = serve_check_plan(check=record)
-    return serve_check(target_dir=plan.target_dir, checkpoint_dir=plan.checkpoint_dir, prompts=plan.prompts(),
+    return serve_check(target_dir=plan.target_dir, checkpoint_dir=plan.checkpoint_dir,
+                       prompts=plan.prompts_checked(prompts_load(plan.prompts)),
                        max_new_tokens=plan.max_new_tokens, num_speculative_tokens=plan.num_speculative_tokens,
                        tensor_parallel_size=record.tensor_parallel_size, vllm_executable=vllm_executable(),
                        out_dir=Path(settings.EAGLE3WEB_RUNS_DIR) / "serve_checks" / str(record.pk),
@@ -348,6 +360,10 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
     heartbeat = Heartbeat(stage_name=stage_name, record_id=record_id, started_at=fence)
     heartbeat.start()
     kind = STAGES_BY_NAME[stage_name]
+    # A run's stage is charted on its run page (CPU, memory, GPU, disk); a job has no run to chart it on.
+    sampler = None if kind.is_job else StageSampler(stage_name=stage_name, record_id=record_id)
+    if sampler:
+        sampler.start()
     if not kind.is_job:  # a cpu worker runs the jobs without torch
         import torch
 
@@ -378,6 +394,8 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
         return False
     finally:
         heartbeat.stopped.set()
+        if sampler:
+            sampler.stop()
         for log in watched:
             log.removeHandler(reporter)
 
@@ -410,6 +428,12 @@ def job_task(self, job_name: str, record_id: int) -> bool:
     return stage_execute(stage_name=job_name, record_id=record_id, worker=self.request.hostname or "celery")
 
 
+@shared_task(name="eagle3web.alert_delivery", acks_late=True)
+def alert_delivery_task(delivery_id: int) -> str:
+    # On the cpu queue (runs.alerts.services.DELIVERY_QUEUE); a failure is retried by the service itself.
+    return db_retry("alert delivery", delivery_send, delivery_id=delivery_id)
+
+
 def pipeline_run_inline(*, run_id: int) -> None:
     for stage in STAGES:
         stage_execute(stage_name=stage.name, record_id=stage_record_id(stage_name=stage.name, run_id=run_id),
@@ -439,6 +463,7 @@ class Reconciler(threading.Thread):
                 sweeps_release()  # a sweep's next run, where a finished run's hand-over was missed
                 outbox_flush()  # what a broker outage kept from the queue
                 broker_mark_check()
+                alert_events.reconcile()  # stalled stages; alert deliveries whose message was lost
             except Exception:  # noqa: BLE001 - a database or broker away for a while: try again later
                 logger.warning("reconciling stages failed; trying again in %.0f s", period, exc_info=True)
             time.sleep(period)

@@ -23,9 +23,9 @@ from eagle3web_client.client import ApiError, Client, WaitTimeout
 EXIT_API_ERROR, EXIT_TIMEOUT, EXIT_RUN_NOT_SUCCEEDED = 1, 3, 4
 # Options of POST /api/v1/runs/ (README "Launching") that take a number or a flag on the command line.
 LAUNCH_INTS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "max_tokens_per_step",
-               "seed", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus")
-LAUNCH_FLOATS = ("lr", "val_fraction")
-LAUNCH_TEXTS = ("name", "extraction_backend", "training_backend", "best_by")
+               "seed", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus", "capture_servers")
+LAUNCH_FLOATS = ("lr", "val_fraction", "hidden_states_cache_gb")
+LAUNCH_TEXTS = ("name", "extraction_backend", "training_backend", "best_by", "hidden_states")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,6 +53,8 @@ def parser() -> argparse.ArgumentParser:
     for name in LAUNCH_TEXTS:
         launch.add_argument(f"--{name.replace('_', '-')}")
     launch.add_argument("--serve-check", action=argparse.BooleanOptionalAction, default=None)
+    launch.add_argument("--capture-url", dest="capture_urls", action="append", metavar="URL",
+                        help="online: a running capture server's base URL; once per server")
 
     for name, helptext in (("status", "one run"), ("cancel", "cancel a run's unfinished stages")):
         runs.add_parser(name, help=helptext).add_argument("run_id", type=int)
@@ -79,7 +81,7 @@ def _launch_options(args: argparse.Namespace) -> dict:
         except ValueError:
             raise ApiError(f"--layer-ids must be comma-separated integers, got {args.layer_ids!r}",
                            fields={"layer_ids": "comma-separated integers"}) from None
-    for name in (*LAUNCH_INTS, *LAUNCH_FLOATS, *LAUNCH_TEXTS, "serve_check"):
+    for name in (*LAUNCH_INTS, *LAUNCH_FLOATS, *LAUNCH_TEXTS, "serve_check", "capture_urls"):
         value = getattr(args, name)
         if value is not None:
             options[name] = value

@@ -11,7 +11,7 @@ from runs.pipeline import queue, selectors
 def run_answer(pk: int, request) -> dict:
     """A run as GET /api/v1/runs/<id>/ answers it: the run summary (runs.pipeline.selectors.run_summary,
     as run_pipeline --json prints it) with its id, tags and where to find it."""
-    run = selectors.run_get(pk=pk)
+    run = selectors.run_get(pk=pk, user=request.user)  # 404 outside the user's projects
     return {"id": run.pk, **selectors.run_summary(run), "owner": run.owner.get_username(),
             "created_at": run.created_at.isoformat(), "tags": [tag.name for tag in run.tags.all()],
             "waiting_for_queue": _waiting(queue.run_waiting_for_queue(run_id=run.pk)),

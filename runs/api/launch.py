@@ -21,6 +21,13 @@ def form_data(body: dict, *, base: dict | None = None) -> dict:
         data[FORM_NAMES.get(key, key)] = value
     if isinstance(data.get("layer_ids"), (list, tuple)):
         data["layer_ids"] = ", ".join(str(i) for i in data["layer_ids"])
+    if isinstance(data.get("capture_urls"), (list, tuple)):  # the form's box holds one URL a line
+        urls = data["capture_urls"]
+        if not all(isinstance(url, str) for url in urls):
+            raise ValidationError({"capture_urls": ["capture_urls must be a list of URLs (text)"]})
+        if any(not url.strip() or any(c.isspace() for c in url.strip()) for url in urls):
+            raise ValidationError({"capture_urls": ["each of capture_urls must be one URL, without spaces"]})
+        data["capture_urls"] = "\n".join(url.strip() for url in urls)
     # The form reads an empty value as "not given", as a browser sends it.
     return {key: "" if value is None else value for key, value in data.items()}
 

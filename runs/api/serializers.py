@@ -21,6 +21,9 @@ class LaunchSerializer(serializers.Serializer):
     target = serializers.CharField(help_text="target model directory, under EAGLE3WEB_DATA_ROOTS")
     dataset = serializers.CharField(help_text="chat JSONL file (ShareGPT or OpenAI messages), under the data roots")
     name = serializers.CharField(required=False, allow_blank=True, help_text="shown in the runs list")
+    project = serializers.CharField(required=False, allow_blank=True,
+                                    help_text="the project's name (you must be an editor of it); omitted: your default")
+    notes = serializers.CharField(required=False, allow_blank=True, help_text="free text; the runs list searches it")
     layer_ids = serializers.ListField(child=serializers.IntegerField(), required=False,
                                       help_text="hidden-state ids to capture; [] or omitted: EAGLE-3's default")
     max_seq_len = _int(f"tokens per prepared row (default {D.max_seq_len})")
@@ -41,6 +44,13 @@ class LaunchSerializer(serializers.Serializer):
     serve_check = serializers.BooleanField(required=False, help_text="serve the best checkpoint with vLLM after")
     best_by = serializers.CharField(required=False, help_text=f"{D.best_by} (default: the highest measured τ) or "
                                     "val_loss (the lowest validation loss): which checkpoint is the run's best")
+    hidden_states = serializers.CharField(required=False, help_text=(
+        f"{D.hidden_states} (default: extract, then train) or online (capture servers produce them while training)"))
+    capture_urls = serializers.ListField(child=serializers.CharField(), required=False, help_text=(
+        "online: base URLs (http://host:port) of running capture servers, at most 16"))
+    capture_servers = _int(f"online: capture servers the train stage starts, 0 to 16 (default {D.capture_servers})")
+    hidden_states_cache_gb = serializers.FloatField(required=False, help_text=(
+        f"online: the most the run's hidden-state cache keeps on disk, in GB (default {D.hidden_states_cache_gb:g})"))
 
 
 class CopySerializer(LaunchSerializer):

@@ -30,7 +30,7 @@ def run_row(run, request) -> dict:
         "duration_seconds": round(duration.total_seconds(), 1) if duration is not None else None,
         "epochs": training.epochs if training else None, "best_epoch": training.best_epoch if training else None,
         "best_val_loss": getattr(run, "best_val_loss", None), "tau": run.shown_tau,
-        "tags": [tag.name for tag in run.tags.all()],
+        "tags": [tag.name for tag in run.tags.all()], "project": run.project.name, "archived": run.archived,
         "url": api_url(request, "run_detail", run.pk), "page_url": request.build_absolute_uri(run.get_absolute_url()),
     }
 

@@ -6,7 +6,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from runs.api import shapes
-from runs.api.base import ApiView, accepted, paginate
+from runs.api.base import ApiInputError, ApiView, accepted, paginate
 from runs.api.serializers import (DatasetImportSerializer, EmptySerializer, EvaluateSerializer,
                                   ExtractionImportSerializer, RegenerateSerializer, VerifySerializer)
 from runs.api.tokens import ApiToken, account_settings
@@ -16,8 +16,13 @@ from runs.data import extractions as extraction_services
 from runs.data import regeneration, regeneration_selectors
 from runs.fleet import selectors as fleet_selectors
 from runs.pipeline import job_selectors, job_services, selectors, services, upstream_commands
+from runs.data.paths import check_under_data_roots
+from runs.pipeline.online import data_volume_free_bytes
 from runs.roles import ROLES, require, user_roles
+from runs.sweeps import selectors as sweep_selectors
 from runs.web.forms import RegenerateForm
+from workers.contract.errors import InputError
+from workers.contract.target import default_layer_ids, read_target_config, target_weight_bytes
 
 PAGE_SIZE = 50
 PAGE = [("page", "integer", f"from 1; {PAGE_SIZE} a page")]
@@ -186,6 +191,38 @@ class TargetList(ApiView):
         """Target models registered here (by a launch or an import), with their default layer ids."""
         return Response(paginate(request, selectors.target_list().order_by("name", "pk"), page_size=PAGE_SIZE,
                                  shape=shapes.target_row))
+
+
+class TargetInspect(ApiView):
+    query_params = {"GET": [("path", "string", "a target directory under one of the data roots")]}
+    responses = {"GET": {"200": "the target's config (layers, hidden size, vocab, dtype), path, "
+                                "default_layer_ids, weight_bytes (null without weight files), "
+                                "bytes_per_token_per_layer (an extraction's, bf16), data_free_bytes (the runs' volume)"}}
+
+    def get(self, request):
+        """What the launch form prefills for a typed target path, and the size of its weights, which a GPU
+        backend's workers must hold. Nothing is registered."""
+        try:
+            path = check_under_data_roots(request.query_params.get("path", ""), kind="target directory")
+            if not path.is_dir():
+                raise InputError(f"target directory {path} is not a directory")
+            cfg = read_target_config(path)
+        except InputError as exc:
+            raise ApiInputError(str(exc), field="path") from None
+        # What an extraction stores per token and layer (bf16), and the room on the runs' volume: the form's
+        # forecast of an offline extraction, which offers online hidden states when it would not fit.
+        return Response({**cfg.as_dict(), "path": str(path), "default_layer_ids": default_layer_ids(cfg.num_layers),
+                         "weight_bytes": target_weight_bytes(path), "bytes_per_token_per_layer": 2 * cfg.hidden_size,
+                         "data_free_bytes": data_volume_free_bytes()})
+
+
+class SweepDetail(ApiView):
+    responses = {"GET": {"200": "{sweep_id, name, mode, keys, varied, run_ids, runs, statuses, best, measured, "
+                                "finished, again_url}: what launch_sweep prints"}}
+
+    def get(self, request, pk: int):
+        """A sweep's state, as its page polls it."""
+        return Response(sweep_selectors.sweep_summary(sweep=sweep_selectors.sweep_get(pk=pk)))
 
 
 class Workers(ApiView):

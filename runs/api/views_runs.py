@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from rest_framework.response import Response
 
 from runs.api import idempotency, launch, shapes, views_external
@@ -17,11 +17,14 @@ from runs.api.answers import launched as _launched, run_answer
 from runs.api.base import ApiInputError, ApiView, error_response, paged
 from runs.api.serializers import (CopySerializer, EmptySerializer, ExternalRunSerializer, LaunchSerializer,
                                   PointsSerializer, TagsSerializer)
-from runs.pipeline import selectors, services
+from runs.pipeline import changes, online_services, selectors, services
+from runs.pipeline.stage_record import StageStatus
+from runs.projects import access
 from runs.review import tags as tag_services
 from runs.tracking import curve_api, run_table
+from runs.web import live
 
-LIST_PARAMS = ("q", "status", "target", "dataset", "owner", "tag", "sort", "page")
+LIST_PARAMS = run_table.PARAMS  # and setting.<name>
 
 
 class RunList(ApiView):
@@ -36,6 +39,12 @@ class RunList(ApiView):
                              "handed to the queues yet; each row's status_reason says why)", run_table.STATUSES),
         ("target", "string", "target name"), ("dataset", "string", "dataset name"),
         ("owner", "string", "owner's username"), ("tag", "string", "a tag"),
+        ("project", "string", "a project's name (only the projects you are a member of are ever listed)"),
+        ("sweep", "integer", "a sweep's id"), ("tau_min", "number", "τ at least"), ("tau_max", "number", "τ at most"),
+        ("archived", "string", "empty: archived runs left out; with: shown too; only: them alone", run_table.ARCHIVED),
+        ("settings", "string", "settings the run launched with, `epochs=2; lr=0.0003` (or one parameter each: "
+                               "setting.epochs=2)"),
+        ("columns", "string", f"comma-separated, of {', '.join(run_table.COLUMN_KEYS)} (the page's columns)"),
         ("sort", "string", f"{', '.join(run_table.SORTS)}; '-' first for descending (default -created)"),
         ("page", "integer", f"from 1; {run_table.PAGE_SIZE} runs a page")]}
     header_params = {"POST": [
@@ -53,7 +62,8 @@ class RunList(ApiView):
 
         Unknown parameters are refused (400) rather than ignored: a misspelt filter would otherwise
         answer every run."""
-        unknown = sorted(set(request.query_params) - set(LIST_PARAMS))
+        unknown = sorted(name for name in set(request.query_params) - set(LIST_PARAMS)
+                         if not name.startswith(run_table.SETTING_PREFIX))
         if unknown:
             raise ApiInputError(f"unknown parameter {unknown[0][:40]!r} (known: {', '.join(LIST_PARAMS)})",
                                 field=unknown[0][:40])
@@ -62,7 +72,7 @@ class RunList(ApiView):
         except run_table.RunTableError as exc:
             field = next((p for p in LIST_PARAMS if str(exc).startswith(p)), None)
             raise ApiInputError(str(exc), field=field) from None
-        page, total = run_table.run_table(filters=filters)
+        page, total = run_table.run_table(filters=filters, visible=access.visible_project_ids(request.user))
         return Response(paged(request, items=[shapes.run_row(run, request) for run in page.object_list],
                               total=total, page=page.number, pages=page.paginator.num_pages,
                               page_size=run_table.PAGE_SIZE))
@@ -87,7 +97,8 @@ class RunList(ApiView):
         form = launch.launch_form(self.body())
         run = services.run_launch(user=request.user, target_path=form.cleaned_data["target_path"],
                                   dataset_path=form.cleaned_data["dataset_path"], config=form.run_config(),
-                                  name=form.cleaned_data["name"])
+                                  name=form.cleaned_data["name"], project=form.cleaned_data["project"],
+                                  notes=form.cleaned_data["notes"])
         return _launched(run, request)
 
 
@@ -99,6 +110,31 @@ class RunDetail(ApiView):
         return Response(run_answer(pk, request))
 
 
+class RunStatus(ApiView):
+    responses = {"GET": {"200": "the run summary alone (no tags, owner or links), with an ETag",
+                         "304": "If-None-Match named the ETag and nothing the summary shows changed; no body"}}
+
+    def get(self, request, pk: int):
+        """The run summary a live page polls: 304 while the run's change counter stands still (one query),
+        else the summary cached for every viewer until the counter moves (runs.web.live).
+
+        Apart from the run's detail, which adds tags and the queue's hand-over: those do not move the
+        change counter (runs.pipeline.changes), so an ETag of the counter would keep them stale."""
+        counters = changes.run_counters(run_id=pk)  # first: the rows read after it are at least this new
+        if counters is None:
+            raise Http404(f"no run {pk}")
+        tag = live.etag("status", pk, counters.changes)
+        if unchanged := live.not_modified(request._request, tag):
+            return unchanged
+
+        def build():
+            summary = selectors.run_summary(selectors.run_get(pk=pk, user=request.user))
+            running = any(stage["status"] == StageStatus.RUNNING for stage in summary["stages"])
+            return live.json_bytes(summary), live.RUNNING_SECONDS if running else live.SETTLED_SECONDS
+
+        return live.json_answer(tag=tag, body=live.cached(("status", pk, counters.changes), build))
+
+
 class RunCancel(ApiView):
     request_serializers = {"POST": EmptySerializer}
     responses = {"POST": {"200": "{id, cancelled: how many unfinished stages were cancelled}"}}
@@ -106,7 +142,7 @@ class RunCancel(ApiView):
     def post(self, request, pk: int):
         """Cancel the run's unfinished stages (its owner, an admin, or a teammate the owner allowed)."""
         self.body()
-        run = selectors.run_get(pk=pk, stages=False)
+        run = selectors.run_get(pk=pk, stages=False, user=request.user)
         return Response({"id": run.pk, "cancelled": services.run_cancel(run=run, user=request.user)})
 
 
@@ -117,8 +153,21 @@ class RunRetry(ApiView):
     def post(self, request, pk: int):
         """Queue the run's failed and cancelled stages again; refused (400) when no live worker takes one."""
         self.body()
-        run = selectors.run_get(pk=pk, stages=False)
+        run = selectors.run_get(pk=pk, stages=False, user=request.user)
         return Response({"id": run.pk, "queued": services.run_retry(run=run, user=request.user)})
+
+
+class RunKeepCache(ApiView):
+    request_serializers = {"POST": EmptySerializer}
+    responses = {"POST": {"200": "{id, keep: queued}: a worker writes the online run's cache as its extraction"}}
+
+    def post(self, request, pk: int):
+        """"Keep the cache" of a finished online run: a worker writes it as the run's own extraction, for reuse;
+        refused (400) unless the cache holds every prepared row (the message says how many are missing)."""
+        self.body()
+        run = selectors.run_get(pk=pk, user=request.user)
+        online_services.online_keep_request(run=run, user=request.user)
+        return Response({"id": run.pk, "keep": "queued"})
 
 
 class RunTags(ApiView):
@@ -130,7 +179,7 @@ class RunTags(ApiView):
         names = self.body()["tags"]
         if any("," in name for name in names):
             raise ApiInputError("a tag may not hold a comma (the runs page separates tags with commas)", field="tags")
-        run = selectors.run_get(pk=pk, stages=False)
+        run = selectors.run_get(pk=pk, stages=False, user=request.user)
         try:
             names = tag_services.run_tags_set(run=run, text=", ".join(names), user=request.user)
         except tag_services.TagError as exc:
@@ -152,7 +201,8 @@ class RunCopy(ApiView):
         form = launch.launch_form(body, base=base)
         run = services.run_launch(user=request.user, target_path=form.cleaned_data["target_path"],
                                   dataset_path=form.cleaned_data["dataset_path"], config=form.run_config(),
-                                  name=form.cleaned_data["name"])
+                                  name=form.cleaned_data["name"], project=form.cleaned_data["project"],
+                                  notes=form.cleaned_data["notes"])
         return _launched(run, request)
 
 
@@ -161,7 +211,7 @@ class RunStages(ApiView):
 
     def get(self, request, pk: int):
         """The run's five stages (prepare, extract, vocab, train, evaluate) as the run summary has them."""
-        summary = selectors.run_summary(selectors.run_get(pk=pk))
+        summary = selectors.run_summary(selectors.run_get(pk=pk, user=request.user))
         return Response({"run": pk, "status": summary["status"], "stages": summary["stages"]})
 
 
@@ -170,7 +220,7 @@ class RunAttempts(ApiView):
 
     def get(self, request, pk: int):
         """Every attempt at the run's stages: which worker, how it ended (a lost worker's stage is tried again)."""
-        summary = selectors.run_summary(selectors.run_get(pk=pk))
+        summary = selectors.run_summary(selectors.run_get(pk=pk, user=request.user))
         return Response({"run": pk, "attempts": summary["attempts"]})
 
 
@@ -208,6 +258,7 @@ class RunMetrics(ApiView):
 
         The run page's own windowed read (runs.tracking.curve_api): ask again from a series'
         `last_step` + 1 to follow a live run."""
+        selectors.run_visible_check(pk=pk, user=request.user)  # 404 outside the caller's projects
         return _curve_answer(curve_api.run_metrics(request._request, pk))
 
 
@@ -218,4 +269,5 @@ class RunMetricsExport(ApiView):
 
     def get(self, request, pk: int):
         """One series at full resolution, streamed (the run page's export)."""
+        selectors.run_visible_check(pk=pk, user=request.user)  # 404 outside the caller's projects
         return _curve_answer(curve_api.run_metrics_export(request._request, pk))

@@ -1,7 +1,6 @@
 """Measuring a checkpoint's acceptance length: ask for it, and work out what to decode."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from runs.data.paths import check_under_data_roots
 from runs.pipeline.queue import evaluation_enqueue
 from runs.roles import require
 from workers.contract.errors import InputError
+from workers.contract.prompt_source import PromptSource, validation_rows
 
 MAX_PROMPTS_LIMIT = 1000
 MAX_NEW_TOKENS_LIMIT = 4096
@@ -27,7 +27,7 @@ class EvaluationPlan:
     checkpoint_dir: Path
     target_dir: Path
     prompt_source: str
-    prompts: Callable[[], list[list[int]]]  # loaded on the worker, where torch lives
+    prompts: PromptSource  # loaded on the worker, where the tokenizer lives (workers.stages.evaluate.prompts)
     # The pipeline's stage also measures the run's other checkpoints on the same prompts, so that
     # every checkpoint a run registers shows a measured tau.
     also: list[tuple[int, Path]] = field(default_factory=list)
@@ -50,8 +50,6 @@ def _target_dir(checkpoint: Checkpoint) -> Path:
 def evaluation_plan(*, evaluation: Evaluation, limit: int | None = None) -> EvaluationPlan:
     """The checkpoint (for the pipeline's stage: the run's best), its target and its prompts: the first
     `limit` (default: the evaluation's max_prompts) of its source, in the source's order."""
-    from workers.stages.evaluate.prompts import prompts_from_file, prompts_from_prepared, validation_rows
-
     checkpoint = evaluation.checkpoint
     also = []
     if evaluation.run_id is not None:
@@ -69,7 +67,7 @@ def evaluation_plan(*, evaluation: Evaluation, limit: int | None = None) -> Eval
     if evaluation.prompts_path:
         path = Path(evaluation.prompts_path)
         return EvaluationPlan(Path(checkpoint.path), target_dir, str(path),
-                              lambda: prompts_from_file(path, target_dir, limit=limit))
+                              PromptSource(kind="file", path=path, limit=limit, tokenizer_dir=target_dir))
     if not _trained_here(checkpoint):
         raise EvaluationRequestError(
             f"checkpoint {checkpoint.pk} was not trained here, so it has no validation conversations; give a prompts file")
@@ -78,7 +76,7 @@ def evaluation_plan(*, evaluation: Evaluation, limit: int | None = None) -> Eval
     rows = validation_rows(Path(checkpoint.path).parent)
     source = f"validation conversations of {run} ({prepared})"
     return EvaluationPlan(Path(checkpoint.path), target_dir, source,
-                          lambda: prompts_from_prepared(prepared, rows, limit=limit), also)
+                          PromptSource(kind="prepared", path=prepared, limit=limit, row_indices=tuple(rows)), also)
 
 
 @transaction.atomic

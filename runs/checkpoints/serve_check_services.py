@@ -23,6 +23,7 @@ from runs.models import Checkpoint, Evaluation, StageStatus
 from runs.pipeline.queue import job_enqueue, pending_enqueue
 from runs.roles import require
 from workers.contract.errors import InputError
+from workers.contract.prompt_source import PromptSource
 
 PENDING = (StageStatus.QUEUED, StageStatus.RUNNING)
 
@@ -69,11 +70,24 @@ def serve_check_request(*, checkpoint: Checkpoint, user: AbstractBaseUser | None
 
 @dataclass(frozen=True)
 class ServeCheckPlan:
+    check_id: int
+    evaluation_id: int
     target_dir: Path
     checkpoint_dir: Path
-    prompts: object  # () -> list[list[int]], loaded on the worker
+    prompts: PromptSource  # loaded on the worker (workers.stages.evaluate.prompts.prompts_load)
+    prompt_source: str
+    measured: int | None  # how many prompts the compared measurement decoded
     max_new_tokens: int
     num_speculative_tokens: int | None
+
+    def prompts_checked(self, loaded: list[list[int]]) -> list[list[int]]:
+        """The loaded prompts, refused when they are not as many as the measurement decoded."""
+        if self.measured is not None and len(loaded) != self.measured:
+            raise ServeCheckRequestError(
+                f"serve check {self.check_id}: evaluation {self.evaluation_id} measured our τ on {self.measured} "
+                f"prompts of {self.prompt_source}, which now gives {len(loaded)}; comparing on other prompts would "
+                "compare nothing, so measure the checkpoint again and check that measurement")
+        return loaded
 
 
 def serve_check_plan(*, check: ServeCheck) -> ServeCheckPlan:
@@ -83,16 +97,8 @@ def serve_check_plan(*, check: ServeCheck) -> ServeCheckPlan:
         raise ServeCheckRequestError(f"serve check {check.pk}: the measurement it compares with was deleted; ask again")
     measured = evaluation.num_prompts  # None only on a row from before measurements counted their prompts
     plan = evaluation_plan(evaluation=evaluation, limit=measured)
-
-    def prompts() -> list[list[int]]:
-        loaded = plan.prompts()
-        if measured is not None and len(loaded) != measured:
-            raise ServeCheckRequestError(
-                f"serve check {check.pk}: evaluation {evaluation.pk} measured our τ on {measured} prompts of "
-                f"{plan.prompt_source}, which now gives {len(loaded)}; comparing on other prompts would compare "
-                "nothing, so measure the checkpoint again and check that measurement")
-        return loaded
-
-    return ServeCheckPlan(target_dir=plan.target_dir, checkpoint_dir=Path(check.checkpoint.path), prompts=prompts,
+    return ServeCheckPlan(check_id=check.pk, evaluation_id=evaluation.pk, target_dir=plan.target_dir,
+                          checkpoint_dir=Path(check.checkpoint.path), prompts=plan.prompts,
+                          prompt_source=plan.prompt_source, measured=measured,
                           max_new_tokens=evaluation.max_new_tokens,
                           num_speculative_tokens=evaluation.num_speculative_tokens)

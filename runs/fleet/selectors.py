@@ -18,6 +18,7 @@ from runs.fleet.fit import BackendOption, gpus_text, queues_text, routed_refusal
 from runs.fleet.models import Worker
 from runs.models import FINISHED_STATUSES, PendingEnqueue, PipelineRun, StageStatus, SweepRun
 from runs.pipeline.stages import STAGES, STAGES_BY_NAME
+from runs.pipeline.online import capture_text, is_online, train_capture_queue
 from runs.pipeline.routing import BACKEND_SETTINGS, ROUTED_STAGES, stage_backend, stage_problem, stage_queue
 from runs.pipeline.run_config import RunConfig
 from workers.contract.backends import BACKENDS, BACKENDS_BY_NAME, DEFAULT_GPU_QUEUE, MAX_GPUS, Backend
@@ -140,6 +141,10 @@ def run_backends(*, config: dict) -> list[dict]:
     chosen = []
     for stage_name in BACKEND_SETTINGS:
         backend, gpus = stage_backend(stage_name=stage_name, config=config or {})
+        if stage_name == "extract" and is_online(config):  # nothing extracted: training asks capture servers
+            chosen.append({"stage": stage_name, "backend": "online", "gpus": 0, "default": False,
+                           "label": f"none: online, {capture_text(config)}"})
+            continue
         known = BACKENDS_BY_NAME.get(backend)
         chosen.append({"stage": stage_name, "backend": backend, "label": known.label if known else backend,
                        "gpus": gpus, "default": bool(known and known.default and gpus == 1)})
@@ -165,6 +170,11 @@ def stage_queue_notes(*, run: PipelineRun) -> dict[str, dict]:
         if any(takes(w, queue) for w in live):
             continue
         routed = stage.name in ROUTED_STAGES and queue != DEFAULT_GPU_QUEUE
+        if stage.name == "train" and queue == train_capture_queue(config):
+            todo = (f"its training starts vLLM capture servers, so it needs a worker with vLLM taking {queue}: "
+                    "start one, or cancel and launch a copy that names running capture servers (capture URLs)")
+            notes[stage.name] = {"text": f"waiting in queue {queue}, which no live worker takes: {todo}", "copy": True}
+            continue
         if routed:
             backend, gpus = stage_backend(stage_name=stage.name, config=config)
             # Nobody chose measuring acceptance's backend: say why it needs these GPUs (the extraction's
@@ -212,6 +222,12 @@ class WorkerRow:
                 version = f"{version} ({vllm['build']} build, {vllm.get('executable', '?')})"
             shown.append((name, version))
         return shown
+
+    @property
+    def system(self) -> dict:
+        """Its latest system sample (workers.system_metrics), {} when it has none; a live worker's is its now
+        (one heartbeat old at most), an offline one's is what it last said."""
+        return self.worker.system if self.worker.system_at else {}
 
     @property
     def backends(self) -> list[dict]:
@@ -367,13 +383,15 @@ def queued_work() -> dict:
 
 
 def fleet_summary() -> dict:
-    """The workers page as JSON (GET /api/workers/): each worker, what a launch can ask for, the queue."""
+    """The workers page as JSON (GET /api/v1/workers/): each worker, what a launch can ask for, the queue."""
     queue = queued_work()
     return {
         "workers": [{"name": r.worker.name, "hostname": r.worker.hostname, "status": r.status,
                      "last_seen": r.worker.last_seen.isoformat(), "started_at": r.worker.started_at.isoformat(),
                      "queues": r.worker.queues, "gpus": r.worker.capabilities.get("gpus") or [],
                      "backends": r.backends, "versions": dict(r.versions),
+                     "system": r.system or None,
+                     "system_at": r.worker.system_at.isoformat() if r.worker.system_at else None,
                      "doing": [{**d, "since": d["since"].isoformat() if d["since"] else None} for d in r.doing]}
                     for r in worker_rows()],
         "launch_options": {name: {"label": o.label, "stage": o.stage, "available": o.available, "reason": o.reason,

@@ -173,10 +173,11 @@ def best_measurement(evaluation: Evaluation | None, choice: BestChoice) -> Evalu
 
 
 def _described(score: CheckpointScore) -> str:
+    # Pages count epochs from 1 (a checkpoint's `epoch` is the trainer's index, from 0).
     if score.tau is None:
         loss = "–" if score.val_loss is None else f"{score.val_loss:.4f}"
-        return f"epoch {score.epoch} (validation loss {loss})"
-    return f"epoch {score.epoch} (τ {score.tau:.2f}{', vLLM' if score.tau_source == 'vllm' else ''})"
+        return f"epoch {score.epoch + 1} (validation loss {loss})"
+    return f"epoch {score.epoch + 1} (τ {score.tau:.2f}{', vLLM' if score.tau_source == 'vllm' else ''})"
 
 
 def best_text(choice: BestChoice) -> str:

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import models
 
 from runs.pipeline.stage_record import StageRecord
+from workers.contract.prompt_source import TAU_WARNING
 
 
 class DatasetCatalogue(StageRecord):
@@ -100,8 +101,6 @@ class ServeCheck(StageRecord):
     @property
     def disagrees(self) -> bool:
         """vLLM's τ and ours differ by more than the check allows (a warning naming both)."""
-        from workers.stages.evaluate.serve_check import TAU_WARNING
-
         return self.tau_difference is not None and abs(self.tau_difference) > TAU_WARNING
 
 

@@ -8,6 +8,7 @@ from django.db import models
 from django.urls import reverse
 
 from runs.pipeline.stage_record import StageRecord, StageStatus
+from runs.projects.models import default_project_pk
 
 
 class PipelineRun(models.Model):
@@ -23,6 +24,11 @@ class PipelineRun(models.Model):
     target = models.ForeignKey("runs.TargetModel", on_delete=models.PROTECT, null=True, blank=True, related_name="runs")
     dataset = models.ForeignKey("runs.Dataset", on_delete=models.PROTECT, null=True, blank=True, related_name="runs")
     external = models.BooleanField(default=False, help_text="trained elsewhere; reported through the API")
+    # Who sees the run and who may launch beside it (runs.projects.access); found by its notes' words too.
+    project = models.ForeignKey("runs.Project", on_delete=models.PROTECT, default=default_project_pk,
+                                related_name="runs")
+    notes = models.TextField(blank=True)
+    archived = models.BooleanField(default=False, help_text="hidden from the runs list unless asked for")
     config = models.JSONField(default=dict)
     output_dir = models.CharField(max_length=1000, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -187,4 +193,8 @@ class TrainingRun(StageRecord):
     step_config = models.CharField(max_length=200, blank=True, help_text="how steps ran: attention, loss, dtype")
     time_split_s = models.JSONField(default=dict, blank=True,
                                     help_text="seconds of the training steps in data wait, copies, forward, backward, optimizer")
+    supply = models.JSONField(default=dict, blank=True, help_text=(
+        "where the training's hidden states came from and how fast: offline or online, the trainer's "
+        "wait for data, the capture servers' tokens/s, the cache's hit rate and peak size, supply- or "
+        "compute-bound (workers.stages.train.online.SupplyReport)"))
 

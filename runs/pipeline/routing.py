@@ -3,6 +3,7 @@ extraction and training (workers.contract.backends.stage_queue), the extraction'
 measuring acceptance, the stage's own queue otherwise."""
 from __future__ import annotations
 
+from runs.pipeline.online import train_capture_queue
 from runs.pipeline.stages import STAGES, STAGES_BY_NAME
 from runs.pipeline.run_config import RunConfig
 from workers.contract.backends import BACKENDS_BY_NAME, MAX_GPUS
@@ -78,6 +79,8 @@ def stage_problem(*, stage_name: str, config: dict) -> str:
 def stage_queue(*, stage_name: str, config: dict) -> str:
     """The queue of a run's stage. A standalone evaluation (a checkpoint's "Measure acceptance") has
     no run, so no config: the defaults give "gpu", where runs.pipeline.queue sends it."""
+    if stage_name == "train" and (capture := train_capture_queue(config)):
+        return capture  # an online run's training starts vLLM capture servers beside the trainer
     chosen = stage_backend(stage_name=stage_name, config=config)
     if chosen is None:
         return STAGES_BY_NAME[stage_name].queue

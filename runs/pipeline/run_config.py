@@ -1,9 +1,11 @@
 """The knobs of one pipeline run, validated the same way for the form, the CLI and the API."""
 from __future__ import annotations
 
+import ipaddress
 import math
 import unicodedata
 from dataclasses import asdict, dataclass, field
+from urllib.parse import urlsplit
 
 from workers.contract.backends import BACKENDS_BY_NAME, EXTRACTION_BACKENDS, MAX_GPUS, TRAINING_BACKENDS
 from workers.contract.errors import InputError
@@ -25,10 +27,19 @@ MAX_EVAL_NEW_TOKENS = 4096
 # Which checkpoint is a run's best (runs.pipeline.best): the highest τ measured on its held-out prompts,
 # or the lowest validation loss. The first is the default: τ is what a draft is deployed for.
 BEST_BY = ("tau", "val_loss")
+# Where training reads hidden states (issue 27): "offline", an extraction written whole before training;
+# "online", asked of vLLM capture servers while training, through a bounded cache
+# (workers.stages.train.online).
+HIDDEN_STATES = ("offline", "online")
+MAX_CAPTURE_SERVERS = 16  # started by the train stage, and URLs of running ones, each
+MAX_CAPTURE_URL_CHARS = 2000
+MAX_CACHE_GB = 1_000_000.0  # a petabyte: a typo, not a disk
+DEFAULT_CACHE_GB = 20.0
 
 INT_FIELDS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "seed",
-              "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus")
-FLOAT_FIELDS = ("lr", "val_fraction")
+              "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus",
+              "capture_servers")
+FLOAT_FIELDS = ("lr", "val_fraction", "hidden_states_cache_gb")
 
 
 class RunConfigError(InputError):
@@ -65,6 +76,78 @@ def check_layer_ids(layer_ids: object) -> list[int]:
     return list(layer_ids)
 
 
+# How an error names the i-th URL (1-based): the API's and RunConfig's words; the form and run_pipeline
+# pass their own ("URL 2", "--capture-url 2").
+URL_NAMED = "capture_urls[{}]"
+
+
+def check_capture_url(url: object, *, index: int, named: str = URL_NAMED) -> str:
+    """A capture server's base URL: http(s)://host[:port], with no user, query or fragment, since the
+    train stage appends vLLM's own paths to it. Says which URL (1-based) is wrong and why."""
+    at = named.format(index + 1)
+    if not isinstance(url, str):
+        raise RunConfigError(f"{at} must be text, got {type(url).__name__}", field="capture_urls")
+    url = url.strip()
+    shown = url[:100]
+    if len(url) > MAX_CAPTURE_URL_CHARS:
+        raise RunConfigError(f"{at} is {len(url)} characters long; at most {MAX_CAPTURE_URL_CHARS}",
+                             field="capture_urls")
+    if any(unicodedata.category(c) in ("Cc", "Cs", "Zs") for c in url):
+        raise RunConfigError(f"{at} {shown!r} may not hold spaces or control characters", field="capture_urls")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise RunConfigError(f"{at} {shown!r} must start with http:// or https://", field="capture_urls")
+    if not parts.hostname:
+        raise RunConfigError(f"{at} {shown!r} names no host (http://host:port)", field="capture_urls")
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        raise RunConfigError(f"{at} {shown!r} must be a server's base URL: no user, query or fragment",
+                             field="capture_urls")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0 or (port is None and parts.netloc.endswith(":")):
+        raise RunConfigError(f"{at} {shown!r} has no valid port (1 to 65535)", field="capture_urls")
+    host = parts.hostname
+    if not _host_name_ok(host):
+        raise RunConfigError(f"{at} {shown!r}: {host[:60]!r} is not a host name or IP address", field="capture_urls")
+    return url.rstrip("/")
+
+
+def _host_name_ok(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    return len(host) <= 253 and all(
+        0 < len(label) <= 63 and label[0] != "-" and label[-1] != "-"
+        and all(c.isascii() and (c.isalnum() or c == "-") for c in label) for label in labels)
+
+
+def check_capture_urls(urls: object, *, named: str = URL_NAMED) -> list[str]:
+    if isinstance(urls, str) or not isinstance(urls, (list, tuple)):
+        raise RunConfigError(f"capture_urls must be a list of URLs, got {type(urls).__name__}", field="capture_urls")
+    if len(urls) > MAX_CAPTURE_SERVERS:
+        raise RunConfigError(f"capture_urls lists {len(urls)} URLs; at most {MAX_CAPTURE_SERVERS} are allowed",
+                             field="capture_urls")
+    checked = [check_capture_url(url, index=i, named=named) for i, url in enumerate(urls)]
+    for i, url in enumerate(checked):
+        if url in checked[:i]:
+            raise RunConfigError(f"{named.format(i + 1)} {url[:100]!r} is listed twice", field="capture_urls")
+    return checked
+
+
+def parse_capture_urls(text: str, *, named: str = "URL {}") -> list[str]:
+    """One URL per line, or separated by commas (the form's box); a URL with a space inside is refused."""
+    if len(text) > MAX_CAPTURE_SERVERS * (MAX_CAPTURE_URL_CHARS + 2):
+        raise RunConfigError(f"{len(text)} characters is too long for {MAX_CAPTURE_SERVERS} URLs",
+                             field="capture_urls")
+    return check_capture_urls([part.strip() for part in text.replace(",", "\n").splitlines() if part.strip()],
+                              named=named)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     layer_ids: list[int] = field(default_factory=list)  # empty: EAGLE-3 default of the target
@@ -88,6 +171,12 @@ class RunConfig:
     # After measuring acceptance, vLLM itself serves the best checkpoint and counts it (runs.pipeline.job_models.ServeCheck).
     serve_check: bool = False
     best_by: str = BEST_BY[0]  # "tau" or "val_loss" (runs.pipeline.best)
+    # Online: the extract stage writes nothing; training asks capture servers (capture_servers started by the
+    # train stage's worker, plus the running ones at capture_urls) and keeps at most hidden_states_cache_gb.
+    hidden_states: str = HIDDEN_STATES[0]
+    capture_urls: list[str] = field(default_factory=list)
+    capture_servers: int = 1
+    hidden_states_cache_gb: float = DEFAULT_CACHE_GB
 
     def __post_init__(self) -> None:
         for name, known in (("extraction_backend", EXTRACTION_BACKENDS), ("training_backend", TRAINING_BACKENDS)):
@@ -109,10 +198,11 @@ class RunConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise RunConfigError(f"{name} must be a finite number, got {str(value)[:40]!r}", field=name)
         for name in ("max_seq_len", "draft_vocab_size", "epochs", "lr", "ttt_steps", "val_fraction", "seed",
-                     "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus"):
+                     "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus", "capture_servers"):
             if getattr(self, name) is None:
                 raise RunConfigError(f"{name} is required", field=name)
         object.__setattr__(self, "layer_ids", check_layer_ids(self.layer_ids))
+        self._check_hidden_states()
         checks = [
             ("max_seq_len", MIN_SEQ_LEN <= self.max_seq_len <= MAX_SEQ_LEN,
              f"max_seq_len must be between {MIN_SEQ_LEN} and {MAX_SEQ_LEN}, got {self.max_seq_len}"),
@@ -143,6 +233,30 @@ class RunConfig:
         for name, ok, message in checks:
             if not ok:
                 raise RunConfigError(message, field=name)
+
+    def _check_hidden_states(self) -> None:
+        if self.hidden_states not in HIDDEN_STATES:
+            raise RunConfigError(f"hidden_states must be one of {', '.join(HIDDEN_STATES)}, got "
+                                 f"{str(self.hidden_states)[:40]!r}", field="hidden_states")
+        object.__setattr__(self, "capture_urls", check_capture_urls(self.capture_urls))
+        if not 0 <= self.capture_servers <= MAX_CAPTURE_SERVERS:
+            raise RunConfigError(f"capture_servers must be between 0 and {MAX_CAPTURE_SERVERS}, got "
+                                 f"{self.capture_servers}", field="capture_servers")
+        if not 0 < self.hidden_states_cache_gb <= MAX_CACHE_GB:
+            raise RunConfigError(f"hidden_states_cache_gb must be more than 0 and at most {MAX_CACHE_GB:,.0f}, got "
+                                 f"{self.hidden_states_cache_gb}", field="hidden_states_cache_gb")
+        if self.hidden_states == "offline":
+            if self.capture_urls:  # said rather than ignored: the user meant something by them
+                raise RunConfigError("capture_urls are asked only by an online run: set hidden_states to online, "
+                                     "or leave capture_urls empty", field="capture_urls")
+            return
+        if self.capture_servers == 0 and not self.capture_urls:
+            raise RunConfigError("capture_servers 0 starts no capture server: give capture_urls of running ones, or "
+                                 "start at least 1", field="capture_servers")
+
+    @property
+    def online(self) -> bool:
+        return self.hidden_states == "online"
 
     def as_dict(self) -> dict:
         return asdict(self)

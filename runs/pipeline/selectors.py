@@ -26,9 +26,11 @@ from runs.fleet.selectors import run_backends
 from runs.data.regeneration_selectors import regeneration_dict, run_data_policy
 from runs.pipeline import best
 from runs.pipeline.glance import run_glance
+from runs.pipeline.online import is_online, online_note, supply_dict
 from runs.checkpoints.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
 from runs.pipeline.upstream_commands import run_speculators_train_command, with_serve_commands
 from runs.pipeline.stages import STAGES
+from runs.projects.access import runs_visible
 from runs.review.reviews import SUBJECTS
 
 
@@ -39,11 +41,19 @@ def run_list() -> QuerySet[PipelineRun]:
     )
 
 
-def run_get(*, pk: int, stages: bool = True, reviews: bool = False) -> PipelineRun:
+def run_get(*, pk: int, stages: bool = True, reviews: bool = False, user=None) -> PipelineRun:
     """One run, with its stages joined unless `stages` is False (and its reviews when asked); 404 when
-    there is none."""
+    there is none, or when `user` is given and the run's project is not one they see (runs.projects.access)."""
     runs = run_list() if stages else PipelineRun.objects.all()
+    if user is not None:
+        runs = runs_visible(runs, user)
     return get_object_or_404(with_reviews(runs) if reviews else runs, pk=pk)
+
+
+def run_visible_check(*, pk: int, user) -> None:
+    """Http404 unless the run exists in a project the user sees (one small query)."""
+    if not runs_visible(PipelineRun.objects.filter(pk=pk), user).exists():
+        raise Http404(f"no run {pk}")
 
 
 def run_extraction(run: PipelineRun) -> Extraction | None:
@@ -62,9 +72,9 @@ def run_rows() -> QuerySet[PipelineRun]:
     stages = [Prefetch(stage.related_name, queryset=stage.model.objects.only(
         "run_id", "status", *shown.get(stage.name, []))) for stage in STAGES]
     # The sweep entry and its sweep's `parallel`: whether (and why) its sweep holds the run back (run_status).
-    return (PipelineRun.objects.select_related("owner", "target", "dataset", "sweep_entry__sweep")
-            .only("name", "external", "created_at", "owner__username", "target__name", "dataset__name",
-                  "sweep_entry__released_at", "sweep_entry__sweep__parallel")
+    return (PipelineRun.objects.select_related("owner", "target", "dataset", "project", "sweep_entry__sweep")
+            .only("name", "external", "archived", "created_at", "owner__username", "target__name", "dataset__name",
+                  "project__name", "sweep_entry__released_at", "sweep_entry__sweep__parallel")
             .prefetch_related(*stages))
 
 
@@ -203,6 +213,8 @@ def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
             "num_truncated_rows", "truncated_loss_tokens", "loss_tokens", "mask_source")})
     elif name == "extract":
         entry.update({"device": record.device, "time_split_s": record.time_split_s})
+        # An online run's stage extracts nothing (runs.pipeline.online); said beside the stage, not only in its log.
+        entry["note"] = online_note(record.run.config) if is_online(record.run.config) else ""
     elif name == "train":
         entry.update({key: getattr(record, key) for key in (
             "loss_tokens_available", "loss_tokens_trained", "loss_tokens_per_epoch", "tokens_per_step",
@@ -313,6 +325,9 @@ def run_summary(run: PipelineRun) -> dict:
                      "loss_tokens_available": training.loss_tokens_available,
                      "loss_tokens_trained": training.loss_tokens_trained},
         "attempts": [attempt_dict(a) for a in run.attempts.all()],
+        # Where the training's hidden states came from and how fast (issue 27): offline or online, the
+        # trainer's wait for data, the capture servers' tokens/s, supply- or compute-bound, the advice.
+        "supply": None if run.external else supply_dict(run=run),
         # Once the best is chosen by τ, the measurement of that best (the stage's own row measured the
         # trainer's choice, the checkpoint with the lowest validation loss).
         "acceptance": evaluation_dict(shown, evaluated.simulated_tau if evaluated else None),
@@ -329,7 +344,7 @@ def run_summary(run: PipelineRun) -> dict:
             for c in checkpoints
         ],
     }
-    summary["glance"] = run_glance(stages=summary["stages"], training_run_id=training.pk, best=summary["best"])
+    summary["glance"] = run_glance(stages=summary["stages"], training_run_id=training.pk, best=summary["best"], run=run)
     devices = {s["name"]: s.get("device") for s in summary["stages"]}
     for chosen in summary["backends"]:  # where it ran, once it did: a GPU count says where it was meant to
         chosen["device"] = devices.get(chosen["stage"]) or None
@@ -465,5 +480,6 @@ def launch_copy_initial(*, run_id: str) -> dict | None:
     config = dict(run.config or {})
     initial = {key: value for key, value in config.items() if value is not None}
     initial["layer_ids"] = ", ".join(str(i) for i in config.get("layer_ids") or [])
+    initial["capture_urls"] = "\n".join(config.get("capture_urls") or [])
     initial.update(name=f"copy of {run}"[:200], target_path=run.target.path, dataset_path=run.dataset.path)
     return initial

@@ -26,8 +26,10 @@ from runs.models import (
 from runs.fleet.fit import host_refusals, serve_check_refusal
 from runs.fleet.selectors import launch_refusals, stage_refusals, workers_live
 from runs.data.paths import check_under_data_roots
+from runs.pipeline.online import online_refusal
 from runs.pipeline.queue import pipeline_enqueue
 from runs.pipeline.preflight import launch_preflight
+from runs.projects.services import launch_project
 from runs.roles import require, require_on_run
 from runs.pipeline.run_config import RunConfig, RunConfigError, check_run_name
 from runs.pipeline.stages import STAGES
@@ -145,6 +147,9 @@ def _preflight_outside_transaction(*, target_path: str | Path, config: RunConfig
     return launch_preflight(target_dir=resolved, vocab_size=cfg.vocab_size, layer_ids=layer_ids, config=config)
 
 
+MAX_NOTES_CHARS = 10_000
+
+
 def run_launch(
     *,
     user: AbstractBaseUser,
@@ -154,24 +159,30 @@ def run_launch(
     name: str = "",
     enqueue: bool = True,
     check: str = "fleet",
+    project: str | None = None,
+    notes: str = "",
 ) -> PipelineRun:
     """Create a run and its five stage rows; after commit, hand the run's id to the workers.
 
     `check` says who must be able to run the chosen backends: "fleet", the live workers (the stages
     go to their queues); "this_host", this host by its own probe, for stages run in this process
-    (run_pipeline --inline), whatever the live workers can or cannot run."""
+    (run_pipeline --inline), whatever the live workers can or cannot run. `project`: its name (the user
+    must be an editor there); None or empty: the user's default (runs.projects.access.default_project_for)."""
     require(user, "launch")
+    chosen = launch_project(user=user, name=project)
     checked = _preflight_outside_transaction(target_path=target_path, config=config)
     return _run_create(user=user, target_path=target_path, dataset_path=dataset_path, config=config, name=name,
-                       enqueue=enqueue, check=check, checked=checked)
+                       enqueue=enqueue, check=check, checked=checked, project=chosen, notes=notes)
 
 
 @transaction.atomic
 def _run_create(*, user: AbstractBaseUser, target_path: str | Path, dataset_path: str | Path, config: RunConfig,
-                name: str, enqueue: bool, check: str, checked: dict | None) -> PipelineRun:
+                name: str, enqueue: bool, check: str, checked: dict | None, project, notes: str) -> PipelineRun:
     if check not in ("fleet", "this_host"):
         raise ValueError(f"check must be 'fleet' or 'this_host', got {check!r}")
     name = check_run_name(name)
+    if not isinstance(notes, str) or len(notes) > MAX_NOTES_CHARS:
+        raise RunConfigError(f"notes must be text of at most {MAX_NOTES_CHARS:,} characters", field="notes")
     with input_blames("target_path"):
         target = target_register(path=target_path)
     # Rolled back with the target's row when refused: nothing stored.
@@ -180,6 +191,9 @@ def _run_create(*, user: AbstractBaseUser, target_path: str | Path, dataset_path
                 else host_refusals(config=config, weight_bytes=weight_bytes))
     if not refusals and (why := serve_check_refusal(config=config, live=list(workers_live()) if check == "fleet"
                                                     else None)):
+        refusals = [why]
+    if not refusals and (why := online_refusal(config=config, check=check,
+                                               live=list(workers_live()) if check == "fleet" else None)):
         refusals = [why]
     if refusals:  # refused now rather than left in a queue that no live worker takes, or failed at extract
         field, why = refusals[0]
@@ -200,7 +214,8 @@ def _run_create(*, user: AbstractBaseUser, target_path: str | Path, dataset_path
                                    config=config)
     config = replace(config, layer_ids=layer_ids)
     run = PipelineRun.objects.create(
-        owner=user, name=name, target=target, dataset=dataset, config={**config.as_dict(), **checked}
+        owner=user, name=name, target=target, dataset=dataset, config={**config.as_dict(), **checked},
+        project=project, notes=notes,
     )
     run.output_dir = str(settings.EAGLE3WEB_RUNS_DIR / f"run-{run.pk}")
     run.save(update_fields=["output_dir"])

@@ -16,6 +16,7 @@ from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from runs.alerts import events as alert_events
 from runs.data.extractions import extraction_training_gate, extraction_verify
 from runs.models import (
     Checkpoint,
@@ -36,8 +37,10 @@ from runs.data.curation import CatalogueCounts
 from runs.tracking.services import metrics_truncate
 from runs.pipeline.best import best_decide, checkpoint_run_id, tau_on_the_same_prompts
 from runs.pipeline.changes import training_changed
+from runs.pipeline.online import OnlineCaptured, run_id_is_online
 from runs.pipeline.stages import JOBS, STAGES, STAGES_BY_NAME
 from runs.checkpoints.serve_check_services import serve_check_request
+from runs.checkpoints.generation_services import generations_record
 from runs.pipeline.upstream_commands import recorded_speculative_tokens
 from runs.sweeps.release import sweep_release_after
 
@@ -104,7 +107,9 @@ def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRe
     if stage_name == "train":
         # Nobody trains on hidden states that disagree with their manifest, unless a reviewer said why.
         extraction = Extraction.objects.filter(produced_by__run_id=stage.run_id).first()
+        # An online run has none: its training asks capture servers (runs.pipeline.online).
         blocked = (extraction_training_gate(extraction=extraction) if extraction else
+                   None if run_id_is_online(stage.run_id) else
                    f"run {stage.run_id} has no extraction to train on: its extract stage did not succeed")
         if blocked:
             stage_fail(stage_name=stage_name, record_id=record_id, error=blocked, log_tail="")
@@ -194,6 +199,8 @@ def stages_reconcile() -> list[str]:
                 lost = (f"worker {row.worker or '?'} stopped renewing its lease "
                         f"(expired {timezone.localtime(row.lease_expires_at or now):%Y-%m-%d %H:%M:%S}): it was "
                         "killed, its host went away, or it lost the database")
+                alert_events.worker_lost(stage_name=kind.name, record_id=pk, run_id=getattr(row, "run_id", None),
+                                         worker=row.worker, attempt=attempts)
                 if attempts >= MAX_ATTEMPTS:
                     stage_fail(stage_name=kind.name, record_id=pk, log_tail=row.log_tail,
                                error=f"{lost}; gave up after {attempts} attempts")
@@ -264,6 +271,8 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
         STAGES_BY_NAME[later].model.objects.filter(run_id=run_id, status=StageStatus.QUEUED).update(
             status=StageStatus.CANCELLED, finished_at=now, error=f"not started: {stage_name} did not succeed"
         )
+    if updated and not cancelled:
+        alert_events.run_failed(run_id=run_id, stage_name=stage_name, error=error)
     sweep_release_after(run_id=run_id)  # the run is over: its sweep's next run goes to the queue
 
 
@@ -286,11 +295,16 @@ def preparation_record(*, record_id: int, result: PrepareResult, log_tail: str,
 
 
 @transaction.atomic
-def extraction_record(*, record_id: int, result: ExtractionResult, log_tail: str,
-                      started_at: datetime | None = None) -> Extraction:
+def extraction_record(*, record_id: int, result: ExtractionResult | OnlineCaptured, log_tail: str,
+                      started_at: datetime | None = None) -> Extraction | None:
     """The stage's measurements on its row; the files it wrote as its Extraction (the same one again
     when the stage is retried), with their manifest and verification, which gates training. All or
-    nothing: a stage cancelled meanwhile leaves no artifact behind."""
+    nothing: a stage cancelled meanwhile leaves no artifact behind. An online run's stage wrote nothing:
+    its note and cache folder only."""
+    if isinstance(result, OnlineCaptured):
+        stage_succeed(stage_name="extract", record_id=record_id, fields={"out_dir": result.cache_dir},
+                      log_tail="\n".join(filter(None, (log_tail, result.note))), started_at=started_at)
+        return None
     stage = ExtractStage.objects.select_related("run__preparation").get(pk=record_id)
     extraction, _ = Extraction.objects.update_or_create(
         produced_by=stage,
@@ -336,7 +350,10 @@ def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str
         stage_succeed(stage_name="evaluate", record_id=record_id, fields=result_columns(Evaluation, result),
                       log_tail=log_tail, started_at=started_at)
         evaluation = Evaluation.objects.select_related("run", "checkpoint").get(pk=record_id)
+        generations_record(evaluation=evaluation, generations=result.generations)
         best = best_decide(run_id=evaluation.run_id or checkpoint_run_id(evaluation.checkpoint_id))
+        if evaluation.run_id is not None:
+            alert_events.tau_recorded(run_id=evaluation.run_id)
         if evaluation.run is not None and (evaluation.run.config or {}).get("serve_check") and evaluation.checkpoint:
             # The best by τ may be another checkpoint than the one this row measured: the check serves it with
             # this row's prompts and settings, which the stage measured every checkpoint with (serve_check_record
@@ -349,9 +366,12 @@ def measured_alongside_record(*, measured: Evaluation, checkpoint_id: int, resul
     `measured` (the run's own) and on its prompts: it records the settings it was made with, so that
     a serve check starting from it (runs.checkpoints.serve_check_services) derives the same prompt
     list, not the first max_prompts' default of them."""
-    return Evaluation.objects.create(checkpoint_id=checkpoint_id, status=StageStatus.SUCCEEDED,
-                                     finished_at=timezone.now(), prompts_path=measured.prompts_path,
-                                     max_prompts=measured.max_prompts, **result_columns(Evaluation, result))
+    with transaction.atomic():
+        evaluation = Evaluation.objects.create(checkpoint_id=checkpoint_id, status=StageStatus.SUCCEEDED,
+                                               finished_at=timezone.now(), prompts_path=measured.prompts_path,
+                                               max_prompts=measured.max_prompts, **result_columns(Evaluation, result))
+        generations_record(evaluation=evaluation, generations=result.generations)
+    return evaluation
 
 
 def catalogue_record(*, record_id: int, result: CatalogueCounts, log_tail: str,
@@ -378,7 +398,10 @@ def serve_check_record(*, record_id: int, result: ServeCheckResult, log_tail: st
     with transaction.atomic():
         stage_succeed(stage_name="serve_check", record_id=record_id, fields=fields, log_tail=log_tail,
                       started_at=started_at)
-        best_decide(run_id=checkpoint_run_id(check.checkpoint_id))
+        run_id = checkpoint_run_id(check.checkpoint_id)
+        best_decide(run_id=run_id)
+        if run_id is not None:
+            alert_events.tau_recorded(run_id=run_id)  # vLLM's τ may be the run's τ now (runs.pipeline.best)
 
 
 # What each stage's (and job's) worker records once it succeeded.

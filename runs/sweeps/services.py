@@ -28,7 +28,7 @@ def _refusal(exc: InputError, *, combo: dict[str, tuple[str, Any]], position: in
     field = getattr(exc, "field", None)
     key = FIELD_KEYS.get(field, field)
     if key in combo:
-        return SweepError(f"--vary {key}={combo[key][0]}: {exc}")
+        return SweepError(f"--vary {key}={combo[key][0]}: {exc}", in_form=f"{key} = {combo[key][0]}: {exc}")
     settings = settings_text({k: text for k, (text, _) in combo.items()})
     return SweepError(f"run {position} of {count} ({settings}): {exc}", field=field or "vary")
 

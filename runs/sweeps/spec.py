@@ -158,19 +158,24 @@ def expand(varied: list[Varied], *, mode: str) -> list[dict[str, tuple[str, Any]
     if mode not in MODES:
         raise SweepError(f"mode must be {' or '.join(MODES)}, got {str(mode)[:20]!r}", field="mode")
     if not varied:
-        raise SweepError("a sweep varies at least one option (--vary KEY=V1,V2)")
+        raise SweepError("a sweep varies at least one option (--vary KEY=V1,V2)",
+                         in_form="a sweep varies at least one setting: write one line KEY = V1, V2")
     columns = [list(zip(v.texts, v.values)) for v in varied]
     if mode == LIST:
         lengths = {v.key: len(v.values) for v in varied}
         if len(set(lengths.values())) > 1:
             counts = ", ".join(f"{k} has {n}" for k, n in lengths.items())
-            raise SweepError(f"--list pairs the i-th values of every key, so each key needs as many values: {counts}")
+            raise SweepError(f"--list pairs the i-th values of every key, so each key needs as many values: {counts}",
+                             in_form=f"Combine \"List\" takes the i-th value of every line together, so each line "
+                                     f"needs as many values: {counts}")
         count = len(varied[0].values)
     else:
         count = math.prod(len(c) for c in columns)
     if count > MAX_SWEEP_RUNS:
         raise SweepError(f"this sweep would launch {count:,} runs; at most {MAX_SWEEP_RUNS} at once "
-                         f"(vary fewer values, or use --list)")
+                         f"(vary fewer values, or use --list)",
+                         in_form=f"this sweep would launch {count:,} runs; at most {MAX_SWEEP_RUNS} at once (give fewer "
+                                 "values, or Combine \"List\" to take the i-th values of every line together)")
     combos = zip(*columns) if mode == LIST else itertools.product(*columns)
     return [{v.key: pair for v, pair in zip(varied, combo)} for combo in combos]
 

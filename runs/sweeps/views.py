@@ -1,10 +1,10 @@
-"""The sweeps list, a sweep's page, the JSON it polls, and cancelling a sweep. Thin: a selector or a
+"""The sweeps list, a sweep's page (which polls /api/v1/sweeps/<id>/), and cancelling a sweep. Thin: a selector or a
 service, then render."""
 from __future__ import annotations
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
@@ -29,10 +29,6 @@ def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "again_url": selectors.best_again_url(run_id=best.row.run.pk) if best.row else None,
         "compare": selectors.compare_link(rows),
         "can_cancel": user_can(request.user, "cancel") and not best.finished})
-
-
-def sweep_status(request: HttpRequest, pk: int) -> JsonResponse:
-    return JsonResponse(selectors.sweep_summary(sweep=selectors.sweep_get(pk=pk)))
 
 
 @require_POST

@@ -1,6 +1,8 @@
-"""JSON endpoints of training curves: chart windows and full-resolution exports.
+"""Training curves as JSON: chart windows and full-resolution exports, answered by the API's
+/api/v1/runs/<id>/metrics/ and .../metrics/export/ (runs.api.views_runs), which the run and compare pages
+read with their session as scripts do with a token.
 
-`GET /api/runs/<id>/metrics/?keys=loss_0,full_acc_0&split=train&start=S&end=E&points=N` answers at
+`GET /api/v1/runs/<id>/metrics/?keys=loss_0,full_acc_0&split=train&start=S&end=E&points=N` answers at
 most N points per series over steps S..E (MinMaxLTTB, see runs.tracking.curves), each series with its
 summary; a live page asks again from its series' `last_step` + 1. Every parameter is checked; a bad
 one is a 400 naming it."""
@@ -16,7 +18,7 @@ from runs.web import live
 from workers.contract.errors import InputError
 
 MAX_STEP = 2**62
-SPLITS = ("", "train", "val")
+SPLITS = ("", "train", "val", "system")  # empty: train and val; system: what the workers sampled
 
 
 def _int(request: HttpRequest, name: str, *, low: int, high: int, default: int | None) -> int | None:
@@ -31,7 +33,7 @@ def _int(request: HttpRequest, name: str, *, low: int, high: int, default: int |
 def _split(request: HttpRequest) -> str:
     split = request.GET.get("split", "")
     if split not in SPLITS:
-        raise InputError(f"split must be train or val (or empty for both), got {split[:40]!r}")
+        raise InputError(f"split must be train, val or system (or empty for train and val), got {split[:40]!r}")
     return split
 
 
@@ -112,7 +114,7 @@ def run_metrics_export(request: HttpRequest, pk: int):
         split = _split(request)
         fmt = request.GET.get("format", "csv")
         if len(keys) != 1 or not split:
-            raise InputError("export names one series: key=<metric> and split=train or val")
+            raise InputError("export names one series: key=<metric> and split=train, val or system")
         if fmt not in ("csv", "json"):
             raise InputError(f"format must be csv or json, got {fmt[:20]!r}")
         series = curves.curve_series(training_run_id=owner.training_run_id or 0,

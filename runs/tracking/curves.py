@@ -15,6 +15,7 @@ from django.http import Http404
 
 from runs.tracking.chunks import CHUNK_POINTS, Points, downsample, unpack, unpack_one
 from runs.models import MetricChunk, MetricSeries, PipelineRun
+from runs.tracking.system_series import SYSTEM_SPLIT
 
 DEFAULT_POINTS = 2000
 MAX_POINTS = 20000
@@ -91,11 +92,15 @@ def series_summary(series: MetricSeries) -> dict:
 
 
 def curve_series(*, training_run_id: int, query: CurveQuery = CurveQuery()):
+    """The series of the query's split; with none given, the training's curves (train and val), not the
+    system series, whose steps are times (split "system": runs.tracking.system_series)."""
     series = MetricSeries.objects.filter(training_run_id=training_run_id).order_by("key", "split")
     if query.keys:
         series = series.filter(key__in=query.keys)
     if query.split:
         series = series.filter(split=query.split)
+    else:
+        series = series.exclude(split=SYSTEM_SPLIT)
     return series
 
 
@@ -125,9 +130,10 @@ def series_points(*, series: MetricSeries) -> Points:
 
 
 def run_series_summaries(*, training_run_ids: list[int]) -> dict[int, list[dict]]:
-    """Summaries of every series of these training runs, in one query (lists, compare)."""
+    """Summaries of every curve of these training runs (not their system series), in one query (lists, compare)."""
     out: dict[int, list[dict]] = {pk: [] for pk in training_run_ids}
-    for series in MetricSeries.objects.filter(training_run_id__in=training_run_ids).order_by("key", "split"):
+    for series in MetricSeries.objects.filter(training_run_id__in=training_run_ids).exclude(
+            split=SYSTEM_SPLIT).order_by("key", "split"):
         out[series.training_run_id].append(series_summary(series))
     return out
 

@@ -5,13 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+import dataclasses
+import math
+
 from django.contrib.auth import get_user_model
 from django.core.paginator import Page, Paginator
+from django.db import connection
 from django.db.models import (Case, CharField, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery,
                               Value, When)
 from django.db.models.functions import Coalesce, Now
 
 from runs.models import Checkpoint, Dataset, PipelineRun, RunTag, StageStatus, TargetModel
+from runs.pipeline.run_config import FLOAT_FIELDS, INT_FIELDS, RunConfig, RunConfigError, parse_layer_ids
 from runs.pipeline.stages import STAGES
 from runs.pipeline.selectors import (RUN_HELD, RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, RUN_STATUSES, run_rows,
                                      run_status, run_status_reason)
@@ -27,7 +32,19 @@ SORTS = {
 }
 STATUSES = RUN_STATUSES  # the stages' words and "held" (a sweep's run not yet handed to the queues)
 COLUMNS = (("name", "Run"), ("status", "Status"), ("duration", "Duration"), ("epochs", "Epochs"),
-           ("best_val_loss", "Best val loss"), ("tau", "τ"), ("owner", "Owner"), ("created", "Created"))
+           ("best_val_loss", "Best val loss"), ("tau", "τ"), ("owner", "Owner"), ("created", "Created"),
+           ("project", "Project"), ("target", "Target"), ("dataset", "Dataset"), ("layers", "Layers"),
+           ("stages", "Stages"), ("tags", "Tags"), ("review", "Review"))
+COLUMN_KEYS = tuple(key for key, _ in COLUMNS)
+# `archived`: "" hides archived runs (the default), "with" shows them among the others, "only" alone.
+ARCHIVED = ("", "with", "only")
+# A filter on a setting: `setting.<RunConfig field>=<value>`, the value as the launch form takes it.
+SETTING_PREFIX = "setting."
+SETTING_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
+MAX_SETTING_FILTERS = 10
+# Every parameter the list reads (setting.<field> besides); the API refuses others.
+PARAMS = ("q", "status", "target", "dataset", "owner", "tag", "project", "sweep", "tau_min", "tau_max", "archived",
+          "settings", "columns", "sort", "page")
 
 
 class RunTableError(InputError):
@@ -42,6 +59,13 @@ class RunFilters:
     dataset: str = ""
     owner: str = ""
     tag: str = ""
+    project: str = ""
+    sweep: int | None = None
+    tau_min: float | None = None
+    tau_max: float | None = None
+    archived: str = ""
+    settings: tuple = ()  # ((field, value), ...)
+    columns: tuple = COLUMN_KEYS
     sort: str = "created"
     descending: bool = True
     page: int = 1
@@ -64,14 +88,149 @@ class RunFilters:
         page = text("page") or "1"
         if not (page.isascii() and page.isdigit()) or not 1 <= int(page) <= 10**6:
             raise RunTableError(f"page must be a number from 1, got {page[:20]!r}")
+        archived = text("archived")
+        if archived not in ARCHIVED:
+            raise RunTableError(f"archived must be empty, 'with' or 'only', got {archived[:20]!r}")
         return cls(q=text("q"), status=status, target=text("target"), dataset=text("dataset"), owner=text("owner"),
-                   tag=text("tag"), sort=sort.lstrip("-"), descending=descending, page=int(page))
+                   tag=text("tag"), project=text("project"), sweep=_whole(text("sweep"), "sweep"),
+                   tau_min=_number(text("tau_min"), "tau_min"), tau_max=_number(text("tau_max"), "tau_max"),
+                   archived=archived, settings=_settings(params), columns=_columns(_joined(params, "columns")),
+                   sort=sort.lstrip("-"), descending=descending, page=int(page))
+
+    @property
+    def narrowed(self) -> bool:
+        """Whether any filter is set (the empty table then says no run matches, not that there are none)."""
+        return bool(self.q or self.status or self.target or self.dataset or self.owner or self.tag or self.project
+                    or self.sweep or self.tau_min is not None or self.tau_max is not None or self.archived
+                    or self.settings)
 
     def sort_link(self, column: str) -> str:
         """The `sort` value a column header links to: the same column flips the order."""
         if column == self.sort:
             return column if self.descending else f"-{column}"
         return f"-{column}" if column in ("created", "best_val_loss", "tau", "duration") else column
+
+
+def _whole(value: str, name: str) -> int | None:
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+        raise RunTableError(f"{name} must be an id (a whole number), got {value[:20]!r}")
+    return int(value)
+
+
+def _number(value: str, name: str) -> float | None:
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise RunTableError(f"{name} must be a number, got {value[:20]!r}")
+    return number
+
+
+def _joined(params, name: str) -> str:
+    """A parameter given once ("name,tau") or as ticked boxes (columns=name&columns=tau), as one text."""
+    values = params.getlist(name) if hasattr(params, "getlist") else [params.get(name, "")]
+    value = ",".join(str(v) for v in values if v)
+    if len(value) > MAX_QUERY_CHARS:
+        raise RunTableError(f"{name} is {len(value)} characters long; at most {MAX_QUERY_CHARS}")
+    return value
+
+
+def _columns(value: str) -> tuple:
+    if not value:
+        return COLUMN_KEYS
+    keys = [key.strip() for key in value.split(",") if key.strip()]
+    unknown = [key for key in keys if key not in COLUMN_KEYS]
+    if unknown:
+        raise RunTableError(f"columns: {unknown[0][:40]!r} is not a column (one of {', '.join(COLUMN_KEYS)})")
+    return tuple(key for key in COLUMN_KEYS if key in keys or key == "name")  # the run's name links to it: always
+
+
+def _setting_value(name: str, text: str):
+    """A setting's value as the run's config stores it."""
+    try:
+        if name in INT_FIELDS:
+            return int(text)
+        if name in FLOAT_FIELDS:
+            return _number(text, SETTING_PREFIX + name)
+        if name == "layer_ids":
+            return parse_layer_ids(text)
+    except (ValueError, RunConfigError):
+        raise RunTableError(f"{SETTING_PREFIX}{name} must be a {'whole number' if name in INT_FIELDS else 'list of ids'}, "
+                            f"got {text[:20]!r}") from None
+    if name == "serve_check":
+        if text not in ("true", "false"):
+            raise RunTableError(f"{SETTING_PREFIX}{name} must be true or false, got {text[:20]!r}")
+        return text == "true"
+    return text
+
+
+def _typed_settings(params) -> list[tuple[str, str]]:
+    """(setting, value as typed): `setting.<name>=<value>` parameters, and the filter box's `settings`
+    ("epochs=2; lr=3e-4", `;` between settings since layer ids hold commas)."""
+    pairs = [(key[len(SETTING_PREFIX):], str(params.get(key, ""))) for key in params if key.startswith(SETTING_PREFIX)]
+    typed = str(params.get("settings", "") or "")
+    if len(typed) > MAX_QUERY_CHARS:
+        raise RunTableError(f"settings is {len(typed)} characters long; at most {MAX_QUERY_CHARS}")
+    for part in typed.split(";"):
+        if not part.strip():
+            continue
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise RunTableError(f"settings: {part.strip()[:40]!r} is not setting=value (e.g. epochs=2; lr=3e-4)")
+        pairs.append((name.strip(), value))
+    return pairs
+
+
+def settings_text(settings: tuple) -> str:
+    """The setting filters as the filter box takes them."""
+    def shown(value) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return ",".join(str(i) for i in value) if isinstance(value, list) else f"{value:g}" if isinstance(
+            value, float) else str(value)
+
+    return "; ".join(f"{name}={shown(value)}" for name, value in settings)
+
+
+def _settings(params) -> tuple:
+    found = []
+    for name, value in _typed_settings(params):
+        if name not in SETTING_FIELDS:
+            raise RunTableError(f"settings: {name[:60]!r} is not a setting (one of {', '.join(SETTING_FIELDS)})")
+        value = value.strip()
+        if not value:
+            continue
+        if len(value) > MAX_QUERY_CHARS:
+            raise RunTableError(f"settings: {name} is {len(value)} characters long; at most {MAX_QUERY_CHARS}")
+        found.append((name, _setting_value(name, value)))
+    if len(found) > MAX_SETTING_FILTERS:
+        raise RunTableError(f"{len(found)} setting filters; at most {MAX_SETTING_FILTERS}")
+    return tuple(sorted(found, key=lambda pair: pair[0]))
+
+
+def search_vector():
+    """What full-text search matches on PostgreSQL: the run's name and notes, by word, in no language's
+    stemming (names are identifiers). The migration's GIN index (run_search) is built on this expression."""
+    from django.contrib.postgres.search import SearchVector
+
+    return SearchVector("name", "notes", config="simple")
+
+
+def _words_match(q: str) -> Q:
+    """Runs whose name or notes hold these words: PostgreSQL's full-text search over the GIN index, or on
+    SQLite (the demo's database) the text anywhere in either."""
+    if connection.vendor != "postgresql":
+        return Q(name__icontains=q) | Q(notes__icontains=q)
+    from django.contrib.postgres.search import SearchQuery
+
+    found = PipelineRun.objects.alias(words=search_vector()).filter(
+        words=SearchQuery(q, config="simple", search_type="websearch")).values("pk")
+    return Q(pk__in=found)
 
 
 def _any_stage(status: str) -> Q:
@@ -125,17 +284,20 @@ def _tagged(**tag_filter):
         "pipelinerun_id")
 
 
-def run_table(*, filters: RunFilters) -> tuple[Page, int]:
-    """One page of runs and how many runs match in all.
+def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple[Page, int]:
+    """One page of runs and how many runs match in all, of the projects `visible` (None: every project;
+    runs.projects.access.visible_project_ids).
 
     Two steps: the page's ids, from a query with only what the filters and the sort need, then
     those 50 rows with every column. Computing status and best loss for 10,000 runs to show 50 took
     longer than everything else on the page."""
-    runs = PipelineRun.objects.all()
+    runs = PipelineRun.objects.all() if visible is None else PipelineRun.objects.filter(project_id__in=visible)
+    if filters.archived != "with":
+        runs = runs.filter(archived=filters.archived == "only")
     if filters.status or filters.sort in ("status", "duration", "best_val_loss"):
         runs = with_columns(runs)
     if filters.q:
-        match = (Q(name__icontains=filters.q) | Q(target__name__icontains=filters.q)
+        match = (Q(name__icontains=filters.q) | _words_match(filters.q) | Q(target__name__icontains=filters.q)
                  | Q(dataset__name__icontains=filters.q) | Q(owner__username__icontains=filters.q)
                  | Q(pk__in=_tagged(name__iexact=filters.q)))
         if filters.q.isdigit() and len(filters.q) < 18:
@@ -149,8 +311,19 @@ def run_table(*, filters: RunFilters) -> tuple[Page, int]:
             runs = runs.filter(**{field: value})
     if filters.tag:
         runs = runs.filter(pk__in=_tagged(name=filters.tag))
-    if filters.sort == "tau":  # the best checkpoint's, else the evaluate stage's (PipelineRun.shown_tau)
+    if filters.project:
+        runs = runs.filter(project__name=filters.project)
+    if filters.sweep is not None:
+        runs = runs.filter(sweep_entry__sweep_id=filters.sweep)
+    for name, value in filters.settings:
+        runs = runs.filter(**{f"config__{name}": value})
+    if filters.sort == "tau" or filters.tau_min is not None or filters.tau_max is not None:
+        # The best checkpoint's, else the evaluate stage's (PipelineRun.shown_tau).
         runs = runs.annotate(tau=Coalesce("training_run__best_tau", "evaluation__tau"))
+    if filters.tau_min is not None:
+        runs = runs.filter(tau__gte=filters.tau_min)
+    if filters.tau_max is not None:
+        runs = runs.filter(tau__lte=filters.tau_max)
     column = F(SORTS[filters.sort])
     order = column.desc(nulls_last=True) if filters.descending else column.asc(nulls_last=True)
     paginator = Paginator(runs.order_by(order, "-id").values_list("pk", flat=True), PAGE_SIZE)
@@ -165,7 +338,8 @@ def run_table(*, filters: RunFilters) -> tuple[Page, int]:
 
 
 def filter_choices() -> dict:
-    """What the filter menus offer: every target, dataset, owner and tag that has a run."""
+    """What the filter menus offer: every target, dataset, owner and tag that has a run (the projects are
+    each viewer's own: runs.projects.access.visible_projects)."""
 
     def having_runs(model, field: str, name: str) -> list[str]:
         # Exists over the runs' foreign-key index: a handful of targets, not a scan of every run.
@@ -176,7 +350,7 @@ def filter_choices() -> dict:
         "targets": having_runs(TargetModel, "target", "name"), "datasets": having_runs(Dataset, "dataset", "name"),
         "owners": having_runs(get_user_model(), "owner", "username"),
         "tags": list(RunTag.objects.filter(runs__isnull=False).distinct().values_list("name", flat=True)[:MAX_CHOICES]),
-        "statuses": STATUSES,
+        "statuses": STATUSES, "settings": SETTING_FIELDS, "columns": COLUMNS,
     }
 
 

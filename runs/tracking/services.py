@@ -13,9 +13,11 @@ from collections import defaultdict
 import numpy as np
 from django.db import transaction
 
+from runs.alerts import events as alert_events
 from runs.pipeline.changes import curves_changed
 from runs.tracking.chunks import CHUNK_POINTS, MERGE_AT, Points, pack, pack_one, preview, split_chunks, unpack
 from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
+from runs.tracking.system_series import SYSTEM_PREFIX, SYSTEM_SPLIT
 from workers.contract.errors import InputError
 from runs.models import MetricChunk, MetricSeries
 
@@ -117,15 +119,31 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
         series.num_refused += refused
         series.save()
     curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.changes)
+    alert_events.metrics_recorded(training_run_id=training_run_id, points=points)  # a loss that is NaN
     return kept
+
+
+def system_samples_record(*, training_run_id: int, samples: list[dict]) -> int:
+    """Append a worker's samples ({time: Unix seconds, values: {"system/...": number}}) to the run's system
+    series (runs.tracking.system_series): step = the time in milliseconds, epoch 0 (none applies)."""
+    points = []
+    for sample in samples:
+        for key, value in sample["values"].items():
+            if not str(key).startswith(SYSTEM_PREFIX):
+                raise InputError(f"system series key {metric_name_shown(key)} does not start with {SYSTEM_PREFIX!r}")
+            points.append({"split": SYSTEM_SPLIT, "key": key, "step": int(sample["time"] * 1000), "epoch": 0.0,
+                           "value": float(value), "time": sample["time"]})
+    return metrics_record(training_run_id=training_run_id, points=points) if points else 0
 
 
 @transaction.atomic
 def metrics_truncate(*, training_run_id: int, after_step: int) -> int:
     """Drop every point after `after_step` (a training resumed from that step writes them again);
-    summaries are recomputed from what stays. Returns how many points went."""
+    summaries are recomputed from what stays. Returns how many points went. The system series stay: their
+    steps are times, not the training's steps (runs.tracking.system_series)."""
     removed = 0
-    for series in MetricSeries.objects.select_for_update().filter(training_run_id=training_run_id):
+    for series in MetricSeries.objects.select_for_update().filter(training_run_id=training_run_id).exclude(
+            split=SYSTEM_SPLIT):
         if series.last_step is None or series.last_step <= after_step:
             continue
         chunks = list(series.chunks.filter(last_step__gt=after_step).order_by("first_step"))

@@ -8,6 +8,10 @@ from runs.fleet.fit import BackendOption
 from runs.data.paths import MAX_PATH_CHARS
 from runs.pipeline.run_config import (
     BEST_BY,
+    DEFAULT_CACHE_GB,
+    HIDDEN_STATES,
+    MAX_CACHE_GB,
+    MAX_CAPTURE_SERVERS,
     MAX_DRAFT_VOCAB,
     MAX_EPOCHS,
     MAX_EVAL_NEW_TOKENS,
@@ -23,6 +27,7 @@ from runs.pipeline.run_config import (
     RunConfig,
     RunConfigError,
     check_run_name,
+    parse_capture_urls,
     parse_layer_ids,
 )
 from runs.sweeps.services import MAX_PARALLEL
@@ -56,6 +61,10 @@ def _backend_choices(stage: str) -> list[tuple[str, str]]:
 
 class LaunchForm(forms.Form):
     name = forms.CharField(max_length=MAX_NAME_CHARS, required=False, help_text="Optional; shown in the runs list.")
+    project = forms.CharField(max_length=100, required=False, help_text=(
+        "The project the run belongs to (you must be one of its editors). Empty: your default project."))
+    notes = forms.CharField(max_length=10_000, required=False, widget=forms.Textarea(attrs={"rows": 2}),
+                            help_text="Optional; the runs list's search finds runs by the words in their notes.")
     target_path = forms.CharField(
         max_length=MAX_PATH_CHARS, label="Target model directory",
         help_text="A Hugging Face model directory (config.json, weights, tokenizer) under the data roots.",
@@ -114,6 +123,27 @@ class LaunchForm(forms.Form):
         help_text="Highest τ: the checkpoint that decodes the held-out prompts fastest (vLLM's τ where the serve "
         "check ran), the lower validation loss on a tie; chosen once every checkpoint is measured, until then "
         "the lowest validation loss stands in. Lowest validation loss: the trainer's choice.")
+    hidden_states = forms.ChoiceField(
+        choices=list(zip(HIDDEN_STATES, ("offline: extract them all to disk, then train",
+                                         "online: capture servers produce them while training"), strict=True)),
+        initial=HIDDEN_STATES[0], required=False, label="Hidden states",
+        help_text="Online writes no extraction: the training asks vLLM capture servers for each sample when it first "
+        "needs it and keeps at most the cache below on disk (speculators' trainer asks the first server through its "
+        "own --vllm-endpoint). The train stage goes to a worker with vLLM when it starts capture servers.")
+    capture_servers = forms.IntegerField(
+        min_value=0, max_value=MAX_CAPTURE_SERVERS, initial=1, required=False, label="Capture servers to start",
+        help_text="vLLM capture servers the train stage starts beside the trainer (online only); 0 with running ones "
+        "below.")
+    capture_urls = forms.CharField(
+        required=False, max_length=MAX_CAPTURE_SERVERS * 2002, label="Running capture servers",
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+        help_text=f"Online only: base URLs (http://host:port) of capture servers already running, one per line, at "
+        f"most {MAX_CAPTURE_SERVERS}; their hidden-state files must be readable by the training's worker.")
+    hidden_states_cache_gb = forms.FloatField(
+        min_value=0.001, max_value=MAX_CACHE_GB, initial=DEFAULT_CACHE_GB, required=False,
+        label="Hidden-state cache (GB)",
+        help_text="Online only: the most the run keeps on disk; the least recently used samples go first and are "
+        "asked for again when needed.")
     vary = forms.CharField(
         required=False, max_length=20_000, label="Sweep", widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
         help_text="One setting per line, KEY = V1, V2, named as run_pipeline names them: lr = 1e-4, 3e-4 · "
@@ -129,9 +159,10 @@ class LaunchForm(forms.Form):
 
     # Folded under "Advanced settings" (open when one of them has an error), and the sweep box.
     ADVANCED = ("max_tokens_per_step", "val_fraction", "seed", "eval_prompts", "eval_max_new_tokens",
-                "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "serve_check", "best_by")
+                "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "serve_check", "best_by",
+                "hidden_states", "capture_servers", "capture_urls", "hidden_states_cache_gb")
     SWEEP = ("vary", "sweep_mode", "parallel")
-    WIDE = ("name", "target_path", "dataset_path", "vary")  # the whole width of the form
+    WIDE = ("name", "target_path", "dataset_path", "notes", "vary")  # the whole width of the form
 
     def __init__(self, *args, options: dict[str, BackendOption] | None = None, **kwargs):
         """`options`: what the live workers can run (runs.fleet.selectors.launch_options); the
@@ -203,6 +234,12 @@ class LaunchForm(forms.Form):
         except RunConfigError as exc:
             raise forms.ValidationError(str(exc)) from None
 
+    def clean_capture_urls(self) -> list[str]:
+        try:
+            return parse_capture_urls(self.cleaned_data.get("capture_urls") or "")
+        except RunConfigError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
     def run_config(self) -> RunConfig:
         """The form's values; a field left empty takes RunConfig's default."""
         data = {k: v for k, v in self.cleaned_data.items() if v is not None and k not in self.SWEEP}
@@ -228,6 +265,10 @@ class LaunchForm(forms.Form):
             train_gpus=data.get("train_gpus") or defaults.train_gpus,
             serve_check=bool(data.get("serve_check")),
             best_by=data.get("best_by") or defaults.best_by,
+            hidden_states=data.get("hidden_states") or defaults.hidden_states,
+            capture_urls=data.get("capture_urls") or [],
+            capture_servers=defaults.capture_servers if data.get("capture_servers") is None else data["capture_servers"],
+            hidden_states_cache_gb=data.get("hidden_states_cache_gb") or defaults.hidden_states_cache_gb,
         )
 
 

@@ -1,20 +1,31 @@
-from django.urls import path
+from django.urls import include, path
 
 from runs.checkpoints import serve_check_views
 from runs.data import regeneration_views
+from runs.saved_views import views as saved_view_views
+from runs.reports import views as report_views
 from runs.sweeps import views as sweep_views
-from runs.tracking import curve_api
-from runs.web import api, views
+from runs.web import views
 
 app_name = "runs"
 urlpatterns = [
     path("", views.run_list, name="run_list"),
     path("runs/new/", views.run_launch, name="run_launch"),
     path("runs/compare/", views.run_compare, name="run_compare"),
+    path("runs/bulk/", saved_view_views.runs_bulk, name="runs_bulk"),
+    path("views/", saved_view_views.saved_view_save, name="saved_view_save"),
+    path("views/<int:pk>/delete/", saved_view_views.saved_view_delete, name="saved_view_delete"),
     path("runs/<int:pk>/", views.run_detail, name="run_detail"),
     path("runs/<int:pk>/cancel/", views.run_cancel, name="run_cancel"),
     path("runs/<int:pk>/retry/", views.run_retry, name="run_retry"),
     path("runs/<int:pk>/tags/", views.run_tags, name="run_tags"),
+    path("reports/", report_views.report_list, name="report_list"),
+    path("reports/new/", report_views.report_new, name="report_new"),
+    path("reports/<int:pk>/", report_views.report_detail, name="report_detail"),
+    path("reports/<int:pk>/edit/", report_views.report_edit, name="report_edit"),
+    path("reports/<int:pk>/versions/", report_views.report_versions, name="report_versions"),
+    path("reports/<int:pk>/versions/<int:number>/", report_views.report_version, name="report_version"),
+    path("reports/<int:pk>/export/", report_views.report_export, name="report_export"),
     path("sweeps/", sweep_views.sweep_list, name="sweep_list"),
     path("sweeps/<int:pk>/", sweep_views.sweep_detail, name="sweep_detail"),
     path("sweeps/<int:pk>/cancel/", sweep_views.sweep_cancel, name="sweep_cancel"),
@@ -34,10 +45,5 @@ urlpatterns = [
     path("checkpoints/<int:pk>/evaluate/", views.checkpoint_evaluate, name="checkpoint_evaluate"),
     path("checkpoints/<int:pk>/serve-check/", serve_check_views.checkpoint_serve_check, name="checkpoint_serve_check"),
     path("reviews/<str:subject>/<int:pk>/", views.review_create, name="review_create"),
-    path("api/runs/<int:pk>/", api.run_status, name="api_run_status"),
-    path("api/runs/<int:pk>/metrics/", curve_api.run_metrics, name="api_run_metrics"),
-    path("api/runs/<int:pk>/metrics/export/", curve_api.run_metrics_export, name="api_run_metrics_export"),
-    path("api/targets/inspect/", api.target_inspect, name="api_target_inspect"),
-    path("api/workers/", api.worker_list, name="api_worker_list"),
-    path("api/sweeps/<int:pk>/", sweep_views.sweep_status, name="api_sweep_status"),
+    path("alerts/", include("runs.alerts.urls")),
 ]

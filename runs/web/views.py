@@ -8,67 +8,33 @@ from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.template.loader import render_to_string
-from django.utils.safestring import mark_safe
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from runs.checkpoints import evaluation as evaluation_services
-from runs.checkpoints import serve_check_selectors
+from runs.checkpoints import generation_selectors, serve_check_selectors
 from runs.checkpoints.evaluation import EvaluationRequestError
 from runs.data import extractions as extraction_services
 from runs.data.demo import demo_paths
 from runs.data import regeneration_selectors
 from runs.data.regeneration_selectors import dataset_options
 from runs.fleet import selectors as fleet_selectors
-from runs.pipeline import changes, job_selectors, job_services, queue, selectors, services, upstream_commands
+from runs.pipeline import job_selectors, job_services, queue, selectors, services, upstream_commands
 from runs.review import reviews
 from runs.sweeps import selectors as sweep_selectors, services as sweep_services
 from runs.review import tags as tag_services
 from runs.roles import require, user_can
-from runs.tracking import comparison, run_table
-from runs.web import live, run_page
+from runs.saved_views import page as run_list_page
+from runs.tracking import comparison
+from runs.web import run_page
 from runs.web.forms import LaunchForm, RegenerateForm
 from workers.contract.errors import InputError
 from workers.contract.regular_file import open_regular
 
 
-
-# The runs list's table says "3 minutes ago" and how long running runs have run (the page counts those
-# on by itself): rendered again at least this often even when no run changed.
-RUN_TABLE_SECONDS = 30
-
-
-def _run_table_html(*, filters: run_table.RunFilters, params) -> str:
-    page, total = run_table.run_table(filters=filters)
-    runs = list(page.object_list)
-    states = reviews.review_states(subjects=runs)
-    rows = [(run, run.status, states.get(run.pk), run_table.duration_text(run.duration)) for run in runs]
-    query = params.copy()
-    query.pop("page", None)
-    columns = []
-    for key, label in run_table.COLUMNS:
-        by_column = query.copy()
-        by_column["sort"] = filters.sort_link(key)
-        state = ("desc" if filters.descending else "asc") if key == filters.sort else ""
-        columns.append({"key": key, "label": label, "href": by_column.urlencode(), "state": state})
-    # No request: nothing of the viewer's may enter what every viewer is shown.
-    return render_to_string("runs/_run_table.html", {
-        "rows": rows, "page": page, "total": total, "filters": filters, "query": query.urlencode(), "columns": columns})
-
-
 def run_list(request: HttpRequest) -> HttpResponse:
-    try:
-        filters = run_table.RunFilters.from_query(request.GET)
-    except run_table.RunTableError as exc:
-        messages.error(request, str(exc))
-        return redirect("runs:run_list")
-    # What every viewer sees alike, cached until a run, review or tag changes (runs.pipeline.changes).
-    version = changes.runs_list_version()
-    table = live.cached(("run_table", version, sorted(request.GET.lists())), lambda: (
-        _run_table_html(filters=filters, params=request.GET), RUN_TABLE_SECONDS))
-    choices = live.cached(("run_choices", version), lambda: (run_table.filter_choices(), live.SETTLED_SECONDS))
-    return render(request, "runs/run_list.html", {"table": mark_safe(table), "filters": filters, "choices": choices})
+    """The runs list, filtered, sorted and paged by its query or by a saved view (`?view=<id>`)."""
+    return run_list_page.run_list_response(request)
 
 
 def run_launch(request: HttpRequest) -> HttpResponse:
@@ -82,7 +48,9 @@ def run_launch(request: HttpRequest) -> HttpResponse:
                 launched = _launch_from(request, form)
             except InputError as exc:
                 field = getattr(exc, "field", None)
-                form.add_error(field if field in form.fields else None, str(exc))
+                # A sweep's refusal in the form's words (SweepError.in_form), not the command line's (--vary).
+                for message in getattr(exc, "in_form", None) or [str(exc)]:
+                    form.add_error(field if field in form.fields else None, message)
             else:
                 return launched
     elif request.GET.get("copy"):
@@ -124,7 +92,7 @@ def _launch_from(request: HttpRequest, form: LaunchForm) -> HttpResponse:
                                   "of the others follows when an earlier one finishes.")
         return redirect(sweep)
     run = services.run_launch(user=request.user, target_path=data["target_path"], dataset_path=data["dataset_path"],
-                              config=form.run_config(), name=data["name"])
+                              config=form.run_config(), name=data["name"], project=data["project"], notes=data["notes"])
     if queue.run_waiting_for_queue(run_id=run.pk):
         # The broker refused the hand-over: the outbox keeps it and the workers retry.
         messages.warning(request, f"Launched {run}; it is waiting for the queue (Redis is not "
@@ -143,12 +111,13 @@ def worker_list(request: HttpRequest) -> HttpResponse:
 
 
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    selectors.run_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
     return render(request, "runs/run_detail.html", run_page.run_page_context(run_id=pk))
 
 
 @require_POST
 def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    run = selectors.run_get(pk=pk, stages=False)
+    run = selectors.run_get(pk=pk, stages=False, user=request.user)
     count = services.run_cancel(run=run, user=request.user)
     messages.info(request, f"Cancelled {count} unfinished stage(s) of {run}.")
     return redirect(run)
@@ -156,7 +125,7 @@ def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def run_tags(request: HttpRequest, pk: int) -> HttpResponse:
-    run = selectors.run_get(pk=pk, stages=False)
+    run = selectors.run_get(pk=pk, stages=False, user=request.user)
     try:
         names = tag_services.run_tags_set(run=run, text=request.POST.get("tags", ""), user=request.user)
     except InputError as exc:
@@ -280,7 +249,7 @@ def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
-    run = selectors.run_get(pk=pk, stages=False)
+    run = selectors.run_get(pk=pk, stages=False, user=request.user)
     try:
         count = services.run_retry(run=run, user=request.user)
     except InputError as exc:  # no live worker takes what it would queue: said on the run page
@@ -329,6 +298,7 @@ def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "acceptance_json": json.dumps(measured.acceptance_per_position) if measured else "[]",
         "evaluating": any(not e.is_finished for e in (*evaluations, *serve_checks)),
         "can_evaluate": user_can(request.user, "launch"),
+        "generation_choices": generation_selectors.compare_choices(checkpoint=checkpoint, user=request.user),
     })
 
 
@@ -366,13 +336,13 @@ def checkpoint_evaluate(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def run_compare(request: HttpRequest) -> HttpResponse:
-    """2 to 10 runs side by side: `?ids=3,5,8` (the runs list's checkboxes send ids=3&ids=5)."""
+    """2 to 50 runs side by side: `?ids=3,5,8` (the runs list's checkboxes send ids=3&ids=5)."""
     try:
         run_ids = comparison.compare_ids(request.GET.getlist("ids"))
-        context = comparison.run_comparison(run_ids=run_ids)
+        context = comparison.run_comparison(run_ids=run_ids, user=request.user)
     except comparison.ComparisonError as exc:
         return render(request, "runs/run_compare.html", {"error": str(exc)}, status=400)
-    chart_runs = [{"id": r["run"].pk, "name": str(r["run"]), "url": reverse("runs:api_run_metrics", args=[r["run"].pk]),
+    chart_runs = [{"id": r["run"].pk, "name": str(r["run"]), "url": reverse("api:run_metrics", args=[r["run"].pk]),
                    "tau": r["tau"], "acceptance_per_position": (  # a run trained elsewhere has no measurement of ours
                        None if r["run"].external else r["run"].evaluation.acceptance_per_position) or []}
                   for r in context["runs"]]

@@ -4,13 +4,20 @@
 // the axis titles. The τ of each run below, under the acceptance table (acceptance_heatmap.js).
 (function () {
   "use strict";
+  // A run's colour comes from its id alone, so that it keeps it whichever runs it is compared with and in
+  // whatever order (a colour by position swapped as runs came and went): hues a golden angle apart, so that
+  // runs with neighbouring ids differ most. loss_tau.js colours the same runs with it.
+  window.runColour = (id) => `hsl(${Math.round((Number(id) * 137.508) % 360)}, 70%, 42%)`;
   const root = document.getElementById("compare-plots");
   if (!root) return;
   const runs = JSON.parse(document.getElementById("compare-chart-runs").textContent);
-  const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
   const DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"];
   const UNSMOOTHED = new Set(["lr", "tokens_seen", "epoch"]);  // schedules and running totals, as on the run page
-  const familyOf = (key) => key.replace(/_\d+$/, "");
+  // The summed train loss ("loss") is several times each step's loss_i: it has a chart of its own, where it
+  // would squash loss_0..2 at the bottom of theirs.
+  const familyOf = (key) => /_\d+$/.test(key) ? key.replace(/_\d+$/, "") : key === "loss" ? "loss_sum" : key;
+  const TITLES = {loss_sum: "loss summed over the TTT steps"};
+  const ORDER = ["loss", "loss_sum", "full_acc", "cond_acc", "lr", "tokens_per_s", "tokens_seen"];
   const tttOf = (key) => { const m = key.match(/_(\d+)$/); return m ? Number(m[1]) : 0; };
   const opts = {smooth: 0, log: false, x: "step", split: "both", hidden: new Set()};
   const data = [];  // per run: {run, colour, series: [...]}
@@ -35,9 +42,39 @@
     return v[lo] + (step - st[lo]) / (st[hi] - st[lo]) * (v[hi] - v[lo]);
   }
 
+  // Epochs as a trainer reports them: a pipeline run's are fractional (step / steps per epoch), a run trained
+  // elsewhere may send whole numbers (or none: 0), which put every point of an epoch on one vertical line.
+  // Whole epochs are spread over the steps between the epoch's first step and the next epoch's; the last epoch
+  // at the pace of the one before it. null: the points cannot be placed (say why: `unplaced`).
+  function epochsOf(s) {
+    const e = s.epochs;
+    if (!e.length || e.some((v) => !Number.isInteger(v)) || e.every((v, i) => i === 0 || v !== e[i - 1])) return e;
+    const starts = [];  // [epoch, first step]
+    e.forEach((v, i) => { if (!starts.length || starts[starts.length - 1][0] !== v) starts.push([v, s.steps[i]]); });
+    if (starts.length < 2) return null;  // one whole epoch and no end to it: no step can say how far into it
+    const spans = starts.slice(1).map(([v, step], j) => (step - starts[j][1]) / (v - starts[j][0]));
+    return s.steps.map((step, i) => {
+      const j = starts.findIndex(([v]) => v === e[i]);
+      const span = spans[Math.min(j, spans.length - 1)];
+      return span > 0 ? starts[j][0] + (step - starts[j][1]) / span : null;
+    });
+  }
+
+  const unplaced = new Map();  // run name -> why its points are not drawn against this x axis
+
   function xs(entry, s) {
-    if (opts.x === "epoch") return s.epochs;
-    if (opts.x === "tokens") return s.steps.map((step) => tokensAt(entry.tokens, step));
+    if (opts.x === "epoch") {
+      const x = epochsOf(s);
+      if (x === null) unplaced.set(entry.run.name, "it reported one whole epoch number for every point, so no point can be placed within the epoch; x = step places them");
+      return x || [];
+    }
+    if (opts.x === "tokens") {
+      if (!entry.tokens) {
+        unplaced.set(entry.run.name, "it reported no tokens_seen series; x = step or wall time places its points");
+        return [];
+      }
+      return s.steps.map((step) => tokensAt(entry.tokens, step));
+    }
     if (opts.x === "time") return s.times.map((t) => t - entry.t0);  // seconds since the run's first point
     return s.steps;
   }
@@ -66,18 +103,37 @@
       root.appendChild(div);
       divs[family] = div;
     }
-    const xTitle = {step: "step", epoch: "epoch", tokens: "tokens seen", time: "seconds since the run's first point"}[opts.x];
+    const xTitle = {step: "step", epoch: "epoch (1 = the end of the first)", tokens: "tokens seen",
+      time: "seconds since the run's first point"}[opts.x];
+    const shown = traces(family);
+    if (!shown.length) {
+      // Plotly draws empty axes (−1..6) for no trace: say instead why the chart is empty.
+      Plotly.purge(divs[family]);
+      divs[family].classList.add("plot-empty");
+      divs[family].textContent = `${TITLES[family] || family}: no series shown. Tick one of its series under Series` +
+        (opts.split === "both" ? "." : ", or show both splits.");
+      return;
+    }
+    divs[family].classList.remove("plot-empty");
+    if (!divs[family].querySelector(".plot-container")) divs[family].replaceChildren();
     // The legend sits right of the plot, in its own margin: it can never cover an axis or its title.
-    Plotly.react(divs[family], traces(family), {
-      title: {text: dom.plotlyText(family)}, height: 380, margin: {l: 60, r: 260, t: 40, b: 50},
+    Plotly.react(divs[family], shown, {
+      title: {text: dom.plotlyText(TITLES[family] || family)}, height: 380, margin: {l: 60, r: 260, t: 40, b: 50},
       xaxis: {title: {text: xTitle}}, yaxis: {type: opts.log ? "log" : "linear"},
       legend: {orientation: "v", x: 1.02, xanchor: "left", y: 1, yanchor: "top", font: {size: 10}},
     }, {displaylogo: false, responsive: true});
   }
 
   function drawAll() {
-    const families = [...new Set(data.flatMap((e) => e.series.map((s) => familyOf(s.key))))].sort();
+    unplaced.clear();
+    // The run page's order (curves.js): losses first, then accuracies, the schedule, throughput; others after.
+    const rank = (f) => { const i = ORDER.indexOf(f); return i < 0 ? ORDER.length : i; };
+    const families = [...new Set(data.flatMap((e) => e.series.map((s) => familyOf(s.key))))]
+      .sort((x, y) => rank(x) - rank(y) || (x < y ? -1 : x > y ? 1 : 0));
     for (const f of families) draw(f);
+    const note = document.getElementById("compare-unplaced");
+    note.replaceChildren(...[...unplaced].map(([name, why]) => dom.el("li", {}, `${name} is not drawn against this x axis: ${why}.`)));
+    note.hidden = !unplaced.size;
   }
 
   function seriesPicker() {
@@ -100,7 +156,7 @@
       return;
     }
     Plotly.newPlot("compare-tau", [{type: "bar", x: measured.map((r) => dom.plotlyText(r.name)), y: measured.map((r) => r.tau),
-      marker: {color: measured.map((r) => PALETTE[runs.indexOf(r) % PALETTE.length])},
+      marker: {color: measured.map((r) => window.runColour(r.id))},
       text: measured.map((r) => r.tau.toFixed(2)), textposition: "auto", hovertemplate: "%{x}: τ %{y:.3f}<extra></extra>"}],
       {title: {text: "τ measured"}, height: 320, margin: {l: 50, r: 10, t: 40, b: 80}, yaxis: {rangemode: "tozero"}},
       {displaylogo: false, responsive: true});
@@ -113,7 +169,7 @@
       const resp = await fetch(run.url + "?points=1000", {headers: {Accept: "application/json"}});
       const series = (await resp.json()).series;
       const times = series.flatMap((s) => s.times.slice(0, 1));
-      data[i] = {run, colour: PALETTE[i % PALETTE.length], series,
+      data[i] = {run, colour: window.runColour(run.id), series,
         tokens: series.find((s) => s.split === "train" && s.key === "tokens_seen"),
         t0: times.length ? Math.min(...times) : 0};
     }));

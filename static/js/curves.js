@@ -10,8 +10,12 @@
   const exportUrl = root.dataset.exportUrl;
   const POINTS = 2000;
   const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
-  const TITLES = {loss: "Loss per TTT step", full_acc: "Accuracy per TTT step", cond_acc: "Conditional accuracy per TTT step",
+  const TITLES = {loss: "Loss per TTT step", loss_sum: "Loss summed over the TTT steps", full_acc: "Accuracy per TTT step", cond_acc: "Conditional accuracy per TTT step",
     lr: "Learning rate", tokens_per_s: "Training throughput (tokens/s)", tokens_seen: "Tokens seen"};
+  // Hidden-state supply (runs.pipeline.online): each its own chart, beside the loss's, in its own units.
+  const SUPPLY = ["supply/fetch_wait_fraction", "supply/capture_tokens_per_s", "supply/cache_hit_rate"];
+  Object.assign(TITLES, {"supply/fetch_wait_fraction": "Supply: share of step time waiting for data",
+    "supply/capture_tokens_per_s": "Supply: capture servers' tokens/s", "supply/cache_hit_rate": "Supply: cache hit rate"});
   const fmt = new Intl.NumberFormat("en-US");
   const series = {};  // "split:key" -> {split, key, steps, epochs, values, times, last_step, num_points, ...}
   const charts = {};  // family -> {div, ids: [series ids in trace order], zoomed: bool}
@@ -19,7 +23,9 @@
   let runFinished = false;
   let lastRefresh = 0;
 
-  const familyOf = (key) => key.replace(/_\d+$/, "");
+  // The summed train loss ("loss") is several times each TTT step's loss_i: its own chart ("loss_sum"), where on
+  // theirs it squashed loss_0..2 at the bottom of the axis.
+  const familyOf = (key) => /_\d+$/.test(key) ? key.replace(/_\d+$/, "") : key === "loss" ? "loss_sum" : key;
   const tttOf = (key) => { const m = key.match(/_(\d+)$/); return m ? Number(m[1]) : 0; };
   const sid = (s) => s.split + ":" + s.key;
 
@@ -124,7 +130,7 @@
 
   function drawAll(only) {
     const families = [...new Set(Object.values(series).map((s) => familyOf(s.key)))];
-    const order = ["loss", "full_acc", "cond_acc", "lr", "tokens_per_s", "tokens_seen"];
+    const order = ["loss", "loss_sum", ...SUPPLY, "full_acc", "cond_acc", "lr", "tokens_per_s", "tokens_seen"];
     families.sort((a, b) => ((order.indexOf(a) + 1) || 99) - ((order.indexOf(b) + 1) || 99) || a.localeCompare(b));
     // A zoomed chart keeps its window; live points reach it when the user zooms out.
     for (const f of families) if (!only || (only.has(f) && !(charts[f] && charts[f].zoomed))) draw(f);
@@ -203,6 +209,76 @@
     else if (!root.dataset.finalLoaded) { root.dataset.finalLoaded = "1"; await loadAll(); }
   }
 
+  // System: what the workers sampled while they ran this run's stages (split "system", a point's step is its
+  // time in ms: runs.tracking.system_series), always against wall time, with polls of their own.
+  const sysRoot = document.getElementById("system-charts");
+  const SYSTEM_CHARTS = [
+    ["cpu", "CPU (%, 100 = one core)", /^system\/(host_)?cpu_percent$/],
+    ["memory", "Memory", /^system\/(rss_bytes|host_memory_used_bytes)$/],
+    ["gpu_util", "GPU utilisation (%)", /^system\/gpu\d+_util_percent$/],
+    ["gpu_memory", "GPU memory", /^system\/gpu\d+_memory_used_bytes$/],
+    ["disk", "Disk (bytes/s)", /^system\/disk_(read|write)_bytes_per_s$/],
+  ];
+  const SYSTEM_NAMES = {cpu_percent: "the stage's processes", host_cpu_percent: "the host",
+    rss_bytes: "the stage's processes (RSS)", host_memory_used_bytes: "the host (used)",
+    disk_read_bytes_per_s: "read", disk_write_bytes_per_s: "written"};
+  const sysSeries = {};
+  let sysRefresh = 0;
+
+  function systemName(key) {
+    const short = key.slice("system/".length), gpu = short.match(/^gpu(\d+)_/);
+    return SYSTEM_NAMES[short] || (gpu ? "GPU " + gpu[1] : short);
+  }
+
+  function drawSystem() {
+    const boxes = [];
+    for (const [family, title, pattern] of SYSTEM_CHARTS) {
+      const ids = Object.keys(sysSeries).filter((k) => pattern.test(k) && sysSeries[k].steps.length).sort();
+      if (!ids.length) continue;
+      let div = document.getElementById("plot-system-" + family);
+      if (!div) div = dom.el("div", {id: "plot-system-" + family, class: "plot", dataset: {family}});
+      boxes.push(div);
+      const data = ids.map((k, i) => {
+        const s = sysSeries[k], name = dom.plotlyText(systemName(k));
+        return {x: s.times.map((t) => new Date(t * 1000)), y: s.values, name, type: "scatter", mode: "lines",
+          line: {color: PALETTE[i % PALETTE.length]}, hovertemplate: `${name}<br>%{x}: %{y:.4s}<extra></extra>`};
+      });
+      Plotly.react(div, data, {title: {text: title}, height: 280, margin: {l: 60, r: 125, t: 40, b: 40},
+        xaxis: {title: {text: "wall time"}, type: "date"}, yaxis: {rangemode: "tozero", exponentformat: "SI"},
+        legend: {orientation: "v", x: 1.02, xanchor: "left", y: 1, yanchor: "top", font: {size: 10}}},
+        {displaylogo: false, responsive: true});
+    }
+    sysRoot.dataset.points = String(Object.values(sysSeries).reduce((n, s) => n + s.steps.length, 0));
+    const plots = document.getElementById("system-plots");
+    if (boxes.length && boxes.some((b, i) => plots.children[i] !== b)) plots.replaceChildren(...boxes);
+    document.getElementById("system-status").hidden = boxes.length > 0;
+  }
+
+  async function pollSystem() {
+    try {
+      const whole = !Object.keys(sysSeries).length || Date.now() - sysRefresh > 60000;
+      const params = {split: "system", points: POINTS};
+      if (!whole) params.start = Math.min(...Object.values(sysSeries).map((s) => s.last_step ?? -1)) + 1;
+      const body = await window.liveJson("system-" + (whole ? "all" : "poll"), metricsUrl + "?" + new URLSearchParams(params));
+      if (whole) sysRefresh = Date.now();
+      for (const s of (body && body.series) || []) {
+        const have = sysSeries[s.key];
+        if (whole || !have) { sysSeries[s.key] = s; continue; }
+        const from = s.steps.findIndex((step) => step > (have.steps.length ? have.steps[have.steps.length - 1] : -1));
+        if (from < 0) continue;
+        for (const col of ["steps", "values", "times"]) have[col] = have[col].concat(s[col].slice(from));
+        have.last_step = s.last_step;
+      }
+      if (body) drawSystem();
+    } catch (err) {
+      const status = document.getElementById("system-status");
+      status.textContent = "Lost contact with the server (" + err + "); retrying.";
+      status.hidden = false;
+    }
+    if (!runFinished) setTimeout(pollSystem, 5000);
+    else if (!sysRoot.dataset.finalLoaded) { sysRoot.dataset.finalLoaded = "1"; sysRefresh = 0; await pollSystem(); }
+  }
+
   document.addEventListener("run-summary", (ev) => { runFinished = !!ev.detail.finished; });
   for (const [id, key] of [["curve-smooth", "smooth"], ["curve-log", "log"], ["curve-x", "x"]]) {
     const input = document.getElementById(id);
@@ -213,4 +289,5 @@
     });
   }
   poll();
+  if (sysRoot) pollSystem();
 })();

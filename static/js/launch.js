@@ -8,7 +8,9 @@
   const info = document.getElementById("target-info");
   const vary = document.getElementById("id_vary");
   const submit = document.getElementById("launch-submit");
+  const source = document.getElementById("id_hidden_states");
   let lastDefault = null;
+  let sizes = null;  // the inspected target's bytes per token and layer, and the runs' volume's free bytes
 
   // 8,700,000 -> "8.7 MB": decimal units, as the server's messages (runs.fleet.fit.gb_text).
   function bytesText(n) {
@@ -41,6 +43,33 @@
     const text = body.default_layer_ids.join(", ");
     if (!layers.value.trim() || layers.value === lastDefault) layers.value = text;
     lastDefault = text;
+    sizes = {perLayer: body.bytes_per_token_per_layer, free: body.data_free_bytes, layers: body.num_layers};
+    forecast();
+  }
+
+  // An offline extraction of at most (max rows x max_seq_len) tokens, each row's captured layers in bf16,
+  // against the free room on the runs' volume: when it would not fit, a line offers online hidden states.
+  function forecast() {
+    const rows = Number(document.getElementById("id_max_samples").value);
+    const seqLen = Number(document.getElementById("id_max_seq_len").value);
+    let line = document.getElementById("online-offer");
+    if (!sizes || !sizes.free || !rows || !seqLen || !source) { if (line) line.hidden = true; return; }
+    const ids = layers.value.split(/[ ,]+/).filter((p) => p.trim());
+    const captured = ids.length + (ids.includes(String(sizes.layers)) ? 0 : 1);  // the final layer is added
+    const bytes = rows * seqLen * captured * sizes.perLayer;
+    if (!line) {
+      line = window.dom.el("p", {id: "online-offer", class: "field-error"});
+      info.after(line);
+    }
+    line.hidden = bytes <= sizes.free || source.value === "online";
+    const button = window.dom.el("button", {type: "button", id: "switch-online"}, "Train online instead");
+    button.addEventListener("click", () => {
+      source.value = "online";
+      document.getElementById("advanced").open = true;
+      line.hidden = true;
+    });
+    line.replaceChildren(`An offline extraction of up to ${bytesText(bytes)} (${rows} rows x ${seqLen} tokens x ` +
+      `${captured} layers) would not fit in the ${bytesText(sizes.free)} free for runs. `, button);
   }
 
   function openTarget() {
@@ -53,6 +82,10 @@
   }
 
   target.addEventListener("change", inspect);
+  for (const id of ["id_max_samples", "id_max_seq_len", "id_layer_ids", "id_hidden_states"]) {
+    const input = document.getElementById(id);
+    if (input) input.addEventListener("input", forecast);
+  }
   if (vary) vary.addEventListener("input", nameButton);
   window.addEventListener("hashchange", openTarget);
   openTarget();

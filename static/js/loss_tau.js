@@ -5,8 +5,7 @@
 // Data reaches the page as text: numbers and names go through dom.plotlyText, never through innerHTML.
 (function () {
   "use strict";
-  // The compare page's colours (static/js/compare.js), in the same order of runs, so a run keeps its colour.
-  const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
+  // On the compare page a run has the colour its id gives it there (window.runColour, static/js/compare.js).
   const LAYOUT = {height: 340, margin: {l: 60, r: 20, t: 20, b: 50},
     xaxis: {title: {text: "validation loss"}}, yaxis: {title: {text: "τ measured (tokens per target forward)"}},
     legend: {orientation: "h", y: -0.25}};
@@ -18,7 +17,7 @@
 
   function hover(prefix, c) {
     const source = c.vllm_tau != null ? "vLLM's" : "ours";
-    return dom.plotlyText(`${prefix}epoch ${c.epoch}: validation loss ${c.val_loss.toFixed(4)}, τ ${c.tau_for_best.toFixed(3)} (${source})`);
+    return dom.plotlyText(`${prefix}epoch ${c.epoch + 1}: validation loss ${c.val_loss.toFixed(4)}, τ ${c.tau_for_best.toFixed(3)} (${source})`);
   }
 
   function trace(name, points, marker, prefix) {
@@ -68,7 +67,7 @@
 
   // --- the compare page -----------------------------------------------------------------------------
   async function comparePage(div, list) {
-    const runs = [...list.querySelectorAll("li")].map((li) => ({name: li.dataset.name, url: li.dataset.url}));
+    const runs = [...list.querySelectorAll("li")].map((li) => ({id: li.dataset.run, name: li.dataset.name, url: li.dataset.url}));
     const summaries = await Promise.all(runs.map(async (run) => {
       const resp = await fetch(run.url, {headers: {Accept: "application/json"}});
       return resp.ok ? resp.json() : null;
@@ -77,7 +76,7 @@
     summaries.forEach((summary, i) => {
       const points = summary ? measured(summary) : [];
       if (points.length) {
-        traces.push(trace(runs[i].name, points, {size: 10, color: PALETTE[i % PALETTE.length]}, runs[i].name + ", "));
+        traces.push(trace(runs[i].name, points, {size: 10, color: window.runColour(runs[i].id)}, runs[i].name + ", "));
       }
     });
     if (!traces.length) {

@@ -84,6 +84,9 @@
     if (status) { status.textContent = g.stage_status; status.className = "status " + g.stage_status; }
     set("progress", g.progress_total ? fmt.format(g.progress_done) + " / " + fmt.format(g.progress_total) : "–");
     set("eta", g.eta_seconds == null ? "–" : Math.round(g.eta_seconds) + " s");
+    // The run's end, with what it assumes or why it cannot be said (runs.pipeline.glance.run_eta).
+    set("run_eta", g.run_eta_seconds == null ? "–" : Math.round(g.run_eta_seconds) + " s");
+    set("run_eta_note", "(" + g.run_eta_note + ")");
     set("train_step", g.train_steps ? fmt.format(g.train_step || 0) + " of " + fmt.format(g.train_steps) : "–");
     set("reported_step", g.latest.step == null ? "–" : fmt.format(g.latest.step));  // a run trained elsewhere
     set("loss", list(g.latest.train.loss) || "–");
@@ -171,7 +174,7 @@
     if (!checkpoints.length) return;
     const num = (v, digits) => (v == null ? "–" : v.toFixed(digits));
     const rows = checkpoints.map((c) => el("tr", {class: c.is_best ? "best" : ""},
-      el("td", {}, String(c.epoch), c.is_best ? [" ", el("span", {class: "badge"}, "best")] : null),
+      el("td", {}, String(c.epoch + 1), c.is_best ? [" ", el("span", {class: "badge"}, "best")] : null),
       el("td", {}, num(c.val_loss, 4)), el("td", {}, num(c.train_loss, 4)), el("td", {}, num(c.tau, 2)),
       el("td", {}, num(c.simulated_tau, 2)),
       el("td", {}, el("code", {}, c.path), " ", el("a", {href: c.url}, "details, review, measure")),

@@ -1,9 +1,24 @@
 // The runs list stays live: a running run's duration ticks every second, and while any run on the page
 // is held, queued or running the table is read again every 5 s (the same URL, so filters, sort and page hold)
 // and its rows replaced, keeping the runs ticked for comparison.
+// The bulk form (tag, archive) acts on the runs ticked in the table: the table is a form of its own (compare)
+// rendered once for every viewer, so the ticked ids are copied into the bulk form as it is sent.
 (function () {
   "use strict";
   const table = document.getElementById("run-table");
+  const bulk = document.getElementById("bulk-form");
+  if (bulk) {
+    bulk.addEventListener("submit", function () {
+      for (const old of bulk.querySelectorAll('input[name="ids"]')) old.remove();
+      for (const box of document.querySelectorAll('#run-table input[name="ids"]:checked')) {
+        const id = document.createElement("input");
+        id.type = "hidden";
+        id.name = "ids";
+        id.value = box.value;
+        bulk.appendChild(id);
+      }
+    });
+  }
   if (!table) return;
   const LIVE = 'tr[data-status="held"], tr[data-status="queued"], tr[data-status="running"]';
 

@@ -121,11 +121,13 @@ def test_the_openapi_document_describes_every_endpoint_and_its_body(api):
         "/api/v1/runs/", "/api/v1/runs/{id}/", "/api/v1/runs/{id}/cancel/", "/api/v1/runs/{id}/retry/",
         "/api/v1/runs/{id}/tags/", "/api/v1/runs/{id}/copy/", "/api/v1/runs/{id}/stages/",
         "/api/v1/runs/{id}/attempts/", "/api/v1/runs/{id}/metrics/", "/api/v1/runs/{id}/metrics/export/",
-        "/api/v1/runs/{id}/checkpoints/", "/api/v1/runs/{id}/end/",
+        "/api/v1/runs/{id}/checkpoints/", "/api/v1/runs/{id}/end/", "/api/v1/runs/{id}/keep-cache/",
         "/api/v1/checkpoints/{id}/", "/api/v1/checkpoints/{id}/evaluate/", "/api/v1/extractions/",
         "/api/v1/extractions/{id}/", "/api/v1/extractions/{id}/verify/", "/api/v1/datasets/", "/api/v1/datasets/{id}/",
         "/api/v1/datasets/{id}/catalogue/", "/api/v1/datasets/{id}/regenerate/", "/api/v1/targets/",
-        "/api/v1/workers/", "/api/v1/me/"])
+        "/api/v1/workers/", "/api/v1/me/",
+        # What the pages poll with their session (the cookie-only /api/runs/... they read before is gone).
+        "/api/v1/runs/{id}/status/", "/api/v1/targets/inspect/", "/api/v1/sweeps/{id}/"])
     assert set(paths["/api/v1/runs/"]) == {"get", "post"}
     assert set(paths["/api/v1/runs/{id}/metrics/"]) == {"get", "post"}
     # A launch, or a run trained elsewhere (runs.api.views_external).

@@ -68,7 +68,7 @@ def test_the_run_page_shows_markup_in_names_tags_and_keys_as_text(live_server, u
     expect(exports).to_have_count(2)
     expect(exports.first).to_contain_text(f"train {family} (5 points): CSV JSON")
     href = exports.first.locator("a").first.get_attribute("href")
-    assert href.startswith(f"/api/runs/{run.pk}/metrics/export/?key=loss%3Cimg") and href.endswith("format=csv")
+    assert href.startswith(f"/api/v1/runs/{run.pk}/metrics/export/?key=loss%3Cimg") and href.endswith("format=csv")
     assert f"train {family}" in _legend_texts(page, f"plot-{family}")
     # The link-shaped key drew no link: plotly's legend shows it as typed.
     assert f"val {KEYS[2]}" in _legend_texts(page, f"plot-{KEYS[2]}")

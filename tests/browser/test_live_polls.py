@@ -21,7 +21,7 @@ def test_the_run_page_polls_with_etags_and_redraws_once_something_changed(live_s
     answers = []  # (path, status, If-None-Match sent, ETag answered), in the order they came
 
     def heard(response):
-        if "/api/runs/" in response.url:
+        if "/api/v1/runs/" in response.url:
             path = response.url.removeprefix(live_server.url)
             answers.append((path, response.status, response.request.headers.get("if-none-match"),
                             response.headers.get("etag")))
@@ -30,7 +30,7 @@ def test_the_run_page_polls_with_etags_and_redraws_once_something_changed(live_s
     _log_in(page, live_server, user)
     page.goto(f"{live_server.url}/runs/{run.pk}/")
     expect(page.locator("#plot-loss .main-svg").first).to_be_visible(timeout=20_000)
-    status_url, poll = f"/api/runs/{run.pk}/", re.compile(rf"^/api/runs/{run.pk}/metrics/\?start=41&points=2000$")
+    status_url, poll = f"/api/v1/runs/{run.pk}/status/", re.compile(rf"^/api/v1/runs/{run.pk}/metrics/\?start=41&points=2000$")
 
     def not_modified(matches) -> list:
         return [a for a in answers if matches(a[0]) and a[1] == 304]

@@ -90,7 +90,7 @@ def test_the_endpoint_filters_by_key_and_split_and_refuses_bad_parameters(client
     metrics_record(training_run_id=training.pk, points=points(range(10), range(10)) +
                    points(range(10), range(10), key="full_acc_0") + points([9], [0.5], split="val"))
     client.force_login(user)
-    url = f"/api/runs/{training.run_id}/metrics/"
+    url = f"/api/v1/runs/{training.run_id}/metrics/"
     body = client.get(url, {"keys": "loss_0", "split": "train"}).json()
     assert [(s["split"], s["key"]) for s in body["series"]] == [("train", "loss_0")]
     assert len(client.get(url).json()["series"]) == 3
@@ -99,7 +99,7 @@ def test_the_endpoint_filters_by_key_and_split_and_refuses_bad_parameters(client
                          ({"points": "1e9"}, "points")]:
         response = client.get(url, params)
         assert response.status_code == 400 and word in response.json()["error"], params
-    assert client.get("/api/runs/999999/metrics/").status_code == 404
+    assert client.get("/api/v1/runs/999999/metrics/").status_code == 404
     assert MetricChunk.objects.count() == 3  # reading changed nothing
 
 
@@ -107,7 +107,7 @@ def test_export_gives_every_point_as_csv_and_json(client, user, training):
     values = [1.5, float("nan"), 0.25]
     metrics_record(training_run_id=training.pk, points=points([0, 1, 2], values))
     client.force_login(user)
-    url = f"/api/runs/{training.run_id}/metrics/export/"
+    url = f"/api/v1/runs/{training.run_id}/metrics/export/"
     response = client.get(url, {"key": "loss_0", "split": "train", "format": "csv"})
     assert response.status_code == 200 and "attachment" in response["Content-Disposition"]
     rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))

@@ -178,6 +178,7 @@ def test_a_serve_check_of_another_checkpoint_serves_the_prompts_its_measurement_
     that measurement decoded, also for a row recorded before such rows kept their count of prompts."""
     from runs.checkpoints.serve_check_services import serve_check_plan, serve_check_request
     from runs.models import Checkpoint
+    from workers.stages.evaluate.prompts import prompts_load
     from workers.stages.evaluate.serve_check import prompts_digest
 
     other = next(c for c in talker_run["checkpoints"] if not c["is_best"])
@@ -190,7 +191,8 @@ def test_a_serve_check_of_another_checkpoint_serves_the_prompts_its_measurement_
         type(measured).objects.filter(pk=measured.pk).update(max_prompts=32)  # as the pipeline left them before
         check, created = serve_check_request(checkpoint=checkpoint, user=None, enqueue=False)
         assert created and check.evaluation_id == measured.pk and check.max_new_tokens == TALKER_MAX_NEW_TOKENS
-        served = prompts_digest(serve_check_plan(check=check).prompts())
+        plan = serve_check_plan(check=check)
+        served = prompts_digest(plan.prompts_checked(prompts_load(plan.prompts)))
         check.delete()
     assert served == (TALKER_PROMPTS, talker_run["serve_check"]["prompts_sha256"])
 

@@ -135,3 +135,50 @@ def test_the_web_tier_imports_only_the_contract_of_workers():
             if bad:
                 offenders[str(p.relative_to(ROOT))] = bad
     assert offenders == {}
+
+
+# Modules of runs/ that may import workers/ beyond the contract inside a function, and why. Each is a
+# management command that runs a worker's job in its own process (`--inline`, a shell's evaluation or serve
+# check, building the demo's assets): a worker-side entry point a person starts, never loaded by the web
+# server. Nothing else of runs/ or eagle3web/ may, not even lazily.
+WORKER_SIDE_COMMANDS = {
+    "runs.management.commands.build_demo_assets": "builds the demo target and its chats with the stage's own code",
+    "runs.management.commands.evaluate_checkpoint": "measures acceptance in this process (workers.tasks)",
+    "runs.management.commands.launch_sweep": "--inline runs the sweep's runs in this process (workers.tasks)",
+    "runs.management.commands.regenerate_dataset": "--inline regenerates in this process (workers.tasks)",
+    "runs.management.commands.run_pipeline": "--inline runs the pipeline in this process (workers.tasks)",
+    "runs.management.commands.serve_check": "serves the checkpoint with vLLM in this process (workers.tasks)",
+}
+# Imports under `if TYPE_CHECKING:` never run; runs.pipeline.stage_services names the stages' result
+# dataclasses in its annotations only (the worker that ran the stage passes the object in). Moving them into
+# the contract would move the stages' own result types, which carry the stages' fields, away from the code
+# that fills them; an annotation costs the web tier no import, so these stay, and only these.
+TYPE_ONLY = {"runs.pipeline.stage_services": {
+    "workers.stages.evaluate.measure", "workers.stages.extract.with_transformers", "workers.stages.prepare",
+    "workers.stages.evaluate.serve_check", "workers.stages.train.loop", "workers.stages.vocab"}}
+
+
+def test_the_web_tier_imports_nothing_of_workers_but_the_contract_not_even_lazily():
+    """runs/ and eagle3web/ import workers.contract only, whether at import time, inside a function or for
+    types, but for the listed worker-side commands and type-only names."""
+    with_types, without_types = import_graph(typing=True), import_graph()
+    offenders = {}
+    for module, deps in with_types.items():
+        if not module.startswith(("runs", "eagle3web")) or module in WORKER_SIDE_COMMANDS:
+            continue
+        typed_only = deps - without_types[module]
+        bad = sorted(d for d in deps if d.startswith("workers") and not d.startswith("workers.contract")
+                     and not (d in typed_only and d in TYPE_ONLY.get(module, ())))
+        if bad:
+            offenders[module] = bad
+    assert offenders == {}
+
+
+def test_the_listed_exceptions_still_need_their_exception():
+    """An exception no longer needed goes from the lists above, so that it cannot hide a new import."""
+    with_types, without_types = import_graph(typing=True), import_graph()
+    unneeded = [m for m in WORKER_SIDE_COMMANDS
+                if not any(d.startswith("workers") and not d.startswith("workers.contract") for d in with_types[m])]
+    unneeded += [f"{m}: {d}" for m, names in TYPE_ONLY.items() for d in names
+                 if d not in with_types[m] or d in without_types[m]]
+    assert unneeded == []

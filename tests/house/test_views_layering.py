@@ -1,5 +1,5 @@
 """Views call services and selectors only: the web tier's request handlers (runs/web/views.py,
-runs/web/api.py, and the REST API's in runs/api/) import nothing of runs.models and run no queries
+and the REST API's in runs/api/) import nothing of runs.models and run no queries
 of their own; every read goes through runs/pipeline/selectors.py, every write through a service."""
 import ast
 
@@ -7,7 +7,7 @@ import pytest
 
 from tests.house.test_import_graph import ROOT, import_graph
 
-VIEW_MODULES = ("runs.web.views", "runs.web.api", "runs.api.views_runs", "runs.api.views_data", "runs.api.docs",
+VIEW_MODULES = ("runs.web.views", "runs.api.views_runs", "runs.api.views_data", "runs.api.docs",
                 "runs.api.account_views")
 
 

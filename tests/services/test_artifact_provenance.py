@@ -166,7 +166,8 @@ def test_checkpoint_provenance_trained_here_or_imported(run, user, client):
     page = client.get(imported.get_absolute_url()).content.decode()
     assert f"Imported by {user.username} on {timezone.localtime(imported.imported_at):%Y-%m-%d %H:%M}" in page
     page = client.get(trained.get_absolute_url()).content.decode()
-    assert f'Epoch 0 of <a href="{run.get_absolute_url()}">' in page
+    # The trainer's epoch 0: pages count epochs from 1.
+    assert f'Epoch 1 of <a href="{run.get_absolute_url()}">' in page
 
 
 def test_the_extraction_page_says_where_it_came_from(run, tmp_path, user, client, config_only_target):
@@ -181,7 +182,7 @@ def test_the_extraction_page_says_where_it_came_from(run, tmp_path, user, client
     assert (f"Imported by {user.username} on {when:%Y-%m-%d %H:%M} from <code>{tmp_path / 'theirs'}</code>") in page
     listing = client.get("/extractions/").content.decode()
     assert f"imported by {user.username}" in listing and run.get_absolute_url() in listing
-    summary = client.get(f"/api/runs/{run.pk}/").json()
+    summary = client.get(f"/api/v1/runs/{run.pk}/status/").json()
     assert summary["ids"]["extraction"] == summary["extraction"]["id"] == produced.pk
     assert summary["ids"]["extract_stage"] == produced.produced_by_id
     assert summary["extraction"]["hidden_states_dir"] == f"{tmp_path / 'run-ext'}/hidden_states"

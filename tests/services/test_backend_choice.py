@@ -127,7 +127,7 @@ def test_a_worker_counts_only_for_the_queues_it_takes_not_for_what_it_could_run(
     assert '<option value="vllm">vLLM</option>' in page and "Live workers: Transformers up to 1 GPU; vLLM up to 2 GPUs." in page
     assert '<option value="speculators" disabled>' in page and \
         "(not available: no live worker takes a queue of speculators&#x27; trainer" in page
-    options = client.get("/api/workers/").json()["launch_options"]
+    options = client.get("/api/v1/workers/").json()["launch_options"]
     assert options["vllm"]["gpu_counts"] == [1, 2] and not options["speculators"]["available"]
 
 
@@ -180,7 +180,7 @@ def test_form_offers_only_what_live_workers_run_and_refuses_the_rest_with_a_400(
     response = client.post("/runs/new/", {**form, "extraction_backend": "vllm", "tensor_parallel_size": 2})
     run = PipelineRun.objects.get()
     assert response.status_code == 302 and run.config["extraction_backend"] == "vllm"
-    api = client.get(f"/api/runs/{run.pk}/").json()
+    api = client.get(f"/api/v1/runs/{run.pk}/status/").json()
     assert api["backends"] == [
         {"stage": "extract", "backend": "vllm", "label": "vLLM", "gpus": 2, "default": False, "device": None},
         {"stage": "train", "backend": "eagle3web", "label": "eagle3web's training loop", "gpus": 1, "default": True,

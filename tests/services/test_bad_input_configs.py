@@ -113,7 +113,7 @@ def test_api_inspect_refuses_a_billion_layers_with_400(client, user, tmp_path):
     target.mkdir()
     (target / "config.json").write_text(with_(num_hidden_layers=10**9))
     client.force_login(user)
-    response = client.get("/api/targets/inspect/", {"path": str(target)})
+    response = client.get("/api/v1/targets/inspect/", {"path": str(target)})
     assert response.status_code == 400
     assert "num_hidden_layers must be a positive integer no larger than 1024" in response.json()["error"]
     assert TargetModel.objects.count() == 0
@@ -124,7 +124,7 @@ def test_api_inspect_refuses_a_deeply_nested_config_with_400(client, user, tmp_p
     target.mkdir()
     (target / "config.json").write_text("[" * 50_000 + "]" * 50_000)
     client.force_login(user)
-    response = client.get("/api/targets/inspect/", {"path": str(target)})
+    response = client.get("/api/v1/targets/inspect/", {"path": str(target)})
     assert response.status_code == 400 and "nested deeper" in response.json()["error"]
 
 

@@ -67,7 +67,7 @@ def test_a_bad_import_path_is_refused_before_anything_is_stored(data_root, user)
 )
 def test_api_inspect_answers_400_for_bad_paths(client, user, data_root, path, problem):
     client.force_login(user)
-    response = client.get("/api/targets/inspect/", {"path": path.format(root=data_root)})
+    response = client.get("/api/v1/targets/inspect/", {"path": path.format(root=data_root)})
     assert response.status_code == 400
     assert problem in response.json()["error"] and "target directory" in response.json()["error"]
 
@@ -75,7 +75,7 @@ def test_api_inspect_answers_400_for_bad_paths(client, user, data_root, path, pr
 def test_api_inspect_answers_400_for_a_file(client, user, data_root, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     client.force_login(user)
-    response = client.get("/api/targets/inspect/", {"path": str(tmp_path / "config.json")})
+    response = client.get("/api/v1/targets/inspect/", {"path": str(tmp_path / "config.json")})
     assert response.status_code == 400 and "is not a directory" in response.json()["error"]
 
 

@@ -111,11 +111,11 @@ def run(user, paths, django_capture_on_commit_callbacks):
 )
 def test_api_metrics_parameters_are_validated_with_400(client, user, run, params, problem):
     client.force_login(user)
-    response = client.get(f"/api/runs/{run.pk}/metrics/", params)
+    response = client.get(f"/api/v1/runs/{run.pk}/metrics/", params)
     assert response.status_code == 400 and problem in response.json()["error"]
 
 
-@pytest.mark.parametrize("url", ["/api/runs/99999999999999999999/", "/api/runs/99999999999999999999/metrics/"])
+@pytest.mark.parametrize("url", ["/api/v1/runs/99999999999999999999/status/", "/api/v1/runs/99999999999999999999/metrics/"])
 def test_api_run_id_beyond_64_bits_is_404_not_500(client, user, url):
     client.force_login(user)
     response = client.get(url)

@@ -117,7 +117,7 @@ def test_by_tau_the_higher_tau_wins_over_the_lower_loss_once_every_checkpoint_is
     assert _best_epoch(run) == 2
     summary = _summary(run)
     assert (summary["best_by"], summary["best"]["epoch"], summary["best"]["provisional"]) == ("tau", 2, False)
-    assert summary["best"]["text"] == "best by τ: epoch 2 (τ 2.41); lowest validation loss: epoch 1 (τ 2.30)."
+    assert summary["best"]["text"] == "best by τ: epoch 3 (τ 2.41); lowest validation loss: epoch 2 (τ 2.30)."
     assert {c["epoch"]: c["tau"] for c in summary["checkpoints"]} == TAUS
     assert {c["epoch"]: c["tau_for_best"] for c in summary["checkpoints"]} == TAUS
     assert [c["epoch"] for c in summary["checkpoints"] if c["is_best"]] == [2]
@@ -176,7 +176,7 @@ def test_vllms_tau_from_the_serve_check_overrides_ours(user, roots):
     summary = _summary(run)
     by_epoch = {c["epoch"]: c for c in summary["checkpoints"]}
     assert (by_epoch[2]["tau"], by_epoch[2]["vllm_tau"], by_epoch[2]["tau_for_best"]) == (2.41, 2.20, 2.20)
-    assert summary["best"]["text"] == "best by τ: epoch 1 (τ 2.30), also the lowest validation loss."
+    assert summary["best"]["text"] == "best by τ: epoch 2 (τ 2.30), also the lowest validation loss."
 
 
 def test_vllms_tau_can_also_raise_a_checkpoint_to_best(user, roots):
@@ -189,7 +189,7 @@ def test_vllms_tau_can_also_raise_a_checkpoint_to_best(user, roots):
     check, _ = serve_check_request(checkpoint=checkpoints[1], user=user, enqueue=False)
     _served(check, vllm_tau=2.60)
     assert _best_epoch(run) == 1
-    assert "best by τ: epoch 1 (τ 2.60, vLLM), also the lowest validation loss" in _summary(run)["best"]["text"]
+    assert "best by τ: epoch 2 (τ 2.60, vLLM), also the lowest validation loss" in _summary(run)["best"]["text"]
 
 
 def test_the_run_page_says_provisional_then_shows_both_choices_when_they_differ(
@@ -198,16 +198,16 @@ def test_the_run_page_says_provisional_then_shows_both_choices_when_they_differ(
     checkpoints = _trained(run)
     client.force_login(user)
     page = client.get(run.get_absolute_url()).content.decode()
-    assert "best (provisional)</span>" in page and "best so far (provisional): epoch 1 (validation loss 1.5000)" in page
+    assert "best (provisional)</span>" in page and "best so far (provisional): epoch 2 (validation loss 1.5000)" in page
     with django_capture_on_commit_callbacks(execute=True):  # the run's change counter moves, as on commit
         _evaluated(run, checkpoints)
     page = client.get(run.get_absolute_url()).content.decode()
-    assert "best by τ: epoch 2 (τ 2.41); lowest validation loss: epoch 1 (τ 2.30)." in page
+    assert "best by τ: epoch 3 (τ 2.41); lowest validation loss: epoch 2 (τ 2.30)." in page
     assert "provisional" not in page
     assert 'id="plot-loss-tau"' in page and "js/loss_tau.js" in page
     other = _launch(user, roots)
     compare = client.get(f"/runs/compare/?ids={run.pk},{other.pk}").content.decode()
-    assert 'id="compare-loss-tau"' in compare and f'data-url="/api/runs/{run.pk}/"' in compare
+    assert 'id="compare-loss-tau"' in compare and f'data-url="/api/v1/runs/{run.pk}/status/"' in compare
 
 
 @pytest.mark.parametrize("bad", ["loss", "TAU", ""])

@@ -128,7 +128,7 @@ def test_queue_and_run_page_show_evaluate_in_transformers_on_the_runs_gpus(clien
     html = client.get("/workers/").content.decode()
     row = html.split(f'<tr data-kind="evaluate" data-run="{run.pk}">')[1].split("</tr>")[0]
     assert "<code>transformers.2</code>" in row and "after its prepare stage" in row
-    item = next(i for i in client.get("/api/workers/").json()["queue"] if i["kind"] == "evaluate")
+    item = next(i for i in client.get("/api/v1/workers/").json()["queue"] if i["kind"] == "evaluate")
     assert (item["run_id"], item["queue"], item["taken_by"]) == (run.pk, "transformers.2", ["spread@fake-gpu-host"])
 
     worker_stopped(name="spread@fake-gpu-host")  # the only worker that takes transformers.2 goes away

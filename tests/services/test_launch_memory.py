@@ -106,10 +106,10 @@ def test_an_inline_launch_checks_this_hosts_gpus(user, roots, monkeypatch):
 
 def test_the_launch_forms_target_info_gives_the_weights_size(client, user, roots):
     client.force_login(user)
-    info = client.get("/api/targets/inspect/", {"path": str(roots / "target")}).json()
+    info = client.get("/api/v1/targets/inspect/", {"path": str(roots / "target")}).json()
     assert info["weight_bytes"] is None  # config only: nothing to say
     _index(roots / "target", WEIGHTS)
-    assert client.get("/api/targets/inspect/", {"path": str(roots / "target")}).json()["weight_bytes"] == WEIGHTS
+    assert client.get("/api/v1/targets/inspect/", {"path": str(roots / "target")}).json()["weight_bytes"] == WEIGHTS
 
 
 def test_a_retry_is_judged_by_the_same_rule_against_the_workers_live_now(user, roots):

@@ -1,7 +1,8 @@
 """A serve check decodes the prompts its measurement decoded, whatever measurement it starts from: the
 run's own, or one the pipeline made of another of the run's checkpoints (whose rows once kept
 max_prompts at its default, 32, while they decoded the run's eval_prompts). tests/e2e/test_real_vllm.py
-checks the same on a real run's prepared prompts; here the prompts' source is a stand-in."""
+checks the same on a real run's prepared prompts; here the prompts' source is a stand-in, loaded as a
+worker would load the PromptSource the plan names (the first `limit` of SOURCE)."""
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from runs.checkpoints.evaluation import EvaluationPlan
 from runs.pipeline.stage_services import measured_alongside_record
 from runs.checkpoints.serve_check_services import ServeCheckRequestError, serve_check_plan, serve_check_request
 from runs.models import Checkpoint, Evaluation, StageStatus
+from workers.contract.prompt_source import PromptSource
 from runs.pipeline import services
 from runs.pipeline.run_config import RunConfig
 
@@ -34,10 +36,16 @@ def source(monkeypatch):
     def plan(*, evaluation, limit=None):
         limit = evaluation.max_prompts if limit is None else limit
         limits.append(limit)
-        return EvaluationPlan(Path("/ckpt"), Path("/target"), "validation conversations", lambda: SOURCE[:limit])
+        return EvaluationPlan(Path("/ckpt"), Path("/target"), "validation conversations",
+                              PromptSource(kind="prepared", path=Path("/prepared"), limit=limit))
 
     monkeypatch.setattr(serve_check_services, "evaluation_plan", plan)
     return limits
+
+
+def _served(plan) -> list[list[int]]:
+    """What the worker hands vLLM: the source's prompts as the plan's PromptSource limits them, checked."""
+    return plan.prompts_checked(SOURCE[:plan.prompts.limit])
 
 
 def _result(checkpoint: Checkpoint, num_prompts: int):
@@ -65,7 +73,7 @@ def test_a_check_serves_the_prompts_its_measurement_decoded(run, source, max_pro
                                          max_prompts=max_prompts, max_new_tokens=48)
     check, _ = serve_check_request(checkpoint=other, user=None, enqueue=False)
     plan = serve_check_plan(check=check)
-    assert plan.prompts() == SOURCE[:12] and source == [12]
+    assert _served(plan) == SOURCE[:12] and source == [12]
     assert (plan.max_new_tokens, check.evaluation_id) == (48, measured.pk)
 
 
@@ -76,7 +84,7 @@ def test_a_source_that_now_gives_fewer_prompts_fails_the_check_naming_both_count
     check, _ = serve_check_request(checkpoint=other, user=None, enqueue=False)
     with pytest.raises(ServeCheckRequestError, match=r"measured our τ on 60 prompts of validation conversations, "
                                                      r"which now gives 50"):
-        serve_check_plan(check=check).prompts()
+        _served(serve_check_plan(check=check))
 
 
 def test_a_row_from_before_measurements_counted_their_prompts_takes_its_max_prompts(run, source):
@@ -84,4 +92,4 @@ def test_a_row_from_before_measurements_counted_their_prompts_takes_its_max_prom
     Evaluation.objects.create(checkpoint=other, status=StageStatus.SUCCEEDED, tau=2.0, max_prompts=7,
                               max_new_tokens=48)
     check, _ = serve_check_request(checkpoint=other, user=None, enqueue=False)
-    assert serve_check_plan(check=check).prompts() == SOURCE[:7] and source == [7]
+    assert _served(serve_check_plan(check=check)) == SOURCE[:7] and source == [7]

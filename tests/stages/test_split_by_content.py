@@ -291,7 +291,7 @@ def test_the_run_page_and_summary_show_how_many_conversations_were_kept_out(chat
     page = client.get(launched_run.get_absolute_url()).content.decode()
     assert (f'<td data-token="split_duplicates">{CONVERSATIONS_SHARING} conversations whose prompt context also '
             'occurs in another conversation (they train)</td>') in page
-    api = client.get(f"/api/runs/{launched_run.pk}/").json()
+    api = client.get(f"/api/v1/runs/{launched_run.pk}/status/").json()
     api_train = next(s for s in api["stages"] if s["name"] == "train")
     assert api_train["split"]["held_out_duplicates_removed"] == CONVERSATIONS_SHARING
     # A split recorded before content was compared has no count: the page says nothing rather than 0.

@@ -21,11 +21,20 @@ API = {
     "api/v1/": Entry("/api/v1/", get=READ),
     "api/v1/openapi.json": Entry("/api/v1/openapi.json", get=API_READ, api=True),
     "api/v1/runs/": Entry("/api/v1/runs/", get=API_READ, post=API_LAUNCHERS, data="launch_body", api=True),
+    # Projects: those who may launch create one (each its own name); a saved view is anyone's own.
+    "api/v1/projects/": Entry("/api/v1/projects/", get=API_READ, post=API_LAUNCHERS, data="project_body", api=True),
+    "api/v1/saved-views/": Entry("/api/v1/saved-views/", get=API_READ, post=by_role(UNAUTHORIZED, "201", "201", "201", "201"),
+                                 data="saved_view_body", api=True),
     "api/v1/runs/<int:pk>/": Entry("/api/v1/runs/{run}/", get=API_READ, api=True),
+    # What the run page polls (with the session), as a script may (with a token).
+    "api/v1/runs/<int:pk>/status/": Entry("/api/v1/runs/{run}/status/", get=API_READ, api=True),
     "api/v1/runs/<int:pk>/cancel/": Entry("/api/v1/runs/{run}/cancel/", get=API_POST_ONLY, post=API_OWNERS, api=True),
     "api/v1/runs/<int:pk>/retry/": Entry("/api/v1/runs/{run}/retry/", get=API_POST_ONLY, post=API_OWNERS, api=True),
     "api/v1/runs/<int:pk>/tags/": Entry("/api/v1/runs/{run}/tags/", get=API_POST_ONLY, post=API_OWNERS,
                                         data="tags_body", api=True),
+    # "Keep the cache" of an online run: the world's run is the admin's, and offline (400: nothing to keep).
+    "api/v1/runs/<int:pk>/keep-cache/": Entry("/api/v1/runs/{run}/keep-cache/", get=API_POST_ONLY, api=True,
+                                              post=by_role(UNAUTHORIZED, FORBIDDEN, FORBIDDEN, FORBIDDEN, "400")),
     # A copy is the copier's own run.
     "api/v1/runs/<int:pk>/copy/": Entry("/api/v1/runs/{run}/copy/", get=API_POST_ONLY, post=API_LAUNCHERS, api=True),
     "api/v1/runs/<int:pk>/stages/": Entry("/api/v1/runs/{run}/stages/", get=API_READ, api=True),
@@ -42,6 +51,8 @@ API = {
     "api/v1/runs/<int:pk>/metrics/export/": Entry("/api/v1/runs/{run}/metrics/export/?key=loss&split=train",
                                                   get=API_READ, api=True),
     "api/v1/checkpoints/<int:pk>/": Entry("/api/v1/checkpoints/{checkpoint}/", get=API_READ, api=True),
+    "api/v1/checkpoints/<int:pk>/generations/": Entry("/api/v1/checkpoints/{checkpoint}/generations/", get=API_READ,
+                                                      api=True),
     # The launcher's request is queued (202); the admin's, with the same settings, finds it queued (200).
     "api/v1/checkpoints/<int:pk>/evaluate/": Entry(
         "/api/v1/checkpoints/{checkpoint}/evaluate/", get=API_POST_ONLY, data="evaluate_form", api=True,
@@ -60,6 +71,8 @@ API = {
                                                   post=by_role(UNAUTHORIZED, FORBIDDEN, "400", FORBIDDEN, "400"),
                                                   data="regenerate_form", api=True),
     "api/v1/targets/": Entry("/api/v1/targets/", get=API_READ, api=True),
+    "api/v1/targets/inspect/": Entry("/api/v1/targets/inspect/?path={target_path}", get=API_READ, api=True),
+    "api/v1/sweeps/<int:pk>/": Entry("/api/v1/sweeps/{sweep}/", get=API_READ, api=True),
     "api/v1/workers/": Entry("/api/v1/workers/", get=API_READ, api=True),
     "api/v1/me/": Entry("/api/v1/me/", get=API_READ, api=True),
     "api/v1/.*$": Entry("/api/v1/no-such-thing/", get=by_role(UNAUTHORIZED, NOT_FOUND, NOT_FOUND, NOT_FOUND, NOT_FOUND),

@@ -56,6 +56,12 @@ APP = {
     "runs/<int:pk>/retry/": Entry("/runs/{run}/retry/", get=POST_ONLY, post=OWNERS),
     "runs/<int:pk>/tags/": Entry("/runs/{run}/tags/", get=POST_ONLY, post=OWNERS, data="tags_form"),
     "runs/compare/": Entry("/runs/compare/?ids={run},{other_run}", get=READ),
+    # Ticked runs tagged or archived: the admin's runs, in the open project, are its owner's and admins'.
+    "runs/bulk/": Entry("/runs/bulk/", get=POST_ONLY, post=OWNERS, data="bulk_form"),
+    # A saved view is anyone's own; the admin's, not shared, is no one else's to find (404).
+    "views/": Entry("/views/", get=POST_ONLY, post=by_role(LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT), data="view_form"),
+    "views/<int:pk>/delete/": Entry("/views/{saved_view}/delete/", get=POST_ONLY,
+                                    post=by_role(LOGIN, NOT_FOUND, NOT_FOUND, NOT_FOUND, REDIRECT)),
     "sweeps/": Entry("/sweeps/", get=READ),
     "sweeps/<int:pk>/": Entry("/sweeps/{sweep}/", get=READ),
     # The sweep's runs are the admin's: cancelling them is their owner's or an admin's.
@@ -82,12 +88,6 @@ APP = {
     # Anyone signed in may comment (tests/views/test_reviews.py); the matrix tries an approval.
     "reviews/<str:subject>/<int:pk>/": Entry("/reviews/extraction/{extraction}/", get=POST_ONLY, post=REVIEWERS,
                                              data="approve_form"),
-    "api/runs/<int:pk>/": Entry("/api/runs/{run}/", get=READ),
-    "api/runs/<int:pk>/metrics/": Entry("/api/runs/{run}/metrics/?points=100", get=READ),
-    "api/runs/<int:pk>/metrics/export/": Entry("/api/runs/{run}/metrics/export/?key=loss&split=train", get=READ),
-    "api/targets/inspect/": Entry("/api/targets/inspect/?path={target_path}", get=READ),
-    "api/workers/": Entry("/api/workers/", get=READ),
-    "api/sweeps/<int:pk>/": Entry("/api/sweeps/{sweep}/", get=READ),
     **API,
 }
 
@@ -121,7 +121,7 @@ WRITTEN_BY_SERVICES = {"runs.targetmodel", "runs.dataset", "runs.datasetsample",
 READ_ONLY = {"runs.preparation", "runs.extractstage", "runs.vocabmapping", "runs.trainingrun", "runs.stageattempt",
              "runs.datasetcatalogue", "runs.verificationrequest", "runs.servecheck", "runs.datasetregeneration",
              "runs.evaluation", "runs.metricseries", "runs.metricchunk", "runs.manifest", "runs.sweeprun",
-             "runs.pendingenqueue", "runs.verification"}
+             "runs.pendingenqueue", "runs.verification", "runs.checkpointgenerations"}
 # The sign-in throttle's records (django-axes): written by failed sign-ins only; the admin reads and
 # deletes them (deleting an attempt lifts its lockout) but adds none.
 WRITTEN_BY_SIGN_INS = {"axes.accessattempt", "axes.accesslog", "axes.accessfailurelog"}
@@ -231,13 +231,17 @@ class World:
         from runs.api.tokens import token_create
 
         self.tokens = {role: token_create(user=user, name="matrix")[1] for role, user in self.users.items()}
+        from runs.saved_views.services import saved_view_save
+
+        self.saved_view = saved_view_save(user=self.users["admin"], name="admin's view", params={"tag": "matrix"})
+        self.project_count = 0
         self.spare_token, _ = token_create(user=self.users["admin"], name="spare")
 
     def ids(self) -> dict:
         return {"run": self.run.pk, "other_run": self.other_run.pk, "dataset": self.run.dataset_id, "extraction": self.extraction.pk,
                 "checkpoint": self.checkpoint.pk, "regeneration": self.regeneration.pk, "target_path": str(self.target),
                 "sweep": self.sweep.pk, "spare_token": self.spare_token.pk, "external_run": self.external_run.pk,
-                "admin_user": self.users["admin"].pk,
+                "admin_user": self.users["admin"].pk, "saved_view": self.saved_view.pk,
                 "run_content_type": ContentType.objects.get_for_model(PipelineRun).pk}
 
     def launch_form(self) -> dict:
@@ -262,6 +266,19 @@ class World:
 
     def end_body(self) -> dict:
         return {"status": "succeeded", "message": "matrix"}
+
+    def bulk_form(self) -> dict:
+        return {"ids": [self.run.pk], "action": "archive"}
+
+    def view_form(self) -> dict:
+        return {"name": "matrix view", "query": "sort=name&tag=matrix"}
+
+    def project_body(self) -> dict:
+        self.project_count += 1
+        return {"name": f"matrix project {self.project_count}"}
+
+    def saved_view_body(self) -> dict:
+        return {"name": "matrix view", "params": {"sort": "-tau"}}
 
     def tags_body(self) -> dict:
         return {"tags": ["baseline", "matrix"]}

@@ -1,7 +1,8 @@
 """The list pages and the run page ask the database a fixed number of questions, whatever the number
 of rows: 3 runs and 30 runs cost the same queries (issue 8, "no query per row"); and once built, what
-every viewer shares is read from the cache (runs.web.live): the runs list then costs 3 queries and the
-run page 7, the session's and the user's included (issue 19)."""
+every viewer shares is read from the cache (runs.web.live): the runs list then costs 6 queries and the
+run page 9, the session's and the user's included (issue 19), with the viewer's projects (the run page:
+whether they see the run), the runs list the viewer's saved views too (issue 28), and the unread alerts."""
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -40,8 +41,9 @@ def add_runs(count, *, roots, user, reviewer):
 
 
 # Built from nothing: session, user, then each page's own (the runs list: its counters, the page of ids,
-# their count, the rows, one query per stage, tags, review states, then the filter menus).
-LIST_QUERIES = {"/": 17, "/extractions/": 6}
+# their count, the rows, one query per stage, tags, review states, then the filter menus, the viewer's
+# projects and saved views, their unread alerts).
+LIST_QUERIES = {"/": 20, "/extractions/": 6}
 
 
 def count_queries(client, url) -> int:
@@ -73,9 +75,9 @@ def test_the_run_page_and_its_status_cost_the_same_queries_for_1_checkpoint_and_
     client.force_login(user)
     add_runs(1, roots=roots, user=user, reviewer=reviewer)
     run = user.pipeline_runs.get()
-    urls = [run.get_absolute_url(), f"/api/runs/{run.pk}/", f"/api/runs/{run.pk}/metrics/"]
+    urls = [run.get_absolute_url(), f"/api/v1/runs/{run.pk}/status/", f"/api/v1/runs/{run.pk}/metrics/"]
     few = {url: count_queries(client, url) for url in urls}
-    assert few[run.get_absolute_url()] <= 22 and few[f"/api/runs/{run.pk}/"] <= 12
+    assert few[run.get_absolute_url()] <= 24 and few[f"/api/v1/runs/{run.pk}/status/"] <= 12
     for epoch in range(1, 10):
         checkpoint = Checkpoint.objects.create(training_run=run.training_run, epoch=epoch, path=f"/x/{epoch}")
         Evaluation.objects.create(checkpoint=checkpoint, status=StageStatus.SUCCEEDED, tau=1.5 + epoch / 10)
@@ -93,7 +95,7 @@ def test_a_page_every_viewer_shares_is_read_from_the_cache_in_3_or_7_queries(
     client.force_login(user)
     add_runs(5, roots=roots, user=user, reviewer=reviewer)
     run = user.pipeline_runs.first()
-    for url, queries in (("/", 3), (run.get_absolute_url(), 7), (f"/api/runs/{run.pk}/", 3)):
+    for url, queries in (("/", 6), (run.get_absolute_url(), 9), (f"/api/v1/runs/{run.pk}/status/", 3)):
         built = client.get(url).content
         with django_assert_num_queries(queries):  # session, user, counters (+ reviews, tags and the fleet's)
             again = client.get(url).content

@@ -3,15 +3,31 @@ from django.contrib.auth import get_user_model
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/runs/new/", "/runs/1/", "/datasets/", "/extractions/", "/extractions/1/", "/datasets/1/",
-         "/api/runs/1/", "/api/runs/1/metrics/", "/api/targets/inspect/?path=/"]
+PAGES = ["/", "/runs/new/", "/runs/1/", "/datasets/", "/extractions/", "/extractions/1/", "/datasets/1/"]
+# What the pages poll is the scripts' API: anonymous, a 401 in JSON (a script gets no login page).
+APIS = ["/api/v1/runs/1/status/", "/api/v1/runs/1/metrics/", "/api/v1/targets/inspect/?path=/",
+        "/api/v1/sweeps/1/", "/api/v1/workers/"]
 
 
 @pytest.mark.parametrize("url", PAGES)
-def test_every_page_and_api_redirects_anonymous_users_to_login(client, url):
+def test_every_page_redirects_anonymous_users_to_login(client, url):
     response = client.get(url)
     assert response.status_code == 302
     assert response["Location"].startswith("/login/")
+
+
+@pytest.mark.parametrize("url", APIS)
+def test_every_api_the_pages_poll_refuses_anonymous_users(client, url):
+    response = client.get(url)
+    assert response.status_code == 401 and response.json()["error"].startswith("authentication required")
+
+
+@pytest.mark.parametrize("url", ["/api/runs/1/", "/api/runs/1/metrics/", "/api/targets/inspect/?path=/",
+                                 "/api/workers/", "/api/sweeps/1/"])
+def test_the_cookie_only_api_is_gone(client, url):
+    get_user_model().objects.create_user("viewer", password="pw-viewer-1")
+    client.login(username="viewer", password="pw-viewer-1")
+    assert client.get(url).status_code == 404
 
 
 def test_admin_refuses_a_logged_in_non_staff_user(client):

@@ -58,7 +58,7 @@ def test_truncated_rows_and_untrained_tokens_are_warnings_on_the_page_and_in_the
     page = client.get(run.get_absolute_url()).content.decode()
     assert "3 warnings" in page and "3 row(s) cut at max_seq_len=512: 41 supervised token(s) lost" in page
     assert "100 of 1,000 supervised tokens" in page
-    api = client.get(f"/api/runs/{run.pk}/").json()
+    api = client.get(f"/api/v1/runs/{run.pk}/status/").json()
     assert api["stages"][0]["warnings"] == stages["prepare"]["warnings"]
 
 

@@ -89,7 +89,7 @@ def test_a_draft_that_changes_the_text_is_marked_unusable(client, user, checkpoi
     assert 'id="unusable"' in page and "Do not deploy this draft" in page
     assert ("on 1 prompt(s) when its acceptance was measured" if who == "ours"
             else "output with the draft differed from the target&#x27;s alone on 2 prompt(s)") in page
-    summary = client.get(f"/api/runs/{checkpoint.training_run.run_id}/").json()
+    summary = client.get(f"/api/v1/runs/{checkpoint.training_run.run_id}/status/").json()
     row = summary["checkpoints"][0]
     assert row["usable"] is False and "Do not deploy" not in row["unusable_why"] and row["unusable_why"]
 
@@ -103,7 +103,7 @@ def test_the_run_page_shows_the_serve_check_of_its_measurement(client, user, che
     client.force_login(user)
     page = client.get(run.get_absolute_url()).content.decode()
     assert "serve check failed" in page and "vllm serve stopped before it was ready" in page
-    summary = client.get(f"/api/runs/{run.pk}/").json()["serve_check"]
+    summary = client.get(f"/api/v1/runs/{run.pk}/status/").json()["serve_check"]
     assert summary["status"] == "failed" and summary["vllm_tau"] is None
     assert summary["prompts_count"] is None and summary["prompts_sha256"] == ""
 
@@ -117,6 +117,6 @@ def test_the_api_gives_the_prompt_lists_count_and_hash(client, user, checkpoint)
                               tau=2.0, vllm_tau=2.4, vllm_tau_emitted=2.0, tau_difference=0.0, prompts_count=12,
                               prompts_sha256=digest, vllm_drafts=40, vllm_decode_steps=40, vllm_replies_cut=3)
     client.force_login(user)
-    summary = client.get(f"/api/runs/{run.pk}/").json()["serve_check"]
+    summary = client.get(f"/api/v1/runs/{run.pk}/status/").json()["serve_check"]
     assert (summary["prompts_count"], summary["prompts_sha256"]) == (12, digest)
     assert (summary["vllm_decode_steps"], summary["vllm_replies_cut"], summary["disagrees"]) == (40, 3, False)

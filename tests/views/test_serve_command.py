@@ -21,7 +21,7 @@ def test_run_and_checkpoint_pages_print_the_target_first_form(client, user, root
         {"proposal_type": "greedy", "speculative_tokens": 4}]}}))
     checkpoint = Checkpoint.objects.create(training_run=run.training_run, epoch=0, path=str(ckpt_dir))
     client.force_login(user)
-    summary = client.get(f"/api/runs/{run.pk}/").json()
+    summary = client.get(f"/api/v1/runs/{run.pk}/status/").json()
     argv = shlex.split(summary["checkpoints"][0]["serve_command"])
     assert argv[:4] == ["vllm", "serve", str((data / "target").resolve()), "--speculative-config"]
     assert json.loads(argv[4]) == {"model": str(ckpt_dir), "method": "eagle3", "num_speculative_tokens": 4}
@@ -43,5 +43,5 @@ def test_the_status_poll_uses_the_count_stored_at_registration(client, user, roo
     assert checkpoint.speculative_tokens == 5
     (ckpt_dir / "config.json").unlink()  # the poll no longer reads it
     client.force_login(user)
-    argv = shlex.split(client.get(f"/api/runs/{run.pk}/").json()["checkpoints"][0]["serve_command"])
+    argv = shlex.split(client.get(f"/api/v1/runs/{run.pk}/status/").json()["checkpoints"][0]["serve_command"])
     assert json.loads(argv[4])["num_speculative_tokens"] == 5

@@ -70,3 +70,26 @@ def test_a_good_box_still_launches_a_sweep(client, user, form):
     client.force_login(user)
     response = client.post("/runs/new/", {**form, "vary": "epochs = 1, 2\n\nseed = 3, 4"})
     assert response.status_code == 302 and response["Location"] == f"/sweeps/{Sweep.objects.get().pk}/"
+
+
+@pytest.mark.parametrize("vary, mode, expected", [
+    # Found only once the sweep is expanded at launch (runs.sweeps.spec.expand), after the box parsed.
+    ("epochs = 1, 2, 3\nseed = 1, 2", "list",
+     "Combine &quot;List&quot; takes the i-th value of every line together, so each line needs as many values: "
+     "epochs has 3, seed has 2"),
+    ("seed = " + ", ".join(str(i) for i in range(9)) + "\nepochs = " + ", ".join(str(i) for i in range(1, 9)), "grid",
+     "this sweep would launch 72 runs; at most 64 at once (give fewer values, or Combine &quot;List&quot; to take "
+     "the i-th values of every line together)"),
+    # Found by a run's own launch (runs.pipeline.services.run_launch), for the swept value to blame.
+    ("max_seq_len = 512, 99999999", "grid", "max_seq_len = 99999999: "),
+])
+def test_errors_found_at_launch_speak_the_forms_words_and_store_nothing(client, user, form, vary, mode, expected):
+    from runs.models import PipelineRun, Sweep
+
+    client.force_login(user)
+    response = client.post("/runs/new/", {**form, "vary": vary, "sweep_mode": mode})
+    assert response.status_code == 400
+    errors = box_errors(response.content.decode())
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
+    assert "--vary" not in errors[0] and "--list" not in errors[0]
+    assert (Sweep.objects.count(), PipelineRun.objects.count()) == (0, 0)

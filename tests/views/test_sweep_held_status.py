@@ -102,5 +102,5 @@ def test_the_sweep_page_and_the_run_list_agree(client, user, sweep, ids):
     client.force_login(user)
     page = client.get(f"/sweeps/{sweep.pk}/").content.decode()
     assert page.count(">held</span>") == 2
-    summary = client.get(f"/api/sweeps/{sweep.pk}/").json()
+    summary = client.get(f"/api/v1/sweeps/{sweep.pk}/").json()
     assert [r["status"] for r in summary["runs"]] == ["queued", "held", "held"]

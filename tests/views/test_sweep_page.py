@@ -72,7 +72,7 @@ def test_a_sweep_from_the_form_refused_on_a_value_stores_nothing_and_says_so_at_
     assert response.status_code == 400
     html = response.content.decode()
     box = html.split('data-field="vary"')[1].split("</div>\n</div>")[0]
-    message = "--vary layer_ids=2:9: layer ids [9] are outside this target"
+    message = "layer_ids = 2:9: layer ids [9] are outside this target"  # the box's words, not --vary's
     assert message in box and message in html.split('id="launch-errors"')[1].split("</div>")[0]
     assert '<details class="fold" id="sweep" open>' in html
     assert not any(m.objects.exists() for m in (Sweep, PipelineRun, TargetModel, Dataset))

@@ -81,8 +81,8 @@ visit("retry POST", f"/runs/{run.pk}/retry/", {})
 pages = ["/", "/runs/new/", f"/runs/{run.pk}/", "/datasets/", f"/datasets/{Dataset.objects.get().pk}/",
          "/extractions/", "/extractions/import/", f"/extractions/{extraction.pk}/",
          *[f"/extractions/{e.pk}/" for e in [*imported, miscounted]], f"/checkpoints/{checkpoint.pk}/",
-         f"/api/runs/{run.pk}/", f"/api/runs/{run.pk}/metrics/", f"/api/targets/inspect/?path={paths['target']}",
-         "/workers/", "/api/workers/", "/admin/"]
+         f"/api/v1/runs/{run.pk}/status/", f"/api/v1/runs/{run.pk}/metrics/", f"/api/v1/targets/inspect/?path={paths['target']}",
+         "/workers/", "/api/v1/workers/", "/admin/"]
 pages += [reverse(f"admin:{m._meta.app_label}_{m._meta.model_name}_changelist") for m in admin.site._registry]
 for url in pages:
     visit(url, url)

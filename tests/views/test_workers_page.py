@@ -166,7 +166,7 @@ def test_api_gives_the_same_facts_as_json(client, user, roots):
     run = _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2)
     stage_start(stage_name="prepare", record_id=run.preparation.pk, worker="cpu@this-host")
     client.force_login(user)
-    fleet = client.get("/api/workers/").json()
+    fleet = client.get("/api/v1/workers/").json()
     assert [(w["name"], w["status"]) for w in fleet["workers"]] == [("cpu@this-host", "busy"),
                                                                      ("fake-gpu@fake-gpu-host", "idle")]
     assert fleet["workers"][0]["doing"][0]["stage"] == "prepare" and fleet["workers"][0]["doing"][0]["run_id"] == run.pk
@@ -188,7 +188,7 @@ def test_a_run_whose_config_names_an_unknown_backend_is_listed_not_a_500(client,
     train = html.split(f'<tr data-kind="train" data-run="{run.pk}">')[1].split("</tr>")[0]
     assert "train_gpus &#x27;two&#x27; is not a GPU count from 1 to 64 (no worker takes it)" in train
     client.force_login(user)
-    fleet = client.get("/api/workers/").json()
+    fleet = client.get("/api/v1/workers/").json()
     extract = next(i for i in fleet["queue"] if i["kind"] == "extract" and i["run_id"] == run.pk)
     assert extract["problem"] == "unknown backend 'vLLM'" and extract["taken_by"] == []
     page = client.get(f"/runs/{run.pk}/")
@@ -233,7 +233,7 @@ def test_each_queue_is_listed_in_the_order_it_hands_work_out_and_only_its_head_i
     listed = _ready(_page(client, user))
     assert [(kind, run, state) for kind, run, q, state in listed if q == "gpu" and "after" not in state] == [
         ("extract", second.pk, "next for cpu@this-host"), ("extract", first.pk, "behind 1 in gpu")]
-    api = client.get("/api/workers/").json()["queue"]
+    api = client.get("/api/v1/workers/").json()["queue"]
     assert [(i["run_id"], i["ahead"]) for i in api if i["kind"] == "extract"] == [(second.pk, 0), (first.pk, 1)]
 
 

@@ -10,13 +10,32 @@ from django.core.management.base import BaseCommand, CommandError
 from runs.pipeline import selectors, services
 from runs.management.command_user import command_user
 from runs.models import PipelineRun, StageStatus
-from runs.pipeline.run_config import BEST_BY, RunConfig, parse_layer_ids
+from runs.pipeline.run_config import (BEST_BY, HIDDEN_STATES, MAX_CAPTURE_SERVERS, RunConfig, RunConfigError,
+                                      check_capture_urls, parse_layer_ids)
 from workers.contract.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
 from workers.contract.errors import InputError
 
 
+# The flags of the settings whose errors are worded in flag words here (RunConfigError.field -> flag).
+FLAGS = {"hidden_states": "--hidden-states", "capture_urls": "--capture-url", "capture_servers": "--capture-servers",
+         "hidden_states_cache_gb": "--hidden-states-cache-gb"}
+
+
+def in_flag_words(exc: RunConfigError) -> str:
+    """"--capture-servers: capture_servers must be ..." for a setting that FLAGS names; the message as it is else."""
+    flag = FLAGS.get(getattr(exc, "field", None) or "")
+    return f"{flag}: {exc}" if flag and not str(exc).startswith(flag) else str(exc)
+
+
 def run_config_from(opts: dict) -> RunConfig:
     """The run's settings from the options below (launch_sweep takes the same options)."""
+    try:
+        return _run_config_from(opts)
+    except RunConfigError as exc:
+        raise RunConfigError(in_flag_words(exc), field=exc.field) from None
+
+
+def _run_config_from(opts: dict) -> RunConfig:
     return RunConfig(
         layer_ids=parse_layer_ids(opts["layer_ids"]),
         max_seq_len=opts["max_seq_len"],
@@ -36,6 +55,10 @@ def run_config_from(opts: dict) -> RunConfig:
         train_gpus=opts["train_gpus"],
         serve_check=opts["serve_check"],
         best_by=opts["best_by"],
+        hidden_states=opts["hidden_states"],
+        capture_urls=check_capture_urls(opts["capture_urls"], named="--capture-url {}"),
+        capture_servers=opts["capture_servers"],
+        hidden_states_cache_gb=opts["hidden_states_cache_gb"],
     )
 
 
@@ -78,6 +101,17 @@ class Command(BaseCommand):
                             help=f"{' or '.join(BEST_BY)} (default %(default)s): the run's best checkpoint is the one "
                             "with the highest τ measured on the held-out prompts (vLLM's where a serve check ran), "
                             "or the one with the lowest validation loss")
+        parser.add_argument("--hidden-states", default=RunConfig.hidden_states,
+                            help=f"{' or '.join(HIDDEN_STATES)} (default %(default)s): online writes no extraction; "
+                            "training asks vLLM capture servers for each sample and keeps a bounded cache")
+        parser.add_argument("--capture-url", dest="capture_urls", action="append", default=[], metavar="URL",
+                            help=f"online: a running capture server's base URL (http://host:port); once per server, "
+                            f"at most {MAX_CAPTURE_SERVERS}")
+        parser.add_argument("--capture-servers", type=int, default=RunConfig.capture_servers,
+                            help="online: capture servers the train stage starts (default %(default)s; 0 with "
+                            "--capture-url)")
+        parser.add_argument("--hidden-states-cache-gb", type=float, default=RunConfig.hidden_states_cache_gb,
+                            help="online: the most the run's hidden-state cache keeps on disk (default %(default)s GB)")
         parser.add_argument("--name", default="")
         parser.add_argument("--user", default="", help="owner's username (default: the 'cli' account)")
         mode = parser.add_mutually_exclusive_group()
@@ -129,10 +163,18 @@ class Command(BaseCommand):
         for stage in summary["stages"]:
             secs = f"{stage['seconds']:.1f} s" if stage["seconds"] is not None else "-"
             self.stdout.write(f"  {stage['name']:<8} {stage['status']:<10} {secs}")
+            if stage.get("note"):
+                self.stdout.write(f"    note: {stage['note']}")
             for warning in stage["warnings"]:
                 self.stdout.write(f"    warning: {warning}")
             if stage["error"]:
                 self.stdout.write("    " + stage["error"].splitlines()[0])
+        supply = summary.get("supply") or {}
+        if supply.get("measured"):  # runs.pipeline.online.supply_dict: which side was the bottleneck
+            self.stdout.write("  hidden-state supply: " + "; ".join(
+                f"{row['label'].lower()} {row['text']}" for row in supply["rows"][1:3]))
+            if supply.get("advice"):
+                self.stdout.write(f"  {supply['advice']}")
         best = summary["best"]
         for ckpt in summary["checkpoints"]:
             mark = (" (best, provisional)" if best["provisional"] else " (best)") if ckpt["is_best"] else ""

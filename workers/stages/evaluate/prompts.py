@@ -2,14 +2,19 @@
 at its first reply (workers/stages/evaluate/measure.py measures the draft on them). No torch here."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from workers.contract.errors import InputError
+# Planned by the web tier, which may import only the contract: the error and the split's reader live there.
+from workers.contract.prompt_source import EvaluationInputError, PromptSource, validation_rows  # noqa: F401
 
 
-class EvaluationInputError(InputError):
-    """The checkpoint, the target or the prompts cannot be evaluated together; the message says why."""
+def prompts_load(source: PromptSource) -> list[list[int]]:
+    """The token ids of the prompts a measurement's plan (runs.checkpoints.evaluation) describes."""
+    if source.kind == "file":
+        return prompts_from_file(source.path, source.tokenizer_dir, limit=source.limit)
+    if source.kind == "prepared":
+        return prompts_from_prepared(source.path, list(source.row_indices), limit=source.limit)
+    raise EvaluationInputError(f"unknown prompt source {source.kind!r}")
 
 
 def prompts_from_prepared(prepared_dir: Path, row_indices: list[int], *, limit: int) -> list[list[int]]:
@@ -57,16 +62,3 @@ def prompts_from_file(path: Path, tokenizer_dir: Path, *, limit: int) -> list[li
         raise EvaluationInputError(f"{path}: no conversation with a user turn to prompt from")
     return prompts
 
-
-def validation_rows(checkpoints_dir: Path) -> list[int]:
-    """Row indices of the held-out conversations the train stage wrote beside its checkpoints (none of
-    their rows was trained on)."""
-    path = Path(checkpoints_dir) / "split.json"
-    try:
-        rows = json.loads(path.read_text())["val_rows"]
-    except (FileNotFoundError, KeyError, ValueError) as exc:
-        raise EvaluationInputError(f"{path}: no validation split recorded ({exc}); give a prompts file") from None
-    if not rows:
-        raise EvaluationInputError(f"{path}: no held-out conversation (every validation row belongs to a conversation "
-                                   "the draft trained on); give a prompts file")
-    return [int(i) for i in rows]

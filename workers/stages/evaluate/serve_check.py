@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
-TAU_WARNING = 0.05  # |vLLM's τ − ours| beyond this is a warning naming both
 WITH_LOG, WITHOUT_LOG = "vllm_serve_with_draft.log", "vllm_serve_target_only.log"
 # vLLM 0.32's exposition: `name{engine="0",model_name="..."} 12.0`; the per-position counter adds position="i".
 _COUNTER = re.compile(r'^(vllm:spec_decode_num_[a-z_]+_total|vllm:inter_token_latency_seconds_count)'
