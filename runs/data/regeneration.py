@@ -136,12 +136,16 @@ def dataset_regenerate_request(*, dataset: Dataset, target: TargetModel, setting
     job = DatasetRegeneration.objects.filter(settings_key=key).order_by("-id").first()
     if job is not None:
         return job, _again(job, enqueue=enqueue)
-    output = source.parent / OUTPUT_FOLDER / f"{_slug(source.stem)}.{_slug(target.name)}.{key[:12]}.jsonl"
     job = DatasetRegeneration.objects.create(
         source=dataset, source_path=str(source), source_size_bytes=size, target=target, backend=backend,
         tensor_parallel_size=settings.tensor_parallel_size, max_new_tokens=settings.max_new_tokens,
         temperature=float(settings.temperature), seed=settings.seed, max_samples=settings.max_samples,
-        exclusions=excluded, settings_key=key, output_path=str(output), requested_by=user)
+        exclusions=excluded, settings_key=key, requested_by=user)
+    # Named for people: the source, the target, how it sampled and the job's number (its page), not a hash.
+    sampling = "greedy" if settings.temperature == 0 else f"t{float(settings.temperature):g}"
+    job.output_path = str(source.parent / OUTPUT_FOLDER / (f"{_slug(source.stem)}.{_slug(target.name)}.{sampling}"
+                                                            f".regeneration-{job.pk}.jsonl"))
+    job.save(update_fields=["output_path"])
     if enqueue:
         job_enqueue(job_name="regenerate", record_id=job.pk)
     return job, True

@@ -77,6 +77,17 @@
     if (section) section.open = true;
   }
 
+  // The datasets list hides behind a prefilled path, so the chosen dataset's lineage is said under it.
+  const dataset = document.getElementById("id_dataset_path");
+  const lineage = document.getElementById("dataset-lineage");
+  function showLineage() {
+    if (!dataset || !lineage) return;
+    const path = dataset.value.trim();
+    const option = Array.from(document.querySelectorAll("#datasets option")).find((o) => o.value === path);
+    lineage.textContent = !path ? "" : !option ? "Not a registered dataset: it is registered when the run starts."
+      : option.dataset.lineage || "A file a user brought: its replies as the file holds them.";
+  }
+
   function nameButton() {
     submit.textContent = vary && vary.value.trim() ? "Launch the sweep" : "Launch";
   }
@@ -87,8 +98,10 @@
     if (input) input.addEventListener("input", forecast);
   }
   if (vary) vary.addEventListener("input", nameButton);
+  if (dataset) dataset.addEventListener("input", showLineage);
   window.addEventListener("hashchange", openTarget);
   openTarget();
   nameButton();
+  showLineage();
   inspect();
 })();
