@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Min, QuerySet
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 
-from runs.models import PipelineRun, StageStatus, Sweep, SweepRun
+from runs.models import Checkpoint, PipelineRun, StageStatus, Sweep, SweepRun, TrainingRun
 from runs.pipeline import selectors as run_selectors
 from runs.pipeline.run_config import MAX_SAMPLES
 
@@ -32,11 +32,15 @@ class SweepRow:
     status: str  # the run's status ("held" while its sweep holds it back: run_selectors.run_status)
     tau: float | None  # measured acceptance length, once its evaluate stage succeeded
     is_best: bool = False
+    # Beside τ, what tells a sweep's runs apart before and besides acceptance: the lowest validation loss
+    # of its checkpoints so far, and its training's tokens per second.
+    val_loss: float | None = None
+    tokens_per_s: float | None = None
 
     def as_dict(self) -> dict:
         return {"position": self.position, "run_id": self.run.pk, "name": str(self.run),
                 "url": self.run.get_absolute_url(), "settings": self.settings, "status": self.status,
-                "tau": self.tau, "is_best": self.is_best}
+                "tau": self.tau, "is_best": self.is_best, "val_loss": self.val_loss, "tokens_per_s": self.tokens_per_s}
 
 
 @dataclass
@@ -56,6 +60,11 @@ def sweep_rows(*, sweep: Sweep) -> tuple[list[SweepRow], SweepBest]:
     entries = list(SweepRun.objects.filter(sweep=sweep).order_by("position").values_list(
         "position", "run_id", "values"))
     runs = {run.pk: run for run in run_selectors.run_rows().filter(pk__in=[e[1] for e in entries])}
+    # One query for every run's lowest validation loss (a NaN loss, a diverged validation, is left out).
+    val_losses = dict(Checkpoint.objects.filter(training_run__run_id__in=list(runs)).exclude(val_loss=float("nan"))
+                      .values("training_run__run_id").annotate(low=Min("val_loss"))
+                      .values_list("training_run__run_id", "low"))
+    speeds = dict(TrainingRun.objects.filter(run_id__in=list(runs)).values_list("run_id", "tokens_per_second"))
     rows = []
     for position, run_id, values in entries:
         run = runs[run_id]
@@ -63,7 +72,8 @@ def sweep_rows(*, sweep: Sweep) -> tuple[list[SweepRow], SweepBest]:
         tau = run.shown_tau  # its best checkpoint's (runs.pipeline.best), else its evaluate stage's
         # In the sweep's order of keys: a JSON object column (jsonb) keeps no order of its own.
         settings = {key: values.get(key, "") for key in sweep.keys}
-        rows.append(SweepRow(position=position, run=run, settings=settings, status=status, tau=tau))
+        rows.append(SweepRow(position=position, run=run, settings=settings, status=status, tau=tau,
+                             val_loss=val_losses.get(run_id), tokens_per_s=speeds.get(run_id)))
     measured = [row for row in rows if row.tau is not None]
     best, tied = None, []
     if measured:

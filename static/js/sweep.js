@@ -87,6 +87,9 @@
       status.textContent = run.status;
       status.className = "status " + run.status;
       row.querySelector('[data-field="tau"]').textContent = run.tau === null ? "–" : run.tau.toFixed(3);
+      row.querySelector('[data-field="val_loss"]').textContent = run.val_loss === null ? "–" : run.val_loss.toFixed(4);
+      row.querySelector('[data-field="tokens_per_s"]').textContent =
+        run.tokens_per_s === null ? "–" : Math.round(run.tokens_per_s).toString();
     }
   }
 

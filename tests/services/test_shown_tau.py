@@ -18,7 +18,7 @@ from runs.sweeps.spec import parse_vary
 from runs.tracking.comparison import run_comparison
 from runs.tracking.run_table import RunFilters, run_table
 from tests.api.conftest import ApiClient, people  # noqa: F401 - the users and tokens of the API tests
-from tests.services.test_best_by_tau import _evaluated, _summary, _trained
+from tests.services.test_best_by_tau import LOSSES, _evaluated, _summary, _trained
 
 pytestmark = pytest.mark.django_db
 
@@ -47,8 +47,13 @@ def test_lists_sweeps_compare_and_the_api_show_the_best_checkpoints_tau(two_runs
     listed = ApiClient(people["viewer"][1]).get("/api/v1/runs/", {"sort": "-tau"}).json()["results"]
     assert [(r["id"], r["tau"]) for r in listed][:2] == [(a.pk, 2.41), (b.pk, 2.35)]
 
+    from runs.models import TrainingRun
+
+    TrainingRun.objects.filter(run=a).update(tokens_per_second=1234.5)
     rows, best = sweep_selectors.sweep_rows(sweep=sweep)
     assert (best.row.run.pk, best.row.tau) == (a.pk, 2.41)
+    # Beside τ the sweep page shows each run's lowest validation loss and its training's tokens/s.
+    assert [(r.val_loss, r.tokens_per_s) for r in rows] == [(min(LOSSES.values()), 1234.5), (min(LOSSES.values()), None)]
     compared = run_comparison(run_ids=[a.pk, b.pk])
     assert [(r["run"].pk, r["tau"]) for r in compared["runs"]] == [(a.pk, 2.41), (b.pk, 2.35)]
 
