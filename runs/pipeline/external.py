@@ -15,6 +15,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from runs.alerts import events as alert_events
 from runs.checkpoints.imports import CheckpointError, checkpoint_check, checkpoint_records
 from runs.data.paths import check_under_data_roots
 from runs.models import Checkpoint, PipelineRun, StageStatus, TrainingRun
@@ -110,6 +111,8 @@ def external_run_end(*, run: PipelineRun, user: AbstractBaseUser, status: str, m
         status=status, finished_at=timezone.now(), error="" if status == StageStatus.SUCCEEDED else message,
         log_tail=message if status == StageStatus.SUCCEEDED else training.log_tail)
     training.refresh_from_db()
+    if status == StageStatus.FAILED:  # a run trained elsewhere that failed is heard of like one of ours
+        alert_events.run_failed(run_id=run.pk, stage_name="train", error=message or "its client ended it failed")
     return training
 
 

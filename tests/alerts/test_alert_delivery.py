@@ -214,3 +214,15 @@ def test_a_team_rule_watches_every_members_runs_and_every_member_hears_it(user, 
     assert sorted(AlertDelivery.objects.values_list("destination", flat=True)) == [
         "launcher@example.com", "lead@example.com"]
     assert StageStatus.FAILED == type(run.preparation).objects.get(pk=run.preparation.pk).status
+
+
+def test_a_run_trained_elsewhere_that_ends_failed_alerts_once(user):
+    from runs.pipeline.external import external_run_create, external_run_end
+
+    services.rule_create(user=user, data=RuleInput(event="run_failed"))
+    run = external_run_create(user=user, name="cluster job", config={"lr": 3e-4})
+    external_run_end(run=run, user=user, status="failed", message="NCCL timeout\ntraceback")
+    alert = Alert.objects.get()
+    assert alert.run_id == run.pk
+    assert alert.text == f"run {run.pk} “cluster job” failed at train draft: NCCL timeout\n/runs/{run.pk}/"
+    assert list(AlertNotice.objects.values_list("user__username", flat=True)) == [user.username]
