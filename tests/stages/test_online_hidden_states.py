@@ -81,6 +81,22 @@ def test_the_advice_sizes_the_capture_servers_from_the_measured_rates():
         "1 capture server feeds 1 trainer at this size: the trainer consumes 200 tokens/s, a server captures 250")
 
 
+def test_capture_servers_on_a_cuda_host_take_the_gpus_after_the_trainers_or_a_share_of_its_own_mocked_gpu(
+        monkeypatch):
+    """No GPU here: the device choice is checked on the command and environment it builds."""
+    from workers.stages.train.online.servers import on_gpu
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("EAGLE3WEB_CAPTURE_GPU_MEMORY_UTILIZATION", raising=False)
+    command = ["vllm", "serve", "/t"]
+    assert on_gpu(command, {}, n=0, visible=4) == (command, {"CUDA_VISIBLE_DEVICES": "1"})
+    assert on_gpu(command, {}, n=3, visible=4) == (command, {"CUDA_VISIBLE_DEVICES": "1"})  # round robin over 1..3
+    assert on_gpu(command, {"A": "b"}, n=1, visible=2) == (command, {"A": "b", "CUDA_VISIBLE_DEVICES": "1"})
+    assert on_gpu(command, {}, n=0, visible=1) == (command + ["--gpu-memory-utilization", "0.35"], {})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,7")  # this worker's GPUs: the server gets 6, then 7
+    assert [on_gpu(command, {}, n=i, visible=3)[1]["CUDA_VISIBLE_DEVICES"] for i in range(3)] == ["6", "7", "6"]
+
+
 # -- real vLLM ----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.parse
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 1800.0
 PROBE_TIMEOUT_S = 10.0
+# On a GPU host the trainer holds its own device: a capture server takes another visible GPU when there
+# is one (server n: GPU n + 1, round robin past the first), else shares the trainer's, taking this share of
+# its memory (vLLM's default, 0.9, would leave the trainer nothing).
+GPU_MEMORY_ENV = "EAGLE3WEB_CAPTURE_GPU_MEMORY_UTILIZATION"
+SHARED_GPU_MEMORY = 0.35
 CONCURRENCY = 16  # requests a started server's KV cache is sized for: the online dataset's REQUESTS_PER_SERVER
 
 
@@ -142,6 +148,8 @@ class CaptureFleet:
                                     layer_ids=self.layer_ids, staging_dir=staging.resolve(), tensor_parallel_size=1,
                                     port=port, max_model_len=self.max_model_len, dtype=STORE_DTYPE,
                                     connector=hidden_states_connector(install))
+            if install is not None and not install.is_cpu:
+                command, env = on_gpu(command, env or {}, n=n, visible=_visible_gpus())
             log_path = self.work_dir / f"capture_{n}.log"
             process = VllmServer(command=command, log_path=log_path, port=port, env=env)
             log.info("starting capture server %d: %s", n, " ".join(command))
@@ -165,6 +173,24 @@ class CaptureFleet:
 
     def live(self) -> list[CaptureServer]:
         return [s for s in self.servers if s.why_dead() is None]
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()  # NVML's count: no CUDA context is made in this process
+
+
+def on_gpu(command: list[str], env: dict[str, str], *, n: int, visible: int) -> tuple[list[str], dict[str, str]]:
+    """Capture server n's device on a CUDA host: the GPU after the trainer's (round robin over the visible
+    ones after the first; named as this worker's own CUDA_VISIBLE_DEVICES names them) when there are several,
+    else the trainer's own, with SHARED_GPU_MEMORY of it (or the setting)."""
+    if visible > 1:
+        names = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()] or \
+            [str(i) for i in range(visible)]
+        return command, {**env, "CUDA_VISIBLE_DEVICES": names[1 + n % (visible - 1)].strip()}
+    share = os.environ.get(GPU_MEMORY_ENV) or str(SHARED_GPU_MEMORY)
+    return command + ["--gpu-memory-utilization", share], env
 
 
 def _healthy(url: str) -> bool:
