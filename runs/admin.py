@@ -1,7 +1,11 @@
 from django.contrib import admin
 
+import runs.alerts.admin  # noqa: F401 - alert rules, firings, notices, deliveries
 import runs.api.admin  # noqa: F401 - tokens, the API's audit trail, account settings
+import runs.projects.admin  # noqa: F401 - projects, their members, saved views
+import runs.reports.admin  # noqa: F401 - reports and their versions
 import runs.sweeps.admin  # noqa: F401 - sweeps and their runs
+from runs.admin_bases import InternalAdmin, NoAddAdmin
 from runs.checkpoints.models import CheckpointGenerations
 from runs.fleet.models import Worker
 from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, ServeCheck, VerificationRequest
@@ -30,29 +34,6 @@ from runs.models import (
 )
 
 STAGE_FIELDS = ("status", "started_at", "finished_at", "progress_done", "progress_total", "worker")
-
-
-# The index lists what staff curate (targets, datasets and their samples, runs, checkpoints, reviews,
-# tags, tokens, workers, users). Only what a person makes by hand without breaking an invariant has
-# "Add": the rest is written by a launch, an import, a registration, a heartbeat or a worker.
-class NoAddAdmin(admin.ModelAdmin):
-    """Rows a service writes (checked there: a target read from its config.json, a run launched with its
-    stages, an import that read its files): staff read, edit what the page allows and delete; no Add."""
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-
-class InternalAdmin(NoAddAdmin):
-    """Bookkeeping only workers and services write (stage records, attempts, jobs, metric chunks...): off
-    the index and read-only. Its pages stay open by URL (and from the run's page), deleting included,
-    for recovery."""
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_module_permission(self, request):
-        return False
 
 
 @admin.register(TargetModel)

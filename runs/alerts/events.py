@@ -10,6 +10,7 @@ import logging
 import math
 from datetime import timedelta
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
@@ -17,6 +18,7 @@ from runs.alerts import selectors, services
 from runs.alerts.models import AlertRule, Event, StageWatch
 from runs.models import PipelineRun, StageStatus
 from runs.pipeline.stages import STAGES, STAGES_BY_NAME
+from runs.projects import access
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,12 @@ def _named(run: PipelineRun) -> str:
 
 def _fire_all(*, event: str, run: PipelineRun, subject: str, text: str, rules: list[AlertRule] | None = None) -> int:
     rules = selectors.rules_watching(event=event, owner_id=run.owner_id) if rules is None else rules
+    # A rule goes to its owner's addresses and webhook: one whose owner does not see the run's project
+    # (a team rule watching a teammate's runs) must not carry it there. Its recipients are narrowed the same
+    # way by alert_fire (runs.projects.access.who_sees).
+    seeing = set(access.who_sees(get_user_model().objects.filter(pk__in={r.owner_id for r in rules}),
+                                 project_id=run.project_id).values_list("pk", flat=True)) if rules else set()
+    rules = [rule for rule in rules if rule.owner_id in seeing]
     text = f"{text}\n{run.get_absolute_url()}"
     return sum(services.alert_fire(rule=rule, subject=subject, text=text, run_id=run.pk) is not None for rule in rules)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.mail import send_mail
 from django.db import transaction
@@ -23,6 +24,7 @@ from runs.alerts import selectors
 from runs.alerts.models import Alert, AlertDelivery, AlertNotice, AlertRule, Event
 from runs.alerts.webhooks import WebhookRefused, webhook_check, webhook_post
 from runs.models import PipelineRun
+from runs.projects import access
 from runs.roles import ROLES
 
 logger = logging.getLogger(__name__)
@@ -135,6 +137,11 @@ def alert_fire(*, rule: AlertRule, subject: str, text: str, run_id: int | None =
         if not created:
             return None
         recipients = selectors.rule_recipients(rule=rule)
+        if run_id is not None:  # those who do not see the run's project hear nothing of it
+            project_id = PipelineRun.objects.filter(pk=run_id).values_list("project_id", flat=True).first()
+            seeing = set(access.who_sees(get_user_model().objects.filter(pk__in=[u.pk for u in recipients]),
+                                         project_id=project_id).values_list("pk", flat=True))
+            recipients = [user for user in recipients if user.pk in seeing]
         AlertNotice.objects.bulk_create([AlertNotice(alert=alert, user=user) for user in recipients])
         now = timezone.now()
         destinations = [(AlertDelivery.Channel.EMAIL, u.email) for u in recipients if rule.email and u.email]

@@ -17,6 +17,7 @@ from runs.data import regeneration, regeneration_selectors
 from runs.fleet import selectors as fleet_selectors
 from runs.pipeline import job_selectors, job_services, selectors, services, upstream_commands
 from runs.data.paths import check_under_data_roots
+from runs.projects import selectors as project_selectors
 from runs.pipeline.online import data_volume_free_bytes
 from runs.roles import ROLES, require, user_roles
 from runs.sweeps import selectors as sweep_selectors
@@ -33,6 +34,7 @@ class CheckpointDetail(ApiView):
 
     def get(self, request, pk: int):
         """One checkpoint (trained here or imported) and its latest acceptance measurements."""
+        project_selectors.checkpoint_visible_check(pk=pk, user=request.user)  # 404 outside the caller's projects
         checkpoint = selectors.checkpoint_get(pk=pk)
         usable, why = serve_check_selectors.checkpoint_usable(checkpoint)
         return Response(shapes.checkpoint_dict(
@@ -49,6 +51,7 @@ class CheckpointEvaluate(ApiView):
     def post(self, request, pk: int):
         """Measure the checkpoint's acceptance length (tau) on a worker, as its page's Measure button."""
         body = self.body()
+        project_selectors.checkpoint_visible_check(pk=pk, user=request.user)  # 404 outside the caller's projects
         checkpoint = selectors.checkpoint_get(pk=pk)
         evaluation, created = evaluation_services.evaluation_request(
             checkpoint=checkpoint, user=request.user, prompts_path=(body.get("prompts") or "").strip() or None,
@@ -222,7 +225,9 @@ class SweepDetail(ApiView):
 
     def get(self, request, pk: int):
         """A sweep's state, as its page polls it."""
-        return Response(sweep_selectors.sweep_summary(sweep=sweep_selectors.sweep_get(pk=pk)))
+        sweep = sweep_selectors.sweep_get(pk=pk)
+        project_selectors.sweep_visible_check(pk=pk, user=request.user)  # 404 outside the caller's projects
+        return Response(sweep_selectors.sweep_summary(sweep=sweep))
 
 
 class Workers(ApiView):

@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from runs.api.base import ApiInputError, ApiView
 from runs.checkpoints.generation_selectors import GenerationFilter, checkpoint_generations
 from runs.pipeline import selectors
+from runs.projects import selectors as project_selectors
 
 FILTER_PARAMS = {"prompt_tokens_min": int, "prompt_tokens_max": int, "tau_min": float, "tau_max": float}
 
@@ -54,6 +55,7 @@ class CheckpointGenerations(ApiView):
         drafts); `verify_step` is the verification forward that emitted it (0: the prefill). A prompt's `tau`
         counts its whole reply; replies are cut at `tokens_cap` tokens (`tokens_cut`), prompts at
         `prompts_cap`. `prompt_sha256` matches a prompt across checkpoints."""
+        project_selectors.checkpoint_visible_check(pk=pk, user=request.user)  # 404 outside the caller's projects
         checkpoint = selectors.checkpoint_get(pk=pk)
         keep = generation_filter(request.query_params)
         return Response(checkpoint_generations(checkpoint=checkpoint, keep=keep))

@@ -1,17 +1,23 @@
-"""/api/v1/projects/ and /api/v1/saved-views/: the projects one is a member of (and creating one), the
-saved views of the runs list one finds (and saving one). Thin: parse, call a selector or a service, answer."""
+"""/api/v1/projects/ and /api/v1/saved-views/: the projects one is a member of (and creating one), a
+project's members (its owners and staff change them), the saved views of the runs list one finds (and
+saving one). Thin: parse, call a selector or a service, answer."""
 from __future__ import annotations
 
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from runs.api.base import ApiView, created
+from runs.api.base import ApiView, created, error_response
 from runs.projects import selectors as project_selectors, services as project_services
 from runs.saved_views import selectors as view_selectors, services as view_services
 
 
 class ProjectSerializer(serializers.Serializer):
     name = serializers.CharField(help_text="unique; you become its owner")
+
+
+class MemberSerializer(serializers.Serializer):
+    username = serializers.CharField(help_text="an existing user's username")
+    role = serializers.CharField(help_text="viewer, editor or owner")
 
 
 class SavedViewSerializer(serializers.Serializer):
@@ -38,6 +44,44 @@ class ProjectList(ApiView):
         project = project_services.project_create(user=request.user, name=self.body()["name"])
         found = next(p for p in project_selectors.project_list(user=request.user) if p["id"] == project.pk)
         return created(found)
+
+
+def _members_answer(project) -> dict:
+    return {"project": project.pk, "name": project.name, "open_to_all": project.open_to_all,
+            "results": project_selectors.project_members(project=project)}
+
+
+class ProjectMembers(ApiView):
+    request_serializers = {"POST": MemberSerializer}
+    responses = {"GET": {"200": "{project, name, open_to_all, results: [{username, role}]}",
+                         "404": "no project you see with this id"},
+                 "POST": {"200": "the members, as GET answers them, with the user's role set",
+                          "403": "you are not an owner of the project (nor staff)"}}
+
+    def get(self, request, pk: int):
+        """The project's members and their roles (an open project's other signed-in users are not listed:
+        they see its runs by their site roles)."""
+        return Response(_members_answer(project_selectors.project_get(pk=pk, user=request.user)))
+
+    def post(self, request, pk: int):
+        """Add a user to the project by username, or change their role (its owners and staff only)."""
+        body = self.body()
+        project = project_selectors.project_get(pk=pk, user=request.user)
+        project_services.project_member_set(project=project, user=request.user, username=body["username"],
+                                            role=body["role"])
+        return Response(_members_answer(project))
+
+
+class ProjectMemberDetail(ApiView):
+    responses = {"DELETE": {"204": "removed", "404": "no such project you see, or the user is not a member",
+                            "403": "you are not an owner of the project (nor staff)"}}
+
+    def delete(self, request, pk: int, username: str):
+        """Remove a member from the project (its owners and staff only); its last owner stays."""
+        project = project_selectors.project_get(pk=pk, user=request.user)
+        if not project_services.project_member_set(project=project, user=request.user, username=username, role=None):
+            return error_response(f"{username[:50]} is not a member of project {project.name}", code=404)
+        return Response(status=204)
 
 
 class SavedViewList(ApiView):

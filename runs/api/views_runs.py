@@ -120,7 +120,9 @@ class RunStatus(ApiView):
 
         Apart from the run's detail, which adds tags and the queue's hand-over: those do not move the
         change counter (runs.pipeline.changes), so an ETag of the counter would keep them stale."""
-        counters = changes.run_counters(run_id=pk)  # first: the rows read after it are at least this new
+        # First: the rows read after it are at least this new. With the user: 404 outside their projects,
+        # checked before the answer cached for every viewer.
+        counters = changes.run_counters(run_id=pk, user=request.user)
         if counters is None:
             raise Http404(f"no run {pk}")
         tag = live.etag("status", pk, counters.changes)

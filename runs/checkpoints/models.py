@@ -53,7 +53,8 @@ class Checkpoint(models.Model):
     def __str__(self) -> str:
         if self.training_run_id is None:
             return f"imported {self.path}"
-        return f"epoch {self.epoch} of run {self.training_run.run_id}"
+        # `epoch` is the trainer's, from 0; people read epochs from 1, as every page counts them.
+        return f"epoch {self.epoch + 1} of run {self.training_run.run_id}"
 
     @property
     def simulated_tau(self) -> float | None:

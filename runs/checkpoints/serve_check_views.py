@@ -7,12 +7,14 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from runs.pipeline import selectors
+from runs.projects import selectors as project_selectors
 from runs.checkpoints.serve_check_services import serve_check_request
 from workers.contract.errors import InputError
 
 
 @require_POST
 def checkpoint_serve_check(request: HttpRequest, pk: int) -> HttpResponse:
+    project_selectors.checkpoint_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
     checkpoint = selectors.checkpoint_get(pk=pk)
     try:
         check, created = serve_check_request(checkpoint=checkpoint, user=request.user)

@@ -36,7 +36,7 @@ from runs.review.reviews import SUBJECTS
 
 def run_list() -> QuerySet[PipelineRun]:
     return PipelineRun.objects.select_related(
-        "owner", "target", "dataset", "preparation", "extract_stage__extraction__manifest", "vocab_mapping",
+        "owner", "target", "dataset", "project", "preparation", "extract_stage__extraction__manifest", "vocab_mapping",
         "training_run", "evaluation", "sweep_entry__sweep"  # run_status: held by its sweep
     )
 

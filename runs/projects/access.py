@@ -67,6 +67,36 @@ def runs_visible(runs: QuerySet, user: AbstractBaseUser) -> QuerySet:
     return runs.filter(Q(project__open_to_all=True) | Q(project_id__in=member_of))
 
 
+def visible_q(user: AbstractBaseUser, *, run: str = "") -> Q | None:
+    """A filter on rows reaching a run through `run` (a lookup path such as "training_run__run__"): those in
+    a project the user sees. None: no filter (staff); an anonymous user gets a filter that matches nothing."""
+    if sees_every_project(user):
+        return None
+    if not user.is_authenticated:
+        return Q(pk__in=[])
+    member_of = ProjectMember.objects.filter(user=user).values("project_id")
+    return Q(**{f"{run}project__open_to_all": True}) | Q(**{f"{run}project_id__in": member_of})
+
+
+def who_sees(users: QuerySet, *, project_id: int) -> QuerySet:
+    """`users` narrowed to those who see the project's runs (staff, its members, everyone when it is open),
+    in the same query: whom an alert about one of its runs may reach."""
+    if Project.objects.filter(pk=project_id, open_to_all=True).exists():
+        return users
+    return users.filter(Q(is_staff=True) | Q(is_superuser=True) | Q(project_memberships__project_id=project_id)).distinct()
+
+
+def checkpoints_visible(checkpoints: QuerySet, user: AbstractBaseUser) -> QuerySet:
+    """`checkpoints` less those trained by runs the user does not see, in the same query. An imported
+    checkpoint belongs to no run, hence to no project: everyone signed in sees it."""
+    visible = visible_q(user, run="training_run__run__")
+    if visible is None:
+        return checkpoints
+    if not user.is_authenticated:
+        return checkpoints.none()
+    return checkpoints.filter(Q(training_run__isnull=True) | visible)
+
+
 def has_role(user: AbstractBaseUser, project: Project, role: str) -> bool:
     return RANK.get(project_roles(user).get(project.pk), 0) >= RANK[role]
 

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
+from django.http import Http404
 
+from runs.models import Checkpoint, PipelineRun
 from runs.projects import access
-from runs.projects.models import Project
+from runs.projects.models import Project, ProjectMember
 
 
 def project_list(*, user: AbstractBaseUser) -> list[dict]:
@@ -17,3 +19,43 @@ def project_list(*, user: AbstractBaseUser) -> list[dict]:
         projects = projects.filter(pk__in=list(roles))
     return [{"id": p.pk, "name": p.name, "open_to_all": p.open_to_all, "role": roles.get(p.pk),
              "runs": p.run_count} for p in projects]
+
+
+def checkpoint_visible_check(*, pk: int, user: AbstractBaseUser) -> None:
+    """Http404 unless the checkpoint exists and was imported or trained by a run the user sees (one query):
+    a checkpoint of a hidden run is answered as one that does not exist."""
+    if not access.checkpoints_visible(Checkpoint.objects.filter(pk=pk), user).exists():
+        raise Http404(f"no checkpoint {pk}")
+
+
+def sweep_visible_check(*, pk: int, user: AbstractBaseUser) -> None:
+    """Http404 when one of the sweep's runs is in a project the user does not see (one query). A sweep's
+    runs are launched together, into one project: hiding some of them would leave a sweep whose best run
+    and counts no longer add up, so the sweep is hidden whole."""
+    hidden = PipelineRun.objects.filter(sweep_entry__sweep_id=pk).exclude(
+        pk__in=access.runs_visible(PipelineRun.objects.filter(sweep_entry__sweep_id=pk), user).values("pk"))
+    if hidden.exists():
+        raise Http404(f"no sweep {pk}")
+
+
+def sweeps_visible(sweeps: QuerySet, user: AbstractBaseUser) -> QuerySet:
+    """`sweeps` less those with a run the user does not see (as sweep_visible_check hides them), in the same
+    query."""
+    visible = access.visible_q(user)
+    if visible is None:
+        return sweeps
+    return sweeps.exclude(entries__run__in=PipelineRun.objects.exclude(visible).values("pk"))
+
+
+def project_get(*, pk: int, user: AbstractBaseUser) -> Project:
+    """One project the user sees (a member of it, an open one, or staff); Http404 otherwise."""
+    project = Project.objects.filter(pk=pk).first()
+    if project is None or not (access.sees_every_project(user) or pk in access.project_roles(user)):
+        raise Http404(f"no project {pk}")
+    return project
+
+
+def project_members(*, project: Project) -> list[dict]:
+    """The project's members, by username, with their roles (one query)."""
+    rows = (ProjectMember.objects.filter(project=project).select_related("user").order_by("user__username"))
+    return [{"username": m.user.get_username(), "role": m.role} for m in rows]

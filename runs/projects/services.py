@@ -43,18 +43,26 @@ def project_create(*, user: AbstractBaseUser, name: str) -> Project:
 
 
 @transaction.atomic
-def project_member_set(*, project: Project, user: AbstractBaseUser, username: str, role: str | None) -> None:
-    """Give `username` a role in the project (None: remove them); only its owners may."""
-    access.require_role(user, project, ProjectMember.Role.OWNER, "change members")
-    member = get_user_model().objects.filter(username=username).first()
+def project_member_set(*, project: Project, user: AbstractBaseUser, username: str, role: str | None) -> bool:
+    """Give `username` a role in the project (None: remove them); only its owners and staff may. Whether
+    anything changed. Refused, naming the field, for an unknown user or role, and where the project would be
+    left with no owner by membership (nobody but staff could then manage it)."""
+    if not access.sees_every_project(user):
+        access.require_role(user, project, ProjectMember.Role.OWNER, "change members")
+    if role is not None and role not in ProjectMember.Role.values:
+        raise ProjectError(f"role must be one of {', '.join(ProjectMember.Role.values)}, got {str(role)[:20]!r}",
+                           field="role")
+    member = get_user_model().objects.filter(username=str(username)).first() if username else None
     if member is None:
-        raise ProjectError(f"no user {username[:50]!r}", field="username")
+        raise ProjectError(f"username: no user {str(username)[:50]!r}", field="username")
+    owners = ProjectMember.objects.select_for_update().filter(project=project, role=ProjectMember.Role.OWNER)
+    if role != ProjectMember.Role.OWNER and list(owners.values_list("user_id", flat=True)) == [member.pk]:
+        raise ProjectError(f"username: {member.get_username()} is the last owner of {project.name}; make another "
+                           "member an owner first", field="username")
     if role is None:
-        ProjectMember.objects.filter(project=project, user=member).delete()
-        return
-    if role not in ProjectMember.Role.values:
-        raise ProjectError(f"role must be one of {', '.join(ProjectMember.Role.values)}, got {role[:20]!r}", field="role")
+        return ProjectMember.objects.filter(project=project, user=member).delete()[0] > 0
     ProjectMember.objects.update_or_create(project=project, user=member, defaults={"role": role})
+    return True
 
 
 def launch_project(*, user: AbstractBaseUser, name: str | None) -> Project:

@@ -57,7 +57,7 @@ class ReportList(ApiView):
 
 def report_answer(report, request, *, number: int | None) -> dict:
     version = selectors.report_version(report=report, number=number)
-    rendered = report_render(version.body)
+    rendered = report_render(version.body, user=request.user)
     return {**report_row(report, request), "version": version.number, "version_title": version.title,
             "saved_by": version.saved_by.get_username(), "saved_at": _iso(version.created_at),
             "body": version.body, "html": str(rendered.html), "blocks": rendered.blocks, "errors": rendered.errors,

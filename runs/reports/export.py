@@ -15,10 +15,10 @@ from runs.models import Report, ReportVersion
 from runs.reports.rendering import report_render
 
 
-def report_export_html(*, report: Report, version: ReportVersion, site: str) -> str:
+def report_export_html(*, report: Report, version: ReportVersion, site: str, user) -> str:
     """`site`: the server's address ("https://eagle3.example.com/"): the file's links to runs and checkpoints
     (and the Markdown's links from the site's root) lead back to it from wherever the file is opened."""
-    rendered = report_render(version.body, export=True)
+    rendered = report_render(version.body, user=user, export=True)
     rendered.html = mark_safe(rendered.html.replace('href="/', f'href="{escape(site.rstrip("/"))}/'))
     return render_to_string("runs/report_export.html", {
         "report": report, "version": version, "rendered": rendered, "exported_at": timezone.now(),

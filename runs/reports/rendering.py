@@ -124,9 +124,10 @@ def _error(index: int, source: str, message: str) -> dict:
     return {"index": index, "kind": "error", "source": source, "message": message}
 
 
-def report_render(body: str, *, export: bool = False) -> Rendered:
+def report_render(body: str, *, user, export: bool = False) -> Rendered:
     """The report's HTML and its blocks. Reads every run, series summary and checkpoint the blocks name in
-    a few queries for the whole report; with `export`, each chart's points too (for its SVG)."""
+    a few queries for the whole report; with `export`, each chart's points too (for its SVG). A run or
+    checkpoint `user` does not see (runs.projects.access) is named as one that does not exist."""
     lines = body.splitlines()
     nonce = secrets.token_hex(8)
     found = directive_lines(body)
@@ -141,10 +142,11 @@ def report_render(body: str, *, export: bool = False) -> Rendered:
         lines[line_index] = f"\n\nreportblock{nonce}x{number}\n\n"
     html = markdown_html("\n".join(lines))
     directives = [d for d in parsed if isinstance(d, Directive)]
-    runs = selectors.block_runs(ids={pk for d in directives for pk in d.runs})
+    runs = selectors.block_runs(ids={pk for d in directives for pk in d.runs}, user=user)
     keys = selectors.run_metric_keys(runs=[runs[pk] for d in directives if d.kind == "chart" for pk in d.runs
                                            if pk in runs])
-    checkpoints = selectors.checkpoints_existing(ids={d.checkpoint for d in directives if d.kind == "generations"})
+    checkpoints = selectors.checkpoints_existing(ids={d.checkpoint for d in directives if d.kind == "generations"},
+                                                 user=user)
     blocks = []
     for index, d in enumerate(parsed):
         if isinstance(d, DirectiveError):

@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404
 
 from runs.models import Checkpoint, PipelineRun, Report, ReportVersion
 from runs.pipeline import selectors as run_selectors
+from runs.projects import access
 from runs.reports.directives import SETTING_COLUMNS
 from runs.tracking import curves
 from runs.tracking.curves import CurveQuery
@@ -52,11 +53,13 @@ def may_edit(*, user, report: Report) -> bool:
 
 # --- what the blocks show -------------------------------------------------------------------------------
 
-def block_runs(*, ids: set[int]) -> dict[int, PipelineRun]:
+def block_runs(*, ids: set[int], user=None) -> dict[int, PipelineRun]:
     """The runs the report's blocks name, with what a table shows of them (status, τ, best epoch) and their
-    config: one read for every block of a report. Ids with no run are simply absent."""
+    config: one read for every block of a report. Ids with no run are simply absent, and so, with `user`,
+    are runs of projects the reader does not see: a report is shared by its link, its runs are not."""
     ids = {pk for pk in ids if pk <= MAX_ID}
-    runs = {run.pk: run for run in run_selectors.run_rows().filter(pk__in=ids)}
+    rows = run_selectors.run_rows().filter(pk__in=ids)
+    runs = {run.pk: run for run in (access.runs_visible(rows, user) if user is not None else rows)}
     configs = dict(PipelineRun.objects.filter(pk__in=list(runs)).values_list("pk", "config"))
     for pk, run in runs.items():
         run.report_config = configs.get(pk) or {}
@@ -110,8 +113,12 @@ def chart_series(*, run: PipelineRun, keys: list[str], split: str) -> list[dict]
             for s in curves.curve_window(training_run_id=training.pk, query=query)]
 
 
-def checkpoints_existing(*, ids: set[int]) -> set[int]:
-    return set(Checkpoint.objects.filter(pk__in=[pk for pk in ids if pk <= MAX_ID]).values_list("pk", flat=True))
+def checkpoints_existing(*, ids: set[int], user=None) -> set[int]:
+    """The ids that are checkpoints (with `user`: ones the reader sees, runs.projects.access)."""
+    checkpoints = Checkpoint.objects.filter(pk__in=[pk for pk in ids if pk <= MAX_ID])
+    if user is not None:
+        checkpoints = access.checkpoints_visible(checkpoints, user)
+    return set(checkpoints.values_list("pk", flat=True))
 
 
 def generations_for_export(*, checkpoint_id: int, prompts: int) -> dict:

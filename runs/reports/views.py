@@ -28,7 +28,7 @@ def report_list(request: HttpRequest) -> HttpResponse:
 def _shown(request: HttpRequest, pk: int, number: int | None) -> HttpResponse:
     report = selectors.report_get(pk=pk)
     version = selectors.report_version(report=report, number=number)
-    rendered = report_render(version.body)
+    rendered = report_render(version.body, user=request.user)
     return render(request, "runs/report_detail.html", {
         "report": report, "version": version, "rendered": rendered, "is_newest": version.number == report.version_count,
         "can_edit": selectors.may_edit(user=request.user, report=report),
@@ -61,7 +61,7 @@ def _write(request: HttpRequest, report) -> HttpResponse:
         return _edit_page(request, report=report, form=form, status=400)
     title, body = form.cleaned_data["title"], form.cleaned_data["body"]
     if "preview" in request.POST:
-        return _edit_page(request, report=report, form=form, preview=report_render(body))
+        return _edit_page(request, report=report, form=form, preview=report_render(body, user=request.user))
     try:
         if report is None:
             report = services.report_create(user=request.user, title=title, body=body)
@@ -82,8 +82,8 @@ def report_new(request: HttpRequest) -> HttpResponse:
 def report_edit(request: HttpRequest, pk: int) -> HttpResponse:
     report = selectors.report_get(pk=pk)
     if not selectors.may_edit(user=request.user, report=report):
-        raise PermissionDenied(f"only the author of report {report.pk} ({report.author.get_username()}) and staff "
-                               "may edit it")
+        raise PermissionDenied(f"{request.user.get_username()} may not edit report {report.pk}: only its author "
+                               f"({report.author.get_username()}) and staff may")
     if request.method == "POST":
         return _write(request, report)
     version = selectors.report_version(report=report)
@@ -99,7 +99,7 @@ def report_export(request: HttpRequest, pk: int) -> HttpResponse:
                             content_type="text/plain; charset=utf-8")
     version = selectors.report_version(report=report, number=int(text) if text else None)
     response = HttpResponse(export.report_export_html(report=report, version=version,
-                                                      site=request.build_absolute_uri("/")),
+                                                      site=request.build_absolute_uri("/"), user=request.user),
                             content_type="text/html; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="report-{report.pk}-v{version.number}.html"'
     return response

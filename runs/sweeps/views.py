@@ -8,18 +8,20 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from runs.projects import selectors as project_selectors
 from runs.roles import user_can
 from runs.sweeps import selectors, services
 from runs.sweeps.spec import FLOAT_KEYS, INT_KEYS
 
 
 def sweep_list(request: HttpRequest) -> HttpResponse:
-    page = Paginator(selectors.sweep_list(), 50).get_page(request.GET.get("page"))
+    page = Paginator(project_selectors.sweeps_visible(selectors.sweep_list(), request.user), 50).get_page(request.GET.get("page"))
     return render(request, "runs/sweep_list.html", {"page": page, "sweeps": page.object_list})
 
 
 def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
     sweep = selectors.sweep_get(pk=pk)
+    project_selectors.sweep_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
     rows, best = selectors.sweep_rows(sweep=sweep)
     return render(request, "runs/sweep_detail.html", {
         "sweep": sweep, "rows": rows, "best": best, "keys": sweep.keys,
@@ -34,6 +36,7 @@ def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def sweep_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     sweep = selectors.sweep_get(pk=pk)
+    project_selectors.sweep_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
     count = services.sweep_cancel(sweep=sweep, user=request.user)
     messages.info(request, f"Cancelled {count} unfinished stage(s) of the runs of {sweep}.")
     return redirect(sweep)

@@ -2,6 +2,7 @@ from django.urls import include, path
 
 from runs.checkpoints import serve_check_views
 from runs.data import regeneration_views
+from runs.projects import views as project_views
 from runs.saved_views import views as saved_view_views
 from runs.reports import views as report_views
 from runs.sweeps import views as sweep_views
@@ -44,6 +45,7 @@ urlpatterns = [
     path("checkpoints/<int:pk>/", views.checkpoint_detail, name="checkpoint_detail"),
     path("checkpoints/<int:pk>/evaluate/", views.checkpoint_evaluate, name="checkpoint_evaluate"),
     path("checkpoints/<int:pk>/serve-check/", serve_check_views.checkpoint_serve_check, name="checkpoint_serve_check"),
+    path("projects/<int:pk>/", project_views.project_detail, name="project_detail"),
     path("reviews/<str:subject>/<int:pk>/", views.review_create, name="review_create"),
     path("alerts/", include("runs.alerts.urls")),
 ]

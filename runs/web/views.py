@@ -20,6 +20,7 @@ from runs.data import regeneration_selectors
 from runs.data.regeneration_selectors import dataset_options
 from runs.fleet import selectors as fleet_selectors
 from runs.pipeline import job_selectors, job_services, queue, selectors, services, upstream_commands
+from runs.projects import selectors as project_selectors
 from runs.review import reviews
 from runs.sweeps import selectors as sweep_selectors, services as sweep_services
 from runs.review import tags as tag_services
@@ -283,6 +284,7 @@ def _small_text(path: Path, limit: int = 1 << 20) -> str | None:
 
 
 def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    project_selectors.checkpoint_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
     checkpoint = selectors.checkpoint_get(pk=pk, reviews=True)
     config_path = Path(checkpoint.path) / "config.json"
     config = _small_text(config_path)
@@ -314,6 +316,7 @@ def _optional_int(value: str | None, name: str, default: int | None = None) -> i
 @require_POST
 def checkpoint_evaluate(request: HttpRequest, pk: int) -> HttpResponse:
     """Measure a checkpoint's acceptance length on a GPU worker."""
+    project_selectors.checkpoint_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
     checkpoint = selectors.checkpoint_get(pk=pk)
     try:
         evaluation, created = evaluation_services.evaluation_request(

@@ -127,7 +127,13 @@ def test_the_openapi_document_describes_every_endpoint_and_its_body(api):
         "/api/v1/datasets/{id}/catalogue/", "/api/v1/datasets/{id}/regenerate/", "/api/v1/targets/",
         "/api/v1/workers/", "/api/v1/me/",
         # What the pages poll with their session (the cookie-only /api/runs/... they read before is gone).
-        "/api/v1/runs/{id}/status/", "/api/v1/targets/inspect/", "/api/v1/sweeps/{id}/"])
+        "/api/v1/runs/{id}/status/", "/api/v1/targets/inspect/", "/api/v1/sweeps/{id}/",
+        # A measurement's replies, projects and their members, saved views, reports and alert rules.
+        "/api/v1/checkpoints/{id}/generations/", "/api/v1/projects/", "/api/v1/projects/{id}/members/",
+        "/api/v1/projects/{id}/members/{username}/", "/api/v1/saved-views/", "/api/v1/reports/",
+        "/api/v1/reports/{id}/", "/api/v1/alert-rules/", "/api/v1/alert-rules/{id}/"])
+    assert set(paths["/api/v1/alert-rules/{id}/"]) == {"delete"}
+    assert set(paths["/api/v1/reports/"]) == set(paths["/api/v1/projects/"]) == {"get", "post"}
     assert set(paths["/api/v1/runs/"]) == {"get", "post"}
     assert set(paths["/api/v1/runs/{id}/metrics/"]) == {"get", "post"}
     # A launch, or a run trained elsewhere (runs.api.views_external).
@@ -142,7 +148,9 @@ def test_the_openapi_document_describes_every_endpoint_and_its_body(api):
                                                  "description": "hidden-state ids to capture; [] or omitted: "
                                                                 "EAGLE-3's default"}
     assert {p["name"] for p in paths["/api/v1/runs/"]["get"]["parameters"]} == {
-        "q", "status", "target", "dataset", "owner", "tag", "sort", "page"}
+        "q", "status", "target", "dataset", "owner", "tag", "sort", "page",
+        # The runs list's filters and columns (runs.tracking.run_table.RunFilters), as the page takes them.
+        "project", "sweep", "tau_min", "tau_max", "archived", "settings", "columns"}
     assert paths["/api/v1/runs/{id}/cancel/"]["post"]["responses"]["403"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/Error"}
     assert set(schema["components"]["schemas"]["Error"]["required"]) == {"error", "fields"}

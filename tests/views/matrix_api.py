@@ -1,8 +1,8 @@
-"""The authorization matrix's entries for the account page and the REST API (/api/v1/); the API is
-asked with each role's token and JSON bodies (Entry.api), as a script would."""
+"""The authorization matrix's entries for the account page, the alerts and reports pages and the REST API
+(/api/v1/); the API is asked with each role's token and JSON bodies (Entry.api), as a script would."""
 from __future__ import annotations
 
-from tests.views.matrix_vocabulary import (FORBIDDEN, LOGIN, NOT_FOUND, OK, POST_ONLY, READ, REDIRECT, UNAUTHORIZED,
+from tests.views.matrix_vocabulary import (FORBIDDEN, LOGIN, NOT_FOUND, OK, OWNERS, POST_ONLY, READ, REDIRECT, UNAUTHORIZED,
                                            Entry, by_role)
 
 API_READ = by_role(UNAUTHORIZED, OK, OK, OK, OK)
@@ -17,12 +17,38 @@ API = {
     "account/tokens/<int:pk>/revoke/": Entry("/account/tokens/{spare_token}/revoke/", get=POST_ONLY,
                                              post=by_role(LOGIN, NOT_FOUND, NOT_FOUND, NOT_FOUND, REDIRECT)),
     "account/team/": Entry("/account/team/", get=POST_ONLY, post=by_role(LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT)),
+    # Alerts: anyone signed in keeps their own rules and bell; the world's rule is the admin's, so another
+    # user's delete finds no rule of theirs (a message, nothing deleted).
+    "alerts/": Entry("/alerts/", get=READ),
+    "alerts/read/": Entry("/alerts/read/", get=POST_ONLY, post=by_role(LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT)),
+    "alerts/rules/": Entry("/alerts/rules/", get=READ, post=by_role(LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT),
+                           data="alert_rule_form"),
+    "alerts/rules/<int:pk>/delete/": Entry("/alerts/rules/{alert_rule}/delete/", get=POST_ONLY,
+                                           post=by_role(LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT)),
+    # Reports: anyone signed in reads and writes one; the world's report is the admin's, edited by its author.
+    "reports/": Entry("/reports/", get=READ),
+    "reports/new/": Entry("/reports/new/", get=READ, post=by_role(LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT),
+                          data="report_form"),
+    "reports/<int:pk>/": Entry("/reports/{report}/", get=READ),
+    "reports/<int:pk>/edit/": Entry("/reports/{report}/edit/", get=by_role(LOGIN, FORBIDDEN, FORBIDDEN, FORBIDDEN, OK),
+                                    post=OWNERS, data="report_form"),
+    "reports/<int:pk>/versions/": Entry("/reports/{report}/versions/", get=READ),
+    "reports/<int:pk>/versions/<int:number>/": Entry("/reports/{report}/versions/1/", get=READ),
+    "reports/<int:pk>/export/": Entry("/reports/{report}/export/", get=READ),
     # The REST API, with tokens. Its page is a page (the session's); the rest answers JSON.
     "api/v1/": Entry("/api/v1/", get=READ),
     "api/v1/openapi.json": Entry("/api/v1/openapi.json", get=API_READ, api=True),
     "api/v1/runs/": Entry("/api/v1/runs/", get=API_READ, post=API_LAUNCHERS, data="launch_body", api=True),
     # Projects: those who may launch create one (each its own name); a saved view is anyone's own.
     "api/v1/projects/": Entry("/api/v1/projects/", get=API_READ, post=API_LAUNCHERS, data="project_body", api=True),
+    # A project's members: listed to whoever sees it (the world's is the open Default project), changed by its
+    # owners and staff (the admin, a superuser, owns every project); the detail URL only deletes (tests/views'
+    # test_project_members.py), so GET and POST are refused.
+    "api/v1/projects/<int:pk>/members/": Entry("/api/v1/projects/{project}/members/", get=API_READ, post=API_OWNERS,
+                                               data="member_body", api=True),
+    "api/v1/projects/<int:pk>/members/<str:username>/": Entry("/api/v1/projects/{project}/members/matrix-viewer/",
+                                                             get=API_POST_ONLY, post=API_POST_ONLY, api=True),
+    "projects/<int:pk>/": Entry("/projects/{project}/", get=READ, post=OWNERS, data="member_form"),
     "api/v1/saved-views/": Entry("/api/v1/saved-views/", get=API_READ, post=by_role(UNAUTHORIZED, "201", "201", "201", "201"),
                                  data="saved_view_body", api=True),
     "api/v1/runs/<int:pk>/": Entry("/api/v1/runs/{run}/", get=API_READ, api=True),
@@ -73,6 +99,14 @@ API = {
     "api/v1/targets/": Entry("/api/v1/targets/", get=API_READ, api=True),
     "api/v1/targets/inspect/": Entry("/api/v1/targets/inspect/?path={target_path}", get=API_READ, api=True),
     "api/v1/sweeps/<int:pk>/": Entry("/api/v1/sweeps/{sweep}/", get=API_READ, api=True),
+    "api/v1/reports/": Entry("/api/v1/reports/", get=API_READ, post=by_role(UNAUTHORIZED, "201", "201", "201", "201"),
+                             data="report_body", api=True),
+    "api/v1/reports/<int:pk>/": Entry("/api/v1/reports/{report}/", get=API_READ, api=True),
+    # A rule is anyone's own; the detail URL only deletes (DELETE is tests/api's), so GET and POST are refused.
+    "api/v1/alert-rules/": Entry("/api/v1/alert-rules/", get=API_READ, post=by_role(UNAUTHORIZED, "201", "201", "201", "201"),
+                                 data="alert_rule_body", api=True),
+    "api/v1/alert-rules/<int:pk>/": Entry("/api/v1/alert-rules/{alert_rule}/", get=API_POST_ONLY, post=API_POST_ONLY,
+                                          api=True),
     "api/v1/workers/": Entry("/api/v1/workers/", get=API_READ, api=True),
     "api/v1/me/": Entry("/api/v1/me/", get=API_READ, api=True),
     "api/v1/.*$": Entry("/api/v1/no-such-thing/", get=by_role(UNAUTHORIZED, NOT_FOUND, NOT_FOUND, NOT_FOUND, NOT_FOUND),

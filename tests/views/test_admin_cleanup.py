@@ -17,15 +17,20 @@ CURATED = {
     "runs.pipelinerun", "runs.sweep", "runs.checkpoint", "runs.extraction", "runs.verification",
     "runs.verificationoverride", "runs.review", "runs.runtag", "runs.apitoken", "runs.accountsettings",
     "runs.worker", "runs.pendingenqueue", "runs.apiauditentry", "runs.launchidempotencykey",
+    "runs.alertrule", "runs.report", "runs.project", "runs.projectmember", "runs.savedview",
 }
 # Rows only workers and services write: off the index, read-only, still open by URL (and deletable).
 INTERNAL = {
     "runs.preparation", "runs.extractstage", "runs.vocabmapping", "runs.trainingrun", "runs.stageattempt",
     "runs.datasetcatalogue", "runs.verificationrequest", "runs.servecheck", "runs.datasetregeneration",
     "runs.evaluation", "runs.metricseries", "runs.metricchunk", "runs.manifest", "runs.sweeprun",
+    "runs.checkpointgenerations", "runs.alert", "runs.alertnotice", "runs.alertdelivery", "runs.stagewatch",
+    "runs.reportversion",
 }
-# Listed, with an Add link: what a person makes by hand without breaking anything.
-ADDABLE = {"auth.user", "auth.group", "runs.review", "runs.runtag", "runs.accountsettings"}
+# Listed, with an Add link: what a person makes by hand without breaking anything. Projects and their
+# members are where staff manage membership and roles (a project's name is checked as the API checks it).
+ADDABLE = {"auth.user", "auth.group", "runs.review", "runs.runtag", "runs.accountsettings", "runs.project",
+           "runs.projectmember"}
 
 
 @pytest.fixture

@@ -113,15 +113,20 @@ WRITTEN_BY_LAUNCHES = {"runs.launchidempotencykey"}
 # Rows a service writes after its checks (a target read from its config.json, a dataset registered and
 # catalogued, a run launched with its stages, an import, a heartbeat, an override of a failed check):
 # staff edit and delete them in the admin, but add none (runs/admin.py's NoAddAdmin).
+# A report (every save a version) and a saved view (its parameters checked) are written through their pages
+# and the API likewise.
 WRITTEN_BY_SERVICES = {"runs.targetmodel", "runs.dataset", "runs.datasetsample", "runs.pipelinerun", "runs.sweep",
-                       "runs.extraction", "runs.checkpoint", "runs.verificationoverride", "runs.worker"}
+                       "runs.extraction", "runs.checkpoint", "runs.verificationoverride", "runs.worker",
+                       "runs.report", "runs.savedview"}
 # Rows only workers and services write, read-only in the admin: the bookkeeping off its index (stage
 # records, attempts, jobs, metrics, manifests, a sweep's runs: runs/admin.py's InternalAdmin), the
-# outbox (listed, so that staff can delete a row) and what a verification measured.
+# outbox and alert rules (listed, so that staff can delete a row; a rule's webhook was checked when made), what a
+# verification measured, alerts with their notices and deliveries, the stall watch, a report's versions.
 READ_ONLY = {"runs.preparation", "runs.extractstage", "runs.vocabmapping", "runs.trainingrun", "runs.stageattempt",
              "runs.datasetcatalogue", "runs.verificationrequest", "runs.servecheck", "runs.datasetregeneration",
              "runs.evaluation", "runs.metricseries", "runs.metricchunk", "runs.manifest", "runs.sweeprun",
-             "runs.pendingenqueue", "runs.verification", "runs.checkpointgenerations"}
+             "runs.pendingenqueue", "runs.verification", "runs.checkpointgenerations", "runs.alertrule",
+             "runs.alert", "runs.alertnotice", "runs.alertdelivery", "runs.stagewatch", "runs.reportversion"}
 # The sign-in throttle's records (django-axes): written by failed sign-ins only; the admin reads and
 # deletes them (deleting an attempt lifts its lockout) but adds none.
 WRITTEN_BY_SIGN_INS = {"axes.accessattempt", "axes.accesslog", "axes.accessfailurelog"}
@@ -235,6 +240,11 @@ class World:
 
         self.saved_view = saved_view_save(user=self.users["admin"], name="admin's view", params={"tag": "matrix"})
         self.project_count = 0
+        from runs.alerts.services import RuleInput, rule_create
+        from runs.reports.services import report_create
+
+        self.report = report_create(user=self.users["admin"], title="m", body="# m")
+        self.alert_rule = rule_create(user=self.users["admin"], data=RuleInput(event="run_failed"))
         self.spare_token, _ = token_create(user=self.users["admin"], name="spare")
 
     def ids(self) -> dict:
@@ -242,6 +252,7 @@ class World:
                 "checkpoint": self.checkpoint.pk, "regeneration": self.regeneration.pk, "target_path": str(self.target),
                 "sweep": self.sweep.pk, "spare_token": self.spare_token.pk, "external_run": self.external_run.pk,
                 "admin_user": self.users["admin"].pk, "saved_view": self.saved_view.pk,
+                "report": self.report.pk, "alert_rule": self.alert_rule.pk, "project": self.run.project_id,
                 "run_content_type": ContentType.objects.get_for_model(PipelineRun).pk}
 
     def launch_form(self) -> dict:
@@ -277,8 +288,26 @@ class World:
         self.project_count += 1
         return {"name": f"matrix project {self.project_count}"}
 
+    def member_body(self) -> dict:
+        return {"username": "matrix-viewer", "role": "editor"}
+
+    def member_form(self) -> dict:
+        return {"username": "matrix-viewer", "role": "viewer"}
+
     def saved_view_body(self) -> dict:
         return {"name": "matrix view", "params": {"sort": "-tau"}}
+
+    def report_form(self) -> dict:
+        return {"title": "t", "body": "b"}
+
+    def report_body(self) -> dict:
+        return self.report_form()
+
+    def alert_rule_form(self) -> dict:
+        return {"event": "run_failed"}
+
+    def alert_rule_body(self) -> dict:
+        return self.alert_rule_form()
 
     def tags_body(self) -> dict:
         return {"tags": ["baseline", "matrix"]}

@@ -48,8 +48,9 @@ def test_a_curve_poll_gets_304_until_a_point_arrives_then_200_with_it(viewer, tr
     assert first.status_code == 200 and first["Cache-Control"] == "private, no-cache"
     assert first.json()["series"][0]["steps"] == [5, 6, 7, 8, 9]
     tag = first["ETag"]
-    # Nothing new: 304, empty, and only the session's, the user's and the counter's queries.
-    with django_assert_num_queries(3):
+    # Nothing new: 304, empty, and only the session's, the user's, whether its project lets the user see the run
+    # (runs.projects.access) and the counter's queries.
+    with django_assert_num_queries(4):
         again = _get(viewer, url, tag)
     assert again.status_code == 304 and again.content == b"" and again["ETag"] == tag
     metrics_record(training_run_id=training.training_run.pk, points=_points([10]))
@@ -144,7 +145,9 @@ def test_the_runs_list_is_built_again_when_a_run_changes_state_not_when_it_makes
     record = TrainingRun.objects.get(run=training)
     stage_progress(stage_name="train", record_id=record.pk, done=3, total=40, log_tail="step 3")
     metrics_record(training_run_id=record.pk, points=_points([10]))
-    with django_assert_num_queries(3):  # session, user, the list's counters: the table is the one built above
+    # Session, user, the projects the user sees (the project filter), the list's counters, the saved views'
+    # menu and the bell's unread count: the table is the one built above.
+    with django_assert_num_queries(6):
         again = viewer.get("/").content.decode()
     assert again.split('id="run-table"')[1] == built.split('id="run-table"')[1]
     assert viewer.post(f"/runs/{training.pk}/cancel/").status_code == 302

@@ -25,7 +25,10 @@ def test_the_page_lists_each_run_with_its_swept_settings_status_and_tau(client, 
     Evaluation.objects.filter(run_id=ids[2]).update(tau=2.345)
     client.force_login(user)
     html = client.get(f"/sweeps/{sweep.pk}/").content.decode()
-    assert "<th><code>draft_vocab_size</code></th><th><code>lr</code></th><th>Status</th><th>τ</th>" in html
+    # Each run's lowest validation loss so far and its training's tokens/s sit between its status and τ.
+    assert ("<th><code>draft_vocab_size</code></th><th><code>lr</code></th><th>Status</th>"
+            '<th title="the lowest validation loss of its checkpoints so far">Val loss</th>'
+            '<th title="its training\'s tokens per second">Tokens/s</th><th>τ</th>') in html
     row = html.split(f'<tr data-run="{ids[2]}" class="best">')[1].split("</tr>")[0]
     assert '<td data-key="draft_vocab_size"><code>64</code></td><td data-key="lr"><code>1e-4</code></td>' in row
     assert '<span class="badge" data-field="best">best τ</span>' in row and '<td data-field="tau">2.345</td>' in row
