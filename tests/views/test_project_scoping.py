@@ -145,3 +145,7 @@ def test_a_members_run_page_names_its_project_and_links_its_members_page(client,
     client.force_login(user)
     page = client.get(f"/runs/{hidden_run.pk}/").content.decode()
     assert f'project <a href="/projects/{secret.pk}/" id="run-project">secret</a>' in page
+
+
+def test_a_checkpoints_label_counts_epochs_from_one_as_the_pages_do(checkpoint, hidden_run):
+    assert str(checkpoint) == f"epoch 1 of run {hidden_run.pk}"  # the trainer's epoch 0
