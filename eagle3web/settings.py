@@ -214,6 +214,9 @@ EAGLE3WEB_WORKER_GPU_QUEUES = env_bool("EAGLE3WEB_WORKER_GPU_QUEUES", True)
 # that address is listed too. Empty: no webhooks. A failed delivery is tried again after this many
 # seconds, doubling each time (6 attempts).
 EAGLE3WEB_WEBHOOK_ALLOWED_HOSTS = env_list("EAGLE3WEB_WEBHOOK_ALLOWED_HOSTS", [])
+# The site's address as people reach it (https://eagle3web.example.org), put before the links in alert
+# texts, emails and webhooks (a Slack message cannot open a bare /runs/12/); empty: the path alone.
+EAGLE3WEB_SITE_URL = env_str("EAGLE3WEB_SITE_URL", "").rstrip("/")
 EAGLE3WEB_ALERT_RETRY_SECONDS = env_int("EAGLE3WEB_ALERT_RETRY_SECONDS", 30)
 # Alert emails go through Django's mail backends: SMTP by default (set the host), or e.g.
 # django.core.mail.backends.console.EmailBackend to print them in the worker's log.

@@ -226,3 +226,11 @@ def test_a_run_trained_elsewhere_that_ends_failed_alerts_once(user):
     assert alert.run_id == run.pk
     assert alert.text == f"run {run.pk} “cluster job” failed at train draft: NCCL timeout\n/runs/{run.pk}/"
     assert list(AlertNotice.objects.values_list("user__username", flat=True)) == [user.username]
+
+
+def test_alert_links_carry_the_sites_address_when_it_is_set(user, run, settings):
+    settings.EAGLE3WEB_SITE_URL = "https://eagle3web.example.org"
+    services.rule_create(user=user, data=RuleInput(event="run_failed"))
+    stage_start(stage_name="prepare", record_id=run.preparation.pk, worker="w1")
+    stage_fail(stage_name="prepare", record_id=run.preparation.pk, error="ValueError: no rows left", log_tail="")
+    assert Alert.objects.get().text.endswith(f"\nhttps://eagle3web.example.org/runs/{run.pk}/")
