@@ -62,3 +62,43 @@ class AlertRuleDetail(ApiView):
         if not services.rule_delete(user=request.user, rule_id=pk):
             return error_response(f"no alert rule {pk} of yours", code=404)
         return Response(status=204)
+
+
+def notice_shape(notice) -> dict:
+    alert = notice.alert
+    return {"id": notice.pk, "event": alert.event, "subject": alert.subject, "text": alert.text,
+            "run": alert.run_id, "created_at": alert.created_at.isoformat(),
+            "read_at": notice.read_at.isoformat() if notice.read_at else None,
+            "deliveries": [{"channel": d.channel, "status": d.status, "attempts": d.attempts}
+                           for d in alert.deliveries.all()]}
+
+
+class MarkReadSerializer(serializers.Serializer):
+    id = serializers.IntegerField(required=False, allow_null=True, default=None,
+                                  help_text="one of your alerts (its `id` in GET alerts/); null or absent: all of them")
+
+
+class AlertList(ApiView):
+    """What the bell shows, for scripts: your alerts, newest first, and how many are unread."""
+
+    responses = {"GET": {"200": "{unread, results: [{id, event, subject, text, run, created_at, read_at, deliveries}]}"}}
+
+    def get(self, request):
+        """Your alerts (the newest the bell shows) and the unread count."""
+        return Response({"unread": selectors.unread_count(user=request.user),
+                         "results": [notice_shape(n) for n in selectors.notice_list(user=request.user)]})
+
+
+class AlertRead(ApiView):
+    request_serializers = {"POST": MarkReadSerializer}
+    responses = {"POST": {"200": "{marked: how many were unread, unread: what is left}",
+                          "404": "no alert of yours with this id"}}
+
+    def post(self, request):
+        """Mark one of your alerts read, or all of them."""
+        notice_id = self.body()["id"]
+        marked = services.notices_mark_read(user=request.user, notice_id=notice_id)
+        if notice_id is not None and not marked and not selectors.notice_exists(user=request.user,
+                                                                                notice_id=notice_id):
+            return error_response(f"no alert {notice_id} of yours", code=404)
+        return Response({"marked": marked, "unread": selectors.unread_count(user=request.user)})

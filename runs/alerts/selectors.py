@@ -60,3 +60,7 @@ def notice_list(*, user) -> QuerySet[AlertNotice]:
 
 def unread_count(*, user) -> int:
     return AlertNotice.objects.filter(user=user, read_at__isnull=True).count()
+
+
+def notice_exists(*, user, notice_id: int) -> bool:
+    return AlertNotice.objects.filter(user=user, pk=notice_id).exists()

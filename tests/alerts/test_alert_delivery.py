@@ -234,3 +234,23 @@ def test_alert_links_carry_the_sites_address_when_it_is_set(user, run, settings)
     stage_start(stage_name="prepare", record_id=run.preparation.pk, worker="w1")
     stage_fail(stage_name="prepare", record_id=run.preparation.pk, error="ValueError: no rows left", log_tail="")
     assert Alert.objects.get().text.endswith(f"\nhttps://eagle3web.example.org/runs/{run.pk}/")
+
+
+def test_a_script_reads_its_alerts_and_marks_them_read_through_the_api(user, run, client):
+    services.rule_create(user=user, data=RuleInput(event="run_failed"))
+    stage_start(stage_name="prepare", record_id=run.preparation.pk, worker="w1")
+    stage_fail(stage_name="prepare", record_id=run.preparation.pk, error="ValueError: no rows left", log_tail="")
+    client.force_login(user)
+    listed = client.get("/api/v1/alerts/").json()
+    assert listed["unread"] == 1 and [(a["event"], a["run"], a["read_at"]) for a in listed["results"]] == [
+        ("run_failed", run.pk, None)]
+    assert listed["results"][0]["text"].startswith(f"run {run.pk} “alerted run” failed at prepare dataset")
+    missing = client.post("/api/v1/alerts/read/", {"id": 2**40}, content_type="application/json")
+    assert missing.status_code == 404 and client.get("/api/v1/alerts/").json()["unread"] == 1
+    one = listed["results"][0]["id"]
+    assert client.post("/api/v1/alerts/read/", {"id": one}, content_type="application/json").json() == {
+        "marked": 1, "unread": 0}
+    assert client.get("/api/v1/alerts/").json()["results"][0]["read_at"] is not None
+    assert client.post("/api/v1/alerts/read/", {}, content_type="application/json").json() == {"marked": 0, "unread": 0}
+    client.logout()
+    assert client.get("/api/v1/alerts/").status_code == 401

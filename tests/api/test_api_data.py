@@ -131,7 +131,8 @@ def test_the_openapi_document_describes_every_endpoint_and_its_body(api):
         # A measurement's replies, projects and their members, saved views, reports and alert rules.
         "/api/v1/checkpoints/{id}/generations/", "/api/v1/projects/", "/api/v1/projects/{id}/members/",
         "/api/v1/projects/{id}/members/{username}/", "/api/v1/saved-views/", "/api/v1/reports/",
-        "/api/v1/reports/{id}/", "/api/v1/alert-rules/", "/api/v1/alert-rules/{id}/"])
+        "/api/v1/reports/{id}/", "/api/v1/alert-rules/", "/api/v1/alert-rules/{id}/", "/api/v1/alerts/",
+        "/api/v1/alerts/read/"])
     assert set(paths["/api/v1/alert-rules/{id}/"]) == {"delete"}
     assert set(paths["/api/v1/reports/"]) == set(paths["/api/v1/projects/"]) == {"get", "post"}
     assert set(paths["/api/v1/runs/"]) == {"get", "post"}

@@ -103,6 +103,10 @@ API = {
                              data="report_body", api=True),
     "api/v1/reports/<int:pk>/": Entry("/api/v1/reports/{report}/", get=API_READ, api=True),
     # A rule is anyone's own; the detail URL only deletes (DELETE is tests/api's), so GET and POST are refused.
+    # Anyone's own alerts (what their bell shows); marking read takes {"id"} or nothing (all of them).
+    "api/v1/alerts/": Entry("/api/v1/alerts/", get=API_READ, api=True),
+    "api/v1/alerts/read/": Entry("/api/v1/alerts/read/", get=API_POST_ONLY, post=by_role(UNAUTHORIZED, "200", "200", "200", "200"),
+                                 api=True),
     "api/v1/alert-rules/": Entry("/api/v1/alert-rules/", get=API_READ, post=by_role(UNAUTHORIZED, "201", "201", "201", "201"),
                                  data="alert_rule_body", api=True),
     "api/v1/alert-rules/<int:pk>/": Entry("/api/v1/alert-rules/{alert_rule}/", get=API_POST_ONLY, post=API_POST_ONLY,
