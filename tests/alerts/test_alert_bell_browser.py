@@ -44,3 +44,12 @@ def test_the_bell_counts_unread_alerts_and_the_list_marks_them_read(live_server,
     expect(page.locator("#alert-unread")).to_have_count(0)
     expect(page.locator("#alert-table tr.read")).to_have_count(2)
     expect(page.locator(".message")).to_have_text("Marked 1 alert read.")
+
+    # An alert fired while the page stays open reaches the bell without a reload (its poll of /api/v1/alerts/,
+    # asked now by the page becoming visible instead of waiting out the minute).
+    services.rule_create(user=user, data=RuleInput(event="loss_nan"))
+    events.metrics_recorded(training_run_id=run.training_run.pk, points=[
+        {"split": "train", "key": "loss_1", "step": 8, "epoch": 0.0, "value": float("inf")}])
+    page.evaluate("document.dispatchEvent(new Event('visibilitychange'))")
+    expect(page.locator("#alert-unread")).to_have_text("1")
+    expect(page.locator("#alert-bell")).to_have_attribute("title", "Alerts: 1 unread")
