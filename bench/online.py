@@ -40,6 +40,9 @@ from workers.stages.vocab import build_vocab  # noqa: E402
 
 
 class FolderPeak(threading.Thread):
+    """A folder's bytes of hidden-state files, sampled every 20 ms until `done` is set; `peak` the largest
+    (tests/stages/test_online_hidden_states.py samples the cache with it too)."""
+
     def __init__(self, folder: Path):
         super().__init__(daemon=True)
         self.folder, self.peak, self.done = folder, 0, threading.Event()

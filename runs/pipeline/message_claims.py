@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone

@@ -16,7 +16,6 @@ from runs.pipeline.stage_services import (
     StageCancelled,
     checkpoints_register,
     extraction_record,
-    stage_fail,
     stage_record_id,
     stage_start,
     stages_reconcile,

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from bench.online import FolderPeak  # the benchmark's own sampler of the cache folder
 from tests.stages.test_train import write_training_inputs
 from tests.vllm_here import vllm_or_skip
 from workers.contract.target import default_layer_ids
@@ -134,26 +135,6 @@ def _losses(points: list[dict]) -> list[float]:
     return [p["value"] for p in points if p["key"] == "loss" and p["split"] == "train"]
 
 
-class DiskSampler(threading.Thread):
-    """The cache folder's bytes, sampled every 20 ms while a training runs."""
-
-    def __init__(self, folder: Path):
-        super().__init__(daemon=True)
-        self.folder, self.peak, self.done = folder, 0, threading.Event()
-
-    def run(self):
-        while not self.done.is_set():
-            sizes = {}  # by inode: a file renamed from a server's folder into the cache mid-walk counts once
-            for path in self.folder.rglob("*.safetensors*"):
-                try:
-                    stat = path.stat()
-                except FileNotFoundError:
-                    continue
-                sizes[(stat.st_dev, stat.st_ino)] = stat.st_size
-            self.peak = max(self.peak, sum(sizes.values()))
-            time.sleep(0.02)
-
-
 def _nudged_copy(src: Path, dst: Path) -> Path:
     """The extraction's hidden states each moved by one bf16 step (away from zero), in a new folder."""
     dst.mkdir(parents=True)
@@ -175,7 +156,7 @@ def test_an_online_run_trains_like_the_offline_one_with_its_cache_under_the_limi
     _train(inputs, tmp_path / "nudged", on_metrics=nudged_points.extend,
            hidden_states_dir=_nudged_copy(offline.hidden_states_dir, tmp_path / "nudged-hs"))
     cache_dir = tmp_path / "cache"
-    sampler = DiskSampler(cache_dir)
+    sampler = FolderPeak(cache_dir)
     sampler.start()
     try:
         result = _train(inputs, tmp_path / "online", hidden_states_dir=None, on_metrics=online_points.extend,

@@ -10,7 +10,7 @@ from django.core.cache import cache
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from runs.models import PipelineRun, Project, ProjectMember, SavedView
+from runs.models import PipelineRun, SavedView
 from runs.pipeline import services
 from runs.pipeline.run_config import RunConfig
 from runs.projects.services import project_create, project_member_set
