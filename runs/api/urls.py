@@ -3,7 +3,7 @@ from django.urls import path, re_path
 
 from runs.alerts import api as alert_api
 from runs.reports import api as report_api
-from runs.api import docs, views_data, views_external, views_generations, views_projects, views_runs
+from runs.api import docs, views_compare, views_data, views_external, views_generations, views_projects, views_runs
 
 app_name = "api"
 urlpatterns = [
@@ -31,6 +31,7 @@ urlpatterns = [
     path("datasets/<int:pk>/", views_data.DatasetDetail.as_view(), name="dataset_detail"),
     path("datasets/<int:pk>/catalogue/", views_data.DatasetCatalogue.as_view(), name="dataset_catalogue"),
     path("datasets/<int:pk>/regenerate/", views_data.DatasetRegenerate.as_view(), name="dataset_regenerate"),
+    path("compare/acceptance/", views_compare.CompareAcceptance.as_view(), name="compare_acceptance"),
     path("targets/", views_data.TargetList.as_view(), name="target_list"),
     path("projects/", views_projects.ProjectList.as_view(), name="project_list"),
     path("projects/<int:pk>/members/", views_projects.ProjectMembers.as_view(), name="project_members"),

@@ -19,7 +19,12 @@ MAX_COMPARED = 50  # what one compare takes, ticked on the runs list (bench/metr
 
 
 class ComparisonError(InputError):
-    """The runs asked for cannot be compared (too few, too many, unknown ids)."""
+    """The runs asked for cannot be compared (too few, too many, unknown ids, a baseline not among them);
+    `field`: the query parameter at fault, which the API names."""
+
+    def __init__(self, message: str, *, field: str = "ids"):
+        super().__init__(message)
+        self.field = field
 
 
 def compare_ids(values: list[str]) -> list[int]:
@@ -161,15 +166,16 @@ def _unmeasured_why(run) -> str:
     return f"not measured yet: its evaluate stage is {status or 'missing'}"
 
 
-def acceptance_side_by_side(runs) -> dict:
+def acceptance_side_by_side(runs, *, baseline_id: int | None = None) -> dict:
     """Each run's acceptance per draft position (its best checkpoint's measurement, `_shown_measurement`)
-    and, against each measured run as the baseline, every cell's delta with its text and colour.
+    and every cell's delta against one baseline run, with its text and colour.
 
     `positions`: 1..the largest k measured; a run with a smaller k has blank cells past its k. `rows`: per
-    run, `measured`, `why` when not, `cells` (value, text; value None past its k), `tau` (ours, 1 + the
-    sum), the `epoch` and `checkpoint_id` measured. `baseline`: the first measured run (None: none is).
-    `deltas`: {baseline run id: {run id: [[text, tone] per position]}}, what the page's baseline select
-    shows; `rows`' cells carry the default baseline's (`delta_text`, `tone`)."""
+    run, `measured`, `why` when not, `cells` (value, text, delta, delta_text, tone; value None past its k),
+    `tau` (ours, 1 + the sum), the `epoch` and `checkpoint_id` measured. `baseline`: `baseline_id`, else the
+    first measured run (None: none is); a `baseline_id` that is not a measured run of these is refused.
+    Another baseline's cells are another call (the page's select asks GET /api/v1/compare/acceptance/):
+    every baseline's at once would be N² cells, most never looked at."""
     marked = _marked_checkpoints(runs)
     rows = []
     for run in runs:
@@ -185,46 +191,39 @@ def acceptance_side_by_side(runs) -> dict:
                      "epoch": checkpoint.epoch if measured and checkpoint else None,
                      "checkpoint_url": checkpoint.get_absolute_url() if measured and checkpoint else None})
     width = max((len(row["values"]) for row in rows), default=0)
-
-    def delta(row: dict, base: dict, i: int) -> float | None:
-        if row is base or i >= len(row["values"]) or i >= len(base["values"]):
-            return None
-        return round(row["values"][i] - base["values"][i], 6)  # 0.6 - 0.55 is 0.05, not 0.04999...
-
-    def shown_delta(row: dict, base: dict, i: int) -> list[str]:
-        """[text, tone] of a cell against `base`."""
-        if i >= len(row["values"]):
-            return ["", "blank"]  # past this run's k
-        if row is base:
-            return ["baseline", "base"]
-        if i >= len(base["values"]):
-            return ["no baseline", "none"]
-        d = delta(row, base, i)
-        shown = worded.get(d)
-        if shown is None:  # a 50-run compare words 12,500 cells; many differences repeat
-            shown = worded[d] = [_delta_text(d), delta_tone(d)]
-        return shown
-
-    worded: dict[float, list[str]] = {}
-
     measured_rows = [row for row in rows if row["measured"]]
-    deltas = {str(base["run_id"]): {str(row["run_id"]): [shown_delta(row, base, i) for i in range(width)]
-                                    for row in measured_rows} for base in measured_rows}
-    baseline = measured_rows[0] if measured_rows else None
+    if baseline_id is None:
+        base = measured_rows[0] if measured_rows else None
+    else:
+        base = next((row for row in measured_rows if row["run_id"] == baseline_id), None)
+        if base is None:
+            why = ("is not among the runs compared" if all(row["run_id"] != baseline_id for row in rows)
+                   else "has no measured acceptance")
+            raise ComparisonError(f"baseline: run {baseline_id} {why}", field="baseline")
+
+    def cell(row: dict, i: int) -> dict:
+        if i >= len(row["values"]):  # past this run's k
+            return {"position": i + 1, "value": None, "text": "", "delta": None, "delta_text": "", "tone": "blank"}
+        value = row["values"][i]
+        delta, delta_text, tone = None, "baseline", "base"
+        if row is not base:
+            if i >= len(base["values"]):
+                delta_text, tone = "no baseline", "none"
+            else:
+                delta = round(value - base["values"][i], 6)  # 0.6 - 0.55 is 0.05, not 0.04999...
+                delta_text, tone = _delta_text(delta), delta_tone(delta)
+        return {"position": i + 1, "value": value, "text": _percent(value), "delta": delta,
+                "delta_text": delta_text, "tone": tone}
+
     for row in rows:
-        row["cells"] = [] if not row["measured"] else [
-            {"position": i + 1, "value": row["values"][i] if i < len(row["values"]) else None,
-             "text": _percent(row["values"][i]) if i < len(row["values"]) else "",
-             "delta": delta(row, baseline, i),
-             **dict(zip(("delta_text", "tone"), shown_delta(row, baseline, i)))}
-            for i in range(width)]
-    return {"positions": list(range(1, width + 1)), "rows": rows, "deltas": deltas, "legend": delta_legend(),
-            "baseline": baseline["run_id"] if baseline else None,
-            "baseline_name": baseline["name"] if baseline else None}
+        row["cells"] = [cell(row, i) for i in range(width)] if row["measured"] else []
+    return {"positions": list(range(1, width + 1)), "rows": rows, "legend": delta_legend(),
+            "baseline": base["run_id"] if base else None, "baseline_name": base["name"] if base else None}
 
 
-def run_comparison(*, run_ids: list[int], user=None) -> dict:
-    """`user`: only runs of the projects they see; another's is refused as if it did not exist."""
+def _compared_runs(*, run_ids: list[int], user=None) -> list:
+    """The runs of `run_ids` in their order, with their stages and dataset's regeneration; `user`: only
+    runs of the projects they see, another's refused as if it did not exist."""
     joined = selectors.run_list().select_related("dataset__regeneration__target")  # the data policy (run_settings)
     if user is not None:
         joined = runs_visible(joined, user)
@@ -232,7 +231,28 @@ def run_comparison(*, run_ids: list[int], user=None) -> dict:
     missing = [pk for pk in run_ids if pk not in runs_by_id]
     if missing:
         raise ComparisonError(f"no run {', '.join(str(pk) for pk in missing)}")
-    runs = [runs_by_id[pk] for pk in run_ids]
+    return [runs_by_id[pk] for pk in run_ids]
+
+
+def baseline_id_parse(value: str | None) -> int | None:
+    """`?baseline=` of the compare page and API: a run id, or nothing (the first measured run)."""
+    value = (value or "").strip()
+    if not value:
+        return None
+    if len(value) > 18 or not (value.isascii() and value.isdigit()):
+        raise ComparisonError(f"baseline: {value[:30]!r} is not a run id", field="baseline")
+    return int(value)
+
+
+def run_acceptance(*, run_ids: list[int], user=None, baseline_id: int | None = None) -> dict:
+    """acceptance_side_by_side of the runs `run_ids` names (GET /api/v1/compare/acceptance/)."""
+    return acceptance_side_by_side(_compared_runs(run_ids=run_ids, user=user), baseline_id=baseline_id)
+
+
+def run_comparison(*, run_ids: list[int], user=None, baseline_id: int | None = None) -> dict:
+    """`user`: only runs of the projects they see; another's is refused as if it did not exist.
+    `baseline_id`: the acceptance table's baseline run (the first measured one when None)."""
+    runs = _compared_runs(run_ids=run_ids, user=user)
     settings = [run_settings(run, joined=True) for run in runs]
     names = sorted({name for s in settings for name in s})
     differ, same = [], []
@@ -253,5 +273,5 @@ def run_comparison(*, run_ids: list[int], user=None) -> dict:
         "differ": differ,
         "same": same,
         "metrics": metrics,
-        "acceptance": acceptance_side_by_side(runs),
+        "acceptance": acceptance_side_by_side(runs, baseline_id=baseline_id),
     }

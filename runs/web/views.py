@@ -342,11 +342,14 @@ def run_compare(request: HttpRequest) -> HttpResponse:
     """2 to 50 runs side by side: `?ids=3,5,8` (the runs list's checkboxes send ids=3&ids=5)."""
     try:
         run_ids = comparison.compare_ids(request.GET.getlist("ids"))
-        context = comparison.run_comparison(run_ids=run_ids, user=request.user)
+        context = comparison.run_comparison(run_ids=run_ids, user=request.user,
+                                            baseline_id=comparison.baseline_id_parse(request.GET.get("baseline")))
     except comparison.ComparisonError as exc:
         return render(request, "runs/run_compare.html", {"error": str(exc)}, status=400)
     chart_runs = [{"id": r["run"].pk, "name": str(r["run"]), "url": reverse("api:run_metrics", args=[r["run"].pk]),
                    "tau": r["tau"], "acceptance_per_position": (  # a run trained elsewhere has no measurement of ours
                        None if r["run"].external else r["run"].evaluation.acceptance_per_position) or []}
                   for r in context["runs"]]
-    return render(request, "runs/run_compare.html", {**context, "chart_runs": chart_runs})
+    return render(request, "runs/run_compare.html", {
+        **context, "chart_runs": chart_runs,
+        "acceptance_api": f"{reverse('api:compare_acceptance')}?ids={','.join(map(str, run_ids))}"})

@@ -132,7 +132,9 @@ def test_the_openapi_document_describes_every_endpoint_and_its_body(api):
         "/api/v1/checkpoints/{id}/generations/", "/api/v1/projects/", "/api/v1/projects/{id}/members/",
         "/api/v1/projects/{id}/members/{username}/", "/api/v1/saved-views/", "/api/v1/reports/",
         "/api/v1/reports/{id}/", "/api/v1/alert-rules/", "/api/v1/alert-rules/{id}/", "/api/v1/alerts/",
-        "/api/v1/alerts/read/"])
+        "/api/v1/alerts/read/",
+        # What compare's baseline select asks.
+        "/api/v1/compare/acceptance/"])
     assert set(paths["/api/v1/alert-rules/{id}/"]) == {"delete"}
     assert set(paths["/api/v1/reports/"]) == set(paths["/api/v1/projects/"]) == {"get", "post"}
     assert set(paths["/api/v1/runs/"]) == {"get", "post"}

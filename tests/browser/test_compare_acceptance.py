@@ -1,6 +1,6 @@
 """Compare's acceptance table in headless Chromium, under the Content-Security-Policy: choosing another
-baseline run in its select changes every delta and colour (static/js/acceptance_heatmap.js), with no
-console error. The runs are those of tests/views/test_compare_acceptance.py: A (k=3, best epoch 2:
+baseline run in its select changes every delta and colour (static/js/acceptance_heatmap.js asks
+GET /api/v1/compare/acceptance/), and a reload keeps the choice, with no console error. The runs are those of tests/views/test_compare_acceptance.py: A (k=3, best epoch 2:
 80, 60, 40 %) and B (k=2, best epoch 1: 78, 52 %)."""
 from __future__ import annotations
 
@@ -47,4 +47,10 @@ def test_the_baseline_select_changes_the_deltas(live_server, user, roots, page):
     # The values themselves never change with the baseline.
     expect(cell(row_a, 1).locator(".acc-value")).to_have_text("80.0 %")
     expect(page.locator("#compare-tau .main-svg").first).to_be_visible(timeout=20_000)
+    # The choice is in the address: a reload (or the link shared) draws B's deltas from the server.
+    assert f"baseline={b.pk}" in page.url
+    page.reload()
+    expect(page.locator("#acceptance-baseline")).to_have_value(str(b.pk))
+    expect(cell(row_a, 2).locator(".acc-delta")).to_have_text("+8.0 pp")
+    expect(row_b).to_have_class("baseline")
     watch.clean()

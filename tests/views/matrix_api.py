@@ -96,6 +96,7 @@ API = {
     "api/v1/datasets/<int:pk>/regenerate/": Entry("/api/v1/datasets/{dataset}/regenerate/", get=API_POST_ONLY,
                                                   post=by_role(UNAUTHORIZED, FORBIDDEN, "400", FORBIDDEN, "400"),
                                                   data="regenerate_form", api=True),
+    "api/v1/compare/acceptance/": Entry("/api/v1/compare/acceptance/?ids={run},{other_run}", get=API_READ, api=True),
     "api/v1/targets/": Entry("/api/v1/targets/", get=API_READ, api=True),
     "api/v1/targets/inspect/": Entry("/api/v1/targets/inspect/?path={target_path}", get=API_READ, api=True),
     "api/v1/sweeps/<int:pk>/": Entry("/api/v1/sweeps/{sweep}/", get=API_READ, api=True),

@@ -473,6 +473,6 @@ def test_allowed_writes_are_stored(world):
     own = PipelineRun.objects.get(owner=world.users["launcher"])  # a launcher acts on its own runs
     launcher.post(f"/runs/{own.pk}/cancel/")
     assert own.preparation.__class__.objects.get(run=own).status == "cancelled"
-    assert PendingEnqueue.objects.filter(object_id=own.pk).count() == 1
+    assert PendingEnqueue.objects.filter(kind=PendingEnqueue.Kind.PIPELINE, object_id=own.pk).count() == 1
     launcher.post(f"/runs/{own.pk}/retry/")
-    assert PendingEnqueue.objects.filter(object_id=own.pk).count() == 2
+    assert PendingEnqueue.objects.filter(kind=PendingEnqueue.Kind.PIPELINE, object_id=own.pk).count() == 2

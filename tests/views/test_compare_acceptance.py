@@ -8,13 +8,16 @@ epoch 1 (the trainer's mark, the lowest validation loss), and the best by τ mov
 draft proposes 2 tokens and its best is its stage row's epoch 1. Run C's evaluate stage has not run."""
 from __future__ import annotations
 
+import html
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from runs.models import PipelineRun
 from runs.pipeline import selectors
-from runs.tracking.comparison import DELTA_STEPS, acceptance_side_by_side, delta_tone, run_comparison, run_settings
+from runs.tracking.comparison import (DELTA_STEPS, ComparisonError, acceptance_side_by_side, delta_tone, run_comparison,
+                                      run_settings)
 from tests.services.test_best_by_tau import _launch, _made, _served, _trained
 
 pytestmark = pytest.mark.django_db
@@ -112,13 +115,20 @@ def test_deltas_against_the_first_run_and_against_another_baseline(three):
     assert [c_["delta"] for c_ in rows[b.pk]["cells"]] == [pytest.approx(-0.02), pytest.approx(-0.08), None]
     assert [(c_["text"], c_["delta_text"], c_["tone"]) for c_ in rows[b.pk]["cells"]] == [
         ("78.0 %", "−2.0 pp", "down-2"), ("52.0 %", "−8.0 pp", "down-3"), ("", "", "blank")]
-    # Every baseline's deltas, as the page's select shows them: against B, A is above by 2 and 8 points,
-    # and B has no value at A's third position.
-    deltas = acceptance["deltas"]
-    assert set(deltas) == {str(a.pk), str(b.pk)}  # only measured runs can be the baseline
-    assert deltas[str(b.pk)] == {str(a.pk): [["+2.0 pp", "up-2"], ["+8.0 pp", "up-3"], ["no baseline", "none"]],
-                                 str(b.pk): [["baseline", "base"], ["baseline", "base"], ["", "blank"]]}
-    assert deltas[str(a.pk)][str(b.pk)] == [["−2.0 pp", "down-2"], ["−8.0 pp", "down-3"], ["", "blank"]]
+    # Against B, asked for: A is above by 2 and 8 points, and B has no value at A's third position.
+    against_b = run_comparison(run_ids=[a.pk, b.pk, c.pk], baseline_id=b.pk)["acceptance"]
+    rows = {row["run_id"]: row for row in against_b["rows"]}
+    assert (against_b["baseline"], against_b["baseline_name"]) == (b.pk, str(b))
+    assert [(c_["delta_text"], c_["tone"]) for c_ in rows[a.pk]["cells"]] == [
+        ("+2.0 pp", "up-2"), ("+8.0 pp", "up-3"), ("no baseline", "none")]
+    assert [(c_["delta_text"], c_["tone"]) for c_ in rows[b.pk]["cells"]] == [
+        ("baseline", "base"), ("baseline", "base"), ("", "blank")]
+    assert [c_["text"] for c_ in rows[a.pk]["cells"]] == ["80.0 %", "60.0 %", "40.0 %"]  # values never move
+    # Only a measured run of those compared can be the baseline; the refusal names it.
+    with pytest.raises(ComparisonError, match=f"baseline: run {c.pk} has no measured acceptance"):
+        run_comparison(run_ids=[a.pk, b.pk, c.pk], baseline_id=c.pk)
+    with pytest.raises(ComparisonError, match=f"baseline: run {c.pk} is not among the runs compared"):
+        run_comparison(run_ids=[a.pk, b.pk], baseline_id=c.pk)
     # The first measured run is the default baseline, whatever order the runs come in.
     assert run_comparison(run_ids=[c.pk, b.pk, a.pk])["acceptance"]["baseline"] == b.pk
 
@@ -144,10 +154,11 @@ def test_the_page_shows_the_table_with_its_definition_deltas_and_the_unmeasured_
     row_c = table.split(f'data-run="{c.pk}"')[1].split("</tr>")[0]
     assert "not measured yet: its evaluate stage is queued" in row_c and 'colspan="5"' in row_c
     assert f'data-run="{a.pk}" class="baseline"' in table
-    # The select offers the measured runs, the first chosen; the deltas of every baseline reach the script.
+    # The select offers the measured runs, the first chosen; the script asks the API for another baseline's.
     select = page.split('id="acceptance-baseline"')[1].split("</select>")[0]
     assert f'value="{a.pk}" selected' in select and f'value="{b.pk}"' in select and f'value="{c.pk}"' not in select
-    assert 'id="acceptance-deltas"' in page and "js/acceptance_heatmap.js" in page
+    assert f'data-api="/api/v1/compare/acceptance/?ids={a.pk},{b.pk},{c.pk}"' in table
+    assert "js/acceptance_heatmap.js" in page
     assert 'id="compare-loss-tau"' in page  # the loss-vs-τ scatter stays
 
 
@@ -176,7 +187,7 @@ def test_a_run_trained_elsewhere_has_no_measurement_of_ours(user, roots, three):
 def test_no_run_measured_gives_no_baseline(user, roots):
     runs = [_launch(user, roots) for _ in range(2)]
     acceptance = acceptance_side_by_side(list(selectors.run_list().filter(pk__in=[r.pk for r in runs])))
-    assert (acceptance["positions"], acceptance["baseline"], acceptance["deltas"]) == ([], None, {})
+    assert (acceptance["positions"], acceptance["baseline"]) == ([], None)
     assert all(row["why"] == "not measured yet: its evaluate stage is queued" for row in acceptance["rows"])
 
 
@@ -220,3 +231,27 @@ def test_compare_costs_the_same_queries_for_3_runs_and_10(client, user, roots):
     # Session, user, the runs (of the viewer's projects), the curves' summaries, the best checkpoints, their
     # measurements, the viewer's unread alerts.
     assert few <= 7, few
+
+
+def test_the_page_and_the_api_show_another_baseline_and_refuse_a_bad_one(client, user, three):
+    """Without the script the select's form asks the page with ?baseline=; the script asks the API: both
+    word B's row against A and A's against B as acceptance_side_by_side does."""
+    a, b, c, _ = three
+    client.force_login(user)
+    page = client.get("/runs/compare/", {"ids": f"{a.pk},{b.pk},{c.pk}", "baseline": b.pk}).content.decode()
+    table = page.split('id="acceptance-heatmap"')[1].split("</table>")[0]
+    row_a = table.split(f'data-run="{a.pk}"')[1].split("</tr>")[0]
+    assert "+8.0 pp" in row_a and "acc-up-3" in row_a and f'data-run="{b.pk}" class="baseline"' in table
+    answer = client.get("/api/v1/compare/acceptance/", {"ids": f"{a.pk},{b.pk},{c.pk}", "baseline": b.pk}).json()
+    rows = {row["run_id"]: row for row in answer["rows"]}
+    assert answer["baseline"] == b.pk and answer["positions"] == [1, 2, 3]
+    assert [cell["delta_text"] for cell in rows[a.pk]["cells"]] == ["+2.0 pp", "+8.0 pp", "no baseline"]
+    assert rows[c.pk]["why"] == "not measured yet: its evaluate stage is queued"
+    for query, field, named in (
+            ({"ids": f"{a.pk},{b.pk},{c.pk}", "baseline": c.pk}, "baseline", f"run {c.pk} has no measured"),
+            ({"ids": f"{a.pk},{b.pk}", "baseline": "x1"}, "baseline", "'x1' is not a run id"),
+            ({"ids": f"{a.pk}"}, "ids", "pick 2 to 50 runs")):
+        refused = client.get("/api/v1/compare/acceptance/", query)
+        assert refused.status_code == 400 and named in refused.json()["fields"][field], refused.content
+        page = client.get("/runs/compare/", query)
+        assert page.status_code == 400 and named in html.unescape(page.content.decode())
