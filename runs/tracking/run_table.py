@@ -11,8 +11,8 @@ import math
 from django.contrib.auth import get_user_model
 from django.core.paginator import Page, Paginator
 from django.db import connection
-from django.db.models import (Case, CharField, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery,
-                              Value, When)
+from django.db.models import (Case, CharField, Count, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet,
+                              Subquery, Value, When, Window)
 from django.db.models.functions import Coalesce, Now
 
 from runs.models import Checkpoint, Dataset, PipelineRun, RunTag, StageStatus, TargetModel
@@ -284,6 +284,20 @@ def _tagged(**tag_filter):
         "pipelinerun_id")
 
 
+def _page_ids(ordered: QuerySet[PipelineRun], number: int) -> tuple[int, list[int], int]:
+    """The page `number`'s run ids and how many runs match, in one query (`COUNT(*) OVER ()` beside each
+    id: a count apart ran the filters' joins a second time); past the last page, the last page's."""
+    counted = ordered.annotate(matched=Window(Count("pk"))).values_list("pk", "matched")
+    rows = list(counted[(number - 1) * PAGE_SIZE:number * PAGE_SIZE])
+    if rows:
+        return number, [pk for pk, _ in rows], rows[0][1]
+    total = ordered.count()  # an empty page: none matches, or a page past the last was asked for
+    last = max(1, math.ceil(total / PAGE_SIZE))
+    if number <= last:  # none matches (page 1), or the runs went while it asked
+        return number, [], total
+    return _page_ids(ordered, last)
+
+
 def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple[Page, int]:
     """One page of runs and how many runs match in all, of the projects `visible` (None: every project;
     runs.projects.access.visible_project_ids).
@@ -326,9 +340,11 @@ def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple
         runs = runs.filter(tau__lte=filters.tau_max)
     column = F(SORTS[filters.sort])
     order = column.desc(nulls_last=True) if filters.descending else column.asc(nulls_last=True)
-    paginator = Paginator(runs.order_by(order, "-id").values_list("pk", flat=True), PAGE_SIZE)
-    page = paginator.page(min(filters.page, max(1, paginator.num_pages)))
-    ids = list(page.object_list)
+    ordered = runs.order_by(order, "-id")
+    number, ids, total = _page_ids(ordered, filters.page)
+    paginator = Paginator(ordered, PAGE_SIZE)
+    paginator.count = total  # known: Page and the template read it, and must not ask again
+    page = Page(ids, number, paginator)
     rows = {run.pk: run for run in _shown_columns(run_rows()).filter(pk__in=ids).prefetch_related("tags")}
     for run in rows.values():
         run.status = run_status(run)

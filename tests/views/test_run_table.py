@@ -91,6 +91,12 @@ def test_pages_of_fifty(client, user, roots):
     first = client.get("/", {"sort": "name"})
     assert len(names(first)) == PAGE_SIZE and "page 1 of 2" in first.content.decode()
     assert names(client.get("/", {"sort": "name", "page": "2"})) == [f"run {i:03d}" for i in range(PAGE_SIZE, PAGE_SIZE + 3)]
+    # A page past the last (a bookmark after runs were archived) shows the last; the count stays the total.
+    past = client.get("/", {"sort": "name", "page": "9"})
+    assert names(past) == [f"run {i:03d}" for i in range(PAGE_SIZE, PAGE_SIZE + 3)]
+    assert "53 runs, page 2 of 2" in past.content.decode()
+    # A filter none matches: page 1 of nothing, said so.
+    assert "No run matches these filters" in client.get("/", {"q": "no such run", "page": "3"}).content.decode()
 
 
 @pytest.mark.parametrize("params, message", [
