@@ -217,6 +217,9 @@ EAGLE3WEB_WEBHOOK_ALLOWED_HOSTS = env_list("EAGLE3WEB_WEBHOOK_ALLOWED_HOSTS", []
 # The site's address as people reach it (https://eagle3web.example.org), put before the links in alert
 # texts, emails and webhooks (a Slack message cannot open a bare /runs/12/); empty: the path alone.
 EAGLE3WEB_SITE_URL = env_str("EAGLE3WEB_SITE_URL", "").rstrip("/")
+# A web process moves what its first requests loaded out of the garbage collector's sight after this many
+# (eagle3web.gc_freeze; 0: never): full collections of it were the runs list's slowest requests.
+EAGLE3WEB_GC_FREEZE_AFTER_REQUESTS = env_int("EAGLE3WEB_GC_FREEZE_AFTER_REQUESTS", 20)
 EAGLE3WEB_ALERT_RETRY_SECONDS = env_int("EAGLE3WEB_ALERT_RETRY_SECONDS", 30)
 # Alert emails go through Django's mail backends: SMTP by default (set the host), or e.g.
 # django.core.mail.backends.console.EmailBackend to print them in the worker's log.

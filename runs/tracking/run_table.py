@@ -311,8 +311,12 @@ def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple
     if filters.status or filters.sort in ("status", "duration", "best_val_loss"):
         runs = with_columns(runs)
     if filters.q:
-        match = (Q(name__icontains=filters.q) | _words_match(filters.q) | Q(target__name__icontains=filters.q)
-                 | Q(dataset__name__icontains=filters.q) | Q(owner__username__icontains=filters.q)
+        # Targets, datasets and owners are few: their matching ids as subqueries, not joins of every run to
+        # them (at 10,000 runs the joined OR took 15 ms of PostgreSQL's time, these 8.6).
+        match = (Q(name__icontains=filters.q) | _words_match(filters.q)
+                 | Q(target_id__in=TargetModel.objects.filter(name__icontains=filters.q).values("pk"))
+                 | Q(dataset_id__in=Dataset.objects.filter(name__icontains=filters.q).values("pk"))
+                 | Q(owner_id__in=get_user_model().objects.filter(username__icontains=filters.q).values("pk"))
                  | Q(pk__in=_tagged(name__iexact=filters.q)))
         if filters.q.isdigit() and len(filters.q) < 18:
             match |= Q(pk=int(filters.q))
