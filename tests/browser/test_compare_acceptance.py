@@ -54,3 +54,32 @@ def test_the_baseline_select_changes_the_deltas(live_server, user, roots, page):
     expect(cell(row_a, 2).locator(".acc-delta")).to_have_text("+8.0 pp")
     expect(row_b).to_have_class("baseline")
     watch.clean()
+
+
+def test_a_baseline_that_cannot_be_shown_is_said_and_the_table_keeps_the_last(live_server, user, roots, page):
+    """B's measurement goes while the page is open (its evaluate stage is measured again and fails to
+    record a τ): choosing B says why, the select returns to A whose deltas the table still shows, and
+    choosing B again, once measured, works."""
+    from runs.models import Evaluation
+
+    a, _ = _measured_run(user, roots, A)
+    b, _ = _measured_run(user, roots, B)
+    watch = Watch(page)
+    _log_in(page, live_server, user)
+    page.goto(f"{live_server.url}/runs/compare/?ids={a.pk},{b.pk}")
+    row_b = page.locator(f'#acceptance-heatmap tr[data-run="{b.pk}"]')
+    tau = Evaluation.objects.get(run=b).tau
+    Evaluation.objects.filter(run=b).update(tau=None)
+
+    page.select_option("#acceptance-baseline", str(b.pk))
+    expect(page.locator("#acceptance-status")).to_contain_text(f"baseline: run {b.pk} has no measured acceptance")
+    expect(page.locator("#acceptance-status")).to_contain_text("Choose it again to retry")
+    expect(page.locator("#acceptance-baseline")).to_have_value(str(a.pk))
+    expect(row_b.locator('td[data-position="1"] .acc-delta')).to_have_text("−2.0 pp")  # still against A
+
+    Evaluation.objects.filter(run=b).update(tau=tau)
+    page.select_option("#acceptance-baseline", str(b.pk))
+    expect(row_b.locator('td[data-position="1"] .acc-delta')).to_have_text("baseline")
+    expect(page.locator("#acceptance-status")).to_have_text("")
+    # The refused request is the only console line (Chromium logs a 4xx answer); no script error, no dialog.
+    assert watch.dialogs == [] and all("400 (Bad Request)" in error for error in watch.errors), watch.errors
