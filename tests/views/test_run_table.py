@@ -59,6 +59,7 @@ def test_search_filters_and_sort(client, user, roots):
     assert names(client.get("/", {"sort": "name"})) == ["baseline llama", "failed one", "qwen try"]
     page = client.get("/").content.decode()
     assert "1.5000" in page and "launch a copy" in page and 'name="ids"' in page
+    assert page.count('href="/runs/new/?copy=') == page.count('<tr data-run="')  # each row's link, whole
 
 
 def test_tags_are_set_shown_and_filtered(client, user, roots):
