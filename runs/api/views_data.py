@@ -14,6 +14,7 @@ from runs.checkpoints import evaluation as evaluation_services
 from runs.checkpoints import serve_check_selectors
 from runs.data import extractions as extraction_services
 from runs.data import regeneration, regeneration_selectors
+from runs.data import selectors as data_selectors
 from runs.fleet import selectors as fleet_selectors
 from runs.pipeline import job_selectors, job_services, selectors, services, upstream_commands
 from runs.data.paths import check_under_data_roots
@@ -71,7 +72,7 @@ class ExtractionList(ApiView):
 
     def get(self, request):
         """Extractions, newest first, with their latest verification's verdict (`verified`)."""
-        return Response(paginate(request, selectors.extraction_list_verified(), page_size=PAGE_SIZE,
+        return Response(paginate(request, data_selectors.extraction_list_verified(), page_size=PAGE_SIZE,
                                  shape=lambda e: shapes.extraction_row(e, request)))
 
     def post(self, request):
@@ -84,9 +85,9 @@ class ExtractionList(ApiView):
 
 
 def extraction_answer(pk: int, request) -> dict:
-    extraction = selectors.extraction_get(pk=pk)
-    return {"id": extraction.pk, **selectors.extraction_summary(extraction),
-            "forecast": selectors.extraction_forecast(extraction),
+    extraction = data_selectors.extraction_get(pk=pk)
+    return {"id": extraction.pk, **data_selectors.extraction_summary(extraction),
+            "forecast": data_selectors.extraction_forecast(extraction),
             "verification_requests": [shapes.job_dict(shown) for shown in
                                       job_selectors.extraction_verification_requests(extraction=extraction)],
             "url": shapes.api_url(request, "extraction_detail", extraction.pk),
@@ -108,7 +109,7 @@ class ExtractionVerify(ApiView):
     def post(self, request, pk: int):
         """Verify the extraction's files on a worker: headers, or every value with `full`."""
         body = self.body()
-        extraction = selectors.extraction_get(pk=pk)
+        extraction = data_selectors.extraction_get(pk=pk)
         job = job_services.extraction_verify_request(extraction=extraction, full=body.get("full", False),
                                                      user=request.user)
         return accepted({"verification_request": shapes.job_dict(job_selectors.JobShown(job=job, waiting_for_broker=""))})
@@ -123,7 +124,7 @@ class DatasetList(ApiView):
 
     def get(self, request):
         """Datasets by name, each with the dataset it was regenerated from (`regenerated_from`)."""
-        return Response(paginate(request, selectors.dataset_list().order_by("name", "pk"), page_size=PAGE_SIZE,
+        return Response(paginate(request, data_selectors.dataset_list().order_by("name", "pk"), page_size=PAGE_SIZE,
                                  shape=lambda d: shapes.dataset_row(d, request)))
 
     def post(self, request):
@@ -135,7 +136,7 @@ class DatasetList(ApiView):
 
 
 def dataset_answer(pk: int, request) -> dict:
-    dataset = selectors.dataset_get(pk=pk)
+    dataset = data_selectors.dataset_get(pk=pk)
     samples, excluded = job_selectors.dataset_sample_counts(dataset=dataset)
     return {**shapes.dataset_row(dataset, request), "notes": dataset.notes, "samples": samples, "excluded": excluded,
             "catalogues": [shapes.job_dict(shown) for shown in job_selectors.dataset_catalogues(dataset=dataset)],
@@ -159,7 +160,7 @@ class DatasetCatalogue(ApiView):
     def post(self, request, pk: int):
         """Catalogue the dataset's file again (new conversations are added; one queued pass is reused)."""
         self.body()
-        dataset = selectors.dataset_get(pk=pk)
+        dataset = data_selectors.dataset_get(pk=pk)
         job = job_services.dataset_catalogue_request(dataset=dataset, user=request.user)
         return accepted({"catalogue": shapes.job_dict(job_selectors.JobShown(job=job, waiting_for_broker=""))})
 
@@ -173,7 +174,7 @@ class DatasetRegenerate(ApiView):
         """Have a target write the dataset's replies again (on-policy data), as the dataset page's form."""
         body = self.body()
         require(request.user, "launch")
-        dataset = selectors.dataset_get(pk=pk)
+        dataset = data_selectors.dataset_get(pk=pk)
         defaults = {"backend": "auto", "max_new_tokens": 512, "temperature": 0.0, "seed": 0, "max_samples": None}
         data = {**defaults, **body}
         form = RegenerateForm(data={k: "" if v is None else v for k, v in data.items()})
@@ -192,7 +193,7 @@ class TargetList(ApiView):
 
     def get(self, request):
         """Target models registered here (by a launch or an import), with their default layer ids."""
-        return Response(paginate(request, selectors.target_list().order_by("name", "pk"), page_size=PAGE_SIZE,
+        return Response(paginate(request, data_selectors.target_list().order_by("name", "pk"), page_size=PAGE_SIZE,
                                  shape=shapes.target_row))
 
 

@@ -7,7 +7,7 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from runs.data import regeneration, regeneration_selectors
-from runs.pipeline import selectors
+from runs.data import selectors as data_selectors
 from runs.roles import require
 from runs.web.forms import RegenerateForm
 from workers.contract.errors import InputError
@@ -18,7 +18,7 @@ def dataset_regenerate(request: HttpRequest, pk: int) -> HttpResponse:
     from runs.web.views import dataset_detail
 
     require(request.user, "launch")  # before the form: a viewer is told the role to ask for, whatever they sent
-    dataset = selectors.dataset_get(pk=pk)
+    dataset = data_selectors.dataset_get(pk=pk)
     form = RegenerateForm(request.POST)
     if form.is_valid():
         try:

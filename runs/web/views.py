@@ -17,6 +17,7 @@ from runs.checkpoints.evaluation import EvaluationRequestError
 from runs.data import extractions as extraction_services
 from runs.data.demo import demo_paths
 from runs.data import regeneration_selectors
+from runs.data import selectors as data_selectors
 from runs.data.regeneration_selectors import dataset_options
 from runs.fleet import selectors as fleet_selectors
 from runs.pipeline import job_selectors, job_services, queue, selectors, services, upstream_commands
@@ -68,11 +69,11 @@ def run_launch(request: HttpRequest) -> HttpResponse:
     else:
         initial = dict(demo_paths())
         if initial:
-            target = selectors.target_by_path(initial["target_path"])
+            target = data_selectors.target_by_path(initial["target_path"])
             if target:
                 initial["layer_ids"] = ", ".join(str(i) for i in target.default_layer_ids)
         form = LaunchForm(initial=initial, options=options)
-    targets = selectors.target_list()[:100]
+    targets = data_selectors.target_list()[:100]
     datasets = dataset_options()  # each brought file followed by what was regenerated from it
     # A refused launch is the user's to fix: 400, with the form and its messages.
     status = 400 if request.method == "POST" else 200
@@ -137,8 +138,8 @@ def run_tags(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def dataset_detail(request: HttpRequest, pk: int, regenerate_form=None) -> HttpResponse:
-    dataset = selectors.dataset_get(pk=pk)
-    preparations = selectors.dataset_preparations(dataset)
+    dataset = data_selectors.dataset_get(pk=pk)
+    preparations = data_selectors.dataset_preparations(dataset)
     sample_count, excluded_count = job_selectors.dataset_sample_counts(dataset=dataset)
     catalogues = job_selectors.dataset_catalogues(dataset=dataset)
     latest = next((p.length_histogram for p in preparations if p.length_histogram.get("counts")), None)
@@ -162,14 +163,14 @@ def dataset_detail(request: HttpRequest, pk: int, regenerate_form=None) -> HttpR
 
 @require_POST
 def dataset_catalogue(request: HttpRequest, pk: int) -> HttpResponse:
-    dataset = selectors.dataset_get(pk=pk)
+    dataset = data_selectors.dataset_get(pk=pk)
     catalogue = job_services.dataset_catalogue_request(dataset=dataset, user=request.user)
     messages.info(request, f"Cataloguing {dataset.name} on a worker (#{catalogue.pk}); this page shows its progress.")
     return redirect(dataset)
 
 
 def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    extraction = selectors.extraction_get(pk=pk, reviews=True)
+    extraction = data_selectors.extraction_get(pk=pk, reviews=True)
     manifest = getattr(extraction, "manifest", None)
     layers = selectors.target_layers(target=extraction.target, layer_ids=extraction.layer_ids)
     requests = job_selectors.extraction_verification_requests(extraction=extraction)
@@ -179,7 +180,7 @@ def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
         {
             "extraction": extraction,
             "layers": layers,
-            "forecast": selectors.extraction_forecast(extraction),
+            "forecast": data_selectors.extraction_forecast(extraction),
             "histogram": (extraction.latest_verification.report.get("length_histogram")
                           if extraction.latest_verification else None),
             "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
@@ -190,7 +191,7 @@ def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def extraction_list(request: HttpRequest) -> HttpResponse:
-    extractions = list(selectors.extraction_list_verified()[:200])
+    extractions = list(data_selectors.extraction_list_verified()[:200])
     states = reviews.review_states(subjects=extractions)
     rows = [(e, states.get(e.pk)) for e in extractions]
     return render(request, "runs/extraction_list.html", {"rows": rows})
@@ -200,7 +201,7 @@ DATASETS_PER_PAGE = 100
 
 
 def dataset_list(request: HttpRequest) -> HttpResponse:
-    page = Paginator(selectors.dataset_list(), DATASETS_PER_PAGE).get_page(request.GET.get("page"))
+    page = Paginator(data_selectors.dataset_list(), DATASETS_PER_PAGE).get_page(request.GET.get("page"))
     return render(request, "runs/dataset_list.html", {"datasets": page.object_list, "page": page})
 
 
@@ -240,7 +241,7 @@ def extraction_import(request: HttpRequest) -> HttpResponse:
 @require_POST
 def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
     """Verification of a large extraction takes minutes: a worker does it, the page shows how far."""
-    extraction = selectors.extraction_get(pk=pk)
+    extraction = data_selectors.extraction_get(pk=pk)
     full = request.POST.get("full") == "on"
     job = job_services.extraction_verify_request(extraction=extraction, full=full, user=request.user)
     messages.info(request, f"Verification #{job.pk} ({'every value' if full else 'headers'}) runs on a worker; "
@@ -262,7 +263,7 @@ def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def extraction_override(request: HttpRequest, pk: int) -> HttpResponse:
-    extraction = selectors.extraction_get(pk=pk)
+    extraction = data_selectors.extraction_get(pk=pk)
     try:
         extraction_services.verification_override(
             extraction=extraction, user=request.user, reason=request.POST.get("reason", "")

@@ -3,7 +3,7 @@
 import pytest
 
 from runs.data.extractions import extraction_import
-from runs.pipeline.selectors import extraction_forecast
+from runs.data.selectors import extraction_forecast
 from tests.stages.test_verify import write_flat
 
 pytestmark = pytest.mark.django_db
