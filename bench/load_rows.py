@@ -43,7 +43,7 @@ def seed(*, runs: int, target_dir: Path, chats: Path) -> tuple[object, object]:
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group
 
-    from runs.pipeline import services, stage_services
+    from runs.pipeline import result_records, services
     from runs.review import reviews
     from runs.tracking import services as metric_services
     from runs.pipeline.run_config import RunConfig
@@ -57,7 +57,7 @@ def seed(*, runs: int, target_dir: Path, chats: Path) -> tuple[object, object]:
         _finish(run, statuses={}, log=log)
         training_id = run.training_run.pk
         metric_services.metrics_record(training_run_id=training_id, points=_points(range(1, 101), 50))
-        stage_services.checkpoints_register(training_run_id=training_id, checkpoints=[
+        result_records.checkpoints_register(training_run_id=training_id, checkpoints=[
             {"epoch": e, "path": f"{run.output_dir}/checkpoints/{e}", "train_loss": 1.0, "val_loss": 1.1,
              "is_best": e == 1, "val_metrics": {"full_acc_0": 0.5, "cond_acc_0": 0.5}} for e in range(2)])
         reviews.review_add(user=user, subject=run, decision="approve", text="curves look right")

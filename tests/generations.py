@@ -76,8 +76,8 @@ def result_of(*, checkpoint, found: Measured):
 
 def record(*, stage, checkpoint, found: Measured):
     """The measurement recorded as the evaluate stage records one of its run's checkpoints beside its own
-    row `stage` (runs.pipeline.stage_services.measured_alongside_record)."""
-    from runs.pipeline.stage_services import measured_alongside_record
+    row `stage` (runs.pipeline.result_records.measured_alongside_record)."""
+    from runs.pipeline.result_records import measured_alongside_record
 
     return measured_alongside_record(measured=stage, checkpoint_id=checkpoint.pk,
                                      result=result_of(checkpoint=checkpoint, found=found))

@@ -1,20 +1,15 @@
 """The seam between the queue, the database and the stages.
 
 Each task takes an id, marks its stage row running, calls one pure stage function with plain paths
-and a progress callback, and hands the result to a service. The same `stage_execute` runs inline
+and a progress callback (through its runner, workers.stage_runners), and hands the result to a service. The same `stage_execute` runs inline
 for `run_pipeline --inline` and `evaluate_checkpoint`.
 """
 from __future__ import annotations
 
-import collections
 import logging
-import shutil
 import threading
 import time
 import traceback
-from dataclasses import asdict
-from pathlib import Path
-from typing import Callable
 
 from celery import shared_task
 from celery.signals import worker_ready
@@ -24,78 +19,30 @@ from django.db import close_old_connections, connection
 from eagle3web.db import db_retry
 from runs.alerts import events as alert_events
 from runs.alerts.services import delivery_send
-from runs.data.curation import dataset_exclusions, dataset_samples_sync
-from runs.data.extractions import extraction_verify
 from runs.data.regeneration import regeneration_record
-from runs.checkpoints.evaluation import evaluation_plan
-from runs.tracking.services import metrics_record
-from runs.models import Evaluation, StageRecord
+from runs.pipeline.result_records import STAGE_RECORDERS
 from runs.pipeline.stage_services import (
-    STAGE_RECORDERS,
     StageCancelled,
-    measured_alongside_record,
-    checkpoints_register,
     stage_fail,
-    stage_progress,
     stage_heartbeat,
     stage_record_id,
     stage_start,
     stage_waits_for_previous,
     stages_reconcile,
-    training_resume,
-    training_split_record,
 )
 from runs.pipeline.stages import JOB_NAMES, STAGES, STAGES_BY_NAME
 from runs.pipeline.queue import outbox_flush
 from runs.sweeps.release import sweeps_release
-from runs.pipeline.routing import stage_backend
-from runs.pipeline import online as online_run
-from workers.online_tasks import hidden_states_dir as _hidden_states_dir, online_source as _online_source
 from runs.checkpoints.serve_check_selectors import run_serve_checks_queued
 import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
 from runs.pipeline.message_claims import claims_reconcile, message_claim_drop
 from runs.pipeline.stage_services import HAND_OVER_NEXT
 from workers.claims import broker_mark_check  # also: every worker claims the messages it takes
 from workers.contract.errors import StopRequested
+from workers.stage_runners import STAGE_BODIES, StageReporter
 from workers.system_metrics import StageSampler
 
 logger = logging.getLogger(__name__)
-
-
-class StageReporter(logging.Handler):
-    """Collects the stage's log lines and writes progress at most every few seconds."""
-
-    def __init__(self, *, stage_name: str, record_id: int, interval: float, started_at=None):
-        super().__init__(level=logging.INFO)
-        self.stage_name, self.record_id, self.interval = stage_name, record_id, interval
-        self.started_at = started_at  # which attempt this is: a replaced attempt can no longer write
-        self.lines: collections.deque[str] = collections.deque(maxlen=200)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        self._last_write = 0.0
-        self.done, self.total = 0, 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-    @property
-    def tail(self) -> str:
-        return "\n".join(self.lines)
-
-    def progress(self, done: int, total: int) -> None:
-        """Raises StageCancelled when the user cancelled the stage, which stops the stage's loop."""
-        self.done, self.total = done, total
-        now = time.monotonic()
-        if now - self._last_write >= self.interval or done >= total:
-            self._last_write = now
-            db_retry("progress", stage_progress, stage_name=self.stage_name, record_id=self.record_id,
-                     done=done, total=total, log_tail=self.tail, started_at=self.started_at)
-
-    def cancelled(self) -> bool:
-        try:
-            self.progress(self.done, self.total)
-        except StageCancelled:
-            return True
-        return False
 
 
 class Heartbeat(threading.Thread):
@@ -122,224 +69,9 @@ class Heartbeat(threading.Thread):
             connection.close()
 
 
-def _fresh_dir(path: Path) -> Path:
-    """A retried prepare starts over (it is cheap, and writes its folder at once): what an earlier,
-    failed attempt left in the run's folder goes."""
-    if path.exists():
-        shutil.rmtree(path)
-    return path
-
-
-def _resumable_dir(path: Path, *, marker: str) -> Path:
-    """A retried stage resumes in its folder when an earlier attempt marked it (the stage itself
-    judges what can be kept); a folder without the mark (an older version's) starts over."""
-    if path.exists() and not (path / marker).exists():
-        shutil.rmtree(path)
-    return path
-
-
-def _prepare(record, reporter: StageReporter):
-    from workers.stages.prepare import prepare
-
-    run = record.run
-    excluded = dataset_exclusions(dataset=run.dataset)
-    return prepare(
-        tokenizer_dir=Path(run.target.path),
-        dataset_path=Path(run.dataset.path),
-        out_dir=_fresh_dir(Path(run.output_dir) / "prepared"),
-        max_seq_len=run.config["max_seq_len"],
-        max_samples=run.config.get("max_samples"),
-        exclude_ids=excluded.ids,
-        exclude_hashes=excluded.hashes,
-        exclude_own_ids=excluded.own_ids,
-        on_progress=reporter.progress,
-    )
-
-
-def _backend(run, stage_name: str) -> tuple[str, int]:
-    """The run's backend and GPU count for this stage, refused (naming both and why) on a worker
-    that cannot run them: routing sends them elsewhere, so this only catches a misrouted message."""
-    from workers.contract.backends import backend_require
-
-    backend, gpus = stage_backend(stage_name=stage_name, config=run.config or {})
-    backend_require(name=backend, gpus=gpus)
-    return backend, gpus
-
-
-def _extract(record, reporter: StageReporter):
-    from workers.stages.extract.resume import RESUME_NAME
-
-    run = record.run
-    if online_run.is_online(run.config):
-        return online_run.online_extract(run=run)  # training captures the hidden states; nothing to extract
-    backend, gpus = _backend(run, "extract")
-    common = dict(target_dir=Path(run.target.path), prepared_dir=Path(run.preparation.out_dir),
-                  out_dir=_resumable_dir(Path(run.output_dir) / "extraction", marker=RESUME_NAME),
-                  layer_ids=record.layer_ids, on_progress=reporter.progress)
-    if backend == "vllm":
-        from workers.contract.backends import vllm_executable
-        from workers.stages.extract.with_vllm import extract_with_vllm
-
-        return extract_with_vllm(**common, tensor_parallel_size=gpus, vllm_executable=vllm_executable(),
-                                 should_stop=reporter.cancelled)
-    from workers.stages.extract.with_transformers import extract
-
-    return extract(**common, num_gpus=gpus, batch_tokens=settings.EAGLE3WEB_EXTRACT_BATCH_TOKENS or None)
-
-
-def _vocab(record, reporter: StageReporter):
-    from workers.contract.speculators_layout import run_data_link
-    from workers.stages.vocab import build_vocab
-
-    run = record.run
-    result = build_vocab(
-        token_freq_path=Path(run.preparation.token_freq_path),
-        out_dir=Path(run.output_dir) / "vocab",
-        draft_vocab_size=record.draft_vocab_size,
-        target_vocab_size=record.target_vocab_size,
-        on_progress=reporter.progress,
-    )
-    # Every run's folder then holds `speculators_data/`, which `speculators train --data-path` reads as is.
-    run_data_link(run_dir=Path(run.output_dir), prepared_dir=Path(run.preparation.out_dir),
-                  hidden_states_dir=_hidden_states_dir(run), d2t_path=result.d2t_path, t2d_path=result.t2d_path)
-    return result
-
-
-def _train(record, reporter: StageReporter):
-    run = record.run
-    backend, gpus = _backend(run, "train")
-    options = dict(val_fraction=run.config.get("val_fraction", 0.1),
-                   max_tokens_per_step=run.config.get("max_tokens_per_step"))
-    if (online := _online_source(run)) is not None:
-        options["online"] = online  # the loop reads the cache and asks the capture servers for the rest
-    if backend == "speculators":
-        from workers.stages.train.with_speculators.trainer import train_with_speculators as trainer
-
-        options.update(num_gpus=gpus, extra_args=settings.EAGLE3WEB_SPECULATORS_ARGS)
-    else:
-        from workers.stages.train.loop import train as trainer
-    return trainer(
-        **options,
-        target_dir=Path(run.target.path),
-        prepared_dir=Path(run.preparation.out_dir),
-        hidden_states_dir=_hidden_states_dir(run),
-        d2t_path=Path(run.vocab_mapping.d2t_path),
-        t2d_path=Path(run.vocab_mapping.t2d_path),
-        out_dir=Path(run.output_dir) / "checkpoints",
-        # An online run has no extraction: the layers its stage row planned (with the final one) are asked for.
-        layer_ids=run.extract_stage.layer_ids if online else run.extract_stage.extraction.layer_ids,
-        epochs=record.epochs,
-        lr=record.lr,
-        ttt_steps=record.ttt_steps,
-        draft_vocab_size=run.vocab_mapping.draft_vocab_size,
-        seed=run.config.get("seed", 0),
-        on_progress=reporter.progress,
-        on_metrics=lambda points: db_retry("metrics", metrics_record, training_run_id=record.pk, points=points),
-        should_stop=reporter.cancelled,
-        on_checkpoint=lambda c: db_retry("checkpoint", checkpoints_register, training_run_id=record.pk,
-                                         checkpoints=[asdict(c)]),
-        # resumes from the state an earlier attempt saved in out_dir; what it reported later goes
-        on_split=lambda split: db_retry("split", training_split_record, training_run_id=record.pk, split=split,
-                                        started_at=reporter.started_at),
-        on_resume=lambda step, epochs_done: db_retry("resume", training_resume, training_run_id=record.pk, step=step,
-                                                     epochs_done=epochs_done, started_at=reporter.started_at),
-    )
-
-
-def _evaluate(record: Evaluation, reporter: StageReporter):
-    from workers.stages.evaluate.measure import evaluate
-    from workers.stages.evaluate.prompts import prompts_load
-
-    # A run's stage loads the target on its extraction's GPU count (runs.pipeline.routing sent it to the queue
-    # of Transformers on that many); a standalone evaluation, sent to "gpu", and a run from before
-    # GPU counts (no key: the default, 1) on one device.
-    num_gpus = 1
-    if record.run_id is not None:
-        _, num_gpus = stage_backend(stage_name="evaluate", config=record.run.config or {})
-        if num_gpus != 1:
-            _backend(record.run, "evaluate")  # refused here, naming why, on a worker that cannot spread it
-    plan = evaluation_plan(evaluation=record)
-    common = dict(target_dir=plan.target_dir, prompts=prompts_load(plan.prompts), prompt_source=plan.prompt_source,
-                  max_new_tokens=record.max_new_tokens, num_speculative_tokens=record.num_speculative_tokens,
-                  num_gpus=num_gpus, should_stop=reporter.cancelled)
-    # One progress over every checkpoint measured (prompts x checkpoints), said from the start: the page showed
-    # "–" until the last checkpoint began, then counted that one's prompts alone.
-    per = max(1, len(common["prompts"]))
-    total = per * (len(plan.also) + 1)
-    reporter.progress(0, total)
-
-    def progress_of(index: int):
-        return lambda done, _of: reporter.progress(index * per + done, total)
-
-    # Recorded with this measurement's settings: a serve check of one of them derives its prompts from them.
-    for index, (checkpoint_id, path) in enumerate(plan.also):
-        db_retry("evaluation", measured_alongside_record, measured=record, checkpoint_id=checkpoint_id,
-                 result=evaluate(checkpoint_dir=path, on_progress=progress_of(index), **common))
-    return evaluate(checkpoint_dir=plan.checkpoint_dir, on_progress=progress_of(len(plan.also)), **common)
-
-
-def _catalogue(record, reporter: StageReporter):
-    return dataset_samples_sync(dataset=record.dataset, on_progress=reporter.progress)
-
-
-def _verify(record, reporter: StageReporter):
-    return extraction_verify(extraction=record.extraction, full=record.full, on_progress=reporter.progress,
-                             requested_by=record.requested_by)
-
-
-def _serve_check(record, reporter: StageReporter):
-    from runs.checkpoints.serve_check_services import serve_check_plan
-    from workers.contract.backends import vllm_executable
-    from workers.stages.evaluate.prompts import prompts_load
-    from workers.stages.evaluate.serve_check import serve_check
-
-    plan = serve_check_plan(check=record)
-    return serve_check(target_dir=plan.target_dir, checkpoint_dir=plan.checkpoint_dir,
-                       prompts=plan.prompts_checked(prompts_load(plan.prompts)),
-                       max_new_tokens=plan.max_new_tokens, num_speculative_tokens=plan.num_speculative_tokens,
-                       tensor_parallel_size=record.tensor_parallel_size, vllm_executable=vllm_executable(),
-                       out_dir=Path(settings.EAGLE3WEB_RUNS_DIR) / "serve_checks" / str(record.pk),
-                       on_progress=reporter.progress, should_stop=reporter.cancelled)
-
-
-def _regenerate(record, reporter: StageReporter):
-    from runs.data.regeneration import regeneration_plan
-    from workers.contract.backends import vllm_executable
-    from workers.stages.regenerate import RegenerateSettings, regenerate
-
-    plan = regeneration_plan(job=record)
-    if record.backend == "transformers":  # jobs skip torch's thread setting; this one runs a model here
-        import torch
-
-        torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
-    return regenerate(
-        target_dir=plan.target_dir, source_path=plan.source_path, out_path=plan.output_path, backend=record.backend,
-        settings=RegenerateSettings(max_new_tokens=record.max_new_tokens, temperature=record.temperature,
-                                    seed=record.seed, max_samples=record.max_samples),
-        exclude_ids=plan.exclude_ids, exclude_hashes=plan.exclude_hashes, exclude_own_ids=plan.exclude_own_ids,
-        vllm_executable=vllm_executable() if record.backend == "vllm" else None,
-        tensor_parallel_size=record.tensor_parallel_size,
-        work_dir=Path(settings.EAGLE3WEB_RUNS_DIR) / "regenerations" / str(record.pk),
-        on_progress=reporter.progress, should_stop=reporter.cancelled)
-
-
 # What each stage's (and job's) worker records once it succeeded. The regeneration's recorder lives with
 # its service (runs.data.regeneration), which itself records through runs.pipeline.stage_services.
 RECORDERS = {**STAGE_RECORDERS, "regenerate": regeneration_record}
-
-
-# Each runs one stage (or job) for its row and returns the stage's result dataclass.
-STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
-    "prepare": _prepare,
-    "extract": _extract,
-    "vocab": _vocab,
-    "train": _train,
-    "evaluate": _evaluate,
-    "catalogue": _catalogue,
-    "verify": _verify,
-    "serve_check": _serve_check,
-    "regenerate": _regenerate,
-}
 
 
 def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:

@@ -229,7 +229,8 @@ def regeneration_record(*, record_id: int, result, log_tail: str, started_at=Non
     """The worker finished (`result`: workers.stages.regenerate.RegenerateResult): register the file it
     wrote as a Dataset whose lineage is this job, record the counts, and catalogue the new file."""
     from runs.pipeline.job_services import dataset_catalogue_request
-    from runs.pipeline.stage_services import result_columns, stage_succeed
+    from runs.pipeline.result_records import result_columns
+    from runs.pipeline.stage_services import stage_succeed
 
     job = DatasetRegeneration.objects.select_related("target").get(pk=record_id)
     path = Path(result.out_path)

@@ -9,7 +9,7 @@ The trainers mark the lowest validation loss when training ends (workers.stages.
 lowest_val_loss_epoch): τ is measured later, by the evaluate stage, which measures the marked checkpoint
 and every other one with the same prompts and settings. Until that stage succeeded the mark is only
 provisional under "tau", and pages say so; best_decide marks the best by τ once it has, and again
-whenever a measurement or a serve check of one of the run's checkpoints lands (runs.pipeline.stage_services).
+whenever a measurement or a serve check of one of the run's checkpoints lands (runs.pipeline.result_records).
 
 Only measurements comparable with the run's own count: the evaluate stage's prompts (the held-out
 conversations), its number of prompts, new tokens and proposal length. A measurement someone asked for
@@ -87,7 +87,7 @@ def _measured_alike(evaluation: Evaluation) -> dict:
 def tau_on_the_same_prompts(*, checkpoint_id: int, evaluation: Evaluation | None) -> float | None:
     """Our τ of a checkpoint on an evaluation's prompts and settings: that evaluation's when it measured this
     checkpoint; else, where it measured another checkpoint of the run (a run's serve check of its best by τ
-    uses the run's measurement, runs.pipeline.stage_services.evaluation_record), the checkpoint's own
+    uses the run's measurement, runs.pipeline.result_records.evaluation_record), the checkpoint's own
     measurement made alike."""
     if evaluation is None or evaluation.checkpoint_id == checkpoint_id:
         return evaluation.tau if evaluation is not None else None

@@ -14,7 +14,7 @@ Who moves them:
   `.save()` count for the runs of the rows they wrote (StageQuerySet), so no writer of a stage can forget;
   a job of no run (a catalogue, a verification, a regeneration) counts for none;
 - the curves' write path (runs.tracking.services) through curves_changed;
-- checkpoint writes (runs.pipeline.stage_services) through training_changed.
+- checkpoint writes (runs.pipeline.result_records, stage_services) through training_changed.
 Reviews and tags do not count here: the runs list reads their own tables' counts (runs_list_version),
 and the run page reads them on each request.
 

@@ -1,5 +1,5 @@
 """Writes for the jobs users start outside a run (runs.pipeline.job_models): asking for one. What a worker
-records when one is done is in runs.pipeline.stage_services, beside the stages' recorders.
+records when one is done is in runs.pipeline.result_records, beside the stages' recorders.
 
 Asking again while one is queued returns it and hands it to the broker again (a message the broker
 lost would otherwise leave it waiting for good; a duplicate is skipped by stage_start). A catalogue

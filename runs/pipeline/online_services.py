@@ -19,7 +19,7 @@ from runs.models import Extraction, ExtractStage, PipelineRun, StageStatus, Trai
 from runs.pipeline.online import KEPT_DIRNAME, cache_dir, cache_rows_present, is_online
 from runs.pipeline.routing import stage_queue
 from runs.pipeline.run_config import RunConfigError
-from runs.pipeline.stage_services import manifest_record, result_columns
+from runs.pipeline.result_records import manifest_record, result_columns
 from runs.roles import require_on_run
 
 logger = logging.getLogger(__name__)

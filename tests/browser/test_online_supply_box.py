@@ -1,5 +1,5 @@
 """The run page's "Hidden-state supply" box in headless Chromium, for an online run whose training recorded
-its supply through the service (runs.pipeline.stage_services.training_record): the figures and the
+its supply through the service (runs.pipeline.result_records.training_record): the figures and the
 bottleneck as text, the supply/* curves charted as their own group beside the loss, "keep the cache"
 asked from the page and refused in words while the cache lacks rows, and the box redrawn by the page's
 polls when the keep's state changes. No error in the console."""

@@ -149,11 +149,11 @@ WORKER_SIDE_COMMANDS = {
     "runs.management.commands.run_pipeline": "--inline runs the pipeline in this process (workers.tasks)",
     "runs.management.commands.serve_check": "serves the checkpoint with vLLM in this process (workers.tasks)",
 }
-# Imports under `if TYPE_CHECKING:` never run; runs.pipeline.stage_services names the stages' result
+# Imports under `if TYPE_CHECKING:` never run; runs.pipeline.result_records names the stages' result
 # dataclasses in its annotations only (the worker that ran the stage passes the object in). Moving them into
 # the contract would move the stages' own result types, which carry the stages' fields, away from the code
 # that fills them; an annotation costs the web tier no import, so these stay, and only these.
-TYPE_ONLY = {"runs.pipeline.stage_services": {
+TYPE_ONLY = {"runs.pipeline.result_records": {
     "workers.stages.evaluate.measure", "workers.stages.extract.with_transformers", "workers.stages.prepare",
     "workers.stages.evaluate.serve_check", "workers.stages.train.loop", "workers.stages.vocab"}}
 

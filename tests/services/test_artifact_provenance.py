@@ -12,10 +12,9 @@ from runs.pipeline import services
 from runs.data.extractions import extraction_import
 from runs.models import Checkpoint, ExtractStage, Extraction, PipelineRun, StageAttempt, StageStatus
 from runs.pipeline.run_config import RunConfig
+from runs.pipeline.result_records import checkpoints_register, extraction_record
 from runs.pipeline.stage_services import (
     StageCancelled,
-    checkpoints_register,
-    extraction_record,
     stage_record_id,
     stage_start,
     stages_reconcile,

@@ -9,8 +9,8 @@ from django.utils import timezone
 from runs.models import Checkpoint, DatasetCatalogue, Evaluation, PipelineRun, ServeCheck, StageStatus, TrainingRun
 from runs.pipeline import services
 from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stage_services import (checkpoints_register, stage_heartbeat, stage_progress, stage_start,
-                                          training_resume)
+from runs.pipeline.result_records import checkpoints_register
+from runs.pipeline.stage_services import stage_heartbeat, stage_progress, stage_start, training_resume
 from runs.tracking.services import metrics_record
 
 pytestmark = pytest.mark.django_db(transaction=True)

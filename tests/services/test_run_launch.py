@@ -177,7 +177,8 @@ def test_a_retried_training_keeps_its_curves_and_checkpoints_up_to_where_it_resu
     from runs.tracking.curves import series_points
     from runs.models import Checkpoint, MetricSeries, Verification
     from runs.tracking.services import metrics_record
-    from runs.pipeline.stage_services import StageCancelled, checkpoints_register, training_resume
+    from runs.pipeline.result_records import checkpoints_register
+    from runs.pipeline.stage_services import StageCancelled, training_resume
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)

@@ -9,7 +9,7 @@ import pytest
 
 from runs.checkpoints import serve_check_services
 from runs.checkpoints.evaluation import EvaluationPlan
-from runs.pipeline.stage_services import measured_alongside_record
+from runs.pipeline.result_records import measured_alongside_record
 from runs.checkpoints.serve_check_services import ServeCheckRequestError, serve_check_plan, serve_check_request
 from runs.models import Checkpoint, Evaluation, StageStatus
 from workers.contract.prompt_source import PromptSource

@@ -10,7 +10,8 @@ from runs.models import Checkpoint, PendingEnqueue, StageStatus
 from runs.pipeline.queue import job_queue
 from runs.pipeline.run_config import RunConfig, RunConfigError
 from runs.checkpoints.serve_check_services import serve_check_request
-from runs.pipeline.stage_services import evaluation_record, stage_start
+from runs.pipeline.result_records import evaluation_record
+from runs.pipeline.stage_services import stage_start
 from tests.fleet import cpu_worker, fake_gpu_worker
 
 pytestmark = pytest.mark.django_db

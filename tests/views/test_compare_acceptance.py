@@ -45,9 +45,9 @@ def _result(checkpoint, acceptance: list[float]):
 def _evaluated(run, checkpoints, acceptance: dict[int, list[float]]) -> None:
     """The evaluate stage as a worker plays it (tests.services.test_best_by_tau._evaluated), with these
     acceptances: every other checkpoint beside the stage's, then the stage's own row, of the trainer's mark."""
-    from runs.pipeline.stage_services import measured_alongside_record
+    from runs.pipeline.result_records import evaluation_record, measured_alongside_record
     from runs.models import Evaluation
-    from runs.pipeline.stage_services import evaluation_record, stage_start
+    from runs.pipeline.stage_services import stage_start
 
     marked = next(c for c in checkpoints.values() if c.is_best)
     Evaluation.objects.filter(pk=run.evaluation.pk).update(checkpoint=marked)

@@ -9,7 +9,8 @@ from django.utils import timezone
 from runs.models import StageStatus, TrainingRun
 from runs.pipeline import services
 from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stage_services import checkpoints_register, stage_heartbeat, stage_progress
+from runs.pipeline.result_records import checkpoints_register
+from runs.pipeline.stage_services import stage_heartbeat, stage_progress
 from runs.tracking.services import metrics_record
 from runs.web import live
 
