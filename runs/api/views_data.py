@@ -222,13 +222,14 @@ class TargetInspect(ApiView):
 
 class SweepDetail(ApiView):
     responses = {"GET": {"200": "{sweep_id, name, mode, keys, varied, run_ids, runs, statuses, best, measured, "
-                                "finished, again_url}: what launch_sweep prints"}}
+                                "finished, hidden_runs, again_url}: what launch_sweep prints, of the runs the "
+                                "caller sees (hidden_runs: how many are in projects they do not see)"}}
 
     def get(self, request, pk: int):
         """A sweep's state, as its page polls it."""
         sweep = sweep_selectors.sweep_get(pk=pk)
         project_selectors.sweep_visible_check(pk=pk, user=request.user)  # 404 outside the caller's projects
-        return Response(sweep_selectors.sweep_summary(sweep=sweep))
+        return Response(sweep_selectors.sweep_summary(sweep=sweep, user=request.user))
 
 
 class Workers(ApiView):

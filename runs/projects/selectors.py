@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.http import Http404
 
 from runs.models import Checkpoint, PipelineRun
@@ -29,22 +29,19 @@ def checkpoint_visible_check(*, pk: int, user: AbstractBaseUser) -> None:
 
 
 def sweep_visible_check(*, pk: int, user: AbstractBaseUser) -> None:
-    """Http404 when one of the sweep's runs is in a project the user does not see (one query). A sweep's
-    runs are launched together, into one project: hiding some of them would leave a sweep whose best run
-    and counts no longer add up, so the sweep is hidden whole."""
-    hidden = PipelineRun.objects.filter(sweep_entry__sweep_id=pk).exclude(
-        pk__in=access.runs_visible(PipelineRun.objects.filter(sweep_entry__sweep_id=pk), user).values("pk"))
-    if hidden.exists():
+    """Http404 when the user sees none of the sweep's runs (one query). A sweep's runs are launched into
+    one project, but staff may move a run to another in the admin: the sweep then shows each viewer the
+    runs they see and says how many it leaves out (runs.sweeps.selectors.sweep_rows)."""
+    if not access.runs_visible(PipelineRun.objects.filter(sweep_entry__sweep_id=pk), user).exists():
         raise Http404(f"no sweep {pk}")
 
 
 def sweeps_visible(sweeps: QuerySet, user: AbstractBaseUser) -> QuerySet:
-    """`sweeps` less those with a run the user does not see (as sweep_visible_check hides them), in the same
-    query."""
+    """`sweeps` less those of which the user sees no run (as sweep_visible_check), in the same query."""
     visible = access.visible_q(user)
     if visible is None:
         return sweeps
-    return sweeps.exclude(entries__run__in=PipelineRun.objects.exclude(visible).values("pk"))
+    return sweeps.filter(Exists(PipelineRun.objects.filter(visible, sweep_entry__sweep_id=OuterRef("pk"))))
 
 
 def project_get(*, pk: int, user: AbstractBaseUser) -> Project:

@@ -11,6 +11,7 @@ from django.urls import reverse
 from runs.models import Checkpoint, PipelineRun, StageStatus, Sweep, SweepRun, TrainingRun
 from runs.pipeline import selectors as run_selectors
 from runs.pipeline.run_config import MAX_SAMPLES
+from runs.projects.access import runs_visible
 
 # Two taus equal to this many decimals (as the pages show them) are a tie.
 TAU_DECIMALS = 3
@@ -54,11 +55,17 @@ class SweepBest:
     measured: int
     total: int
     finished: bool
+    hidden: int = 0  # runs of the sweep in projects the viewer does not see: left out of the rest
 
 
-def sweep_rows(*, sweep: Sweep) -> tuple[list[SweepRow], SweepBest]:
-    entries = list(SweepRun.objects.filter(sweep=sweep).order_by("position").values_list(
-        "position", "run_id", "values"))
+def sweep_rows(*, sweep: Sweep, user=None) -> tuple[list[SweepRow], SweepBest]:
+    """The sweep's runs in its order with the best of them; `user`: only the runs of projects they see
+    (their count left out is `hidden`), the best, the counts and `finished` of those (None: every run)."""
+    entries = SweepRun.objects.filter(sweep=sweep).order_by("position")
+    every = entries.count() if user is not None else None
+    if user is not None:
+        entries = entries.filter(run__in=runs_visible(PipelineRun.objects.all(), user))
+    entries = list(entries.values_list("position", "run_id", "values"))
     runs = {run.pk: run for run in run_selectors.run_rows().filter(pk__in=[e[1] for e in entries])}
     # One query for every run's lowest validation loss (a NaN loss, a diverged validation, is left out).
     val_losses = dict(Checkpoint.objects.filter(training_run__run_id__in=list(runs)).exclude(val_loss=float("nan"))
@@ -82,12 +89,13 @@ def sweep_rows(*, sweep: Sweep) -> tuple[list[SweepRow], SweepBest]:
         best, tied = at_top[0], at_top[1:]
         best.is_best = True
     finished = all(row.status in (StageStatus.SUCCEEDED, StageStatus.FAILED, StageStatus.CANCELLED) for row in rows)
-    return rows, SweepBest(row=best, tied_with=tied, measured=len(measured), total=len(rows), finished=finished)
+    return rows, SweepBest(row=best, tied_with=tied, measured=len(measured), total=len(rows), finished=finished,
+                           hidden=every - len(rows) if every is not None else 0)
 
 
-def sweep_summary(*, sweep: Sweep) -> dict:
-    """The sweep as JSON: what launch_sweep prints and the sweep page polls."""
-    rows, best = sweep_rows(sweep=sweep)
+def sweep_summary(*, sweep: Sweep, user=None) -> dict:
+    """The sweep as JSON: what launch_sweep prints and the sweep page polls (`user`: as sweep_rows)."""
+    rows, best = sweep_rows(sweep=sweep, user=user)
     counts: dict[str, int] = {}
     for row in rows:
         counts[row.status] = counts.get(row.status, 0) + 1
@@ -97,7 +105,7 @@ def sweep_summary(*, sweep: Sweep) -> dict:
         "run_ids": [row.run.pk for row in rows], "runs": [row.as_dict() for row in rows], "statuses": counts,
         "best": {"run_id": best.row.run.pk, "tau": best.row.tau, "settings": best.row.settings,
                  "tied_with": [row.run.pk for row in best.tied_with]} if best.row else None,
-        "measured": best.measured, "finished": best.finished,
+        "measured": best.measured, "finished": best.finished, "hidden_runs": best.hidden,
         "again_url": best_again_url(run_id=best.row.run.pk) if best.row else None,
     }
 

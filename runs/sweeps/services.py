@@ -10,9 +10,10 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from runs.models import Sweep, SweepRun
+from runs.models import PipelineRun, Sweep, SweepRun
 from runs.pipeline import services as run_services
 from runs.pipeline.run_config import MAX_NAME_CHARS, RunConfig, check_run_name
+from runs.projects.access import runs_visible
 from runs.roles import require
 from runs.sweeps.release import sweep_release
 from runs.sweeps.spec import MODES, SweepError, Varied, check_keys, expand, settings_text
@@ -85,8 +86,10 @@ def sweep_launch(
 
 @transaction.atomic
 def sweep_cancel(*, sweep: Sweep, user: AbstractBaseUser) -> int:
-    """Cancel every unfinished run of the sweep, the held ones too (they are then never queued); the last
-    first, so that cancelling a running one hands over no held one that is about to be cancelled."""
+    """Cancel every unfinished run of the sweep the user sees (runs moved to a project they do not see are
+    not theirs to stop), the held ones too (they are then never queued); the last first, so that
+    cancelling a running one hands over no held one that is about to be cancelled."""
     require(user, "cancel")
-    runs = [entry.run for entry in SweepRun.objects.filter(sweep=sweep).select_related("run").order_by("-position")]
+    entries = SweepRun.objects.filter(sweep=sweep, run__in=runs_visible(PipelineRun.objects.all(), user))
+    runs = [entry.run for entry in entries.select_related("run").order_by("-position")]
     return sum(run_services.run_cancel(run=run, user=user) for run in runs)

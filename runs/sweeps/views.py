@@ -22,12 +22,12 @@ def sweep_list(request: HttpRequest) -> HttpResponse:
 def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
     sweep = selectors.sweep_get(pk=pk)
     project_selectors.sweep_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
-    rows, best = selectors.sweep_rows(sweep=sweep)
+    rows, best = selectors.sweep_rows(sweep=sweep, user=request.user)
     return render(request, "runs/sweep_detail.html", {
         "sweep": sweep, "rows": rows, "best": best, "keys": sweep.keys,
         # The chart places numbers on a number axis; other settings (layers, datasets, backends) by name.
         "numeric_keys": [k for k in sweep.keys if k in INT_KEYS or k in FLOAT_KEYS],
-        "summary": selectors.sweep_summary(sweep=sweep),
+        "summary": selectors.sweep_summary(sweep=sweep, user=request.user),
         "again_url": selectors.best_again_url(run_id=best.row.run.pk) if best.row else None,
         "compare": selectors.compare_link(rows),
         "can_cancel": user_can(request.user, "cancel") and not best.finished})
@@ -38,5 +38,5 @@ def sweep_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     sweep = selectors.sweep_get(pk=pk)
     project_selectors.sweep_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
     count = services.sweep_cancel(sweep=sweep, user=request.user)
-    messages.info(request, f"Cancelled {count} unfinished stage(s) of the runs of {sweep}.")
+    messages.info(request, f"Cancelled {count} unfinished stage(s) of the runs of {sweep} you see.")
     return redirect(sweep)

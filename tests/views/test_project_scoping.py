@@ -149,3 +149,31 @@ def test_a_members_run_page_names_its_project_and_links_its_members_page(client,
 
 def test_a_checkpoints_label_counts_epochs_from_one_as_the_pages_do(checkpoint, hidden_run):
     assert str(checkpoint) == f"epoch 1 of run {hidden_run.pk}"  # the trainer's epoch 0
+
+
+def test_a_sweep_split_across_projects_shows_each_viewer_the_runs_they_see(client, user, roots, secret):
+    """Staff moved one run of a sweep to a closed project: a non-member sees the sweep with the other runs,
+    is told one is left out, its best and counts are of those she sees, and her cancel stops only hers."""
+    from runs.models import PipelineRun, Project
+
+    sweep = sweep_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                         config=RunConfig(), varied=[parse_vary("seed=1,2,3")])
+    open_project = Project.objects.create(name="open", open_to_all=True, created_by=user)
+    ids = list(sweep.entries.order_by("position").values_list("run_id", flat=True))
+    PipelineRun.objects.filter(pk__in=ids[:2]).update(project=open_project)
+    PipelineRun.objects.filter(pk=ids[2]).update(project=secret)
+    client.force_login(_person("olga", "launcher", "admin"))  # the admin role, not staff: projects still apply
+
+    page = client.get(f"/sweeps/{sweep.pk}/").content.decode()
+    assert f'data-run="{ids[2]}"' not in page and all(f'data-run="{pk}"' in page for pk in ids[:2])
+    assert "1 more run of this sweep is in a project you do not see" in page
+    assert "of the 2 you see" in page and "0 of 2 runs measured" in page
+    summary = client.get(f"/api/v1/sweeps/{sweep.pk}/").json()
+    assert (summary["run_ids"], summary["hidden_runs"]) == (ids[:2], 1)
+    assert f'href="/sweeps/{sweep.pk}/"' in client.get("/sweeps/").content.decode()
+
+    client.post(f"/sweeps/{sweep.pk}/cancel/")
+    statuses = dict(PipelineRun.objects.filter(pk__in=ids).values_list("pk", "preparation__status"))
+    assert [statuses[pk] for pk in ids] == ["cancelled", "cancelled", "queued"]  # the hidden one runs on
+    client.force_login(user)  # staff: every run, none left out
+    assert client.get(f"/api/v1/sweeps/{sweep.pk}/").json()["hidden_runs"] == 0
