@@ -17,7 +17,8 @@ curves of 500 points. Timed in this process through Django's test client (server
 
 Timed as a web process serves (eagle3web.wsgi): after two untimed rounds of the three requests, the
 process's objects frozen out of the garbage collector's generations (eagle3web.gc_freeze); then the cold
-requests again with them unfrozen (`gc_not_frozen`: EAGLE3WEB_GC_FREEZE_AFTER_REQUESTS=0), in the same run.
+requests again with them unfrozen, after one untimed collection (`gc_not_frozen`: what
+EAGLE3WEB_GC_FREEZE_AFTER_REQUESTS=0 serves), in the same run.
 
 Each figure: median and p95 wall time of the request, and of the web process's own CPU time (the part
 other processes on a shared machine cannot slow down; PostgreSQL's work is in the wall time only).
@@ -144,6 +145,7 @@ def scale(args) -> dict:
         # The same requests with the process's objects back in the collector's generations (what
         # EAGLE3WEB_GC_FREEZE_AFTER_REQUESTS=0 serves), measured in the same run.
         gc.unfreeze()
+        gc.collect()  # untimed: the collector's counts start from the objects it sees again, not the frozen phase's
         result["gc_not_frozen"] = {f"{name}_cold": _timed(client, url, requests=requests, cold=True)
                                    for name, url in urls.items()}
         freeze()

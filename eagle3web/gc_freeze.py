@@ -5,13 +5,19 @@ Python's collector walks them all (a generation-2 collection: 50-90 ms on this 2
 those requests made the runs list's p95 (bench/metrics.py --scale-only: the slow requests were exactly
 the ones a full collection ran in). What a process loaded to serve its first requests lives as long
 as the process, so after them it is moved out of the collector's sight (gc.freeze(), as the CPython
-docs advise for pre-fork servers); later collections walk only what requests made since. Acyclic
-objects frozen are still freed by reference counting; a cycle frozen in the warm-up stays until exit,
-bounded by what those few requests made.
+docs advise for pre-fork servers); later collections walk only what requests made since.
+
+When: at the start of a request, so that no other request's objects are alive then (a sync worker
+serves one at a time); counting pages and API calls, not static files, which load nothing of the app.
+Twice: after the first `requests` and again after ten times as many, because the first ones may all have
+been a health check's /login/ while the pages people use had not loaded their templates yet. Acyclic
+objects frozen are still freed by reference counting; a cycle that was garbage at a freeze stays until
+the process exits, bounded by what the warm-up made.
 """
 from __future__ import annotations
 
 import gc
+import threading
 
 
 def freeze() -> None:
@@ -21,18 +27,22 @@ def freeze() -> None:
 
 
 class FreezeAfterWarmup:
-    """A WSGI application that freezes the process's objects once `requests` requests were answered
-    (0: never): the URLs, views, templates and caches the first requests load are then in memory."""
+    """A WSGI application that freezes the process's objects before its (requests + 1)-th and its
+    (10 × requests + 1)-th page or API request (0: never)."""
 
-    def __init__(self, application, *, requests: int):
+    def __init__(self, application, *, requests: int, static_prefix: str = "/static/"):
         self.application = application
         self.requests = requests
+        self.static_prefix = static_prefix
         self.served = 0
+        self._due = [requests, 10 * requests] if requests > 0 else []
+        self._lock = threading.Lock()  # runserver and gunicorn's gthread serve requests in threads
 
     def __call__(self, environ, start_response):
-        try:
-            return self.application(environ, start_response)
-        finally:
-            self.served += 1
-            if self.served == self.requests:
-                freeze()
+        if not environ.get("PATH_INFO", "").startswith(self.static_prefix):
+            with self._lock:
+                if self._due and self.served >= self._due[0]:
+                    self._due.pop(0)
+                    freeze()
+                self.served += 1
+        return self.application(environ, start_response)
