@@ -343,8 +343,16 @@ def run_compare(request: HttpRequest) -> HttpResponse:
     """2 to 50 runs side by side: `?ids=3,5,8` (the runs list's checkboxes send ids=3&ids=5)."""
     try:
         run_ids = comparison.compare_ids(request.GET.getlist("ids"))
-        context = comparison.run_comparison(run_ids=run_ids, user=request.user,
-                                            baseline_id=comparison.baseline_id_parse(request.GET.get("baseline")))
+        try:
+            context = comparison.run_comparison(run_ids=run_ids, user=request.user,
+                                                baseline_id=comparison.baseline_id_parse(request.GET.get("baseline")))
+        except comparison.ComparisonError as exc:
+            if exc.field != "baseline":
+                raise
+            # A saved link's baseline whose measurement went since: the runs still compare, against the
+            # first measured one, and the page says why.
+            context = comparison.run_comparison(run_ids=run_ids, user=request.user)
+            messages.warning(request, f"{exc}; the deltas are against the first measured run instead.")
     except comparison.ComparisonError as exc:
         return render(request, "runs/run_compare.html", {"error": str(exc)}, status=400)
     chart_runs = [{"id": r["run"].pk, "name": str(r["run"]), "url": reverse("api:run_metrics", args=[r["run"].pk]),

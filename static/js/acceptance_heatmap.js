@@ -23,6 +23,9 @@
         const cell = row.cells[Number(td.dataset.position) - 1];
         if (!cell) continue;
         td.className = "acc acc-" + cell.tone;
+        // The value too: a run measured again since the page loaded has its delta from the new value.
+        const value = td.querySelector(".acc-value");
+        if (value) value.textContent = cell.text;
         const delta = td.querySelector(".acc-delta");
         if (delta) delta.textContent = cell.delta_text;
       }

@@ -77,9 +77,13 @@ def test_a_baseline_that_cannot_be_shown_is_said_and_the_table_keeps_the_last(li
     expect(page.locator("#acceptance-baseline")).to_have_value(str(a.pk))
     expect(row_b.locator('td[data-position="1"] .acc-delta')).to_have_text("−2.0 pp")  # still against A
 
-    Evaluation.objects.filter(run=b).update(tau=tau)
+    # Measured again meanwhile (B's first position now 70 %): the table shows the value its deltas are from.
+    Evaluation.objects.filter(run=b).update(tau=tau, acceptance_per_position=[0.70, 0.52])
     page.select_option("#acceptance-baseline", str(b.pk))
     expect(row_b.locator('td[data-position="1"] .acc-delta')).to_have_text("baseline")
+    expect(row_b.locator('td[data-position="1"] .acc-value')).to_have_text("70.0 %")
+    row_a = page.locator(f'#acceptance-heatmap tr[data-run="{a.pk}"]')
+    expect(row_a.locator('td[data-position="1"] .acc-delta')).to_have_text("+10.0 pp")
     expect(page.locator("#acceptance-status")).to_have_text("")
     # The refused request is the only console line (Chromium logs a 4xx answer); no script error, no dialog.
     assert watch.dialogs == [] and all("400 (Bad Request)" in error for error in watch.errors), watch.errors
