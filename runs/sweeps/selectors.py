@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, F, Min, QuerySet
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 
 from runs.models import Checkpoint, PipelineRun, StageStatus, Sweep, SweepRun, TrainingRun
 from runs.pipeline import selectors as run_selectors
 from runs.pipeline.run_config import MAX_SAMPLES
-from runs.projects.access import runs_visible
+from runs.projects.access import runs_visible, visible_q
 
 # Two taus equal to this many decimals (as the pages show them) are a tie.
 TAU_DECIMALS = 3
 
 
-def sweep_list() -> QuerySet[Sweep]:
-    return Sweep.objects.select_related("owner").annotate(run_count=Count("entries")).order_by("-created_at", "-id")
+def sweep_list(*, user=None) -> QuerySet[Sweep]:
+    """Sweeps, newest first, with `run_count`: their runs `user` sees (None: all), and `hidden_count`: the
+    others (runs staff moved to a project the user does not see)."""
+    seen = visible_q(user, run="entries__run__") if user is not None else None
+    return (Sweep.objects.select_related("owner")
+            .annotate(run_count=Count("entries", filter=seen), every_count=Count("entries"))
+            .annotate(hidden_count=F("every_count") - F("run_count")).order_by("-created_at", "-id"))
 
 
 def sweep_get(*, pk: int) -> Sweep:
@@ -93,9 +98,10 @@ def sweep_rows(*, sweep: Sweep, user=None) -> tuple[list[SweepRow], SweepBest]:
                            hidden=every - len(rows) if every is not None else 0)
 
 
-def sweep_summary(*, sweep: Sweep, user=None) -> dict:
-    """The sweep as JSON: what launch_sweep prints and the sweep page polls (`user`: as sweep_rows)."""
-    rows, best = sweep_rows(sweep=sweep, user=user)
+def sweep_summary(*, sweep: Sweep, user=None, rows: tuple[list[SweepRow], SweepBest] | None = None) -> dict:
+    """The sweep as JSON: what launch_sweep prints and the sweep page polls (`user`: as sweep_rows; `rows`:
+    what sweep_rows already answered, not asked again)."""
+    rows, best = rows if rows is not None else sweep_rows(sweep=sweep, user=user)
     counts: dict[str, int] = {}
     for row in rows:
         counts[row.status] = counts.get(row.status, 0) + 1

@@ -15,7 +15,8 @@ from runs.sweeps.spec import FLOAT_KEYS, INT_KEYS
 
 
 def sweep_list(request: HttpRequest) -> HttpResponse:
-    page = Paginator(project_selectors.sweeps_visible(selectors.sweep_list(), request.user), 50).get_page(request.GET.get("page"))
+    sweeps = project_selectors.sweeps_visible(selectors.sweep_list(user=request.user), request.user)
+    page = Paginator(sweeps, 50).get_page(request.GET.get("page"))
     return render(request, "runs/sweep_list.html", {"page": page, "sweeps": page.object_list})
 
 
@@ -23,11 +24,12 @@ def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
     sweep = selectors.sweep_get(pk=pk)
     project_selectors.sweep_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
     rows, best = selectors.sweep_rows(sweep=sweep, user=request.user)
+    summary = selectors.sweep_summary(sweep=sweep, rows=(rows, best))
     return render(request, "runs/sweep_detail.html", {
         "sweep": sweep, "rows": rows, "best": best, "keys": sweep.keys,
         # The chart places numbers on a number axis; other settings (layers, datasets, backends) by name.
         "numeric_keys": [k for k in sweep.keys if k in INT_KEYS or k in FLOAT_KEYS],
-        "summary": selectors.sweep_summary(sweep=sweep, user=request.user),
+        "summary": summary,
         "again_url": selectors.best_again_url(run_id=best.row.run.pk) if best.row else None,
         "compare": selectors.compare_link(rows),
         "can_cancel": user_can(request.user, "cancel") and not best.finished})

@@ -97,13 +97,28 @@
     if (summary.finished) return;
     try {
       const resp = await fetch(page.dataset.statusUrl, {headers: {Accept: "application/json"}});
+      if (resp.status === 404) {
+        // Every run the viewer saw was moved to a project they do not see (or deleted): say so, stop asking.
+        const gone = document.createElement("p");
+        gone.className = "message warning";
+        gone.id = "sweep-gone";
+        gone.textContent = "This sweep's runs are no longer in a project you see (moved or deleted); " +
+          "the page stopped following it. Reload to check again.";
+        document.getElementById("sweep-best").before(gone);
+        return;
+      }
       if (resp.ok) {
         const next = await resp.json();
         const bestBefore = summary.best && summary.best.run_id;
         const bestNow = next.best && next.best.run_id;
+        const runsBefore = summary.run_ids.join(",");
         summary = next;
-        // A new best (or the end) changes the header and the marked row: the page draws those itself.
-        if (bestBefore !== bestNow || next.finished) { window.location.reload(); return; }
+        // A new best, runs moved in or out of sight, or the end change the header and the rows: the page
+        // draws those itself.
+        if (bestBefore !== bestNow || next.finished || next.run_ids.join(",") !== runsBefore) {
+          window.location.reload();
+          return;
+        }
         updateTable();
         draw();
       }

@@ -170,10 +170,23 @@ def test_a_sweep_split_across_projects_shows_each_viewer_the_runs_they_see(clien
     assert "of the 2 you see" in page and "0 of 2 runs measured" in page
     summary = client.get(f"/api/v1/sweeps/{sweep.pk}/").json()
     assert (summary["run_ids"], summary["hidden_runs"]) == (ids[:2], 1)
-    assert f'href="/sweeps/{sweep.pk}/"' in client.get("/sweeps/").content.decode()
+    listed = client.get("/sweeps/").content.decode()
+    assert f'href="/sweeps/{sweep.pk}/"' in listed
+    assert '<td>2 <span class="hint">(+1 in a project you do not see)</span></td>' in listed
 
     client.post(f"/sweeps/{sweep.pk}/cancel/")
     statuses = dict(PipelineRun.objects.filter(pk__in=ids).values_list("pk", "preparation__status"))
     assert [statuses[pk] for pk in ids] == ["cancelled", "cancelled", "queued"]  # the hidden one runs on
-    client.force_login(user)  # staff: every run, none left out
+    client.force_login(user)  # the launcher, a member of "secret": every run, none left out
     assert client.get(f"/api/v1/sweeps/{sweep.pk}/").json()["hidden_runs"] == 0
+    assert "<td>3</td>" in client.get("/sweeps/").content.decode()
+
+
+def test_staff_open_a_sweep_whose_runs_are_all_gone(client, user, roots, django_user_model):
+    sweep = sweep_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                         config=RunConfig(), varied=[parse_vary("seed=1,2")])
+    sweep.entries.all().delete()  # as when every run of it was deleted in the admin
+    client.force_login(django_user_model.objects.create_user("sam", password="pw-sam-1", is_staff=True))
+    assert client.get(f"/sweeps/{sweep.pk}/").status_code == 200
+    client.force_login(_person("olga", "launcher"))
+    assert client.get(f"/sweeps/{sweep.pk}/").status_code == 404  # no run of it she sees
