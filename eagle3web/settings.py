@@ -218,8 +218,8 @@ EAGLE3WEB_WEBHOOK_ALLOWED_HOSTS = env_list("EAGLE3WEB_WEBHOOK_ALLOWED_HOSTS", []
 # texts, emails and webhooks (a Slack message cannot open a bare /runs/12/); empty: the path alone.
 EAGLE3WEB_SITE_URL = env_str("EAGLE3WEB_SITE_URL", "").rstrip("/")
 # A web process moves what its first requests loaded out of the garbage collector's sight after this many
-# page and API requests and again after ten times as many (eagle3web.gc_freeze; 0: never): full collections
-# of it were the runs list's slowest requests.
+# page and API requests and again after ten times as many (eagle3web.gc_freeze; 0: never): a full collection
+# then walks only what came since.
 EAGLE3WEB_GC_FREEZE_AFTER_REQUESTS = env_int("EAGLE3WEB_GC_FREEZE_AFTER_REQUESTS", 20)
 EAGLE3WEB_ALERT_RETRY_SECONDS = env_int("EAGLE3WEB_ALERT_RETRY_SECONDS", 30)
 # Alert emails go through Django's mail backends: SMTP by default (set the host), or e.g.
