@@ -27,17 +27,20 @@ class ComparisonError(InputError):
         self.field = field
 
 
+def _run_id(text: str, *, field: str) -> int:
+    """One run id of a query parameter; anything else refused naming the parameter."""
+    if len(text) > 18 or not (text.isascii() and text.isdigit()):
+        raise ComparisonError(f"{field}: {text[:30]!r} is not a run id", field=field)
+    return int(text)
+
+
 def compare_ids(values: list[str]) -> list[int]:
     """Run ids from `?ids=1,2&ids=3`; in the order given, each once."""
     ids: list[int] = []
     for value in values:
         for part in value.split(","):
             part = part.strip()
-            if not part:
-                continue
-            if len(part) > 18 or not (part.isascii() and part.isdigit()):
-                raise ComparisonError(f"ids: {part[:30]!r} is not a run id")
-            if int(part) not in ids:
+            if part and _run_id(part, field="ids") not in ids:
                 ids.append(int(part))
     if not MIN_RUNS <= len(ids) <= MAX_COMPARED:
         raise ComparisonError(f"pick {MIN_RUNS} to {MAX_COMPARED} runs to compare, got {len(ids)}")
@@ -166,14 +169,15 @@ def _unmeasured_why(run) -> str:
     return f"not measured yet: its evaluate stage is {status or 'missing'}"
 
 
-def acceptance_side_by_side(runs, *, baseline_id: int | None = None) -> dict:
+def acceptance_side_by_side(runs, *, baseline_id: int | None = None, fall_back: bool = False) -> dict:
     """Each run's acceptance per draft position (its best checkpoint's measurement, `_shown_measurement`)
     and every cell's delta against one baseline run, with its text and colour.
 
     `positions`: 1..the largest k measured; a run with a smaller k has blank cells past its k. `rows`: per
     run, `measured`, `why` when not, `cells` (value, text, delta, delta_text, tone; value None past its k),
     `tau` (ours, 1 + the sum), the `epoch` and `checkpoint_id` measured. `baseline`: `baseline_id`, else the
-    first measured run (None: none is); a `baseline_id` that is not a measured run of these is refused.
+    first measured run (None: none is); a `baseline_id` that is not a measured run of these is refused, or
+    with `fall_back` (a page opened from a saved link) replaced by the first measured run, `refused` saying why.
     Another baseline's cells are another call (the page's select asks GET /api/v1/compare/acceptance/):
     every baseline's at once would be N² cells, most never looked at."""
     marked = _marked_checkpoints(runs)
@@ -192,14 +196,16 @@ def acceptance_side_by_side(runs, *, baseline_id: int | None = None) -> dict:
                      "checkpoint_url": checkpoint.get_absolute_url() if measured and checkpoint else None})
     width = max((len(row["values"]) for row in rows), default=0)
     measured_rows = [row for row in rows if row["measured"]]
-    if baseline_id is None:
+    base = next((row for row in measured_rows if row["run_id"] == baseline_id), None)
+    refused = None
+    if base is None and baseline_id is not None:
+        why = ("is not among the runs compared" if all(row["run_id"] != baseline_id for row in rows)
+               else "has no measured acceptance")
+        refused = f"baseline: run {baseline_id} {why}"
+        if not fall_back:
+            raise ComparisonError(refused, field="baseline")
+    if base is None:
         base = measured_rows[0] if measured_rows else None
-    else:
-        base = next((row for row in measured_rows if row["run_id"] == baseline_id), None)
-        if base is None:
-            why = ("is not among the runs compared" if all(row["run_id"] != baseline_id for row in rows)
-                   else "has no measured acceptance")
-            raise ComparisonError(f"baseline: run {baseline_id} {why}", field="baseline")
 
     def cell(row: dict, i: int) -> dict:
         if i >= len(row["values"]):  # past this run's k
@@ -217,7 +223,7 @@ def acceptance_side_by_side(runs, *, baseline_id: int | None = None) -> dict:
 
     for row in rows:
         row["cells"] = [cell(row, i) for i in range(width)] if row["measured"] else []
-    return {"positions": list(range(1, width + 1)), "rows": rows, "legend": delta_legend(),
+    return {"positions": list(range(1, width + 1)), "rows": rows, "legend": delta_legend(), "refused": refused,
             "baseline": base["run_id"] if base else None, "baseline_name": base["name"] if base else None}
 
 
@@ -237,11 +243,7 @@ def _compared_runs(*, run_ids: list[int], user=None) -> list:
 def baseline_id_parse(value: str | None) -> int | None:
     """`?baseline=` of the compare page and API: a run id, or nothing (the first measured run)."""
     value = (value or "").strip()
-    if not value:
-        return None
-    if len(value) > 18 or not (value.isascii() and value.isdigit()):
-        raise ComparisonError(f"baseline: {value[:30]!r} is not a run id", field="baseline")
-    return int(value)
+    return _run_id(value, field="baseline") if value else None
 
 
 def run_acceptance(*, run_ids: list[int], user=None, baseline_id: int | None = None) -> dict:
@@ -251,7 +253,8 @@ def run_acceptance(*, run_ids: list[int], user=None, baseline_id: int | None = N
 
 def run_comparison(*, run_ids: list[int], user=None, baseline_id: int | None = None) -> dict:
     """`user`: only runs of the projects they see; another's is refused as if it did not exist.
-    `baseline_id`: the acceptance table's baseline run (the first measured one when None)."""
+    `baseline_id`: the acceptance table's baseline run (the first measured one when None, or when it
+    cannot be one: `acceptance.refused` says why)."""
     runs = _compared_runs(run_ids=run_ids, user=user)
     settings = [run_settings(run, joined=True) for run in runs]
     names = sorted({name for s in settings for name in s})
@@ -273,5 +276,5 @@ def run_comparison(*, run_ids: list[int], user=None, baseline_id: int | None = N
         "differ": differ,
         "same": same,
         "metrics": metrics,
-        "acceptance": acceptance_side_by_side(runs, baseline_id=baseline_id),
+        "acceptance": acceptance_side_by_side(runs, baseline_id=baseline_id, fall_back=True),
     }

@@ -16,8 +16,8 @@ from django.test.utils import CaptureQueriesContext
 
 from runs.models import PipelineRun
 from runs.pipeline import selectors
-from runs.tracking.comparison import (DELTA_STEPS, ComparisonError, acceptance_side_by_side, delta_tone, run_comparison,
-                                      run_settings)
+from runs.tracking.comparison import (DELTA_STEPS, ComparisonError, acceptance_side_by_side, delta_tone, run_acceptance,
+                                      run_comparison, run_settings)
 from tests.services.test_best_by_tau import _launch, _made, _served, _trained
 
 pytestmark = pytest.mark.django_db
@@ -125,10 +125,13 @@ def test_deltas_against_the_first_run_and_against_another_baseline(three):
         ("baseline", "base"), ("baseline", "base"), ("", "blank")]
     assert [c_["text"] for c_ in rows[a.pk]["cells"]] == ["80.0 %", "60.0 %", "40.0 %"]  # values never move
     # Only a measured run of those compared can be the baseline; the refusal names it.
+    # The API's read refuses; the page's falls back to the first measured run and says why.
     with pytest.raises(ComparisonError, match=f"baseline: run {c.pk} has no measured acceptance"):
-        run_comparison(run_ids=[a.pk, b.pk, c.pk], baseline_id=c.pk)
+        run_acceptance(run_ids=[a.pk, b.pk, c.pk], baseline_id=c.pk)
     with pytest.raises(ComparisonError, match=f"baseline: run {c.pk} is not among the runs compared"):
-        run_comparison(run_ids=[a.pk, b.pk], baseline_id=c.pk)
+        run_acceptance(run_ids=[a.pk, b.pk], baseline_id=c.pk)
+    fell_back = run_comparison(run_ids=[a.pk, b.pk, c.pk], baseline_id=c.pk)["acceptance"]
+    assert (fell_back["baseline"], fell_back["refused"]) == (a.pk, f"baseline: run {c.pk} has no measured acceptance")
     # The first measured run is the default baseline, whatever order the runs come in.
     assert run_comparison(run_ids=[c.pk, b.pk, a.pk])["acceptance"]["baseline"] == b.pk
 
