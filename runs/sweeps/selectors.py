@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, F, Min, QuerySet
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, Min, QuerySet, Value
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 
 from runs.models import Checkpoint, PipelineRun, StageStatus, Sweep, SweepRun, TrainingRun
 from runs.pipeline import selectors as run_selectors
 from runs.pipeline.run_config import MAX_SAMPLES
-from runs.projects.access import runs_visible, visible_q
+from runs.projects.access import visible_q
 
 # Two taus equal to this many decimals (as the pages show them) are a tie.
 TAU_DECIMALS = 3
@@ -66,11 +66,12 @@ class SweepBest:
 def sweep_rows(*, sweep: Sweep, user=None) -> tuple[list[SweepRow], SweepBest]:
     """The sweep's runs in its order with the best of them; `user`: only the runs of projects they see
     (their count left out is `hidden`), the best, the counts and `finished` of those (None: every run)."""
-    entries = SweepRun.objects.filter(sweep=sweep).order_by("position")
-    every = entries.count() if user is not None else None
-    if user is not None:
-        entries = entries.filter(run__in=runs_visible(PipelineRun.objects.all(), user))
-    entries = list(entries.values_list("position", "run_id", "values"))
+    seen = visible_q(user, run="run__") if user is not None else None
+    # Every entry with whether the user sees its run, in one query: the seen ones shown, the others counted.
+    listed = list(SweepRun.objects.filter(sweep=sweep).order_by("position").annotate(
+        seen=Value(True) if seen is None else ExpressionWrapper(seen, output_field=BooleanField()))
+        .values_list("position", "run_id", "values", "seen"))
+    entries = [entry[:3] for entry in listed if entry[3]]
     runs = {run.pk: run for run in run_selectors.run_rows().filter(pk__in=[e[1] for e in entries])}
     # One query for every run's lowest validation loss (a NaN loss, a diverged validation, is left out).
     val_losses = dict(Checkpoint.objects.filter(training_run__run_id__in=list(runs)).exclude(val_loss=float("nan"))
@@ -95,7 +96,7 @@ def sweep_rows(*, sweep: Sweep, user=None) -> tuple[list[SweepRow], SweepBest]:
         best.is_best = True
     finished = all(row.status in (StageStatus.SUCCEEDED, StageStatus.FAILED, StageStatus.CANCELLED) for row in rows)
     return rows, SweepBest(row=best, tied_with=tied, measured=len(measured), total=len(rows), finished=finished,
-                           hidden=every - len(rows) if every is not None else 0)
+                           hidden=len(listed) - len(entries))
 
 
 def sweep_summary(*, sweep: Sweep, user=None, rows: tuple[list[SweepRow], SweepBest] | None = None) -> dict:
