@@ -15,9 +15,10 @@ curves of 500 points. Timed in this process through Django's test client (server
 - runs_list_search: `/?q=<a word of some runs' notes>` (PostgreSQL full-text search), cold;
 - compare: `/runs/compare/?ids=<the 50>`, cold.
 
-Timed as a web process serves (eagle3web.wsgi): after two untimed rounds of the three requests, the
-process's objects frozen out of the garbage collector's generations (eagle3web.gc_freeze); then the cold
-requests again with them unfrozen, after one untimed collection (`gc_not_frozen`: what
+Timed as a web process serves (eagle3web.wsgi): after two untimed rounds of the three requests (a full
+garbage collection timed then, with the process's objects tracked and once they are frozen:
+`gc_full_collection`), the process's objects frozen out of the garbage collector's generations
+(eagle3web.gc_freeze); then the cold requests again with them unfrozen, after one untimed collection (`gc_not_frozen`: what
 EAGLE3WEB_GC_FREEZE_AFTER_REQUESTS=0 serves), in the same run.
 
 Each figure: median and p95 wall time of the request, and of the web process's own CPU time (the part
@@ -137,8 +138,18 @@ def scale(args) -> dict:
         # gc.freeze() moves it out of the collector's sight (eagle3web.gc_freeze); the warm-up is not timed.
         for url in [*urls.values()] * 2:
             client.get(url)
+        gc.collect()
+        tracked = len(gc.get_objects())
+        t0 = time.perf_counter()
+        gc.collect()  # what a full collection costs this process unfrozen ...
+        unfrozen_ms = (time.perf_counter() - t0) * 1000
         freeze()
+        t0 = time.perf_counter()
+        gc.collect()  # ... and once its objects are frozen
+        collections = {"tracked_objects": tracked, "not_frozen_ms": round(unfrozen_ms, 1),
+                       "frozen_ms": round((time.perf_counter() - t0) * 1000, 1)}
         result = {"runs": args.runs_list, "built_s": round(built_s, 1), "compare_runs": len(compared),
+                  "gc_full_collection": collections,
                   "runs_list_view_warm": _timed(client, urls["runs_list_view"], requests=requests, cold=False)}
         for name, url in urls.items():
             result[f"{name}_cold"] = _timed(client, url, requests=requests, cold=True)
