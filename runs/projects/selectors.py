@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Q
 from django.http import Http404
 
 from runs.models import Checkpoint, PipelineRun
@@ -36,14 +36,6 @@ def sweep_visible_check(*, pk: int, user: AbstractBaseUser) -> None:
         return
     if not access.runs_visible(PipelineRun.objects.filter(sweep_entry__sweep_id=pk), user).exists():
         raise Http404(f"no sweep {pk}")
-
-
-def sweeps_visible(sweeps: QuerySet, user: AbstractBaseUser) -> QuerySet:
-    """`sweeps` less those of which the user sees no run (as sweep_visible_check), in the same query."""
-    visible = access.visible_q(user)
-    if visible is None:
-        return sweeps
-    return sweeps.filter(Exists(PipelineRun.objects.filter(visible, sweep_entry__sweep_id=OuterRef("pk"))))
 
 
 def project_get(*, pk: int, user: AbstractBaseUser) -> Project:

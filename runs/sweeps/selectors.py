@@ -19,11 +19,13 @@ TAU_DECIMALS = 3
 
 def sweep_list(*, user=None) -> QuerySet[Sweep]:
     """Sweeps, newest first, with `run_count`: their runs `user` sees (None: all), and `hidden_count`: the
-    others (runs staff moved to a project the user does not see)."""
+    others (runs staff moved to a project the user does not see); a sweep of which the user sees no run
+    is left out (as runs.projects.selectors.sweep_visible_check answers it 404)."""
     seen = visible_q(user, run="entries__run__") if user is not None else None
-    return (Sweep.objects.select_related("owner")
-            .annotate(run_count=Count("entries", filter=seen), every_count=Count("entries"))
-            .annotate(hidden_count=F("every_count") - F("run_count")).order_by("-created_at", "-id"))
+    sweeps = (Sweep.objects.select_related("owner")
+              .annotate(run_count=Count("entries", filter=seen), every_count=Count("entries"))
+              .annotate(hidden_count=F("every_count") - F("run_count")).order_by("-created_at", "-id"))
+    return sweeps if seen is None else sweeps.filter(run_count__gt=0)
 
 
 def sweep_get(*, pk: int) -> Sweep:

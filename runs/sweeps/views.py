@@ -15,8 +15,7 @@ from runs.sweeps.spec import FLOAT_KEYS, INT_KEYS
 
 
 def sweep_list(request: HttpRequest) -> HttpResponse:
-    sweeps = project_selectors.sweeps_visible(selectors.sweep_list(user=request.user), request.user)
-    page = Paginator(sweeps, 50).get_page(request.GET.get("page"))
+    page = Paginator(selectors.sweep_list(user=request.user), 50).get_page(request.GET.get("page"))
     return render(request, "runs/sweep_list.html", {"page": page, "sweeps": page.object_list})
 
 
