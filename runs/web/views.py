@@ -344,16 +344,15 @@ def run_compare(request: HttpRequest) -> HttpResponse:
     try:
         run_ids = comparison.compare_ids(request.GET.getlist("ids"))
         try:
-            baseline_id = comparison.baseline_id_parse(request.GET.get("baseline"))
-        except comparison.ComparisonError as exc:
-            baseline_id = None  # a mistyped link's baseline: the runs still compare
-            messages.warning(request, f"{exc}; the deltas are against the first measured run instead.")
+            baseline_id, refused = comparison.baseline_id_parse(request.GET.get("baseline")), None
+        except comparison.ComparisonError as exc:  # a mistyped link's baseline: the runs still compare
+            baseline_id, refused = None, str(exc)
         context = comparison.run_comparison(run_ids=run_ids, user=request.user, baseline_id=baseline_id)
     except comparison.ComparisonError as exc:
         return render(request, "runs/run_compare.html", {"error": str(exc)}, status=400)
-    if context["acceptance"]["refused"]:  # a saved link's baseline whose measurement went since
-        messages.warning(request, f"{context['acceptance']['refused']}; the deltas are against the first "
-                                  "measured run instead.")
+    refused = refused or context["acceptance"]["refused"]  # or a saved link's whose measurement went since
+    if refused:
+        messages.warning(request, f"{refused}; the deltas are against the first measured run instead.")
     chart_runs = [{"id": r["run"].pk, "name": str(r["run"]), "url": reverse("api:run_metrics", args=[r["run"].pk]),
                    "tau": r["tau"], "acceptance_per_position": (  # a run trained elsewhere has no measurement of ours
                        None if r["run"].external else r["run"].evaluation.acceptance_per_position) or []}
