@@ -10,7 +10,8 @@ reconciler, within a minute of that worker's last heartbeat, and hands the stage
 
 A broker that comes back empty (Redis restarted without its append-only file) forgets every message
 it held, claimed or not: `broker_forgot_messages` sees that from a mark the reconcilers keep in it,
-and every queued stage and job that was handed over is sent again.
+and every queued stage and job that was handed over is sent again; the mark is set again only once
+that is committed, so a database away at the same moment (a host reboot) only delays it.
 
 Sending too often is safe: a stage starts only from queued (stage_services.stage_start), so a second
 copy of a message finds its stage running or done and is dropped.
@@ -38,6 +39,10 @@ logger = logging.getLogger(__name__)
 CLAIM_SECONDS = 10
 # The key the reconcilers keep in the broker's Redis; missing, the broker is new or lost its data.
 BROKER_MARK_KEY = "eagle3web:broker-mark"
+# Held by the one reconciler sending a forgotten broker's messages again; it lapses by itself if
+# that reconciler dies mid-way, so another one sends them then. (Sending twice costs nothing.)
+BROKER_RESENDING_KEY = "eagle3web:broker-resending"
+RESENDING_SECONDS = 60
 
 
 def _claimable_rows(task_name: str, args: list | tuple):
@@ -155,14 +160,27 @@ def _messages_owed() -> list[tuple[str, object]]:
 
 def broker_forgot_messages(client) -> list[str]:
     """`client`: the broker's Redis. When the mark the reconcilers keep there is gone (the broker is
-    new, or restarted without its data), set it again and send every handed-over queued stage's and
-    job's message again; the first reconciler to see it does, the others find the mark set."""
-    if not client.set(BROKER_MARK_KEY, timezone.now().isoformat(), nx=True):
+    new, or restarted without its data), send every handed-over queued stage's and job's message
+    again, then set the mark. One reconciler does it at a time (it holds BROKER_RESENDING_KEY for
+    RESENDING_SECONDS); the others find the key or the mark set and send nothing.
+
+    The mark is set only once the messages are committed to the outbox: a database that raises
+    meanwhile (a host that rebooted, Redis and PostgreSQL both) leaves the mark unset, and the next
+    tick that reaches the database sends them. (Marked first, such a failure lost them for good.)"""
+    if client.exists(BROKER_MARK_KEY):
         return []
-    with transaction.atomic():
-        owed = _messages_owed()
-        for _, send in owed:
-            send()  # an outbox row each, delivered when this commits
+    if not client.set(BROKER_RESENDING_KEY, timezone.now().isoformat(), nx=True, ex=RESENDING_SECONDS):
+        return []  # another reconciler is sending them now
+    try:
+        if client.exists(BROKER_MARK_KEY):
+            return []  # another one sent them between our two looks
+        with transaction.atomic():
+            owed = _messages_owed()
+            for _, send in owed:
+                send()  # an outbox row each, delivered when this commits
+        client.set(BROKER_MARK_KEY, timezone.now().isoformat())
+    finally:
+        client.delete(BROKER_RESENDING_KEY)  # a Redis gone again lets it lapse instead
     done = [what for what, _ in owed]
     if done:
         logger.warning("the broker came back without its messages: sent again %s", ", ".join(done))

@@ -6,10 +6,14 @@ Each test names the worker state it builds (a heartbeat row written here, as a w
 and checks what the reconciler does about it: the outbox rows it writes are what the broker is handed."""
 from __future__ import annotations
 
+import json
+from contextlib import contextmanager
 from datetime import timedelta
+from typing import Iterator
 
 import pytest
 import redis as redis_client
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from runs.fleet.models import Worker
@@ -25,7 +29,8 @@ from runs.pipeline.message_claims import (
 )
 from runs.pipeline.queue import STAGE_TASK, run_next_stage
 from runs.pipeline.stage_services import HAND_OVER_NEXT, stage_record_id, stage_start, stage_succeed
-from tests.outage import private_redis
+from workers.claims import broker_mark_check
+from tests.outage import celery_broker, private_redis, tcp_proxy
 from tests.services.test_run_launch import launch
 
 pytestmark = pytest.mark.django_db
@@ -153,3 +158,55 @@ def test_a_broker_that_came_back_empty_gets_every_handed_over_message_again_once
         server.start()  # empty, as a Redis without its append-only file comes back
         PendingEnqueue.objects.filter(object_id=waiting.pk).delete()
         assert broker_forgot_messages(client) != [] and client.exists(BROKER_MARK_KEY)
+
+
+def _queued_in_broker(server) -> list[tuple[str, str]]:
+    """(task, its arguments) of every message the broker's queues hold, read from its Redis."""
+    client = redis_client.Redis.from_url(server.url)
+    keys = [k for k in client.keys("*") if client.type(k) == b"list"]
+    return sorted((message["headers"]["task"], message["headers"]["argsrepr"])
+                  for key in keys for message in map(json.loads, client.lrange(key, 0, -1)))
+
+
+@contextmanager
+def _database_through(proxy) -> Iterator[None]:
+    """This process's database connection reaches PostgreSQL through `proxy` for the block."""
+    before = (connection.settings_dict["HOST"], connection.settings_dict["PORT"])
+    connection.close()
+    connection.settings_dict.update(HOST="127.0.0.1", PORT=str(proxy.port))
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict.update(HOST=before[0], PORT=before[1])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_broker_that_came_back_empty_while_the_database_was_away_is_sent_again_on_the_next_healthy_tick(
+        roots, user, tmp_path):
+    db = connection.settings_dict
+    with private_redis(log_path=tmp_path / "redis.log") as server, celery_broker(server.url), \
+            tcp_proxy(upstream=(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432))) as proxy, \
+            _database_through(proxy):
+        assert broker_mark_check() == []  # a tick marks a new broker (nothing was owed yet)
+        assert redis_client.Redis.from_url(server.url).exists(BROKER_MARK_KEY)
+        run = launch(roots, user)
+        catalogue = DatasetCatalogue.objects.get(status=StageStatus.QUEUED)
+        owed = [("eagle3web.job", f"['catalogue', {catalogue.pk}]"), ("eagle3web.stage", f"['prepare', {run.pk}]")]
+        assert _queued_in_broker(server) == owed  # the launch's two hand-overs, delivered on commit
+        assert broker_mark_check() == []
+
+        # A host reboot: Redis comes back empty while PostgreSQL is still away.
+        proxy.cut()
+        server.stop()
+        server.start()
+        assert _queued_in_broker(server) == []
+        with pytest.raises(DatabaseError):
+            broker_mark_check()  # a reconciler tick meanwhile
+        proxy.restore()
+        connection.close()  # what the reconciler's close_old_connections does with a broken connection
+
+        assert broker_mark_check() == [
+            f"the broker lost its messages: sent again catalogue {catalogue.pk}, prepare of run {run.pk}"]
+        assert _queued_in_broker(server) == owed
+        assert broker_mark_check() == []  # once
