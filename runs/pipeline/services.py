@@ -26,6 +26,7 @@ from runs.models import (
 from runs.fleet.fit import host_refusals, serve_check_refusal
 from runs.fleet.selectors import launch_refusals, stage_refusals, workers_live
 from runs.data.paths import check_under_data_roots
+from runs.pipeline.dataset_launch_check import HEAD_BYTES, HEAD_CONVERSATIONS, dataset_head, dataset_launch_check
 from runs.pipeline.online import online_refusal
 from runs.pipeline.queue import pipeline_enqueue
 from runs.pipeline.preflight import launch_preflight
@@ -34,7 +35,6 @@ from runs.roles import require, require_on_run
 from runs.pipeline.run_config import RunConfig, RunConfigError, check_run_name
 from runs.pipeline.stages import STAGES
 from runs.sweeps.release import sweep_release_after
-from workers.contract.chats import read_conversations
 from workers.contract.errors import InputError
 from workers.contract.target import (default_layer_ids, read_target_json, target_config_from, target_weight_bytes,
                                      validate_layer_ids)
@@ -64,33 +64,17 @@ def target_register(*, path: str | Path) -> TargetModel:
 
 
 # What registering a dataset reads before answering: enough to refuse a file that is not a chat file
-# (the first conversations), bounded so that a multi-GB file costs the request no more than this.
-# The whole file is catalogued by a worker (runs.pipeline.job_services.dataset_catalogue_request).
-HEAD_CHECK_CONVERSATIONS = 1000
-HEAD_CHECK_BYTES = 32 * 1024 * 1024
-
-
-class _HeadRead(Exception):
-    pass
+# (the first conversations), bounded so that a multi-GB file costs the request little
+# (runs.pipeline.dataset_launch_check). The whole file is catalogued by a worker
+# (runs.pipeline.job_services.dataset_catalogue_request).
+HEAD_CHECK_CONVERSATIONS = HEAD_CONVERSATIONS
+HEAD_CHECK_BYTES = HEAD_BYTES
 
 
 def dataset_check_head(path: Path) -> int:
     """Read the file's first conversations (up to the bounds above); a bad line raises naming file and
     line. Returns how many were read."""
-    count = 0
-
-    def bounded(pos: int) -> None:
-        if pos >= HEAD_CHECK_BYTES:  # checked per line read, blank ones included
-            raise _HeadRead
-
-    try:
-        for _ in read_conversations(path, on_position=bounded):
-            count += 1
-            if count >= HEAD_CHECK_CONVERSATIONS:
-                break
-    except _HeadRead:
-        pass
-    return count
+    return len(dataset_head(path).conversations)
 
 
 def dataset_register(*, path: str | Path) -> Dataset:
@@ -200,6 +184,8 @@ def _run_create(*, user: AbstractBaseUser, target_path: str | Path, dataset_path
         raise RunConfigError(why, field=field)
     with input_blames("dataset_path"):
         dataset = dataset_register(path=dataset_path)
+        # An empty file, or one no conversation of which trains, refused now rather than in prepare.
+        dataset_launch_check(path=Path(dataset.path), max_seq_len=config.max_seq_len, target_dir=Path(target.path))
     layer_ids = _with_final_layer(list(config.layer_ids or target.default_layer_ids), target.num_layers)
     with input_blames("layer_ids"):
         layer_ids = validate_layer_ids(layer_ids, target.num_layers)

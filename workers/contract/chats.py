@@ -80,7 +80,7 @@ class Conversation:
 def parse_row(raw: str, *, path: Path, line: int) -> Conversation:
     """One JSONL line -> Conversation with roles normalised to system/user/assistant."""
     where = f"{path}, line {line}"
-    row = parse_json(raw, where=where, error=DatasetFormatError)
+    row = parse_json(raw, where=where, error=DatasetFormatError, one_line=True)
     if not isinstance(row, dict):
         raise DatasetFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
     if "conversations" in row:

@@ -76,11 +76,18 @@ def read_json_value(path: Path, error: type[Exception] = ValueError, *, max_byte
     return data
 
 
-def parse_json(text: str, *, where: str, error: type[Exception], max_depth: int = MAX_JSON_DEPTH) -> object:
-    """json.loads, with every way a user's text can fail turned into `error` naming `where`."""
+def parse_json(text: str, *, where: str, error: type[Exception], max_depth: int = MAX_JSON_DEPTH,
+               one_line: bool = False) -> object:
+    """json.loads, with every way a user's text can fail turned into `error` naming `where`.
+
+    `one_line`: the text is one line of a JSONL file, which `where` names already, so an error names
+    the column alone (json's own "line 2 column 1" counts lines within the text, the line end included)."""
     try:
         return json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
+        if one_line:
+            column = min(exc.pos, len(text.rstrip("\r\n"))) + 1  # past the line's end: just after its last character
+            raise error(f"{where}, column {column}: not valid JSON ({exc.msg})") from None
         raise error(f"{where}: not valid JSON ({exc})") from None
     except RecursionError:
         raise error(f"{where}: nested deeper than {max_depth} levels") from None
