@@ -2,6 +2,7 @@
 and the launch form's values for "launch the best again with more data"."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from django.db.models import BooleanField, Count, ExpressionWrapper, F, Min, QuerySet, Value
@@ -75,10 +76,13 @@ def sweep_rows(*, sweep: Sweep, user=None) -> tuple[list[SweepRow], SweepBest]:
         .values_list("position", "run_id", "values", "seen"))
     entries = [entry[:3] for entry in listed if entry[3]]
     runs = {run.pk: run for run in run_selectors.run_rows().filter(pk__in=[e[1] for e in entries])}
-    # One query for every run's lowest validation loss (a NaN loss, a diverged validation, is left out).
-    val_losses = dict(Checkpoint.objects.filter(training_run__run_id__in=list(runs)).exclude(val_loss=float("nan"))
-                      .values("training_run__run_id").annotate(low=Min("val_loss"))
-                      .values_list("training_run__run_id", "low"))
+    # One query for every run's lowest validation loss; a NaN loss (a diverged validation) is left out by the
+    # database itself: SQLite stores NaN as NULL, which MIN skips, and PostgreSQL orders NaN above every number,
+    # so MIN is NaN only where every loss is (shown as none). Comparing with NaN in SQL instead matched no row
+    # on SQLite, where `val_loss = NULL` is never true, and `.exclude()` then dropped every checkpoint.
+    val_losses = {run_id: low for run_id, low in Checkpoint.objects.filter(training_run__run_id__in=list(runs))
+                  .values("training_run__run_id").annotate(low=Min("val_loss"))
+                  .values_list("training_run__run_id", "low") if low is not None and not math.isnan(low)}
     speeds = dict(TrainingRun.objects.filter(run_id__in=list(runs)).values_list("run_id", "tokens_per_second"))
     rows = []
     for position, run_id, values in entries:
