@@ -8,6 +8,7 @@ The page draws charts and asks for generations from report.js (`blocks`: their s
 export (runs.reports.export) gets the same blocks with their data inlined and charts drawn as SVG."""
 from __future__ import annotations
 
+import difflib
 import re
 import secrets
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ EXTENSIONS = ["tables", "fenced_code", "sane_lists"]
 # the pages' Content-Security-Policy anyway. Links only to the web and mail (no javascript:, no data:).
 TAGS = nh3.ALLOWED_TAGS - {"img", "map", "area"}
 URL_SCHEMES = {"http", "https", "mailto"}
+MAX_KNOWN_SHOWN = 30  # metric names an unknown metric's error lists
 
 
 def family_of(key: str) -> str:
@@ -75,6 +77,8 @@ def _chart(index: int, d: Directive, runs: dict, keys: dict, *, export: bool) ->
             entry["points"] = selectors.chart_series(run=run, keys=sorted({k.split(":", 1)[1] for k in series}),
                                                      split=d.split)
         entries.append(entry)
+    if len(lacking) == len(d.runs) and (unknown := _unknown_metric(d, keys)):
+        return _error(index, d.source, unknown)
     block = {"index": index, "kind": "chart", "source": d.source, "metric": d.metric, "split": d.split,
              "runs": entries, "lacking": lacking}
     if export:
@@ -85,6 +89,21 @@ def _chart(index: int, d: Directive, runs: dict, keys: dict, *, export: bool) ->
             line["colour"] = colour
         block["svg"] = svg.line_chart(title=f"{d.metric} of {', '.join(e['name'] for e in entries)}", lines=lines)
     return block
+
+
+def _unknown_metric(d: Directive, keys: dict) -> str:
+    """Why none of the chart's runs records its metric, naming the metrics they do record (and the close
+    ones first), or "" where they record none yet: points may still come, and the page says so."""
+    known = sorted({name for pk in d.runs for k in keys[pk] if not d.split or k.startswith(d.split + ":")
+                    for name in (k.split(":", 1)[1], family_of(k.split(":", 1)[1]))})
+    if not known:
+        return ""
+    close = difflib.get_close_matches(d.metric, known, n=3, cutoff=0.6)
+    shown = known if len(known) <= MAX_KNOWN_SHOWN else [*known[:MAX_KNOWN_SHOWN], "..."]
+    runs = ", ".join(map(str, d.runs))
+    return (f"chart: metric={d.metric} does not exist in run{'s' if len(d.runs) > 1 else ''} {runs}"
+            f"{' (' + d.split + ')' if d.split else ''}"
+            f"{'; did you mean ' + ' or '.join(close) + '?' if close else '.'} Known: {', '.join(shown)}")
 
 
 def _table(index: int, d: Directive, runs: dict) -> dict:

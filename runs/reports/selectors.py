@@ -80,7 +80,8 @@ def table_cell(run: PipelineRun, column: str) -> str:
     if column == "tau":
         return "" if run.shown_tau is None else f"{run.shown_tau:.2f}"
     if column == "best_epoch":
-        return "" if training is None or training.best_epoch is None else str(training.best_epoch)
+        # Counted from 1, as every page counts epochs (best_epoch is the checkpoint's 0-based index).
+        return "" if training is None or training.best_epoch is None else str(training.best_epoch + 1)
     if column == "epochs":
         return "" if training is None else str(training.epochs)
     if column == "target":

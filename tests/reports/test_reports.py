@@ -230,3 +230,29 @@ def test_the_openapi_document_describes_the_reports_endpoints(client, user):
     assert body["required"] == ["title"] and set(body["properties"]) == {"title", "body"}
     assert [p["name"] for p in schema["paths"]["/api/v1/reports/{id}/"]["get"]["parameters"] if p["in"] == "query"] == [
         "version"]
+
+
+def test_a_chart_of_a_metric_no_run_records_says_it_does_not_exist_and_names_the_known_ones(client, user, roots):
+    run = _run(user, roots, name="curves", lr=3e-4)
+    body = "\n".join([f"{{{{chart run={run.pk} metric=los}}}}", f"{{{{chart run={run.pk} metric=tau_q}}}}",
+                      f"{{{{chart run={run.pk} metric=loss split=val}}}}"])
+    report = services.report_create(user=user, title="typo", body=body)
+    client.force_login(user)
+    html = client.get(f"/reports/{report.pk}/").content.decode()
+    errors = re.findall(r'role="alert" data-block="\d+"><strong>Block not shown:</strong> ([^<]*)<br>', html)
+    assert errors == [f"chart: metric=los does not exist in run {run.pk}; did you mean loss or loss_1 or loss_0? "
+                      "Known: loss, loss_0, loss_1",
+                      f"chart: metric=tau_q does not exist in run {run.pk}. Known: loss, loss_0, loss_1"]
+    # The run records loss in train only: the val chart may still get points (a validation not yet run).
+    blocks = json.loads(html.split('<script id="report-blocks" type="application/json">')[1].split("</script>")[0])
+    assert [(b["kind"], b["split"]) for b in blocks if b["kind"] != "error"] == [("chart", "val")]
+
+
+def test_a_table_counts_the_best_epoch_from_1_as_the_pages_do(client, user, roots):
+    run = _run(user, roots, name="trained", lr=3e-4)
+    type(run.training_run).objects.filter(pk=run.training_run.pk).update(best_epoch=0, epochs=2)
+    report = services.report_create(user=user, title="epochs", body=f"{{{{table runs={run.pk} columns=best_epoch,epochs}}}}")
+    client.force_login(user)
+    html = client.get(f"/reports/{report.pk}/").content.decode()
+    [row] = re.findall(r'<tr data-run="\d+">(.*?)</tr>', html)
+    assert re.findall(r"<td>(?:<a [^>]*>)?([^<]*)", row) == ["1", "2"]  # the runs list: "best 1 of 2"
