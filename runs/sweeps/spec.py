@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,12 +57,41 @@ class Varied:
     values: tuple[Any, ...]
 
 
+# The launch form's labels (runs/web/forms.py; tests/views/test_sweep_form_errors.py keeps them in step) and
+# its field names where they differ from the key, normalised as normalise_key does, so that a line written
+# as the form words a setting ("Learning rate = 1e-4, 3e-4") or names it (dataset_path) sweeps that key.
+LABELS = {"layer_ids": "Layer ids", "max_seq_len": "Max seq len", "max_samples": "Max rows",
+          "draft_vocab_size": "Draft vocab size", "epochs": "Epochs", "ttt_steps": "TTT steps", "seed": "Seed",
+          "max_tokens_per_step": "Tokens per training step", "eval_prompts": "Acceptance prompts",
+          "eval_max_new_tokens": "New tokens per prompt", "tensor_parallel_size": "Extraction GPUs",
+          "train_gpus": "Training GPUs", "lr": "Learning rate", "val_fraction": "Validation fraction",
+          "extraction_backend": "Extraction backend", "training_backend": "Training backend",
+          "dataset": "Chat dataset (JSONL)"}
+FORM_NAMES = {"dataset_path": "dataset"}
+
+
+def _normalised(text: str) -> str:
+    """'Learning rate' -> learning_rate, '--max-seq-len' -> max_seq_len, 'Chat dataset (JSONL)' -> chat_dataset_jsonl."""
+    return re.sub(r"[^a-z0-9]+", "_", text.strip().lower()).strip("_")
+
+
+ALIASES = {**{_normalised(label): key for key, label in LABELS.items()}, **FORM_NAMES}
+
+
+def accepted_keys() -> str:
+    """What a sweep line may name, in words: each key with the form's label beside it."""
+    return ", ".join(f'{key} ("{LABELS[key]}")' if _normalised(LABELS[key]) != key else key for key in SWEEP_KEYS)
+
+
 def normalise_key(raw: str) -> str:
-    key = raw.strip().lstrip("-").replace("-", "_").lower()
-    if key not in SWEEP_KEYS:
-        raise SweepError(f"--vary {raw.strip()[:40]!r}: not an option a sweep can vary; vary one of "
-                         f"{', '.join(SWEEP_KEYS)}",
-                         in_form=f"{raw.strip()[:40]!r} is not a setting; settings you can sweep: {', '.join(SWEEP_KEYS)}")
+    """The sweep key a line names: run_pipeline's option name (a hyphen or an underscore, any case), the
+    launch form's field name or its label."""
+    text = _normalised(raw)
+    key = text if text in SWEEP_KEYS else ALIASES.get(text)
+    if key is None:
+        raise SweepError(f"--vary {raw.strip()[:40]!r}: not an option a sweep can vary; vary one of {accepted_keys()}",
+                         in_form=f"{raw.strip()[:40]!r} is not a setting; settings you can sweep (by name or "
+                                 f"label): {accepted_keys()}")
     return key
 
 

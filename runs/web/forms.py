@@ -146,7 +146,8 @@ class LaunchForm(forms.Form):
         "asked for again when needed.")
     vary = forms.CharField(
         required=False, max_length=20_000, label="Sweep", widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
-        help_text="One setting per line, KEY = V1, V2, named as run_pipeline names them: lr = 1e-4, 3e-4 · "
+        help_text="One setting per line, KEY = V1, V2, named as run_pipeline names them or by its label above: "
+        "lr = 1e-4, 3e-4 (or Learning rate = 1e-4, 3e-4) · "
         f"epochs = 1, 2 · layer_ids = 2{ITEM_SEPARATOR}4{ITEM_SEPARATOR}5, 1{ITEM_SEPARATOR}3{ITEM_SEPARATOR}5 "
         f"(ids within one value by '{ITEM_SEPARATOR}') · ttt_steps, draft_vocab_size, max_samples, dataset, ... "
         "`default` for an empty setting. Each run takes the settings above with its own values. Empty: one run.")

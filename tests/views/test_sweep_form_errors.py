@@ -3,7 +3,7 @@ V2 lines), not the command line's (--vary), and names every bad line at once (is
 keeps its own wording."""
 import pytest
 
-from runs.sweeps.spec import SWEEP_KEYS, SweepError, parse_vary
+from runs.sweeps.spec import SWEEP_KEYS, SweepError, accepted_keys, normalise_key, parse_vary
 from runs.web.forms import LaunchForm
 
 pytestmark = pytest.mark.django_db
@@ -22,13 +22,14 @@ def box_errors(html: str) -> list[str]:
 
 def test_every_bad_line_is_named_at_once_in_the_forms_words(client, user, form):
     client.force_login(user)
-    vary = "learning_rate = 1e-4, 3e-4\nepochs = 1, two\nseed = 1, 2\nttt_steps 1, 2\nlr = 1e-4, 1e-4"
+    vary = "colour = red, blue\nepochs = 1, two\nseed = 1, 2\nttt_steps 1, 2\nlr = 1e-4, 1e-4"
     response = client.post("/runs/new/", {**form, "vary": vary})
     assert response.status_code == 400
     html = response.content.decode()
     errors = box_errors(html)
     assert errors == [
-        "&#x27;learning_rate&#x27; is not a setting; settings you can sweep: " + ", ".join(SWEEP_KEYS),
+        "&#x27;colour&#x27; is not a setting; settings you can sweep (by name or label): "
+        + accepted_keys().replace('"', "&quot;"),
         "epochs = two: epochs takes whole numbers",
         "&#x27;ttt_steps 1, 2&#x27; has no &#x27;=&#x27;: write one setting per line as KEY = V1, V2 "
         "(e.g. lr = 1e-4, 3e-4)",
@@ -37,8 +38,8 @@ def test_every_bad_line_is_named_at_once_in_the_forms_words(client, user, form):
     assert not any("--vary" in e or "option" in e for e in errors)
     summary = html.split('id="launch-errors"')[1].split("</div>")[0]
     assert "4 problems to fix" in summary
-    assert ('<a href="#id_vary">Sweep</a>: &#x27;learning_rate&#x27; is not a setting; settings you can sweep: '
-            "layer_ids, ") in summary
+    assert ('<a href="#id_vary">Sweep</a>: &#x27;colour&#x27; is not a setting; settings you can sweep (by name or '
+            "label): layer_ids, ") in summary
     assert summary.count('<a href="#id_vary">Sweep</a>:') == 4
 
 
@@ -57,8 +58,8 @@ def test_a_default_where_there_is_none_says_setting(form):
 
 def test_the_command_keeps_its_wording():
     with pytest.raises(SweepError) as caught:
-        parse_vary("learning_rate=1e-4")
-    assert str(caught.value).startswith("--vary 'learning_rate': not an option a sweep can vary; vary one of ")
+        parse_vary("colour=red")
+    assert str(caught.value).startswith("--vary 'colour': not an option a sweep can vary; vary one of ")
     with pytest.raises(SweepError) as caught:
         parse_vary("epochs=1,two")
     assert str(caught.value) == "--vary epochs=two: epochs takes whole numbers"
@@ -93,3 +94,23 @@ def test_errors_found_at_launch_speak_the_forms_words_and_store_nothing(client, 
     assert len(errors) == 1 and errors[0].startswith(expected), errors
     assert "--vary" not in errors[0] and "--list" not in errors[0]
     assert (Sweep.objects.count(), PipelineRun.objects.count()) == (0, 0)
+
+
+def test_the_forms_field_names_and_labels_name_the_sweep_keys(form):
+    """Each sweepable field of the launch form, by its name or its label as the form shows it (any case,
+    spaces or hyphens), names its key; and the error lists each key with its label."""
+    fields = LaunchForm().fields
+    for key in SWEEP_KEYS:
+        name = "dataset_path" if key == "dataset" else key
+        label = str(fields[name].label or name.replace("_", " ").capitalize())
+        assert (normalise_key(name), normalise_key(label), normalise_key(label.upper())) == (key, key, key), label
+    assert 'lr ("Learning rate")' in accepted_keys()
+
+
+def test_a_box_written_with_the_forms_label_launches_a_sweep_of_its_key(client, user, form):
+    from runs.models import Sweep
+
+    client.force_login(user)
+    response = client.post("/runs/new/", {**form, "vary": "Learning rate = 1e-4, 3e-4"})
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    assert Sweep.objects.get().varied == [["lr", ["1e-4", "3e-4"]]]
