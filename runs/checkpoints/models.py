@@ -83,6 +83,9 @@ class Evaluation(StageRecord):
     prompt_source = models.CharField(max_length=1000, blank=True)
     num_prompts = models.PositiveIntegerField(null=True, blank=True)
     tau = models.FloatField(null=True, blank=True, help_text="tokens per target forward")
+    tau_standard_error = models.FloatField(null=True, blank=True, help_text=(
+        "τ's standard error over the prompts (workers.contract.acceptance.tau_standard_error); empty: measured "
+        "before it was kept, or on one prompt"))
     acceptance_per_position = models.JSONField(default=list, blank=True)
     new_tokens = models.PositiveIntegerField(null=True, blank=True)
     verify_forwards = models.PositiveIntegerField(null=True, blank=True)

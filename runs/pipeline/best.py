@@ -1,15 +1,21 @@
 """A run's best checkpoint: which one it is, why, and marking it.
 
-Under `best_by` "tau" (RunConfig's default) the best is the checkpoint with the highest τ measured on the
-run's held-out prompts, vLLM's (a serve check's emitted-token τ) where one ran and ours otherwise; on a
-tie to TAU_DECIMALS the lower validation loss, then the earlier epoch. Under "val_loss" it is the lowest
-validation loss, the trainers' own choice.
+Under `best_by` "tau" (RunConfig's default) the best is the checkpoint with the highest τ our evaluate
+stage measured on the run's held-out prompts; on a tie to TAU_DECIMALS the lower validation loss, then
+the earlier epoch. Under "val_loss" it is the lowest validation loss, the trainers' own choice.
+
+One measure over every checkpoint: ours, which the evaluate stage makes of each. vLLM's τ (a serve
+check's emitted-token τ) is known only for the checkpoints someone served, so it never chooses: a run
+that asks for a serve check gets one of the best chosen by ours, and vLLM's figure is shown beside ours.
+When the two differ by more than the prompts' noise (NOISE_STANDARD_ERRORS of our τ's standard error over
+the prompts, workers.contract.acceptance.tau_standard_error), the run page says so (vllm_note).
 
 The trainers mark the lowest validation loss when training ends (workers.stages.train.loop.
 lowest_val_loss_epoch): τ is measured later, by the evaluate stage, which measures the marked checkpoint
 and every other one with the same prompts and settings. Until that stage succeeded the mark is only
 provisional under "tau", and pages say so; best_decide marks the best by τ once it has, and again
-whenever a measurement or a serve check of one of the run's checkpoints lands (runs.pipeline.result_records).
+whenever a measurement of one of the run's checkpoints lands (runs.pipeline.result_records); a serve
+check landing moves nothing.
 
 Only measurements comparable with the run's own count: the evaluate stage's prompts (the held-out
 conversations), its number of prompts, new tokens and proposal length. A measurement someone asked for
@@ -30,6 +36,11 @@ from runs.pipeline.run_config import BEST_BY
 TAU, VAL_LOSS = BEST_BY
 # Two τ equal to this many decimals are a tie, as between the runs of a sweep (runs.sweeps.selectors).
 TAU_DECIMALS = 3
+# vLLM's τ of the best disagrees with ours when it lies further from ours than this many standard errors
+# of our τ over the prompts: about 95% of the draws of as many prompts would move τ less (normal
+# approximation). The two decode the same prompts, so a difference this large is not the prompts' luck
+# but the serving path (its numerics, kernels or counting) yielding another acceptance than ours.
+NOISE_STANDARD_ERRORS = 2.0
 
 
 @dataclass(frozen=True)
@@ -37,18 +48,22 @@ class CheckpointScore:
     checkpoint_id: int
     epoch: int
     val_loss: float | None
-    tau_ours: float | None  # our τ, measured as the run's evaluate stage measures
-    tau_vllm: float | None  # vLLM's emitted-token τ on the same prompts, where a serve check succeeded
-    evaluation: Evaluation | None = field(default=None, compare=False, repr=False)  # where `tau_ours` comes from
+    tau: float | None  # our τ, measured as the run's evaluate stage measures: what the choice compares
+    tau_standard_error: float | None  # of `tau`, over its prompts (None: not kept, or one prompt)
+    vllm_tau: float | None  # vLLM's emitted-token τ on the same prompts, where a serve check succeeded: shown
+    evaluation: Evaluation | None = field(default=None, compare=False, repr=False)  # where `tau` comes from
 
     @property
-    def tau(self) -> float | None:
-        """The τ the choice compares: vLLM's where a serve check ran (it is what serving yields), else ours."""
-        return self.tau_vllm if self.tau_vllm is not None else self.tau_ours
+    def noise(self) -> float | None:
+        """How far from our τ vLLM's may lie before it disagrees (NOISE_STANDARD_ERRORS standard errors)."""
+        return None if self.tau_standard_error is None else NOISE_STANDARD_ERRORS * self.tau_standard_error
 
     @property
-    def tau_source(self) -> str | None:
-        return "vllm" if self.tau_vllm is not None else ("ours" if self.tau_ours is not None else None)
+    def vllm_disagrees(self) -> bool | None:
+        """vLLM's τ further from ours than the prompts' noise; None where either is missing."""
+        if self.vllm_tau is None or self.tau is None or self.noise is None:
+            return None
+        return abs(self.vllm_tau - self.tau) > self.noise
 
 
 def _loss(score: CheckpointScore) -> float:
@@ -113,8 +128,8 @@ def _measured(checkpoints) -> list[Checkpoint]:
 
 
 def checkpoint_scores(*, run: PipelineRun, checkpoints: list[Checkpoint] | None = None) -> list[CheckpointScore]:
-    """Each of the run's checkpoints with its validation loss and its τ measured like the run's evaluate stage
-    measured (none before that stage succeeded). `checkpoints`: the run's, with `measured` already read (the
+    """Each of the run's checkpoints with its validation loss, its τ measured like the run's evaluate stage
+    measured (none before that stage succeeded) and vLLM's on the same prompts where one was served. `checkpoints`: the run's, with `measured` already read (the
     summary's); else they are read here. One query for the serve checks once the stage succeeded."""
     training = getattr(run, "training_run", None)
     if training is None:
@@ -136,8 +151,9 @@ def checkpoint_scores(*, run: PipelineRun, checkpoints: list[Checkpoint] | None 
         ours = next((e for e in c.measured if decided and e.tau is not None
                      and all(getattr(e, k) == v for k, v in alike.items())), None)  # the latest alike
         scores.append(CheckpointScore(checkpoint_id=c.pk, epoch=c.epoch, val_loss=c.val_loss,
-                                      tau_ours=ours.tau if ours else None, tau_vllm=vllm.get(c.pk),
-                                      evaluation=ours))
+                                      tau=ours.tau if ours else None,
+                                      tau_standard_error=ours.tau_standard_error if ours else None,
+                                      vllm_tau=vllm.get(c.pk), evaluation=ours))
     return scores
 
 
@@ -177,7 +193,24 @@ def _described(score: CheckpointScore) -> str:
     if score.tau is None:
         loss = "–" if score.val_loss is None else f"{score.val_loss:.4f}"
         return f"epoch {score.epoch + 1} (validation loss {loss})"
-    return f"epoch {score.epoch + 1} (τ {score.tau:.2f}{', vLLM' if score.tau_source == 'vllm' else ''})"
+    return f"epoch {score.epoch + 1} (τ {score.tau:.2f}{'' if score.vllm_tau is None else f'; vLLM {score.vllm_tau:.2f}'})"
+
+
+def vllm_note(choice: BestChoice) -> str:
+    """A sentence for the run page when the best's vLLM τ disagrees with ours beyond the prompts' noise;
+    empty otherwise (agreeing, not served, or no standard error to judge by)."""
+    chosen = choice.best
+    if chosen is None or choice.provisional or not chosen.vllm_disagrees:
+        return ""
+    prompts = chosen.evaluation.num_prompts if chosen.evaluation is not None else None
+    over = f" over its {prompts} prompts" if prompts else ""
+    line = (f"vLLM's τ for the best, {chosen.vllm_tau:.2f}, differs from ours, {chosen.tau:.2f}, by "
+            f"{chosen.vllm_tau - chosen.tau:+.2f}: more than the prompts' noise (±{chosen.noise:.2f}, "
+            f"{NOISE_STANDARD_ERRORS:g} standard errors of our τ{over}).")
+    if choice.by == TAU:
+        line += (" The best was chosen by our τ, measured on every checkpoint; served by vLLM the checkpoints may "
+                 "rank otherwise: serve-check the others from their pages before relying on the choice.")
+    return line
 
 
 def best_text(choice: BestChoice) -> str:
@@ -204,14 +237,18 @@ def _score_dict(score: CheckpointScore | None) -> dict | None:
     if score is None:
         return None
     return {"checkpoint_id": score.checkpoint_id, "epoch": score.epoch, "val_loss": score.val_loss,
-            "tau": score.tau, "tau_source": score.tau_source}
+            "tau": score.tau, "tau_standard_error": score.tau_standard_error, "vllm_tau": score.vllm_tau}
 
 
 def best_dict(choice: BestChoice) -> dict:
-    """The summary's `best`: the rule, the checkpoint it picks, whether that is provisional, each
-    rule's choice, and the sentence."""
-    none = dict.fromkeys(("checkpoint_id", "epoch", "val_loss", "tau", "tau_source"))
+    """The summary's `best`: the rule, the checkpoint it picks (our τ, its standard error, vLLM's τ where
+    served), whether that is provisional, each rule's choice, the sentence, and whether vLLM's τ of the
+    best disagrees with ours beyond the prompts' noise (`vllm_disagrees`, `noise`, `vllm_note`)."""
+    none = dict.fromkeys(("checkpoint_id", "epoch", "val_loss", "tau", "tau_standard_error", "vllm_tau"))
+    chosen = None if choice.provisional else choice.best
     return {"by": choice.by, **(_score_dict(choice.best) or none),
+            "noise": chosen.noise if chosen else None,
+            "vllm_disagrees": chosen.vllm_disagrees if chosen else None, "vllm_note": vllm_note(choice),
             "provisional": choice.provisional, "by_tau": _score_dict(choice.by_tau),
             "by_val_loss": _score_dict(choice.by_val_loss),
             "differ": bool(choice.by_tau and choice.by_val_loss

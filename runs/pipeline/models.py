@@ -184,7 +184,7 @@ class TrainingRun(StageRecord):
     tokens_per_second = models.FloatField(null=True, blank=True)
     best_epoch = models.PositiveIntegerField(null=True, blank=True)
     best_tau = models.FloatField(null=True, blank=True, help_text=(
-        "the best checkpoint's τ (vLLM's where a serve check ran, else ours), once the run's rule decided it "
+        "the best checkpoint's τ as our evaluate stage measured it, once the run's rule decided it "
         "(runs.pipeline.best); the lists, sweeps and compare show and sort by it"))
     device = models.CharField(max_length=100, blank=True)
     tokens_per_step = models.PositiveIntegerField(null=True, blank=True, help_text="packing budget actually used")

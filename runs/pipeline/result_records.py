@@ -23,6 +23,7 @@ from runs.models import (
     ExtractStage,
     Extraction,
     Manifest,
+    PipelineRun,
     Preparation,
     ServeCheck,
     StageStatus,
@@ -117,9 +118,9 @@ def training_record(*, record_id: int, result: TrainResult, log_tail: str,
 
 def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str,
                       started_at: datetime | None = None) -> None:
-    """The measurement, then the best checkpoint of the run it measured (runs.pipeline.best: by τ, known
+    """The measurement, then the best checkpoint of the run it measured (runs.pipeline.best: by our τ, known
     once the run's evaluate stage has measured every checkpoint); for a run that asked for it, a serve
-    check of that best on the same prompts."""
+    check of that best on the same prompts (_best_serve_check)."""
     with transaction.atomic():
         stage_succeed(stage_name="evaluate", record_id=record_id, fields=result_columns(Evaluation, result),
                       log_tail=log_tail, started_at=started_at)
@@ -128,11 +129,24 @@ def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str
         best = best_decide(run_id=evaluation.run_id or checkpoint_run_id(evaluation.checkpoint_id))
         if evaluation.run_id is not None:
             alert_events.tau_recorded(run_id=evaluation.run_id)
-        if evaluation.run is not None and (evaluation.run.config or {}).get("serve_check") and evaluation.checkpoint:
-            # The best by τ may be another checkpoint than the one this row measured: the check serves it with
-            # this row's prompts and settings, which the stage measured every checkpoint with (serve_check_record
-            # takes that checkpoint's own τ as ours).
-            serve_check_request(checkpoint=best or evaluation.checkpoint, user=None, evaluation=evaluation)
+        _best_serve_check(run_id=evaluation.run_id or checkpoint_run_id(evaluation.checkpoint_id),
+                          best=best or (evaluation.checkpoint if evaluation.run_id else None))
+
+
+def _best_serve_check(*, run_id: int | None, best: Checkpoint | None) -> None:
+    """A run that asked for a serve check gets one of the checkpoint its rule chose, once its evaluate
+    stage succeeded, and of the new best whenever a later measurement moves it: vLLM's figure shows
+    beside ours for the checkpoint the run offers. The best may be another checkpoint than the one the
+    run's row measured: the check serves it with that row's prompts and settings, which the stage measured
+    every checkpoint with (serve_check_record takes that checkpoint's own τ as ours). Asked once per
+    checkpoint: a finished or failed check of it is not asked again."""
+    run = PipelineRun.objects.filter(pk=run_id).select_related("evaluation").first() if run_id else None
+    stage = getattr(run, "evaluation", None) if run is not None else None
+    if (best is None or stage is None or stage.status != StageStatus.SUCCEEDED
+            or not (run.config or {}).get("serve_check")):
+        return
+    if not ServeCheck.objects.filter(checkpoint=best, evaluation=stage).exists():
+        serve_check_request(checkpoint=best, user=None, evaluation=stage)
 
 
 def measured_alongside_record(*, measured: Evaluation, checkpoint_id: int, result: EvaluationResult) -> Evaluation:
@@ -163,19 +177,14 @@ def verification_request_record(*, record_id: int, result: Verification, log_tai
 def serve_check_record(*, record_id: int, result: ServeCheckResult, log_tail: str,
                        started_at: datetime | None = None) -> None:
     """What vLLM said, beside our τ on the same prompts (the evaluation's): vLLM's emitted-token τ
-    (our definition) minus ours; then the best checkpoint of the run that trained it, vLLM's τ counting
-    before ours (runs.pipeline.best)."""
+    (our definition) minus ours. It chooses nothing: the best is chosen by our τ alone, measured on every
+    checkpoint (runs.pipeline.best), and the run page shows vLLM's figure beside it."""
     check = ServeCheck.objects.select_related("evaluation").get(pk=record_id)
     ours = tau_on_the_same_prompts(checkpoint_id=check.checkpoint_id, evaluation=check.evaluation)
     fields = {**result_columns(ServeCheck, result), "tau": ours,
               "tau_difference": None if ours is None else result.vllm_tau_emitted - ours}
-    with transaction.atomic():
-        stage_succeed(stage_name="serve_check", record_id=record_id, fields=fields, log_tail=log_tail,
-                      started_at=started_at)
-        run_id = checkpoint_run_id(check.checkpoint_id)
-        best_decide(run_id=run_id)
-        if run_id is not None:
-            alert_events.tau_recorded(run_id=run_id)  # vLLM's τ may be the run's τ now (runs.pipeline.best)
+    stage_succeed(stage_name="serve_check", record_id=record_id, fields=fields, log_tail=log_tail,
+                  started_at=started_at)
 
 
 # What each stage's (and job's) worker records once it succeeded.

@@ -236,7 +236,7 @@ def attempt_dict(attempt: StageAttempt) -> dict:
 
 
 def evaluation_dict(evaluation: Evaluation | None, simulated_tau: float | None = None) -> dict:
-    fields = ("tau", "acceptance_per_position", "output_matches_greedy", "mismatched_prompts", "num_prompts",
+    fields = ("tau", "tau_standard_error", "acceptance_per_position", "output_matches_greedy", "mismatched_prompts", "num_prompts",
               "new_tokens", "verify_forwards", "num_speculative_tokens", "max_new_tokens", "spec_tokens_per_s",
               "greedy_tokens_per_s", "speedup", "device", "prompt_source", "checkpoint_id")
     values = {key: getattr(evaluation, key, None) for key in fields}
@@ -334,8 +334,9 @@ def run_summary(run: PipelineRun) -> dict:
              "train_loss": c.train_loss, "val_loss": c.val_loss,
              "is_best": c.is_best, "val_metrics": c.val_metrics, "simulated_tau": c.simulated_tau,
              "tau": c.measured[0].tau if c.measured else None,
-             # The τ the best is chosen by (runs.pipeline.best): vLLM's where a serve check ran, else ours.
-             "vllm_tau": by_id[c.pk].tau_vllm if c.pk in by_id else None,
+             # The τ the best is chosen by (runs.pipeline.best): ours, measured as the evaluate stage measured
+             # every checkpoint; vLLM's on the same prompts beside it where a serve check ran (it chooses nothing).
+             "vllm_tau": by_id[c.pk].vllm_tau if c.pk in by_id else None,
              "tau_for_best": by_id[c.pk].tau if c.pk in by_id else None, "serve_command": c.serve_command,
              "usable": not c.unusable_why, "unusable_why": c.unusable_why}
             for c in checkpoints

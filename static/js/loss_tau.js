@@ -1,7 +1,8 @@
 // Validation loss against measured τ, one point per checkpoint: on the run page (its checkpoints, with the
 // best by τ and the lowest validation loss marked, and the sentence saying which is the run's best), and
 // on the compare page (every checkpoint of the compared runs, a colour per run). The τ plotted is the one
-// the best is chosen by (runs.pipeline.best): vLLM's where a serve check ran, ours otherwise.
+// the best is chosen by (runs.pipeline.best): ours, measured alike on every checkpoint; vLLM's, where a
+// serve check ran, is named beside it in the label.
 // Data reaches the page as text: numbers and names go through dom.plotlyText, never through innerHTML.
 (function () {
   "use strict";
@@ -16,8 +17,8 @@
   }
 
   function hover(prefix, c) {
-    const source = c.vllm_tau != null ? "vLLM's" : "ours";
-    return dom.plotlyText(`${prefix}epoch ${c.epoch + 1}: validation loss ${c.val_loss.toFixed(4)}, τ ${c.tau_for_best.toFixed(3)} (${source})`);
+    const vllm = c.vllm_tau != null ? `; vLLM's ${c.vllm_tau.toFixed(3)}` : "";
+    return dom.plotlyText(`${prefix}epoch ${c.epoch + 1}: validation loss ${c.val_loss.toFixed(4)}, τ ${c.tau_for_best.toFixed(3)}${vllm}`);
   }
 
   function trace(name, points, marker, prefix) {
@@ -41,6 +42,11 @@
       line.textContent = best.text || "";
       line.hidden = !best.text;
       line.className = best.provisional ? "hint provisional" : "";
+    }
+    const note = document.getElementById("best-vllm-note");
+    if (note) {
+      note.textContent = best.vllm_note || "";
+      note.hidden = !best.vllm_note;
     }
     // run_detail.js draws the table with a plain "best" badge; until τ decides, the mark is provisional.
     for (const badge of document.querySelectorAll("#checkpoint-table tr.best .badge")) {

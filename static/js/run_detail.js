@@ -130,7 +130,8 @@
     cell("num_speculative_tokens").textContent = a.num_speculative_tokens;
     cell("speeds").textContent = fmt.format(Math.round(a.spec_tokens_per_s)) + " / " +
       fmt.format(Math.round(a.greedy_tokens_per_s)) + " on " + a.device;
-    cell("prompts").textContent = a.num_prompts + " prompts, " + fmt.format(a.new_tokens) + " tokens";
+    cell("prompts").textContent = a.num_prompts + " prompts, " + fmt.format(a.new_tokens) + " tokens" +
+      (a.tau_standard_error != null ? "; τ's standard error over them " + a.tau_standard_error.toFixed(3) : "");
     const note = document.getElementById("speed-note");
     if (note) note.hidden = a.device !== "cpu";
     window.drawAcceptance("plot-acceptance", a.acceptance_per_position);

@@ -1,6 +1,7 @@
 """A run's best checkpoint (runs.pipeline.best): the highest τ its evaluate stage measured, the lower
-validation loss on a tie, vLLM's τ over ours where a serve check ran; the lowest validation loss when the
-run asks for it (`best_by`), which the form, the API and run_pipeline refuse naming the field when bad.
+validation loss on a tie, chosen by our τ alone (measured on every checkpoint) with vLLM's shown beside it
+and a note where the two disagree beyond the prompts' noise; the lowest validation loss when the run asks
+for it (`best_by`), which the form, the API and run_pipeline refuse naming the field when bad.
 
 Each run here has three checkpoints whose losses and τ disagree: epoch 1 has the lowest validation loss
 (the trainer's mark), epoch 2 the highest τ. The evaluate stage is played as a worker plays it: the
@@ -29,6 +30,8 @@ pytestmark = pytest.mark.django_db
 
 LOSSES = {0: 2.0, 1: 1.5, 2: 1.7}  # epoch 1: the lowest validation loss
 TAUS = {0: 2.0, 1: 2.30, 2: 2.41}  # epoch 2: the highest τ
+# τ's standard error over the prompts of every measurement here: the prompts' noise is 2 × 0.04 = 0.08.
+STANDARD_ERROR = 0.04
 
 
 def _launch(user, roots, **config) -> PipelineRun:
@@ -45,18 +48,20 @@ def _trained(run, losses=LOSSES, trainers_best: int = 1) -> dict[int, Checkpoint
     return checkpoints
 
 
-def _result(checkpoint: Checkpoint, tau: float, *, max_new_tokens: int = 64, k: int = 3):
+def _result(checkpoint: Checkpoint, tau: float, *, max_new_tokens: int = 64, k: int = 3,
+            standard_error: float | None = STANDARD_ERROR):
     from workers.stages.evaluate.measure import EvaluationResult
 
     return _made(
         EvaluationResult, checkpoint_dir=Path(checkpoint.path), target_dir=Path("/target"), num_speculative_tokens=k,
         max_new_tokens=max_new_tokens, num_prompts=4, prompt_source="validation conversations", tau=tau,
+        tau_standard_error=standard_error,
         acceptance_per_position=[0.5, 0.3, 0.2], new_tokens=256, verify_forwards=100, output_matches_greedy=True,
         mismatched_prompts=[], spec_seconds=1.0, greedy_seconds=2.0, spec_tokens_per_s=256.0,
         greedy_tokens_per_s=128.0, speedup=2.0, device="cpu", seconds=3.0)
 
 
-def _evaluated(run, checkpoints: dict[int, Checkpoint], taus=TAUS) -> None:
+def _evaluated(run, checkpoints: dict[int, Checkpoint], taus=TAUS, standard_error: float | None = STANDARD_ERROR) -> None:
     """The evaluate stage: every other checkpoint first, then its own row, of the trainer's mark."""
     marked = next(c for c in checkpoints.values() if c.is_best)
     Evaluation.objects.filter(pk=run.evaluation.pk).update(checkpoint=marked)
@@ -64,10 +69,11 @@ def _evaluated(run, checkpoints: dict[int, Checkpoint], taus=TAUS) -> None:
     for epoch, checkpoint in checkpoints.items():
         if checkpoint == marked:
             continue
-        result = _result(checkpoint, taus[epoch])
+        result = _result(checkpoint, taus[epoch], standard_error=standard_error)
         measured_alongside_record(measured=stage, checkpoint_id=checkpoint.pk, result=result)
     started = stage_start(stage_name="evaluate", record_id=run.evaluation.pk, worker="test").started_at
-    evaluation_record(record_id=run.evaluation.pk, result=_result(marked, taus[marked.epoch]), log_tail="",
+    evaluation_record(record_id=run.evaluation.pk, result=_result(marked, taus[marked.epoch],
+                                                                  standard_error=standard_error), log_tail="",
                       started_at=started)
 
 
@@ -162,25 +168,69 @@ def test_a_measurement_with_other_settings_does_not_choose(user, roots):
     assert selectors.run_summary(selectors.run_list().get(pk=run.pk))["best"]["epoch"] == 2
 
 
-def test_vllms_tau_from_the_serve_check_overrides_ours(user, roots):
+def _serve_checked_run(user, roots, standard_error: float | None = STANDARD_ERROR):
+    """A run that asked for a serve check, its checkpoints measured (epoch 2 the best by our τ, 2.41), the
+    check it asked for done, vLLM accepting less of epoch 2 than our decoding did: 2.20, below the unserved
+    epoch 1's 2.30 by ours."""
     fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=1)  # FAKE: a vLLM host, so the run may ask for a check
     run = _launch(user, roots, serve_check=True)
     checkpoints = _trained(run)
-    _evaluated(run, checkpoints)
+    _evaluated(run, checkpoints, standard_error=standard_error)
     # The run's check serves its best by τ (epoch 2), with the run's measurement's prompts and settings.
     check = ServeCheck.objects.get()
     assert (check.checkpoint, check.evaluation_id) == (checkpoints[2], run.evaluation.pk)
-    _served(check, vllm_tau=2.20)  # vLLM accepts less of epoch 2 than our decoding did
+    _served(check, vllm_tau=2.20)
     check.refresh_from_db()
     assert check.tau == pytest.approx(2.41) and check.tau_difference == pytest.approx(2.20 - 2.41)  # ours: epoch 2's
-    assert _best_epoch(run) == 1
+    return run, checkpoints
+
+
+NOTE = ("vLLM's τ for the best, 2.20, differs from ours, 2.41, by -0.21: more than the prompts' noise (±0.08, "
+        "2 standard errors of our τ over its 4 prompts). The best was chosen by our τ, measured on every checkpoint; "
+        "served by vLLM the checkpoints may rank otherwise: serve-check the others from their pages before relying "
+        "on the choice.")
+
+
+def test_the_best_is_chosen_by_our_tau_alone_and_vllms_disagreement_is_said_on_the_page_and_api(
+        user, roots, client, django_capture_on_commit_callbacks):
+    # Chosen across the two measures, the served epoch 2 (vLLM's 2.20) lost to the unserved epoch 1 (our 2.30).
+    with django_capture_on_commit_callbacks(execute=True):
+        run, checkpoints = _serve_checked_run(user, roots)
+    assert _best_epoch(run) == 2
+    assert type(run.training_run).objects.get(pk=run.training_run.pk).best_tau == 2.41  # ours, what lists sort by
     summary = _summary(run)
     by_epoch = {c["epoch"]: c for c in summary["checkpoints"]}
-    assert (by_epoch[2]["tau"], by_epoch[2]["vllm_tau"], by_epoch[2]["tau_for_best"]) == (2.41, 2.20, 2.20)
-    assert summary["best"]["text"] == "best by τ: epoch 2 (τ 2.30), also the lowest validation loss."
+    assert (by_epoch[2]["tau"], by_epoch[2]["vllm_tau"], by_epoch[2]["tau_for_best"]) == (2.41, 2.20, 2.41)
+    assert by_epoch[1]["vllm_tau"] is None and by_epoch[1]["tau_for_best"] == 2.30
+    best = summary["best"]
+    assert (best["epoch"], best["tau"], best["vllm_tau"], best["tau_standard_error"]) == (2, 2.41, 2.20, 0.04)
+    assert best["noise"] == pytest.approx(0.08) and best["vllm_disagrees"] is True
+    assert best["text"] == "best by τ: epoch 3 (τ 2.41; vLLM 2.20); lowest validation loss: epoch 2 (τ 2.30)."
+    assert best["vllm_note"] == NOTE
+    client.force_login(user)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert f'<p id="best-vllm-note" class="field-error">{NOTE.replace(chr(39), "&#x27;")}</p>' in page
+    api = ApiClient(tokens.token_create(user=user, name="tests")[1])
+    status = api.get(f"/api/v1/runs/{run.pk}/status/").json()
+    assert status["best"]["vllm_note"] == NOTE and status["best"]["vllm_disagrees"] is True
 
 
-def test_vllms_tau_can_also_raise_a_checkpoint_to_best(user, roots):
+def test_vllms_tau_within_the_prompts_noise_of_ours_is_no_disagreement(user, roots, client):
+    # The same figures, measured on prompts that spread τ more: a standard error of 0.15 makes the noise ±0.30.
+    run, _ = _serve_checked_run(user, roots, standard_error=0.15)
+    best = _summary(run)["best"]
+    assert (best["epoch"], best["vllm_tau"], best["vllm_disagrees"], best["vllm_note"]) == (2, 2.20, False, "")
+    client.force_login(user)
+    assert '<p id="best-vllm-note" class="field-error" hidden></p>' in client.get(run.get_absolute_url()).content.decode()
+
+
+def test_without_a_standard_error_a_disagreement_is_not_claimed(user, roots):
+    run, _ = _serve_checked_run(user, roots, standard_error=None)  # measured before the error was kept
+    best = _summary(run)["best"]
+    assert (best["vllm_tau"], best["noise"], best["vllm_disagrees"], best["vllm_note"]) == (2.20, None, None, "")
+
+
+def test_vllms_tau_of_another_checkpoint_moves_nothing(user, roots):
     run = _launch(user, roots)
     checkpoints = _trained(run)
     _evaluated(run, checkpoints)
@@ -188,9 +238,22 @@ def test_vllms_tau_can_also_raise_a_checkpoint_to_best(user, roots):
     from runs.checkpoints.serve_check_services import serve_check_request
 
     check, _ = serve_check_request(checkpoint=checkpoints[1], user=user, enqueue=False)
-    _served(check, vllm_tau=2.60)
+    _served(check, vllm_tau=2.60)  # above the best's 2.41 by ours, but only epoch 1 was served
+    assert _best_epoch(run) == 2
+    best = _summary(run)["best"]
+    assert (best["tau"], best["vllm_tau"]) == (2.41, None)
+    assert best["text"] == "best by τ: epoch 3 (τ 2.41); lowest validation loss: epoch 2 (τ 2.30; vLLM 2.60)."
+
+
+def test_a_later_measurement_that_moves_the_best_gets_the_new_best_serve_checked(user, roots):
+    run, checkpoints = _serve_checked_run(user, roots)
+    # Epoch 1 measured again as the evaluate stage measures (its prompts and settings): 2.50 now, the best by ours.
+    again = Evaluation.objects.create(checkpoint=checkpoints[1], max_new_tokens=64, num_speculative_tokens=3)
+    started = stage_start(stage_name="evaluate", record_id=again.pk, worker="test").started_at
+    evaluation_record(record_id=again.pk, result=_result(checkpoints[1], 2.50), log_tail="", started_at=started)
     assert _best_epoch(run) == 1
-    assert "best by τ: epoch 2 (τ 2.60, vLLM), also the lowest validation loss" in _summary(run)["best"]["text"]
+    checks = list(ServeCheck.objects.order_by("id").values_list("checkpoint__epoch", "evaluation_id", "status"))
+    assert checks == [(2, run.evaluation.pk, "succeeded"), (1, run.evaluation.pk, "queued")]
 
 
 def test_the_run_page_says_provisional_then_shows_both_choices_when_they_differ(

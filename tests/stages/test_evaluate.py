@@ -95,6 +95,16 @@ def test_tau_of_the_trained_draft_is_emitted_tokens_per_verification_forward(tra
     assert len(per_position) == K and all(a >= b for a, b in zip(per_position, per_position[1:]))
 
 
+def test_taus_standard_error_is_over_the_prompts_emitted_tokens_and_forwards(trained_result):
+    # Read from each prompt's reply (its tokens after the prefill's, its forwards), not from the accepted lists.
+    emitted = [p.new_tokens - 1 for p in trained_result.prompts]
+    forwards = [p.verify_forwards for p in trained_result.prompts]
+    n, tau = len(forwards), sum(emitted) / sum(forwards)
+    assert tau == pytest.approx(trained_result.tau)
+    spread = sum((t - tau * f) ** 2 for t, f in zip(emitted, forwards)) * n / (n - 1)
+    assert trained_result.tau_standard_error == pytest.approx(spread ** 0.5 / sum(forwards))
+
+
 def test_an_untrained_draft_gives_the_same_text_with_lower_tau(tiny_target, untrained_checkpoint, prompts,
                                                                  trained_result):
     untrained = evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=untrained_checkpoint, prompts=prompts,

@@ -31,3 +31,22 @@ def tau_from_accepted(accepted: list[int], k: int) -> tuple[float, list[float]]:
     forwards = len(accepted)
     per_position = [sum(a > i for a in accepted) / forwards for i in range(k)]
     return sum(a + 1 for a in accepted) / forwards, per_position
+
+
+def tau_standard_error(accepted_per_prompt: list[list[int]]) -> float | None:
+    """The standard error of τ over the prompts it was measured on: how far τ would typically move
+    with another draw of as many prompts like these (the prompts' noise). None under two prompts.
+
+    τ pools every verification forward, Σ_i T_i / Σ_i F_i (T_i: the tokens prompt i's F_i forwards
+    emitted), so a prompt is a cluster of forwards, not one observation each: the ratio estimator's
+    standard error over clusters, √(n/(n−1) · Σ_i (T_i − τ·F_i)²) / Σ_i F_i. With equal forwards per
+    prompt it is the familiar sd(τ_i)/√n of the prompts' own τ."""
+    prompts = [a for a in accepted_per_prompt if a]
+    n = len(prompts)
+    if n < 2:
+        return None
+    emitted = [sum(a + 1 for a in accepted) for accepted in prompts]
+    forwards = [len(accepted) for accepted in prompts]
+    tau = sum(emitted) / sum(forwards)
+    spread = sum((t - tau * f) ** 2 for t, f in zip(emitted, forwards)) * n / (n - 1)
+    return spread ** 0.5 / sum(forwards)

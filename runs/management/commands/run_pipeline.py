@@ -99,7 +99,7 @@ class Command(BaseCommand):
         # No argparse choices: RunConfig refuses a bad value naming the field, as the form and the API do.
         parser.add_argument("--best-by", default=RunConfig.best_by,
                             help=f"{' or '.join(BEST_BY)} (default %(default)s): the run's best checkpoint is the one "
-                            "with the highest τ measured on the held-out prompts (vLLM's where a serve check ran), "
+                            "with the highest τ our evaluate stage measured on the held-out prompts, "
                             "or the one with the lowest validation loss")
         parser.add_argument("--hidden-states", default=RunConfig.hidden_states,
                             help=f"{' or '.join(HIDDEN_STATES)} (default %(default)s): online writes no extraction; "
@@ -182,6 +182,8 @@ class Command(BaseCommand):
             self.stdout.write(f"  checkpoint epoch {ckpt['epoch']}: {ckpt['path']}{tau}{mark}")
         if best["text"]:
             self.stdout.write(f"  {best['text']}")
+        if best["vllm_note"]:
+            self.stdout.write(f"  {best['vllm_note']}")
         acceptance = summary["acceptance"]
         if acceptance["tau"] is not None:
             simulated = acceptance["simulated_tau"]

@@ -41,6 +41,7 @@ from workers.stages.evaluate.prompts import (  # noqa: E402,F401 - the prompts' 
     validation_rows,
 )
 from workers.stages.evaluate.speculative import EvaluationStopped, PromptResult, eos_ids, measure  # noqa: E402,F401
+from workers.contract.acceptance import tau_standard_error  # noqa: E402
 from workers.contract.target import read_target_config  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,9 @@ class EvaluationResult:
     speedup: float
     device: str
     seconds: float
+    # τ's standard error over the prompts (workers.contract.acceptance.tau_standard_error): the prompts'
+    # noise, against which a serve check's figure for the run's best is judged (runs.pipeline.best).
+    tau_standard_error: float | None = None
     prompts: list[PromptResult] = field(default_factory=list)
     # The replies token by token, bounded (workers.stages.evaluate.generations); empty where the target's
     # tokenizer could not be loaded to give the tokens' texts.
@@ -301,6 +305,7 @@ def evaluate(
         greedy_tokens_per_s=new_tokens / greedy_s if greedy_s else 0.0,
         speedup=greedy_s / spec_s if spec_s else 0.0,
         device=where, seconds=time.monotonic() - started, prompts=measured.prompts, generations=generations,
+        tau_standard_error=tau_standard_error([p.accepted for p in measured.prompts]),
     )
     log.info("evaluated %s on %d prompts: tau %.3f (k=%d), acceptance %s, %s greedy output",
              checkpoint_dir, len(measured.prompts), tau, k, [round(p, 3) for p in per_position],
