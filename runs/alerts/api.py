@@ -48,7 +48,8 @@ class AlertRuleList(ApiView):
         """Make an alert rule; refused (400, naming the field) for a bad value, nothing stored."""
         body = self.body()
         try:
-            rule = services.rule_create(user=request.user, data=services.RuleInput(**body))
+            rule = services.rule_create(user=request.user, data=services.RuleInput(**body),
+                                       site_url=services.request_site_url(request))
         except services.RuleError as exc:
             raise ApiInputError(str(exc), field=exc.field) from None
         return created(rule_shape(rule))

@@ -10,7 +10,6 @@ import logging
 import math
 from datetime import timedelta
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
@@ -54,8 +53,8 @@ def _fire_all(*, event: str, run: PipelineRun, subject: str, text: str, rules: l
     seeing = set(access.who_sees(get_user_model().objects.filter(pk__in={r.owner_id for r in rules}),
                                  project_id=run.project_id).values_list("pk", flat=True)) if rules else set()
     rules = [rule for rule in rules if rule.owner_id in seeing]
-    text = f"{text}\n{settings.EAGLE3WEB_SITE_URL}{run.get_absolute_url()}"
-    return sum(services.alert_fire(rule=rule, subject=subject, text=text, run_id=run.pk) is not None for rule in rules)
+    return sum(services.alert_fire(rule=rule, subject=subject, text=f"{text}\n{rule.link(run.get_absolute_url())}",
+                                   run_id=run.pk) is not None for rule in rules)
 
 
 @_never_raises

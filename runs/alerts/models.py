@@ -32,6 +32,11 @@ class AlertRule(models.Model):
                                      related_name="+", help_text="tau_below: fire when τ is below this run's")
     stall_minutes = models.PositiveIntegerField(null=True, blank=True,
                                                 help_text="stage_stalled: minutes without progress")
+    # Alerts fire in workers, where no request names the site: their links start with EAGLE3WEB_SITE_URL, or,
+    # where it is unset, with the scheme and host of the request that made the rule.
+    site_url = models.CharField(max_length=300, blank=True,
+                                help_text="scheme://host of the request that made the rule (its links' start when "
+                                          "EAGLE3WEB_SITE_URL is unset)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -39,6 +44,10 @@ class AlertRule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} rule {self.pk} of {self.owner}"
+
+    def link(self, path: str) -> str:
+        """An absolute link to `path` for this rule's messages (relative only where neither is known)."""
+        return f"{settings.EAGLE3WEB_SITE_URL or self.site_url}{path}"
 
 
 class Alert(models.Model):

@@ -103,8 +103,10 @@ def _event_settings(data: RuleInput) -> dict:
     return values
 
 
-def rule_create(*, user, data: RuleInput) -> AlertRule:
-    """A rule of `user`; RuleError naming the field for a bad value, and nothing stored."""
+def rule_create(*, user, data: RuleInput, site_url: str = "") -> AlertRule:
+    """A rule of `user`; RuleError naming the field for a bad value, and nothing stored. `site_url`: the
+    scheme and host of the request that makes it (`request_site_url`), its links' start where
+    EAGLE3WEB_SITE_URL is unset."""
     values = _event_settings(data)
     team, staff = _team(user, data.team)
     url = (data.webhook_url or "").strip()
@@ -116,7 +118,12 @@ def rule_create(*, user, data: RuleInput) -> AlertRule:
         except WebhookRefused as exc:
             raise RuleError(str(exc), field="webhook_url") from None
     return AlertRule.objects.create(owner=user, event=data.event, team=team, staff=staff, email=bool(data.email),
-                                    webhook_url=url, **values)
+                                    webhook_url=url, site_url=site_url[:300], **values)
+
+
+def request_site_url(request) -> str:
+    """scheme://host[:port] of a request, as Django validated its host (ALLOWED_HOSTS)."""
+    return request.build_absolute_uri("/").rstrip("/")
 
 
 def rule_delete(*, user, rule_id: int) -> bool:

@@ -33,7 +33,8 @@ def alert_rules(request: HttpRequest) -> HttpResponse:
     form = AlertRuleForm(request.POST or None, teams=teams)
     if request.method == "POST" and form.is_valid():
         try:
-            rule = services.rule_create(user=request.user, data=form.rule_input())
+            rule = services.rule_create(user=request.user, data=form.rule_input(),
+                                       site_url=services.request_site_url(request))
         except services.RuleError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, str(exc))
         else:

@@ -2,6 +2,8 @@
 400 naming the field and stores nothing; the list page behind the bell marks alerts read."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from runs.alerts import services
@@ -104,3 +106,46 @@ def test_the_list_page_shows_alerts_and_marks_them_read(client, user, run):
     client.post("/alerts/read/", {"notice": str(notice.pk)})
     assert AlertNotice.objects.get().read_at is not None
     assert b'id="alert-unread"' not in client.get("/alerts/").content
+
+
+def _fail_prepare(run) -> None:
+    from runs.pipeline.stage_services import stage_start
+
+    stage_start(stage_name="prepare", record_id=run.preparation.pk, worker="w1")
+    stage_fail(stage_name="prepare", record_id=run.preparation.pk, error="ValueError: no rows left", log_tail="")
+
+
+@pytest.mark.parametrize("made_by", ["page", "api"])
+def test_without_a_site_url_the_webhooks_link_starts_with_the_host_that_made_the_rule(
+        made_by, client, api, user, run, receiver, settings):
+    """EAGLE3WEB_SITE_URL unset: the link the webhook receives is absolute, from the scheme and host of the
+    request that made the rule (the alert fires in a worker, where no request is)."""
+    from runs.alerts.models import Alert, AlertDelivery
+
+    settings.EAGLE3WEB_SITE_URL = ""
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "eagle.lab.example"]
+    if made_by == "page":
+        client.login(username="launcher", password="pw-launcher-1")
+        made = client.post("/alerts/rules/", {"event": "run_failed", "webhook_url": receiver.url},
+                           HTTP_HOST="eagle.lab.example:8443")
+        assert made.status_code == 302
+    else:
+        made = api.client.post(URL, json.dumps({"event": "run_failed", "webhook_url": receiver.url}),
+                               content_type="application/json", HTTP_HOST="eagle.lab.example:8443", **api._extra())
+        assert made.status_code == 201, made.content
+    _fail_prepare(run)
+    for delivery in AlertDelivery.objects.all():
+        services.delivery_send(delivery_id=delivery.pk)
+    link = f"http://eagle.lab.example:8443/runs/{run.pk}/"
+    assert Alert.objects.get().text.endswith("\n" + link)
+    assert [body["text"].splitlines()[-1] for body in receiver.bodies()] == [link]
+
+
+def test_a_set_site_url_goes_before_the_host_that_made_the_rule(client, user, run, settings):
+    from runs.alerts.models import Alert
+
+    settings.EAGLE3WEB_SITE_URL = "https://eagle3web.example.org"
+    client.login(username="launcher", password="pw-launcher-1")
+    assert client.post("/alerts/rules/", {"event": "run_failed"}).status_code == 302
+    _fail_prepare(run)
+    assert Alert.objects.get().text.endswith(f"\nhttps://eagle3web.example.org/runs/{run.pk}/")
