@@ -10,7 +10,7 @@ DEMO_DIR ?= data/demo
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: setup migrate demo worker web test bench check-outputs browser-deps vllm mlflow
+.PHONY: setup migrate demo worker web test bench check-outputs browser-deps compose-deps vllm mlflow
 
 setup: $(VENV)/.installed migrate
 
@@ -59,6 +59,12 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) bench/pipeline.py --json
+
+# Compose for tests/settings/test_compose.py, which loads docker-compose.yml with it: the Docker CLI's
+# plugin where there is one, else Debian's docker-compose (1.29.2 on bookworm; it needs no Docker engine).
+compose-deps:
+	docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || \
+	  (apt-get update -q && apt-get install -y -q --no-install-recommends docker-compose)
 
 # Debian's Chromium for the browser tests (Playwright cannot download its own browser here).
 browser-deps:
