@@ -117,6 +117,20 @@ def _visible(count: int, handle_by_uuid) -> list:
     return handles
 
 
+def _imported(name: str):
+    """The module if this process has imported it in full; None while it is absent or still being imported.
+
+    A stage imports torch in the task's thread while the sampler reads in its own: a fresh worker's first
+    stage put a half-initialised torch in sys.modules for seconds, and reading `torch.cuda` from it raised
+    "partially initialized module 'torch' has no attribute 'cuda'". The import machinery marks a module
+    being executed with its spec's `_initializing` (what CPython's own "partially initialized" error
+    checks); until then its stage cannot have initialised CUDA, so there is nothing of it to read."""
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module
+
+
 class GpuMeter:
     """Utilisation and memory of each GPU this process sees; [] where it sees none."""
 
@@ -133,7 +147,7 @@ class GpuMeter:
     def read(self) -> list[dict]:
         if self._nvml is not None:
             return self._read_nvml()
-        torch = sys.modules.get("torch")
+        torch = _imported("torch")
         if torch is None or not torch.cuda.is_initialized():
             return []
         # Reading a device's allocator initialises nothing; the device-wide figures would (a context per GPU).
