@@ -214,6 +214,13 @@ EAGLE3WEB_WORKER_GPU_QUEUES = env_bool("EAGLE3WEB_WORKER_GPU_QUEUES", True)
 # that address is listed too. Empty: no webhooks. A failed delivery is tried again after this many
 # seconds, doubling each time (6 attempts).
 EAGLE3WEB_WEBHOOK_ALLOWED_HOSTS = env_list("EAGLE3WEB_WEBHOOK_ALLOWED_HOSTS", [])
+# Capture servers an online run may reach by URL (capture_urls) follow the same rule: host names,
+# addresses or networks; loopback, private, link-local and metadata addresses only when listed. Empty: no
+# capture URL (capture servers the train stage starts itself need no entry). Such a server writes its
+# hidden states into its own folder under EAGLE3WEB_CAPTURE_STAGING_DIR (empty: <EAGLE3WEB_RUNS_DIR>/
+# capture_staging), the one place a train stage reads and deletes the files it names.
+EAGLE3WEB_CAPTURE_ALLOWED_HOSTS = env_list("EAGLE3WEB_CAPTURE_ALLOWED_HOSTS", [])
+EAGLE3WEB_CAPTURE_STAGING_DIR = env_str("EAGLE3WEB_CAPTURE_STAGING_DIR", "")
 # The site's address as people reach it (https://eagle3web.example.org), put before the links in alert
 # texts, emails and webhooks (a Slack message cannot open a bare /runs/12/); empty: the path alone.
 EAGLE3WEB_SITE_URL = env_str("EAGLE3WEB_SITE_URL", "").rstrip("/")

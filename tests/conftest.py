@@ -53,6 +53,14 @@ def vllm_launch_check_off(settings):
 
 
 @pytest.fixture(autouse=True)
+def capture_hosts_listed(settings):
+    """The made-up capture servers the launch tests name live in 10.0.0.0/8, a private network the capture
+    host rule refuses unless listed (the setting's own default lists nothing): listed here, as an operator
+    would. Tests of the rule set their own list; loopback is never listed here."""
+    settings.EAGLE3WEB_CAPTURE_ALLOWED_HOSTS = ["10.0.0.0/8"]
+
+
+@pytest.fixture(autouse=True)
 def live_cache_cleared():
     """Each test starts with nothing cached (runs.web.live): cache keys carry ids and change counters,
     which another test's database may hand out again."""

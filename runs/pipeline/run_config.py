@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from workers.contract.backends import BACKENDS_BY_NAME, EXTRACTION_BACKENDS, MAX_GPUS, TRAINING_BACKENDS
 from workers.contract.errors import InputError
+from workers.contract.host_rule import HostRefused, check_url
 from workers.contract.target import MAX_NUM_LAYERS
 
 # Bounds shared by the form, the CLI and the API (the form's fields use the same numbers).
@@ -83,7 +84,8 @@ URL_NAMED = "capture_urls[{}]"
 
 def check_capture_url(url: object, *, index: int, named: str = URL_NAMED) -> str:
     """A capture server's base URL: http(s)://host[:port], with no user, query or fragment, since the
-    train stage appends vLLM's own paths to it. Says which URL (1-based) is wrong and why."""
+    train stage appends vLLM's own paths to it, whose host the capture host rule allows. Says which URL
+    (1-based) is wrong and why."""
     at = named.format(index + 1)
     if not isinstance(url, str):
         raise RunConfigError(f"{at} must be text, got {type(url).__name__}", field="capture_urls")
@@ -111,7 +113,21 @@ def check_capture_url(url: object, *, index: int, named: str = URL_NAMED) -> str
     host = parts.hostname
     if not _host_name_ok(host):
         raise RunConfigError(f"{at} {shown!r}: {host[:60]!r} is not a host name or IP address", field="capture_urls")
+    _check_capture_host(url, at=at, shown=shown)
     return url.rstrip("/")
+
+
+def _check_capture_host(url: str, *, at: str, shown: str) -> None:
+    """The capture host rule (workers.contract.host_rule, as for webhooks): a worker will send this URL GET and
+    POST requests, so its host must be in EAGLE3WEB_CAPTURE_ALLOWED_HOSTS and resolve to public addresses
+    unless they are listed too. The worker checks again when it uses the URL."""
+    from django.conf import settings
+
+    try:
+        check_url(url, allowed=settings.EAGLE3WEB_CAPTURE_ALLOWED_HOSTS, setting="EAGLE3WEB_CAPTURE_ALLOWED_HOSTS",
+                  what="capture server")
+    except HostRefused as exc:
+        raise RunConfigError(f"{at} {shown!r}: {exc}", field="capture_urls") from None
 
 
 def _host_name_ok(host: str) -> bool:

@@ -21,7 +21,7 @@ from tests.fleet import cpu_worker, fake_gpu_worker
 pytestmark = pytest.mark.django_db
 
 ONLINE = {"hidden_states": "online", "capture_servers": 0,
-          "capture_urls": ["http://10.0.0.7:8000", "https://cap.b:9443"],
+          "capture_urls": ["http://10.0.0.7:8000", "https://10.0.0.9:9443"],
           "hidden_states_cache_gb": 2.5}
 
 
@@ -37,7 +37,7 @@ def stored() -> tuple[int, int]:
     ({"hidden_states": "streamed"}, "hidden_states", "hidden_states must be one of offline, online"),
     ({"hidden_states": "online", "capture_urls": ["ftp://h:21"]}, "capture_urls",
      "capture_urls[1] 'ftp://h:21' must start with http:// or https://"),
-    ({"hidden_states": "online", "capture_urls": ["http://a:1", "http://:8000"]}, "capture_urls",
+    ({"hidden_states": "online", "capture_urls": ["http://10.0.0.1:1", "http://:8000"]}, "capture_urls",
      "capture_urls[2] 'http://:8000' names no host"),
     ({"hidden_states": "online", "capture_urls": ["http://h:70000"]}, "capture_urls", "has no valid port"),
     ({"hidden_states": "online", "capture_urls": ["http://h:8000?x=1"]}, "capture_urls", "no user, query or fragment"),
@@ -48,7 +48,7 @@ def stored() -> tuple[int, int]:
     ({"hidden_states": "online", "capture_servers": 17}, "capture_servers", "between 0 and 16, got 17"),
     ({"hidden_states_cache_gb": 0}, "hidden_states_cache_gb", "more than 0"),
     ({"hidden_states_cache_gb": -1.0}, "hidden_states_cache_gb", "more than 0"),
-    ({"capture_urls": ["http://h:8000"]}, "capture_urls", "asked only by an online run"),
+    ({"capture_urls": ["http://10.0.0.1:8000"]}, "capture_urls", "asked only by an online run"),
 ])
 def test_run_config_refuses_naming_the_field(config, field, words):
     with pytest.raises(RunConfigError) as caught:
@@ -57,8 +57,8 @@ def test_run_config_refuses_naming_the_field(config, field, words):
 
 
 def test_run_config_keeps_the_urls_without_a_trailing_slash():
-    config = RunConfig(hidden_states="online", capture_urls=["http://[::1]:8000/", " http://cap-2.lan:8001 "])
-    assert config.capture_urls == ["http://[::1]:8000", "http://cap-2.lan:8001"]
+    config = RunConfig(hidden_states="online", capture_urls=["http://10.0.0.7:8000/", " http://10.0.0.8:8001 "])
+    assert config.capture_urls == ["http://10.0.0.7:8000", "http://10.0.0.8:8001"]
     defaults = RunConfig().as_dict()
     assert {key: defaults[key] for key in ("hidden_states", "capture_urls", "capture_servers",
                                            "hidden_states_cache_gb")} == {
@@ -74,7 +74,7 @@ def test_an_online_launch_through_the_api_the_form_and_the_cli_is_one_run(people
     browser = Client()
     browser.force_login(people["launcher"][0])
     form = {"target_path": str(roots / "target"), "dataset_path": str(roots / "chats.jsonl"), "draft_vocab_size": 64,
-            "hidden_states": "online", "capture_servers": 0, "capture_urls": "http://10.0.0.7:8000\nhttps://cap.b:9443",
+            "hidden_states": "online", "capture_servers": 0, "capture_urls": "http://10.0.0.7:8000\nhttps://10.0.0.9:9443",
             "hidden_states_cache_gb": 2.5, "max_seq_len": 512, "epochs": 2, "lr": 3e-4, "ttt_steps": 3}
     assert browser.post("/runs/new/", form).status_code == 302
     by_form = PipelineRun.objects.exclude(pk=by_api.pk).get()
@@ -82,14 +82,14 @@ def test_an_online_launch_through_the_api_the_form_and_the_cli_is_one_run(people
     out = io.StringIO()
     call_command("run_pipeline", "--target", str(roots / "target"), "--dataset", str(roots / "chats.jsonl"),
                  "--draft-vocab-size", "64", "--hidden-states", "online", "--capture-servers", "0",
-                 "--capture-url", "http://10.0.0.7:8000", "--capture-url", "https://cap.b:9443",
+                 "--capture-url", "http://10.0.0.7:8000", "--capture-url", "https://10.0.0.9:9443",
                  "--hidden-states-cache-gb", "2.5", "--user", people["launcher"][0].username, "--json", stdout=out)
     by_cli = PipelineRun.objects.get(pk=json.loads(out.getvalue())["run_id"])
     assert by_api.config == by_form.config == by_cli.config
     # Capture URLs alone: no vLLM on the trainer's worker, so its training goes where an offline run's does.
     assert stage_queue(stage_name="train", config=by_api.config) == "gpu"
     # "Launch a copy" fills the form's box with the URLs, one a line.
-    assert launch_copy_initial(run_id=str(by_api.pk))["capture_urls"] == "http://10.0.0.7:8000\nhttps://cap.b:9443"
+    assert launch_copy_initial(run_id=str(by_api.pk))["capture_urls"] == "http://10.0.0.7:8000\nhttps://10.0.0.9:9443"
 
 
 @pytest.mark.parametrize(("over", "field", "words"), [
@@ -113,7 +113,7 @@ def test_the_form_shows_the_error_under_the_field_in_its_words(people, roots):
     response = browser.post("/runs/new/", {
         "target_path": str(roots / "target"), "dataset_path": str(roots / "chats.jsonl"), "draft_vocab_size": 64,
         "max_seq_len": 512, "epochs": 2, "lr": 3e-4, "ttt_steps": 3, "hidden_states": "online",
-        "capture_servers": 0, "capture_urls": "http://ok:8000\nhttp://bad host:1"})
+        "capture_servers": 0, "capture_urls": "http://10.0.0.7:8000\nhttp://bad host:1"})
     assert response.status_code == 400
     assert response.context["form"].errors["capture_urls"] == [
         "URL 2 'http://bad host:1' may not hold spaces or control characters"]
@@ -123,7 +123,8 @@ def test_the_form_shows_the_error_under_the_field_in_its_words(people, roots):
 @pytest.mark.parametrize(("flags", "words"), [
     (["--capture-servers", "0"], "--capture-servers: capture_servers 0 starts no capture server"),
     (["--capture-url", "ftp://h:21"], "--capture-url 1 'ftp://h:21' must start with http:// or https://"),
-    (["--capture-url", "http://a:1", "--capture-url", "http://a:1"], "--capture-url 2 'http://a:1' is listed twice"),
+    (["--capture-url", "http://10.0.0.1:1", "--capture-url", "http://10.0.0.1:1"],
+     "--capture-url 2 'http://10.0.0.1:1' is listed twice"),
     (["--hidden-states-cache-gb", "0"], "--hidden-states-cache-gb: hidden_states_cache_gb must be more than 0"),
 ])
 def test_run_pipeline_names_the_flag(people, roots, flags, words):
