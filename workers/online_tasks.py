@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from celery import shared_task
+from django.conf import settings
 
 from eagle3web.db import db_retry
 from runs.pipeline import online as online_run
@@ -24,6 +25,12 @@ def hidden_states_dir(run) -> Path:
     return Path(run.extract_stage.extraction.path) / "hidden_states"
 
 
+def capture_staging_dir() -> Path:
+    """The one folder the files of capture servers given by URL are taken from (the setting, or a folder
+    beside the runs'); their operators point the servers' shared_storage_path here (README)."""
+    return Path(settings.EAGLE3WEB_CAPTURE_STAGING_DIR or Path(settings.EAGLE3WEB_RUNS_DIR) / "capture_staging")
+
+
 def online_source(run):
     """An online run's OnlineSource (workers.stages.train.online); None for an offline run."""
     if not online_run.is_online(run.config):
@@ -37,7 +44,9 @@ def online_source(run):
     return OnlineSource.from_gib(cache_dir=hidden_states_dir(run), cache_gb=float(config["hidden_states_cache_gb"]),
                                  capture_servers=int(config.get("capture_servers") or 0),
                                  capture_urls=list(config.get("capture_urls") or []),
-                                 vllm_executable=vllm_executable())
+                                 vllm_executable=vllm_executable(),
+                                 capture_allowed_hosts=list(settings.EAGLE3WEB_CAPTURE_ALLOWED_HOSTS),
+                                 capture_staging_dir=capture_staging_dir())
 
 
 @shared_task(name="eagle3web.keep_cache", acks_late=True)

@@ -100,6 +100,13 @@ def test_capture_servers_on_a_cuda_host_take_the_gpus_after_the_trainers_or_a_sh
 
 # -- real vLLM ----------------------------------------------------------------------------------------
 
+def reached_by_url(fleet: CaptureFleet) -> dict:
+    """What a worker passes for servers given by URL: the host rule's list (these run on loopback, which
+    is listed, as an operator lists it) and the staging folder their files must lie in (the fleet's
+    folder, holding each server's own: their shared_storage_path is under it)."""
+    return {"capture_allowed_hosts": ("127.0.0.1",), "capture_staging_dir": fleet.work_dir.resolve()}
+
+
 @pytest.fixture(scope="module")
 def inputs(tiny_target, tmp_path_factory):
     return write_training_inputs(tiny_target.target_dir, tiny_target.chats_path, tmp_path_factory.mktemp("online-in"),
@@ -161,7 +168,8 @@ def test_an_online_run_trains_like_the_offline_one_with_its_cache_under_the_limi
     try:
         result = _train(inputs, tmp_path / "online", hidden_states_dir=None, on_metrics=online_points.extend,
                         online=OnlineSource(cache_dir=cache_dir, cache_bytes=limit, capture_servers=0,
-                                            capture_urls=tuple(s.url for s in servers.servers)))
+                                            capture_urls=tuple(s.url for s in servers.servers),
+                                            **reached_by_url(servers)))
     finally:
         sampler.done.set()
         sampler.join()
@@ -199,7 +207,7 @@ def test_a_server_capturing_other_layers_is_refused_naming_the_sample_and_nothin
               t2d_path=inputs.t2d_path, out_dir=tmp_path / "out", layer_ids=other, epochs=1, lr=3e-4, ttt_steps=2,
               draft_vocab_size=inputs.draft_vocab_size, seed=0, device="cpu", hidden_states_dir=None,
               online=OnlineSource(cache_dir=cache_dir, cache_bytes=2**30, capture_servers=0,
-                                  capture_urls=(servers.servers[0].url,)))
+                                  capture_urls=(servers.servers[0].url,), **reached_by_url(servers)))
     assert not list(cache_dir.glob("hs_*.safetensors"))
 
 
@@ -218,7 +226,8 @@ def test_a_capture_server_killed_mid_run_leaves_the_run_finishing_on_the_other(i
     killer.start()
     result = _train(inputs, tmp_path / "out", hidden_states_dir=None,
                     online=OnlineSource(cache_dir=cache_dir, cache_bytes=2**30, capture_servers=0,
-                                        capture_urls=tuple(s.url for s in servers.servers)))
+                                        capture_urls=tuple(s.url for s in servers.servers),
+                                        **reached_by_url(servers)))
     killer.join(timeout=5)
     assert doomed.process.died() is not None
     served = result.supply["served_by"]

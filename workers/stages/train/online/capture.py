@@ -8,30 +8,34 @@ keys, int64 token ids equal to the row, bf16 [T, L, H], finite), and the file's 
 layers or another target is refused with the sample named, and nothing of it is cached. A refusal
 is about the data, so it is never retried; a failed or timed-out request is about the server, so
 it is (on another server while one is left).
+
+A server's answer is untrusted: the request goes to the address its URL was checked at
+(servers.request), the path it names is taken only from its staging folder (staging.take_sample:
+no symlink, nothing outside opened or removed), and what it says reaches an error only as a
+bounded, escaped excerpt.
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.contract.host_rule import excerpt
 from workers.stages.extract.vllm_server import VllmServerError
 from workers.stages.extract.with_vllm import LOCK_TIMEOUT_S, VllmOutputError, check_sample
 from workers.stages.train.online.cache import SampleCache
-from workers.stages.train.online.servers import CaptureFleet, CaptureServer
+from workers.stages.train.online.servers import CaptureFleet, CaptureServer, request
+from workers.stages.train.online.staging import CaptureRefused, take_sample
 
 log = logging.getLogger(__name__)
 
 STAMP = "eagle3web_"
+# The most of a completion's answer read: its prompt_token_ids echo the row (a few bytes a token).
+COMPLETION_BYTES = 64 << 20
 FAILURES_BEFORE_DEAD = 2  # consecutive failed requests after which a server that still runs is left alone
-
-
-class CaptureRefused(VllmOutputError):
-    """A server's sample disagrees with the run (layers, target, token ids, values); names the sample."""
 
 
 @dataclass(frozen=True)
@@ -74,14 +78,11 @@ class CaptureClient:
 
     def __init__(self, fleet: CaptureFleet, cache: SampleCache, *, layer_ids: list[int], hidden_size: int,
                  num_hidden_layers: int, request_timeout_s: float):
-        import openai
-
         self.fleet, self.cache = fleet, cache
         self.layer_ids, self.hidden_size, self.num_hidden_layers = list(layer_ids), hidden_size, num_hidden_layers
         self.request_timeout_s = request_timeout_s
         self._lock = threading.Lock()
-        self._clients = {s.url: openai.OpenAI(base_url=f"{s.url}/v1", api_key="EMPTY", max_retries=0)
-                         for s in fleet.servers}
+        self.taken_dir = Path(fleet.work_dir) / "taken"  # the run's own: no server writes here
         self.retried = 0
         self.tokens = 0
         self._busy_since: float | None = None
@@ -89,8 +90,7 @@ class CaptureClient:
         self._in_flight = 0
 
     def close(self) -> None:
-        for client in self._clients.values():
-            client.close()
+        """Nothing held between requests (each opens its own connection to the checked address)."""
 
     # -- how busy the servers were: tokens per second of time with at least one request in flight
     def _begin(self) -> None:
@@ -159,21 +159,9 @@ class CaptureClient:
                               f"tried {errors}; servers out of use: {dead}\n{logs}")
 
     def _capture_on(self, server: CaptureServer, row: int, token_ids: list[int]) -> None:
-        from speculators.data_generation.vllm_client import generate_hidden_states, wait_for_lock
-
-        try:
-            handle, _ = generate_hidden_states(self._clients[server.url], server.model_id, {"input_ids": token_ids},
-                                               timeout=self.request_timeout_s, max_retries=0)
-        except Exception as exc:  # openai's connection/status/timeout errors, speculators' InvalidResponseError
-            why = server.why_dead()
-            raise VllmServerError(f"request failed: {type(exc).__name__}: {str(exc)[:300]}"
-                                  + (f" (the server died: {why[:300]})" if why else "")) from None
-        written = Path(handle)
-        if server.staging is not None and written.parent.resolve() != server.staging:
-            raise VllmServerError(f"vLLM wrote {written}, outside {server.staging}; is another server on its port?")
-        lock = f"{written}.lock"
-        if os.path.exists(lock):  # the connector's writer holds it until the file is whole
-            wait_for_lock(lock, timeout=LOCK_TIMEOUT_S)
+        written = take_sample(ask_hidden_states(server, token_ids, timeout=self.request_timeout_s),
+                              staging=server.staging, taken_dir=self.taken_dir, server=server.url,
+                              lock_timeout_s=LOCK_TIMEOUT_S)
         try:
             check_stamp(written, row=row, server=server.url, layer_ids=self.layer_ids,
                         hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers)
@@ -184,8 +172,36 @@ class CaptureClient:
                 raise CaptureRefused(f"capture server {server.url}: {exc}") from None
             self.cache.put(row, written, server=server.url, tokens=len(token_ids))
         finally:
-            for leftover in (written, Path(lock)):
-                try:
-                    os.unlink(leftover)
-                except FileNotFoundError:
-                    pass
+            written.unlink(missing_ok=True)  # taken into the run's own folder: only ours is removed
+
+
+def ask_hidden_states(server: CaptureServer, token_ids: list[int], *, timeout: float) -> object:
+    """The path `server` names for the row's hidden states. The request is speculators' (its vllm_client's
+    generate_hidden_states: the token ids as the prompt, max_tokens=1, return_token_ids) and so is the check of
+    the answer (extract_output: choices[0].prompt_token_ids equal the row; kv_transfer_params' hidden_states_path,
+    or handle), but it goes to the address checked for the server, its answer bounded, quoted only in excerpt."""
+    body = {"model": server.model_id, "prompt": token_ids, "max_tokens": 1, "return_token_ids": True}
+    try:
+        status, answer = request(server, "POST", "/v1/completions", body=body, timeout=timeout,
+                                 limit=COMPLETION_BYTES)
+    except (OSError, VllmServerError) as exc:  # refused, reset, timed out, or too long an answer
+        why = server.why_dead()
+        raise VllmServerError(f"request failed: {type(exc).__name__}: {excerpt(exc, 300)}"
+                              + (f" (the server died: {why[:300]})" if why else "")) from None
+    if status != 200:
+        raise VllmServerError(f"request failed: HTTP {status}: {excerpt(answer.decode('utf-8', 'replace'), 300)}")
+    try:
+        completion = json.loads(answer)
+        echoed = completion["choices"][0].get("prompt_token_ids")
+        transfer = completion.get("kv_transfer_params") or {}
+        handle = transfer.get("hidden_states_path") or transfer.get("handle")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        raise VllmServerError(f"request failed: not a completion: {excerpt(answer.decode('utf-8', 'replace'), 200)}") \
+            from None
+    if echoed != token_ids:
+        raise VllmServerError(f"request failed: the server's prompt_token_ids ({excerpt(echoed, 100)}) are not the "
+                              f"row's {len(token_ids)} token ids")
+    if handle is None:
+        raise VllmServerError("request failed: the answer's kv_transfer_params name no hidden_states_path: is the "
+                              "server started with the extract_hidden_states connector?")
+    return handle

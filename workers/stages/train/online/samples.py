@@ -229,7 +229,8 @@ def online_samples(*, online: OnlineSource, target_dir: Path, prepared_dir: Path
     fleet = CaptureFleet(target_dir=target_dir, layer_ids=layer_ids, count=online.capture_servers,
                          urls=online.capture_urls, work_dir=Path(online.cache_dir) / "servers",
                          max_model_len=max_model_len(target_dir, samples.lengths),
-                         vllm_executable=online.vllm_executable, should_stop=should_stop)
+                         vllm_executable=online.vllm_executable, should_stop=should_stop,
+                         allowed_hosts=online.capture_allowed_hosts, url_staging=online.capture_staging_dir)
     with fleet:
         client = CaptureClient(fleet, cache, layer_ids=layer_ids, hidden_size=target.hidden_size,
                                num_hidden_layers=target.num_layers, request_timeout_s=request_timeout_s)

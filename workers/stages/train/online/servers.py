@@ -3,10 +3,14 @@ train stage (as the extract stage starts one) or already running at a URL.
 
 A started server writes into its own folder under the run's cache folder (same filesystem: a
 checked sample moves into the cache without a copy) and runs under child_guard like every child of
-a worker. A server given by URL writes where its operator configured its connector; this worker
-reads the path each response names, so the two share a filesystem (as speculators' own
-`--vllm-endpoint` training requires). Every server is checked before use: /health answers, and
-/v1/models serves the target (by path, or by folder name for a server on another host).
+a worker. A server given by URL is a stranger: its URL must pass the capture host rule
+(workers.contract.host_rule, EAGLE3WEB_CAPTURE_ALLOWED_HOSTS, checked again here at use time), every
+request goes to the address checked then (no second resolution, no redirect), and the files it names
+are taken only from the capture staging folder this worker creates (EAGLE3WEB_CAPTURE_STAGING_DIR, where
+its operator points its connector's shared_storage_path: a filesystem both share, as speculators' own
+`--vllm-endpoint` training requires; workers.stages.train.online.staging). Every server is checked
+before use: /health answers, and /v1/models serves the target (by path, or by folder name for a server
+on another host). What a server answers is quoted in errors only as a bounded, escaped excerpt.
 """
 from __future__ import annotations
 
@@ -14,14 +18,14 @@ import json
 import logging
 import os
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers.contract.errors import InputError, StopRequested
+from workers.contract.host_rule import Destination, HostRefused, check_url as check_host, excerpt, loopback, \
+    pinned_request
 from workers.contract.target import read_target_config
 from workers.contract.vllm_env import hidden_states_connector
 from workers.stages.extract.vllm_server import VllmServer, VllmServerError, free_port, log_tail, serve_command
@@ -31,6 +35,8 @@ log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 1800.0
 PROBE_TIMEOUT_S = 10.0
+ANSWER_BYTES = 1 << 20  # the most of /health's or /v1/models' answer read
+ALLOWED_SETTING = "EAGLE3WEB_CAPTURE_ALLOWED_HOSTS"
 # On a GPU host the trainer holds its own device: a capture server takes another visible GPU when there
 # is one (server n: GPU n + 1, round robin past the first), else shares the trainer's, taking this share of
 # its memory (vLLM's default, 0.9, would leave the trainer nothing).
@@ -45,13 +51,15 @@ class CaptureStopped(StopRequested):
 
 @dataclass
 class CaptureServer:
-    """One server the training asks for samples: its base URL, the model id it serves, and (for a
-    server this stage started) its process and folder."""
+    """One server the training asks for samples: its base URL, the address its requests go to, the
+    model id it serves, the staging folder its files must be in, and (for a server this stage started)
+    its process."""
 
     url: str
+    destination: Destination
+    staging: Path
     model_id: str = ""
     process: VllmServer | None = None
-    staging: Path | None = None
     failures: int = 0
     dead: str | None = None  # why it is no longer asked, once it is not
     captured: int = 0
@@ -70,35 +78,49 @@ class CaptureServer:
         return f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
 
 
-def _get_json(url: str, timeout: float = PROBE_TIMEOUT_S):
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.loads(response.read().decode())
+def request(server: CaptureServer, method: str, path: str, *, body: dict | None = None, timeout: float,
+            limit: int = ANSWER_BYTES) -> tuple[int, bytes]:
+    """(status, body) of one request to `server`'s checked address; an answer over `limit` bytes is refused."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    status, answer, whole = pinned_request(server.destination, method, path, body=data, headers=headers,
+                                           timeout=timeout, limit=limit)
+    if not whole:
+        raise VllmServerError(f"capture server {server.url} answered {method} {path} with more than {limit} bytes")
+    return status, answer
+
+
+def _get_json(server: CaptureServer, path: str):
+    status, answer = request(server, "GET", path, timeout=PROBE_TIMEOUT_S)
+    if status != 200:
+        raise VllmServerError(f"HTTP {status}: {excerpt(answer.decode('utf-8', 'replace'))}")
+    return json.loads(answer.decode())
 
 
 def check_url(url: str) -> str:
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise InputError(f"capture server URL {url!r} is not an http(s)://host:port address")
+        raise InputError(f"capture server URL {excerpt(url, 100)} is not an http(s)://host:port address")
     return url.rstrip("/").removesuffix("/v1")
 
 
 def served_model(server: CaptureServer, target_dir: Path) -> str:
     """The model id under which `server` serves the target, refused when it serves another model."""
     try:
-        models = _get_json(f"{server.url}/v1/models").get("data", [])
-    except (urllib.error.URLError, OSError, ValueError, AttributeError) as exc:
-        raise VllmServerError(f"capture server {server.url}: GET /v1/models failed ({exc}); "
+        models = _get_json(server, "/v1/models").get("data", [])
+        names = [(m.get("id"), m.get("root")) for m in models]
+    except (VllmServerError, OSError, ValueError, AttributeError) as exc:
+        raise VllmServerError(f"capture server {server.url}: GET /v1/models failed ({excerpt(exc, 300)}); "
                               f"{server.describe_log()}") from None
     target = Path(target_dir)
-    for model in models:
-        for name in (model.get("id"), model.get("root")):
-            if not name:
+    for model_id, root in names:
+        for name in (model_id, root):
+            if not isinstance(name, str) or not name:
                 continue
             if name == str(target) or Path(name).name == target.name:
-                return str(model.get("id"))
-    names = [m.get("root") or m.get("id") for m in models]
-    raise InputError(f"capture server {server.url} serves {names}, not the run's target {target}: "
-                     "point the run at a server started for its target")
+                return str(model_id)
+    raise InputError(f"capture server {server.url} serves {excerpt([r or i for i, r in names], 200)}, not the run's "
+                     f"target {target}: point the run at a server started for its target")
 
 
 class CaptureFleet:
@@ -106,7 +128,8 @@ class CaptureFleet:
 
     def __init__(self, *, target_dir: Path, layer_ids: list[int], count: int, urls: tuple[str, ...] | list[str],
                  work_dir: Path, max_model_len: int, vllm_executable: str = "vllm",
-                 startup_timeout_s: float = STARTUP_TIMEOUT_S, should_stop: Callable[[], bool] | None = None):
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S, should_stop: Callable[[], bool] | None = None,
+                 allowed_hosts: Sequence[str] = (), url_staging: Path | None = None):
         if count < 0 or (count == 0 and not urls):
             raise InputError("an online run needs at least one capture server: start one (capture_servers >= 1) "
                              "or name running ones (capture_urls)")
@@ -115,6 +138,7 @@ class CaptureFleet:
         self.work_dir, self.max_model_len = Path(work_dir), max_model_len
         self.vllm_executable, self.startup_timeout_s = vllm_executable, startup_timeout_s
         self.should_stop = should_stop
+        self.allowed_hosts, self.url_staging = list(allowed_hosts), url_staging
         self.servers: list[CaptureServer] = []
         self.startup_seconds = 0.0
 
@@ -154,10 +178,10 @@ class CaptureFleet:
             process = VllmServer(command=command, log_path=log_path, port=port, env=env)
             log.info("starting capture server %d: %s", n, " ".join(command))
             process.start()
-            self.servers.append(CaptureServer(url=process.base_url, process=process, staging=staging.resolve(),
-                                              log_path=log_path))
+            self.servers.append(CaptureServer(url=process.base_url, destination=loopback(port), process=process,
+                                              staging=staging.resolve(), log_path=log_path))
         for url in self.urls:
-            self.servers.append(CaptureServer(url=url))
+            self.servers.append(self._reached(url))
 
         def stopped() -> Exception:
             return CaptureStopped("training stopped on request while its capture servers started")
@@ -166,10 +190,24 @@ class CaptureFleet:
             if server.process is not None:  # all started at once above; each waited for in turn
                 remaining = max(1.0, self.startup_timeout_s - (time.perf_counter() - started))
                 server.process.wait_healthy(timeout_s=remaining, should_stop=self.should_stop, on_stop=stopped)
-            elif not _healthy(server.url):
+            elif not _healthy(server):
                 raise VllmServerError(f"capture server {server.url} does not answer GET /health: is it running?")
             server.model_id = served_model(server, self.target_dir)
         self.startup_seconds = time.perf_counter() - started
+
+    def _reached(self, url: str) -> CaptureServer:
+        """A server given by URL, its address checked against the capture host rule now (the setting may have
+        changed since launch, and the name may resolve otherwise), its files confined to the staging folder."""
+        try:
+            destination = check_host(url, allowed=self.allowed_hosts, setting=ALLOWED_SETTING, what="capture server")
+        except HostRefused as exc:
+            raise InputError(f"capture_urls: {exc}") from None
+        if self.url_staging is None:
+            raise InputError(f"capture server {url}: no capture staging folder to read its files from "
+                             "(EAGLE3WEB_CAPTURE_STAGING_DIR)")
+        staging = Path(self.url_staging)
+        staging.mkdir(parents=True, exist_ok=True)
+        return CaptureServer(url=url, destination=destination, staging=staging.resolve())
 
     def live(self) -> list[CaptureServer]:
         return [s for s in self.servers if s.why_dead() is None]
@@ -193,9 +231,8 @@ def on_gpu(command: list[str], env: dict[str, str], *, n: int, visible: int) -> 
     return command + ["--gpu-memory-utilization", share], env
 
 
-def _healthy(url: str) -> bool:
+def _healthy(server: CaptureServer) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=PROBE_TIMEOUT_S) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, TimeoutError):
+        return request(server, "GET", "/health", timeout=PROBE_TIMEOUT_S)[0] == 200
+    except (VllmServerError, OSError):
         return False

@@ -14,20 +14,28 @@ class OnlineSource:
     capture_servers: `vllm serve` capture servers the train stage starts on its own worker (0 when
     capture_urls name running ones); capture_urls: base URLs (http://host:port) of capture servers
     already running, whose hidden-states files this worker can read (a shared filesystem: vLLM
-    writes each sample where its connector's shared_storage_path says); cache_dir: the run's cache
-    folder; cache_bytes: its size limit; vllm_executable: the `vllm` the started servers run."""
+    writes each sample where its connector's shared_storage_path says, which must be under
+    capture_staging_dir); capture_allowed_hosts: the capture host rule's list
+    (EAGLE3WEB_CAPTURE_ALLOWED_HOSTS), checked again when the URLs are used; capture_staging_dir: the
+    only folder a URL server's files are taken from; cache_dir: the run's cache folder; cache_bytes: its
+    size limit; vllm_executable: the `vllm` the started servers run."""
 
     cache_dir: Path
     cache_bytes: int
     capture_servers: int = 1
     capture_urls: tuple[str, ...] = ()
     vllm_executable: str = "vllm"
+    capture_allowed_hosts: tuple[str, ...] = ()
+    capture_staging_dir: Path | None = None
 
     @classmethod
     def from_gib(cls, *, cache_dir: Path, cache_gb: float, capture_servers: int = 1,
-                 capture_urls: tuple[str, ...] | list[str] = (), vllm_executable: str = "vllm") -> "OnlineSource":
+                 capture_urls: tuple[str, ...] | list[str] = (), vllm_executable: str = "vllm",
+                 capture_allowed_hosts: tuple[str, ...] | list[str] = (),
+                 capture_staging_dir: Path | None = None) -> "OnlineSource":
         return cls(cache_dir=Path(cache_dir), cache_bytes=int(cache_gb * GIB), capture_servers=capture_servers,
-                   capture_urls=tuple(capture_urls), vllm_executable=vllm_executable)
+                   capture_urls=tuple(capture_urls), vllm_executable=vllm_executable,
+                   capture_allowed_hosts=tuple(capture_allowed_hosts), capture_staging_dir=capture_staging_dir)
 
 
 @dataclass

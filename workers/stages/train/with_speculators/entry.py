@@ -13,7 +13,9 @@ handler goes on the root logger *before* that one and writes the dict untouched;
 A line: {"time": unix seconds, "step": the record's `extra={"step": ...}`, "record": the dict}; the
 first line names rank 0's device instead: {"time": ..., "device": "NVIDIA H200"} ("cpu" without CUDA).
 Hyperparameter records (`extra={"hparams": True}`, the resolved config) are not written: run.yaml
-beside the checkpoints holds it. Nothing in speculators is changed.
+beside the checkpoints holds it. Nothing else of speculators is changed, but for an online run: its
+hidden-states files are taken only from the capture server's staging folder, and its client follows no
+redirect (with_speculators.confine, installed when the stage sets its environment variable).
 """
 from __future__ import annotations
 
@@ -78,9 +80,12 @@ def main() -> None:
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
 
+    from workers.stages.train.with_speculators.confine import install_from_environment
+
     path = os.environ.get(METRICS_PATH_ENV)
     if path and os.environ.get("RANK", "0") == "0":
         install(path)
+    install_from_environment()
     train_main(TrainConfig.resolve())
 
 

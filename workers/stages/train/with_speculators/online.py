@@ -30,20 +30,21 @@ import logging
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.contract.host_rule import excerpt
 from workers.contract.target import read_target_config
 from workers.stages.extract.vllm_server import VllmServerError
 from workers.stages.extract.with_vllm import LOCK_TIMEOUT_S, VllmOutputError, check_sample, max_model_len
-from workers.stages.train.online.capture import CaptureRefused, check_stamp
+from workers.stages.train.online.capture import CaptureRefused, ask_hidden_states, check_stamp
 from workers.stages.train.online.samples import SUPPLY_BOUND_WAIT, advise
-from workers.stages.train.online.servers import CaptureFleet, CaptureServer
+from workers.stages.train.online.servers import CaptureFleet, CaptureServer, request
+from workers.stages.train.online.staging import take_sample
+from workers.stages.train.with_speculators.confine import CONFINE_ENV, confine_spec
 from workers.stages.train.online.source import OnlineSource, SupplyReport
 
 log = logging.getLogger(__name__)
@@ -91,13 +92,16 @@ def parse_counters(metrics_text: str) -> ServerCounters:
                           request_seconds=totals.get("request_seconds"))
 
 
-def read_counters(url: str) -> ServerCounters | None:
+def read_counters(server: CaptureServer) -> ServerCounters | None:
     """None, said in the log, when the page cannot be read (the supply figures then say so)."""
     try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=METRICS_TIMEOUT_S) as response:
-            return parse_counters(response.read().decode())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        log.warning("capture server %s: GET /metrics failed (%s); its samples served are not counted", url, exc)
+        status, answer = request(server, "GET", "/metrics", timeout=METRICS_TIMEOUT_S)
+        if status != 200:
+            raise VllmServerError(f"HTTP {status}")
+        return parse_counters(answer.decode())
+    except (VllmServerError, OSError, ValueError) as exc:
+        log.warning("capture server %s: GET /metrics failed (%s); its samples served are not counted", server.url,
+                    excerpt(exc, 200))
         return None
 
 
@@ -124,28 +128,22 @@ class DiskPeak:
 
 
 def probe_endpoint(server: CaptureServer, *, row: int, token_ids: list[int], layer_ids: list[int],
-                   hidden_size: int, num_hidden_layers: int) -> Path:
+                   hidden_size: int, num_hidden_layers: int, taken_dir: Path) -> Path:
     """Ask `server` for row's sample, check it as the online loop checks one, delete it; the folder
     the server writes into. CaptureRefused names the sample and the server when it disagrees."""
-    import openai
-    from speculators.data_generation.vllm_client import generate_hidden_states, wait_for_lock
-
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="EMPTY", max_retries=0) as client:
-        try:
-            handle, _ = generate_hidden_states(client, server.model_id, {"input_ids": token_ids},
-                                               timeout=PROBE_TIMEOUT_S, max_retries=0)
-        except Exception as exc:  # openai's connection/status/timeout errors, speculators' InvalidResponseError
-            raise VllmServerError(f"capture server {server.url}: the first sample (row {row}) failed: "
-                                  f"{type(exc).__name__}: {str(exc)[:300]}; {server.describe_log()}") from None
-    written = Path(handle)
-    lock = Path(f"{written}.lock")
     try:
-        if lock.exists():  # the connector's writer holds it until the file is whole
-            wait_for_lock(str(lock), timeout=LOCK_TIMEOUT_S)
-        if not written.is_file():
-            raise VllmServerError(f"capture server {server.url} wrote row {row}'s sample to {written}, which this "
-                                  "worker cannot read: speculators' trainer needs the server's folder on a shared "
-                                  "filesystem")
+        handle = ask_hidden_states(server, token_ids, timeout=PROBE_TIMEOUT_S)
+    except VllmServerError as exc:
+        raise VllmServerError(f"capture server {server.url}: the first sample (row {row}) failed: {exc}; "
+                              f"{server.describe_log()}") from None
+    try:
+        written = take_sample(handle, staging=server.staging, taken_dir=taken_dir, server=server.url,
+                              lock_timeout_s=LOCK_TIMEOUT_S)
+    except FileNotFoundError:
+        raise VllmServerError(f"capture server {server.url} wrote row {row}'s sample to {excerpt(handle, 200)}, which "
+                              "this worker cannot read: speculators' trainer needs the server's folder on a shared "
+                              "filesystem") from None
+    try:
         check_stamp(written, row=row, server=server.url, layer_ids=layer_ids, hidden_size=hidden_size,
                     num_hidden_layers=num_hidden_layers)
         try:
@@ -153,9 +151,8 @@ def probe_endpoint(server: CaptureServer, *, row: int, token_ids: list[int], lay
         except VllmOutputError as exc:
             raise CaptureRefused(f"capture server {server.url}: {exc}") from None
     finally:
-        for leftover in (written, lock):
-            leftover.unlink(missing_ok=True)
-    return written.parent
+        written.unlink(missing_ok=True)
+    return Path(str(handle)).parent
 
 
 @dataclass
@@ -170,7 +167,19 @@ class SpeculatorsOnline:
 
     @property
     def flags(self) -> list[str]:
+        """speculators' endpoint flags at the address checked for the server (plain http: the address itself,
+        so speculators' process resolves nothing; https keeps the name its certificate is checked against)."""
+        where = self.endpoint.destination
+        if where.scheme == "http":
+            host = f"[{where.address}]" if ":" in where.address else where.address
+            return endpoint_flags(f"http://{host}:{where.port}{where.path}".rstrip("/"))
         return endpoint_flags(self.endpoint.url)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What keeps speculators' trainer to the server's staging folder (with_speculators.confine)."""
+        return {CONFINE_ENV: confine_spec(staging=self.endpoint.staging, taken=self.fleet.work_dir / "taken",
+                                          server=self.endpoint.url)}
 
     def endpoint_state(self) -> str:
         why = self.endpoint.why_dead()
@@ -179,10 +188,10 @@ class SpeculatorsOnline:
         return f"its capture server {self.endpoint.url} died ({why[:300]}); {self.endpoint.describe_log()}"
 
     def start_counting(self) -> None:
-        self.before = read_counters(self.endpoint.url)
+        self.before = read_counters(self.endpoint)
 
     def supply(self, *, fetch_seconds: float, step_seconds: float, step_tokens: int) -> dict:
-        after = read_counters(self.endpoint.url)
+        after = read_counters(self.endpoint)
         served = after.since(self.before) if after is not None and self.before is not None else None
         wait_fraction = min(1.0, fetch_seconds / step_seconds) if step_seconds > 0 else 0.0
         seconds = served.request_seconds if served is not None else None
@@ -239,7 +248,8 @@ def speculators_endpoint(online: OnlineSource, *, target_dir: Path, layer_ids: l
     target = read_target_config(target_dir)
     fleet = CaptureFleet(target_dir=target_dir, layer_ids=layer_ids, count=count, urls=urls,
                          work_dir=Path(online.cache_dir) / "servers", max_model_len=max_model_len(target_dir, lengths),
-                         vllm_executable=online.vllm_executable, should_stop=should_stop)
+                         vllm_executable=online.vllm_executable, should_stop=should_stop,
+                         allowed_hosts=online.capture_allowed_hosts, url_staging=online.capture_staging_dir)
     with fleet:
         endpoint = fleet.servers[0]
         row = min(range(len(lengths)), key=lambda i: (lengths[i], i))
@@ -247,7 +257,7 @@ def speculators_endpoint(online: OnlineSource, *, target_dir: Path, layer_ids: l
         token_ids = [int(t) for t in load_from_disk(str(prepared_dir)).with_format(None)[row]["input_ids"]]
         folder = probe_endpoint(endpoint, row=row, token_ids=token_ids,
                                 layer_ids=layer_ids, hidden_size=target.hidden_size,
-                                num_hidden_layers=target.num_layers)
+                                num_hidden_layers=target.num_layers, taken_dir=fleet.work_dir / "taken")
         log.info("speculators trains online from %s (ready in %.0f s; row %d's sample checked in %.1f s; it writes "
                  "into %s)", endpoint.url, fleet.startup_seconds, row, time.perf_counter() - started, folder)
         yield SpeculatorsOnline(fleet=fleet, endpoint=endpoint, unused=unused,

@@ -250,7 +250,7 @@ def train_with_speculators(
                                       should_stop=should_stop) as source:
                 source.start_counting()
                 try:
-                    run(command(online_flags=source.flags), on_poll=source.disk.sample)
+                    run(command(online_flags=source.flags), on_poll=source.disk.sample, env={**(env or {}), **source.env})
                 except SpeculatorsTrainError as exc:  # a dead server shows as samples it could not produce
                     raise SpeculatorsTrainError(f"{exc}\n{source.endpoint_state()}") from None
                 fetch_seconds, step_seconds, step_tokens = capture.waited
