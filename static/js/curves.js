@@ -231,13 +231,20 @@
   }
 
   function drawSystem() {
-    const boxes = [];
+    const charts = [];
     for (const [family, title, pattern] of SYSTEM_CHARTS) {
       const ids = Object.keys(sysSeries).filter((k) => pattern.test(k) && sysSeries[k].steps.length).sort();
       if (!ids.length) continue;
       let div = document.getElementById("plot-system-" + family);
       if (!div) div = dom.el("div", {id: "plot-system-" + family, class: "plot", dataset: {family}});
-      boxes.push(div);
+      charts.push([div, title, ids]);
+    }
+    // In the page before plotly draws them: a chart drawn outside the document takes plotly's default width
+    // (700 px plus its legend), not its column's, and widened the page until the window was resized.
+    const boxes = charts.map(([div]) => div);
+    const plots = document.getElementById("system-plots");
+    if (boxes.length && boxes.some((b, i) => plots.children[i] !== b)) plots.replaceChildren(...boxes);
+    for (const [div, title, ids] of charts) {
       const data = ids.map((k, i) => {
         const s = sysSeries[k], name = dom.plotlyText(systemName(k));
         return {x: s.times.map((t) => new Date(t * 1000)), y: s.values, name, type: "scatter", mode: "lines",
@@ -249,8 +256,6 @@
         {displaylogo: false, responsive: true});
     }
     sysRoot.dataset.points = String(Object.values(sysSeries).reduce((n, s) => n + s.steps.length, 0));
-    const plots = document.getElementById("system-plots");
-    if (boxes.length && boxes.some((b, i) => plots.children[i] !== b)) plots.replaceChildren(...boxes);
     document.getElementById("system-status").hidden = boxes.length > 0;
   }
 
