@@ -71,6 +71,9 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Before anything reads the session, the user or a form: a NUL or a lone surrogate anywhere in a request
+    # is a 400 naming the field (eagle3web/storable_text.py), never a query PostgreSQL fails on.
+    "eagle3web.unstorable_input.UnstorableTextMiddleware",
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",

@@ -208,6 +208,12 @@ class ApiView(APIView):
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
+        json_body = request.content_type.partition(";")[0].strip().lower() == "application/json"
+        if json_body and request.META.get("CONTENT_LENGTH", "0") not in ("", "0"):
+            # Every JSON body is parsed before the view acts, where the view takes no field from it too (a
+            # cancel): one that is not JSON, nests too deep or holds text PostgreSQL cannot store is a 400
+            # (runs.api.parsers), never ignored.
+            request.data  # noqa: B018
         # Ids are 64-bit columns: a larger one names nothing (PostgreSQL would refuse to compare it).
         for name, value in kwargs.items():
             if isinstance(value, int) and value > MAX_ID:

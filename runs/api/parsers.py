@@ -1,6 +1,7 @@
 """The API's JSON bodies, read with limits: nesting deeper than MAX_DEPTH is refused (400) before the
-body is parsed, and a body over DATA_UPLOAD_MAX_MEMORY_SIZE is refused by Django as it is read (413,
-runs.api.base). No body of ours nests past a few levels (an external run's trainer config the
+body is parsed, a body over DATA_UPLOAD_MAX_MEMORY_SIZE is refused by Django as it is read (413,
+runs.api.base), and text PostgreSQL cannot store (the escapes \u0000 and a lone \ud800) is refused naming
+where it sits, key or value at any depth (400; eagle3web/storable_text.py). No body of ours nests past a few levels (an external run's trainer config the
 deepest), while Python's json recurses once per level and fails past ~1,000 with a RecursionError."""
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.settings import api_settings
 from rest_framework.utils import json
+
+from eagle3web.storable_text import unstorable_body
+from workers.contract.errors import InputError
 
 MAX_DEPTH = 64
 
@@ -30,6 +34,14 @@ def json_depth(raw: bytes) -> int:
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
+class UnstorableText(InputError):
+    """A 400 naming where in the body the text sits (runs.api.base.api_exception_handler)."""
+
+    def __init__(self, message: str, *, field: str):
+        super().__init__(message)
+        self.field = field
+
+
 class LimitedJSONParser(JSONParser):
     """DRF's JSON parser (NaN and infinities refused under STRICT_JSON, as before) behind a nesting limit."""
 
@@ -41,10 +53,17 @@ class LimitedJSONParser(JSONParser):
         encoding = (parser_context or {}).get("encoding", "utf-8")
         parse_constant = json.strict_constant if api_settings.STRICT_JSON else None
         try:
-            return json.loads(raw.decode(encoding), parse_constant=parse_constant)
+            text = raw.decode(encoding)
+            data = json.loads(text, parse_constant=parse_constant)
         except UnicodeDecodeError as exc:
             raise ParseError(f"the JSON body is not valid {encoding}: {exc.reason} at byte {exc.start}") from None
         except RecursionError:  # not reached under MAX_DEPTH; kept so a parse can never be a 500
             raise ParseError(f"the JSON body nests too deep; at most {MAX_DEPTH} levels are accepted") from None
         except ValueError as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
+        # Only an escape can carry either (json refuses a raw NUL, UTF-8 a raw surrogate): a body with none,
+        # a batch of 10,000 metric points say, is not walked.
+        found = unstorable_body(data) if "\\u" in text else None
+        if found:
+            raise UnstorableText(found[1], field=found[0])
+        return data

@@ -20,6 +20,7 @@ from runs.pipeline.run_config import FLOAT_FIELDS, INT_FIELDS, RunConfig, RunCon
 from runs.pipeline.stages import STAGES
 from runs.pipeline.selectors import (RUN_HELD, RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, RUN_STATUSES, run_rows,
                                      run_status, run_status_reason)
+from eagle3web.storable_text import shown, unstorable_reason
 from workers.contract.errors import InputError
 
 PAGE_SIZE = 50
@@ -72,6 +73,8 @@ class RunFilters:
 
     @classmethod
     def from_query(cls, params) -> "RunFilters":
+        _refuse_unstorable(params)
+
         def text(name: str) -> str:
             value = params.get(name, "").strip()
             if len(value) > MAX_QUERY_CHARS:
@@ -109,6 +112,17 @@ class RunFilters:
         if column == self.sort:
             return column if self.descending else f"-{column}"
         return f"-{column}" if column in ("created", "best_val_loss", "tau", "duration") else column
+
+
+def _refuse_unstorable(params) -> None:
+    """Text PostgreSQL cannot store is refused, naming the parameter. A request's own query never gets here
+    with any (eagle3web/storable_text.py); a query a form field carries does (a saved view's `query`)."""
+    pairs = params.lists() if hasattr(params, "lists") else ((name, [value]) for name, value in params.items())
+    for name, values in pairs:
+        for text in (name, *values):
+            reason = unstorable_reason(str(text))
+            if reason:
+                raise RunTableError(f"{shown(str(name))} {reason}")
 
 
 def _whole(value: str, name: str) -> int | None:
