@@ -39,38 +39,25 @@ def unstorable_reason(text: str) -> str | None:
             "UTF-8 text (an emoji escaped in JSON is a pair, \\ud83e\\udd85)")
 
 
-def unstorable_in(value, *, field: str) -> tuple[str, str] | None:
+def unstorable_in(value, *, field: str = "") -> tuple[str, str] | None:
     """The first string in `value` (a JSON value: keys and values of objects, items of arrays, at any depth)
-    that cannot be stored, as (where, message): where is `field`, `field.key` or `field[3]`; a key that cannot
-    be stored is named by the object holding it."""
+    that cannot be stored, as (where, message): where is `field`, `field.key` or `field[3]` (from the top of a
+    body: `key`, or `body` for the body itself); a key that cannot be stored is named by the object holding it."""
+    where = field or "body"
     if isinstance(value, str):
         reason = unstorable_reason(value)
-        return (field, f"{field} {reason}") if reason else None
+        return (where, f"{where} {reason}") if reason else None
     if isinstance(value, dict):
         for key, item in value.items():
             reason = unstorable_reason(key) if isinstance(key, str) else None
             if reason:
-                return field, f"{field}: the key {shown(key)!r} {reason}"
+                return where, f"{where}: the key '{shown(key)}' {reason}"
             found = unstorable_in(item, field=f"{field}.{key}" if field else str(key))
             if found:
                 return found
     if isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            found = unstorable_in(item, field=f"{field}[{index}]")
+            found = unstorable_in(item, field=f"{where}[{index}]")
             if found:
                 return found
     return None
-
-
-def unstorable_body(data) -> tuple[str, str] | None:
-    """A JSON body's first unstorable text, named from the top (a key there is named `body`)."""
-    if isinstance(data, dict):
-        for key, item in data.items():
-            reason = unstorable_reason(key)
-            if reason:
-                return "body", f"body: the key {shown(key)!r} {reason}"
-            found = unstorable_in(item, field=key)
-            if found:
-                return found
-        return None
-    return unstorable_in(data, field="body")

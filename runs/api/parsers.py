@@ -12,7 +12,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.settings import api_settings
 from rest_framework.utils import json
 
-from eagle3web.storable_text import unstorable_body
+from eagle3web.storable_text import unstorable_in
 from workers.contract.errors import InputError
 
 MAX_DEPTH = 64
@@ -63,7 +63,7 @@ class LimitedJSONParser(JSONParser):
             raise ParseError(f"JSON parse error - {exc}") from None
         # Only an escape can carry either (json refuses a raw NUL, UTF-8 a raw surrogate): a body with none,
         # a batch of 10,000 metric points say, is not walked.
-        found = unstorable_body(data) if "\\u" in text else None
+        found = unstorable_in(data) if "\\u" in text else None
         if found:
             raise UnstorableText(found[1], field=found[0])
         return data
