@@ -129,8 +129,9 @@ def _measured(checkpoints) -> list[Checkpoint]:
 
 def checkpoint_scores(*, run: PipelineRun, checkpoints: list[Checkpoint] | None = None) -> list[CheckpointScore]:
     """Each of the run's checkpoints with its validation loss, its τ measured like the run's evaluate stage
-    measured (none before that stage succeeded) and vLLM's on the same prompts where one was served. `checkpoints`: the run's, with `measured` already read (the
-    summary's); else they are read here. One query for the serve checks once the stage succeeded."""
+    measured (none before that stage succeeded) and vLLM's on the same prompts where one was served.
+    `checkpoints`: the run's, with `measured` already read (the summary's); else they are read here. One
+    query for the serve checks once the stage succeeded."""
     training = getattr(run, "training_run", None)
     if training is None:
         return []
@@ -193,7 +194,8 @@ def _described(score: CheckpointScore) -> str:
     if score.tau is None:
         loss = "–" if score.val_loss is None else f"{score.val_loss:.4f}"
         return f"epoch {score.epoch + 1} (validation loss {loss})"
-    return f"epoch {score.epoch + 1} (τ {score.tau:.2f}{'' if score.vllm_tau is None else f'; vLLM {score.vllm_tau:.2f}'})"
+    vllm = "" if score.vllm_tau is None else f"; vLLM {score.vllm_tau:.2f}"  # shown beside ours, never chosen by
+    return f"epoch {score.epoch + 1} (τ {score.tau:.2f}{vllm})"
 
 
 def vllm_note(choice: BestChoice) -> str:

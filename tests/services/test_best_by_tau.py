@@ -61,7 +61,8 @@ def _result(checkpoint: Checkpoint, tau: float, *, max_new_tokens: int = 64, k: 
         greedy_tokens_per_s=128.0, speedup=2.0, device="cpu", seconds=3.0)
 
 
-def _evaluated(run, checkpoints: dict[int, Checkpoint], taus=TAUS, standard_error: float | None = STANDARD_ERROR) -> None:
+def _evaluated(run, checkpoints: dict[int, Checkpoint], taus=TAUS,
+               standard_error: float | None = STANDARD_ERROR) -> None:
     """The evaluate stage: every other checkpoint first, then its own row, of the trainer's mark."""
     marked = next(c for c in checkpoints.values() if c.is_best)
     Evaluation.objects.filter(pk=run.evaluation.pk).update(checkpoint=marked)
