@@ -41,6 +41,15 @@ def _run(run_id: int | None) -> PipelineRun | None:
     return PipelineRun.objects.select_related("training_run", "evaluation").filter(pk=run_id).first()
 
 
+def _baseline_seen(rule: AlertRule) -> PipelineRun | None:
+    """The rule's baseline run while its owner still sees it (staff may move a run to another project): one
+    they no longer see is compared with as little as one deleted (runs.projects.access)."""
+    if rule.baseline_run_id is None:
+        return None
+    runs = access.visible("run", PipelineRun.objects.select_related("training_run", "evaluation"), rule.owner)
+    return runs.filter(pk=rule.baseline_run_id).first()
+
+
 def _named(run: PipelineRun) -> str:
     return f"run {run.pk}" + (f" “{run.name}”" if run.name else "")
 
@@ -80,9 +89,11 @@ def tau_recorded(*, run_id: int) -> int:
         reasons = []
         if rule.threshold is not None and tau < rule.threshold:
             reasons.append(f"the threshold {rule.threshold:g}")
-        baseline = _run(rule.baseline_run_id)
+        baseline = _baseline_seen(rule)
         if baseline is not None and baseline.pk != run.pk and baseline.shown_tau is not None and tau < baseline.shown_tau:
-            reasons.append(f"baseline {_named(baseline)}'s τ {baseline.shown_tau:.3f}")
+            reasons.append(f"baseline {_named(baseline)}'s τ {baseline.shown_tau:.3f}" if baseline.project_id == run.project_id
+                           # Its recipients see the run's project, not necessarily the baseline's: no name, no τ.
+                           else "its baseline run's τ (a run of another project)")
         if reasons:
             fired += _fire_all(event=Event.TAU_BELOW, run=run, subject=f"run {run.pk}", rules=[rule],
                                text=f"{_named(run)}: τ {tau:.3f} is below {' and '.join(reasons)}")

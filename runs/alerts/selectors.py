@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from runs.alerts.models import AlertNotice, AlertRule
 from runs.roles import ROLES
@@ -11,7 +11,13 @@ NOTICES_SHOWN = 200  # the list page shows the newest; older ones stay in the da
 
 
 def rule_list(*, user) -> QuerySet[AlertRule]:
-    return AlertRule.objects.filter(owner=user).select_related("team", "baseline_run")
+    """The user's rules, each with `baseline_seen`: whether they still see its baseline run (staff may move a
+    run to another project); the page names only a baseline they see (runs.projects.access)."""
+    from runs.models import PipelineRun
+    from runs.projects import access
+
+    seen = access.visible("run", PipelineRun.objects.filter(pk=OuterRef("baseline_run_id")), user)
+    return AlertRule.objects.filter(owner=user).select_related("team", "baseline_run").annotate(baseline_seen=Exists(seen))
 
 
 def rule_of_user(*, user, rule_id: int) -> AlertRule | None:

@@ -73,7 +73,7 @@ def _team(user, name: str | None) -> tuple[Group | None, bool]:
     return group, False
 
 
-def _event_settings(data: RuleInput) -> dict:
+def _event_settings(data: RuleInput, user) -> dict:
     """The settings of the rule's event, each refused where another event's or out of range."""
     if data.event not in Event.values:
         raise RuleError(f"event must be one of {', '.join(Event.values)}, not {str(data.event)[:40]!r}", field="event")
@@ -91,7 +91,9 @@ def _event_settings(data: RuleInput) -> dict:
                                 "per target forward, 1 and up)", field="threshold")
             values["threshold"] = float(data.threshold)
         if data.baseline_run is not None:
-            baseline = PipelineRun.objects.filter(pk=data.baseline_run).first() if 0 < data.baseline_run < 2**63 else None
+            # A run the user does not see is answered as one that does not exist (runs.projects.access).
+            runs = access.visible("run", PipelineRun.objects.all(), user)
+            baseline = runs.filter(pk=data.baseline_run).first() if 0 < data.baseline_run < 2**63 else None
             if baseline is None:
                 raise RuleError(f"no run {data.baseline_run} to compare with", field="baseline_run")
             values["baseline_run"] = baseline
@@ -107,7 +109,7 @@ def rule_create(*, user, data: RuleInput, site_url: str = "") -> AlertRule:
     """A rule of `user`; RuleError naming the field for a bad value, and nothing stored. `site_url`: the
     scheme and host of the request that makes it (`request_site_url`), its links' start where
     EAGLE3WEB_SITE_URL is unset."""
-    values = _event_settings(data)
+    values = _event_settings(data, user)
     team, staff = _team(user, data.team)
     url = (data.webhook_url or "").strip()
     if url:

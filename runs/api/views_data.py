@@ -15,7 +15,7 @@ from runs.checkpoints import serve_check_selectors
 from runs.data import extractions as extraction_services
 from runs.data import regeneration, regeneration_selectors
 from runs.data import selectors as data_selectors
-from runs.fleet import selectors as fleet_selectors
+from runs.fleet.summary import fleet_summary
 from runs.pipeline import job_selectors, job_services, selectors, services, upstream_commands
 from runs.data.paths import check_under_data_roots
 from runs.projects import selectors as project_selectors
@@ -72,7 +72,7 @@ class ExtractionList(ApiView):
 
     def get(self, request):
         """Extractions, newest first, with their latest verification's verdict (`verified`)."""
-        return Response(paginate(request, data_selectors.extraction_list_verified(), page_size=PAGE_SIZE,
+        return Response(paginate(request, data_selectors.extraction_list_verified(user=request.user), page_size=PAGE_SIZE,
                                  shape=lambda e: shapes.extraction_row(e, request)))
 
     def post(self, request):
@@ -85,7 +85,7 @@ class ExtractionList(ApiView):
 
 
 def extraction_answer(pk: int, request) -> dict:
-    extraction = data_selectors.extraction_get(pk=pk)
+    extraction = data_selectors.extraction_get(pk=pk, user=request.user)
     return {"id": extraction.pk, **data_selectors.extraction_summary(extraction),
             "forecast": data_selectors.extraction_forecast(extraction),
             "verification_requests": [shapes.job_dict(shown) for shown in
@@ -109,7 +109,7 @@ class ExtractionVerify(ApiView):
     def post(self, request, pk: int):
         """Verify the extraction's files on a worker: headers, or every value with `full`."""
         body = self.body()
-        extraction = data_selectors.extraction_get(pk=pk)
+        extraction = data_selectors.extraction_get(pk=pk, user=request.user)
         job = job_services.extraction_verify_request(extraction=extraction, full=body.get("full", False),
                                                      user=request.user)
         return accepted({"verification_request": shapes.job_dict(job_selectors.JobShown(job=job, waiting_for_broker=""))})
@@ -136,7 +136,7 @@ class DatasetList(ApiView):
 
 
 def dataset_answer(pk: int, request) -> dict:
-    dataset = data_selectors.dataset_get(pk=pk)
+    dataset = data_selectors.dataset_get(pk=pk, user=request.user)
     samples, excluded = job_selectors.dataset_sample_counts(dataset=dataset)
     return {**shapes.dataset_row(dataset, request), "notes": dataset.notes, "samples": samples, "excluded": excluded,
             "catalogues": [shapes.job_dict(shown) for shown in job_selectors.dataset_catalogues(dataset=dataset)],
@@ -160,7 +160,7 @@ class DatasetCatalogue(ApiView):
     def post(self, request, pk: int):
         """Catalogue the dataset's file again (new conversations are added; one queued pass is reused)."""
         self.body()
-        dataset = data_selectors.dataset_get(pk=pk)
+        dataset = data_selectors.dataset_get(pk=pk, user=request.user)
         job = job_services.dataset_catalogue_request(dataset=dataset, user=request.user)
         return accepted({"catalogue": shapes.job_dict(job_selectors.JobShown(job=job, waiting_for_broker=""))})
 
@@ -174,7 +174,7 @@ class DatasetRegenerate(ApiView):
         """Have a target write the dataset's replies again (on-policy data), as the dataset page's form."""
         body = self.body()
         require(request.user, "launch")
-        dataset = data_selectors.dataset_get(pk=pk)
+        dataset = data_selectors.dataset_get(pk=pk, user=request.user)
         defaults = {"backend": "auto", "max_new_tokens": 512, "temperature": 0.0, "seed": 0, "max_samples": None}
         data = {**defaults, **body}
         form = RegenerateForm(data={k: "" if v is None else v for k, v in data.items()})
@@ -227,8 +227,7 @@ class SweepDetail(ApiView):
 
     def get(self, request, pk: int):
         """A sweep's state, as its page polls it."""
-        sweep = sweep_selectors.sweep_get(pk=pk)
-        project_selectors.sweep_visible_check(pk=pk, user=request.user)  # 404 outside the caller's projects
+        sweep = sweep_selectors.sweep_get(pk=pk, user=request.user)  # 404 outside the user's projects
         return Response(sweep_selectors.sweep_summary(sweep=sweep, user=request.user))
 
 
@@ -237,7 +236,7 @@ class Workers(ApiView):
 
     def get(self, request):
         """The fleet: each worker and what it is doing, what a launch can ask for now, the queue."""
-        return Response(fleet_selectors.fleet_summary())
+        return Response(fleet_summary(user=request.user))
 
 
 class Me(ApiView):

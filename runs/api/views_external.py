@@ -44,7 +44,7 @@ def external_run_create(view: ApiView, request) -> Response:
 def external_points_post(view: ApiView, request, pk: int) -> Response:
     """RunMetrics.post: a batch of points, all stored or none."""
     body = view.body()
-    run = selectors.run_get(pk=pk, stages=False)
+    run = selectors.run_get(pk=pk, stages=False, user=request.user)
     try:
         with state_conflicts():
             counts = external.external_points_report(run=run, user=request.user, points=body["points"])
@@ -66,7 +66,7 @@ class RunCheckpoints(ApiView):
         Eagle3DraftModel against its verifier; a bad one is refused (400 naming the problem) and nothing
         is stored."""
         body = self.body()
-        run = selectors.run_get(pk=pk, stages=False)
+        run = selectors.run_get(pk=pk, stages=False, user=request.user)
         try:
             with state_conflicts():
                 checkpoint, made = external.external_checkpoint_register(
@@ -90,7 +90,7 @@ class RunEnd(ApiView):
 
         An ended run takes no more points (409)."""
         body = self.body()
-        run = selectors.run_get(pk=pk, stages=False)
+        run = selectors.run_get(pk=pk, stages=False, user=request.user)
         try:
             with state_conflicts():
                 training = external.external_run_end(run=run, user=request.user, status=body["status"],

@@ -197,7 +197,7 @@ class RunCopy(ApiView):
     def post(self, request, pk: int):
         """Launch a copy of the run, with the body's settings changed (the page's Launch a copy)."""
         body = self.body()
-        base = selectors.launch_copy_initial(run_id=str(pk))
+        base = selectors.launch_copy_initial(run_id=str(pk), user=request.user)
         if base is None:
             return error_response(f"no run {pk} to copy", code=404)
         form = launch.launch_form(body, base=base)

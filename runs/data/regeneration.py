@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
@@ -23,6 +24,7 @@ from runs.data.paths import check_under_data_roots
 from runs.models import FINISHED_STATUSES, Dataset, StageStatus, TargetModel
 from runs.pipeline.job_models import DatasetRegeneration
 from runs.pipeline.queue import job_enqueue, pending_enqueue
+from runs.projects import access
 from runs.roles import require
 from workers.contract.errors import InputError
 
@@ -175,11 +177,20 @@ def _requeue(job: DatasetRegeneration, *, enqueue: bool) -> None:
         job_enqueue(job_name="regenerate", record_id=job.pk)
 
 
+def _require_on_job(user: AbstractBaseUser, job: DatasetRegeneration, action: str) -> None:
+    """`action` on a regeneration: the site role for it, then (runs.projects.access.rule) its requester or an
+    admin; PermissionDenied saying who may."""
+    require(user, action)
+    if access.user_rule(user, "regeneration", "act") == access.OWNER and job.requested_by_id != user.pk:
+        raise PermissionDenied(f"{user.get_username()} may not {action} regeneration {job.pk}: only the one who "
+                               "asked for it and admins may")
+
+
 @transaction.atomic
 def regeneration_cancel(*, job: DatasetRegeneration, user: AbstractBaseUser) -> bool:
     """Cancel a queued or running job; a running one stops at its next progress report and keeps the
     conversations it wrote, for a retry to resume. False when it had finished already."""
-    require(user, "cancel")
+    _require_on_job(user, job, "cancel")
     return bool(DatasetRegeneration.objects.filter(pk=job.pk).exclude(status__in=FINISHED_STATUSES).update(
         status=StageStatus.CANCELLED, finished_at=timezone.now(), error=f"cancelled by {user.get_username()}",
         lease_expires_at=None))
@@ -188,7 +199,7 @@ def regeneration_cancel(*, job: DatasetRegeneration, user: AbstractBaseUser) -> 
 @transaction.atomic
 def regeneration_retry(*, job: DatasetRegeneration, user: AbstractBaseUser) -> bool:
     """Queue a failed or cancelled job again (it resumes its file); False when it was not either."""
-    require(user, "launch")
+    _require_on_job(user, job, "launch")
     job = DatasetRegeneration.objects.select_for_update().get(pk=job.pk)
     if job.status not in (StageStatus.FAILED, StageStatus.CANCELLED):
         return False

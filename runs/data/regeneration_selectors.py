@@ -22,10 +22,12 @@ def dataset_regenerations(*, dataset: Dataset, limit: int = 20) -> list[JobShown
     return _shown(jobs, "regenerate")
 
 
-def regeneration_get(*, pk: int) -> DatasetRegeneration:
-    from django.shortcuts import get_object_or_404
+def regeneration_get(*, pk: int, user) -> DatasetRegeneration:
+    """One regeneration (everyone signed in sees it, as its dataset); 404 in the one rule's words."""
+    from runs.projects import access
 
-    return get_object_or_404(DatasetRegeneration.objects.select_related("source", "target", "dataset"), pk=pk)
+    return access.visible_or_404("regeneration", pk, user,
+                                 rows=DatasetRegeneration.objects.select_related("source", "target", "dataset"))
 
 
 def regeneration_dict(job: DatasetRegeneration) -> dict:

@@ -18,7 +18,7 @@ def dataset_regenerate(request: HttpRequest, pk: int) -> HttpResponse:
     from runs.web.views import dataset_detail
 
     require(request.user, "launch")  # before the form: a viewer is told the role to ask for, whatever they sent
-    dataset = data_selectors.dataset_get(pk=pk)
+    dataset = data_selectors.dataset_get(pk=pk, user=request.user)
     form = RegenerateForm(request.POST)
     if form.is_valid():
         try:
@@ -47,7 +47,7 @@ def dataset_regenerate(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def regeneration_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    job = regeneration_selectors.regeneration_get(pk=pk)
+    job = regeneration_selectors.regeneration_get(pk=pk, user=request.user)
     if regeneration.regeneration_cancel(job=job, user=request.user):
         messages.info(request, f"Regeneration {job.pk} cancelled; the conversations it wrote are kept, and Retry "
                                "resumes from them.")
@@ -58,7 +58,7 @@ def regeneration_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def regeneration_retry(request: HttpRequest, pk: int) -> HttpResponse:
-    job = regeneration_selectors.regeneration_get(pk=pk)
+    job = regeneration_selectors.regeneration_get(pk=pk, user=request.user)
     if regeneration.regeneration_retry(job=job, user=request.user):
         messages.success(request, f"Regeneration {job.pk} queued again; it resumes after the conversations it wrote.")
     else:

@@ -4,10 +4,10 @@ read these from here."""
 from __future__ import annotations
 
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.shortcuts import get_object_or_404
 
-from runs.models import Dataset, Extraction, TargetModel, Verification
+from runs.models import Dataset, Extraction, PipelineRun, TargetModel, Verification
 from runs.pipeline.selectors import with_reviews
+from runs.projects import access
 
 
 def extraction_list() -> QuerySet[Extraction]:
@@ -15,17 +15,19 @@ def extraction_list() -> QuerySet[Extraction]:
         "target", "produced_by__run__preparation", "imported_by", "manifest").order_by("-id")
 
 
-def extraction_get(*, pk: int, reviews: bool = False) -> Extraction:
-    """One extraction with its target, provenance and manifest (and reviews when asked); 404 when none."""
+def extraction_get(*, pk: int, user, reviews: bool = False) -> Extraction:
+    """One extraction with its target, provenance and manifest (and reviews when asked); 404 when none, and
+    when a run of a project the user does not see wrote it (the same words: runs.projects.access)."""
     extractions = extraction_list()
-    return get_object_or_404(with_reviews(extractions) if reviews else extractions, pk=pk)
+    return access.visible_or_404("extraction", pk, user, rows=with_reviews(extractions) if reviews else extractions)
 
 
-def extraction_list_verified() -> QuerySet[Extraction]:
+def extraction_list_verified(*, user) -> QuerySet[Extraction]:
     """extraction_list() with `verified`: the latest verification's verdict (None when never verified),
-    read in the list's own query rather than one query per row."""
+    read in the list's own query rather than one query per row; those the user sees (imported ones and
+    those of runs in their projects)."""
     latest = Verification.objects.filter(extraction=OuterRef("pk")).order_by("-created_at", "-id")
-    return extraction_list().annotate(verified=Subquery(latest.values("passed")[:1]))
+    return access.visible("extraction", extraction_list(), user).annotate(verified=Subquery(latest.values("passed")[:1]))
 
 
 def extraction_summary(extraction: Extraction) -> dict:
@@ -76,8 +78,9 @@ def extraction_forecast(extraction: Extraction, token_counts=(10**6, 10**8, 10**
     return {"model_load_seconds": load, "tokens_per_second": tps, "bytes_per_token": bpt, "rows": rows}
 
 
-def dataset_get(*, pk: int) -> Dataset:
-    return get_object_or_404(Dataset, pk=pk)
+def dataset_get(*, pk: int, user) -> Dataset:
+    """A dataset (anyone signed in sees a file any project may train on); 404 in the one rule's words."""
+    return access.visible_or_404("dataset", pk, user)
 
 
 def dataset_list() -> QuerySet[Dataset]:
@@ -85,8 +88,10 @@ def dataset_list() -> QuerySet[Dataset]:
     return Dataset.objects.select_related("regeneration__source", "regeneration__target")
 
 
-def dataset_preparations(dataset: Dataset, limit: int = 50) -> list:
-    return list(dataset.preparations.select_related("run").order_by("-id")[:limit])
+def dataset_preparations(dataset: Dataset, *, user, limit: int = 50) -> list:
+    """The dataset's latest preparations, of runs the user sees: another project's run is not named here."""
+    runs = access.visible("run", PipelineRun.objects.all(), user)
+    return list(dataset.preparations.filter(run__in=runs).select_related("run").order_by("-id")[:limit])
 
 
 def target_list() -> QuerySet[TargetModel]:

@@ -21,6 +21,7 @@ from runs.pipeline.stages import STAGES, STAGES_BY_NAME
 from runs.pipeline.online import capture_text, is_online, train_capture_queue
 from runs.pipeline.routing import BACKEND_SETTINGS, ROUTED_STAGES, stage_backend, stage_problem, stage_queue
 from runs.pipeline.run_config import RunConfig
+from runs.projects import access
 from workers.contract.backends import BACKENDS, BACKENDS_BY_NAME, DEFAULT_GPU_QUEUE, MAX_GPUS, Backend
 
 MISSED_HEARTBEATS = 3
@@ -272,26 +273,51 @@ def _subject_url(job_name: str, row) -> str:
     return reverse(url_name, args=[subject_id]) if subject_id is not None else ""  # its subject was deleted
 
 
-def _running_by_worker(names: list[str]) -> dict[str, list[dict]]:
-    """The running stage and job rows of these workers: one query per kind of work, not per worker."""
-    doing: dict[str, list[dict]] = defaultdict(list)
+# What each job's subject is, in the one rule's words (runs.projects.access.KINDS).
+JOB_SUBJECT_KINDS = {"catalogue": "dataset", "verify": "extraction", "serve_check": "checkpoint", "regenerate": "dataset"}
+
+
+def _seen(user, found: list[tuple[str, int | None]]) -> set[tuple[str, int]]:
+    """Which of these (kind, id) the user sees (one query per kind): a run's or a job's subject another
+    project's is named to nobody outside it. `user` None: everything (a command's or a test's read)."""
+    by_kind: dict[str, set[int]] = defaultdict(set)
+    for kind, pk in found:
+        if pk is not None:
+            by_kind[kind].add(pk)
+    if user is None:
+        return {(kind, pk) for kind, ids in by_kind.items() for pk in ids}
+    return {(kind, pk) for kind, ids in by_kind.items() for pk in access.visible_ids(kind, ids, user)}
+
+
+def _running_by_worker(names: list[str], user=None) -> dict[str, list[dict]]:
+    """The running stage and job rows of these workers: one query per kind of work, not per worker. The run
+    and subject of work the user does not see are left out (its stage and progress are shown)."""
+    found = []
     for kind in STAGES_BY_NAME.values():
         extra = ["run_id", "run__name"] if _has_run(kind.model) else [JOB_SUBJECTS[kind.name][0]]
         rows = kind.model.objects.filter(status=StageStatus.RUNNING, worker__in=names).values(
             "pk", "worker", "started_at", "progress_done", "progress_total", *extra)
-        for row in rows:
-            doing[row["worker"]].append({"stage": kind.name, "label": kind.label, "record_id": row["pk"],
-                                         "run_id": row.get("run_id"), "run_name": row.get("run__name") or "",
-                                         "subject_url": _subject_url(kind.name, row),
-                                         "since": row["started_at"], "done": row["progress_done"],
-                                         "total": row["progress_total"]})
+        found += [(kind, row) for row in rows]
+    seen = _seen(user, [("run", row["run_id"]) if "run_id" in row else
+                        (JOB_SUBJECT_KINDS[kind.name], row[JOB_SUBJECTS[kind.name][0]]) for kind, row in found])
+    doing: dict[str, list[dict]] = defaultdict(list)
+    for kind, row in found:
+        run_seen = ("run", row.get("run_id")) in seen
+        subject_seen = kind.name in JOB_SUBJECTS and (JOB_SUBJECT_KINDS[kind.name], row[JOB_SUBJECTS[kind.name][0]]) in seen
+        doing[row["worker"]].append({"stage": kind.name, "label": kind.label, "record_id": row["pk"],
+                                     "run_id": row.get("run_id") if run_seen else None,
+                                     "run_name": (row.get("run__name") or "") if run_seen else "",
+                                     "subject_url": _subject_url(kind.name, row) if subject_seen else "",
+                                     "since": row["started_at"], "done": row["progress_done"],
+                                     "total": row["progress_total"]})
     return doing
 
 
-def worker_rows() -> list[WorkerRow]:
-    """Every worker that ever reported, live ones first, each busy (with what), idle or offline."""
+def worker_rows(user=None) -> list[WorkerRow]:
+    """Every worker that ever reported, live ones first, each busy (with what), idle or offline; what it
+    works on named only where `user` sees it."""
     workers = list(Worker.objects.all())
-    doing = _running_by_worker([w.name for w in workers])
+    doing = _running_by_worker([w.name for w in workers], user)
     cutoff = timezone.now() - offline_after()
     rows = []
     for w in workers:
@@ -318,7 +344,7 @@ class QueuedWork:
     subject_url: str = ""  # a job's dataset or extraction page ("" for a run's stage)
 
 
-def queued_work() -> dict:
+def queued_work(user=None) -> dict:
     """What waits for a worker, in the order each queue hands it out: each queued stage and job with
     the queue it goes to, its place there and whether a live worker takes that queue; plus what the
     broker has not taken yet (the outbox) and how many stages sit behind a failed or cancelled one
@@ -326,7 +352,8 @@ def queued_work() -> dict:
 
     A queue is first in, first out (Redis), and a run's chain sends a stage to its queue when the
     stage before it finishes: a stage joined its queue at the later of its row's queued_at (set again
-    by a retry or a lost lease) and the finish of the stages before it, not when its run was created."""
+    by a retry or a lost lease) and the finish of the stages before it, not when its run was created.
+    Work of a run or on a subject `user` does not see keeps its place in the queue, unnamed."""
     queued, more = [], False
     for index, kind in enumerate(STAGES_BY_NAME.values()):
         with_run = _has_run(kind.model)
@@ -350,6 +377,8 @@ def queued_work() -> dict:
             finished[run_id][stage.name] = finished_at
     live = list(workers_live())
     names = [stage.name for stage in STAGES]
+    seen = _seen(user, [("run", run.pk) if run is not None else
+                        (JOB_SUBJECT_KINDS[kind.name], getattr(row, JOB_SUBJECTS[kind.name][0])) for _, kind, row, run in queued])
     items, blocked = [], 0
     for index, kind, row, run in queued:
         waits_for, joined = "", row.queued_at
@@ -362,12 +391,14 @@ def queued_work() -> dict:
             joined = max([row.queued_at, *(f for n, _ in earlier if (f := finished[run.pk].get(n)))])
         config = (run.config if run is not None else None) or {}
         queue = stage_queue(stage_name=kind.name, config=config) if run is not None else _job_row_queue(kind.name, row)
+        shown = run is not None and ("run", run.pk) in seen
+        subject_seen = run is None and (JOB_SUBJECT_KINDS[kind.name], getattr(row, JOB_SUBJECTS[kind.name][0])) in seen
         items.append(QueuedWork(kind=kind.name, label=kind.label, record_id=row.pk,
-                                run_id=run.pk if run is not None else None, run_name=str(run) if run else "",
+                                run_id=run.pk if shown else None, run_name=str(run) if shown else "",
                                 queue=queue, queued_at=joined,
                                 waits_for=waits_for, taken_by=[w.name for w in live if takes(w, queue)],
                                 problem=stage_problem(stage_name=kind.name, config=config),
-                                subject_url=_subject_url(kind.name, row)))
+                                subject_url=_subject_url(kind.name, row) if subject_seen else ""))
     items.sort(key=lambda item: (item.waits_for != "", item.queued_at, names.index(item.kind)
                                  if item.kind in names else len(names), item.record_id))
     in_queue: dict[str, int] = defaultdict(int)
@@ -380,30 +411,3 @@ def queued_work() -> dict:
     outbox = list(PendingEnqueue.objects.filter(attempts__gt=0).order_by("pk")[:MAX_QUEUE_ROWS])
     held = SweepRun.objects.filter(released_at__isnull=True).count()
     return {"items": items, "outbox": outbox, "blocked": blocked, "more": more, "held_by_sweeps": held}
-
-
-def fleet_summary() -> dict:
-    """The workers page as JSON (GET /api/v1/workers/): each worker, what a launch can ask for, the queue."""
-    queue = queued_work()
-    return {
-        "workers": [{"name": r.worker.name, "hostname": r.worker.hostname, "status": r.status,
-                     "last_seen": r.worker.last_seen.isoformat(), "started_at": r.worker.started_at.isoformat(),
-                     "queues": r.worker.queues, "gpus": r.worker.capabilities.get("gpus") or [],
-                     "backends": r.backends, "versions": dict(r.versions),
-                     "system": r.system or None,
-                     "system_at": r.worker.system_at.isoformat() if r.worker.system_at else None,
-                     "doing": [{**d, "since": d["since"].isoformat() if d["since"] else None} for d in r.doing]}
-                    for r in worker_rows()],
-        "launch_options": {name: {"label": o.label, "stage": o.stage, "available": o.available, "reason": o.reason,
-                                  "max_gpus": o.max_gpus, "gpu_counts": list(o.gpu_counts),
-                                  "gpu_reason": o.gpu_reason}
-                           for name, o in launch_options().items()},
-        "queue": [{"kind": i.kind, "record_id": i.record_id, "run_id": i.run_id, "queue": i.queue,
-                   "waits_for": i.waits_for or None, "taken_by": i.taken_by, "problem": i.problem or None,
-                   "ahead": None if i.waits_for else i.ahead, "queued_at": i.queued_at.isoformat()}
-                  for i in queue["items"]],
-        "refused_by_broker": [{"kind": p.kind, "object_id": p.object_id, "attempts": p.attempts,
-                               "last_error": p.last_error} for p in queue["outbox"]],
-        "waiting_for_retry": queue["blocked"],
-        "held_by_sweeps": queue["held_by_sweeps"],
-    }

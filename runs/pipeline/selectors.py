@@ -27,7 +27,7 @@ from runs.pipeline.online import is_online, online_note, supply_dict
 from runs.checkpoints.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
 from runs.pipeline.upstream_commands import run_speculators_train_command, with_serve_commands
 from runs.pipeline.stages import STAGES
-from runs.projects.access import runs_visible
+from runs.projects import access
 from runs.review.reviews import SUBJECTS
 
 
@@ -42,15 +42,16 @@ def run_get(*, pk: int, stages: bool = True, reviews: bool = False, user=None) -
     """One run, with its stages joined unless `stages` is False (and its reviews when asked); 404 when
     there is none, or when `user` is given and the run's project is not one they see (runs.projects.access)."""
     runs = run_list() if stages else PipelineRun.objects.all()
+    runs = with_reviews(runs) if reviews else runs
     if user is not None:
-        runs = runs_visible(runs, user)
-    return get_object_or_404(with_reviews(runs) if reviews else runs, pk=pk)
+        return access.visible_or_404("run", pk, user, rows=runs)
+    return get_object_or_404(runs, pk=pk)
 
 
 def run_visible_check(*, pk: int, user) -> None:
-    """Http404 unless the run exists in a project the user sees (one small query)."""
-    if not runs_visible(PipelineRun.objects.filter(pk=pk), user).exists():
-        raise Http404(f"no run {pk}")
+    """Http404 unless the run exists in a project the user sees (one small query), in the words of one
+    that does not exist (runs.projects.access.visible_or_404)."""
+    access.visible_or_404("run", pk, user, rows=PipelineRun.objects.only("pk"))
 
 
 def run_extraction(run: PipelineRun) -> Extraction | None:
@@ -373,19 +374,21 @@ def checkpoint_get(*, pk: int, reviews: bool = False) -> Checkpoint:
     return get_object_or_404(with_reviews(checkpoints) if reviews else checkpoints, pk=pk)
 
 
-def review_subject_get(*, subject: str, pk: int):
-    """The run, extraction or checkpoint a review is about; 404 for an unknown kind or id."""
-    model = SUBJECTS.get(subject)
-    if model is None:
+def review_subject_get(*, subject: str, pk: int, user):
+    """The run, extraction or checkpoint a review is about; 404 for an unknown kind or id, and for one the
+    user does not see (as if it did not exist: runs.projects.access)."""
+    if subject not in SUBJECTS:
         raise Http404(f"nothing to review called {subject!r}")
-    return get_object_or_404(model, pk=pk)
+    return access.visible_or_404(subject, pk, user)
 
 
-def launch_copy_initial(*, run_id: str) -> dict | None:
-    """The launch form's values for "launch a copy" of a run: its paths and every setting it ran with."""
+def launch_copy_initial(*, run_id: str, user) -> dict | None:
+    """The launch form's values for "launch a copy" of a run: its paths and every setting it ran with.
+    None when there is no such run, or none the user sees (the same answer: runs.projects.access)."""
     if not (run_id.isascii() and run_id.isdigit()) or len(run_id) > 18:
         return None
-    run = PipelineRun.objects.select_related("target", "dataset").filter(pk=int(run_id)).first()
+    runs = access.visible("run", PipelineRun.objects.select_related("target", "dataset"), user)
+    run = runs.filter(pk=int(run_id)).first()
     if run is None or run.external:  # a run trained elsewhere has no launch settings of ours to copy
         return None
     config = dict(run.config or {})

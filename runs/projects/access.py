@@ -3,15 +3,24 @@
 A member's role is theirs in that project (viewer < editor < owner). In a project open to all (the one
 earlier runs were put in) every signed-in user is a viewer, and those the site lets launch (the launcher
 or admin role) editors. Staff see every project's runs; superusers own every project. A run of a project
-one does not see is answered 404, as if it did not exist, on its page and in the API."""
+one does not see is answered 404, as if it did not exist, on its page and in the API.
+
+The one rule for everything a URL, a form or a service names (a run, checkpoint, extraction, sweep, dataset,
+regeneration, a worker's current job, an alert's baseline) is KINDS (what each belongs to), `visible` and
+`visible_or_404` (the same "no <kind> <id>" whether it does not exist or is in a project one does not see),
+and `rule` (role × object × action), the table tests/views/test_project_wall.py walks every route with."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from django.apps import apps
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import Model, OuterRef, Q, QuerySet, Subquery
+from django.http import Http404
 
 from runs.projects.models import Project, ProjectMember, default_project_pk
-from runs.roles import user_can
+from runs.roles import ALLOWED, user_can, user_roles
 
 RANK = {ProjectMember.Role.VIEWER: 1, ProjectMember.Role.EDITOR: 2, ProjectMember.Role.OWNER: 3}
 
@@ -115,3 +124,103 @@ def default_project_for(user: AbstractBaseUser) -> Project:
               .select_related("project").order_by("project__name").first()) if user.is_authenticated else None
     return member.project if member else Project.objects.get(pk=default_project_pk())
 
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What an object a URL can name belongs to. `run`: the lookup from it to the run whose project decides
+    who sees it (None: no project's, everyone signed in sees it); `own`: when that lookup's first step is
+    empty (an imported checkpoint or extraction), it belongs to no run, hence to everyone signed in."""
+    noun: str  # the 404's word: "no <noun> <id>"
+    model: str
+    run: str | None
+    own: str = ""
+    many: bool = False  # reaches several runs (a sweep): seen when one of them is
+
+
+KINDS = {
+    "run": Kind("run", "runs.PipelineRun", run=""),
+    "checkpoint": Kind("checkpoint", "runs.Checkpoint", run="training_run__run__", own="training_run"),
+    "extraction": Kind("extraction", "runs.Extraction", run="produced_by__run__", own="produced_by"),
+    "sweep": Kind("sweep", "runs.Sweep", run="entries__run__", many=True),
+    # A dataset is a file anyone may train on, and a regeneration makes one: no project's. What of a run
+    # they show (a preparation, a run's name) goes through the run's rule.
+    "dataset": Kind("dataset", "runs.Dataset", run=None),
+    "regeneration": Kind("regeneration", "runs.DatasetRegeneration", run=None),
+}
+
+
+def visible(kind: str, rows: QuerySet, user: AbstractBaseUser) -> QuerySet:
+    """`rows` (of KINDS[kind]'s model) narrowed to those the user sees, in the same query."""
+    spec = KINDS[kind]
+    if not user.is_authenticated:
+        return rows.none()
+    if spec.run is None or sees_every_project(user):
+        return rows
+    seen = visible_q(user, run=spec.run)
+    if spec.own:
+        seen = Q(**{f"{spec.own}__isnull": True}) | seen
+    if spec.many:  # a join through several runs: the rows themselves, once each
+        return rows.filter(pk__in=rows.model.objects.filter(seen).values("pk"))
+    return rows.filter(seen)
+
+
+def visible_or_404(kind: str, pk, user: AbstractBaseUser, rows: QuerySet | None = None) -> Model:
+    """The object (from `rows`, else its model's), or Http404 with the same words whether it does not exist
+    or is where the user does not see: "no run 7" tells nobody which ids exist."""
+    spec = KINDS[kind]
+    rows = rows if rows is not None else apps.get_model(spec.model).objects.all()
+    found = visible(kind, rows.filter(pk=pk), user).first() if isinstance(pk, int) and 0 < pk < 2**63 else None
+    if found is None:
+        raise Http404(f"no {spec.noun} {pk}")
+    return found
+
+
+def visible_ids(kind: str, ids, user: AbstractBaseUser) -> set[int]:
+    """Which of these ids of KINDS[kind] the user sees (one query): for lists that name what they refer to."""
+    ids = {pk for pk in ids if pk is not None}
+    if not ids:
+        return set()
+    rows = apps.get_model(KINDS[kind].model).objects.filter(pk__in=ids)
+    return set(visible(kind, rows, user).values_list("pk", flat=True))
+
+
+# Role × object × action. Each action names the site action it needs (runs.roles.ALLOWED; None: anyone
+# signed in) and whether only the object's owner (or an admin) may take it. `rule` reads this for a role.
+ACTIONS = {
+    ("run", "read"): (None, False), ("run", "act"): ("cancel", True), ("run", "copy"): ("launch", False),
+    ("run", "review"): (None, False),  # a comment is anyone's; approving needs the review role
+    ("checkpoint", "read"): (None, False), ("checkpoint", "evaluate"): ("launch", False),
+    ("checkpoint", "review"): (None, False),
+    ("extraction", "read"): (None, False), ("extraction", "verify"): ("verify", False),
+    ("extraction", "override"): ("review", False), ("extraction", "review"): (None, False),
+    ("sweep", "read"): (None, False), ("sweep", "act"): ("cancel", True),
+    ("dataset", "read"): (None, False), ("dataset", "catalogue"): ("launch", False),
+    ("dataset", "regenerate"): ("launch", False),
+    ("regeneration", "act"): ("cancel", True),
+    # Named in lists: a worker's current job and queued work, an alert rule's baseline run.
+    ("run", "name"): (None, False), ("run", "baseline"): (None, False),
+}
+# The answers: every project's (staff); whoever sees it; whoever sees it and owns it (or an admin); refused
+# for want of the site role (403, naming it), which says nothing more of the object than a 404 does.
+EVERY_PROJECT, SEES, OWNER, NO_ROLE = "every project", "sees", "owner", "no role"
+TABLE_ROLES = ("viewer", "launcher", "reviewer", "admin", "staff")
+
+
+def rule(role: str, kind: str, action: str) -> str:
+    """What `role` (a site role, or "staff") may do to an object of `kind`: EVERY_PROJECT, SEES, OWNER or
+    NO_ROLE. Staff are superusers here, as the admin site makes them."""
+    needed, owner_only = ACTIONS[(kind, action)]
+    if role == "staff":
+        return EVERY_PROJECT
+    if needed is not None and role not in ALLOWED[needed]:
+        return NO_ROLE
+    return OWNER if owner_only and role != "admin" else SEES
+
+
+def user_rule(user: AbstractBaseUser, kind: str, action: str) -> str:
+    """`rule` for this user: their best answer over their site roles."""
+    if sees_every_project(user):
+        return EVERY_PROJECT
+    order = (NO_ROLE, OWNER, SEES)
+    return max((rule(role, kind, action) for role in user_roles(user)), key=order.index, default=NO_ROLE)

@@ -5,7 +5,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, Q
 from django.http import Http404
 
-from runs.models import Checkpoint, PipelineRun
+from runs.models import Checkpoint, Sweep
 from runs.projects import access
 from runs.projects.models import Project, ProjectMember
 
@@ -23,19 +23,16 @@ def project_list(*, user: AbstractBaseUser) -> list[dict]:
 
 def checkpoint_visible_check(*, pk: int, user: AbstractBaseUser) -> None:
     """Http404 unless the checkpoint exists and was imported or trained by a run the user sees (one query):
-    a checkpoint of a hidden run is answered as one that does not exist."""
-    if not access.checkpoints_visible(Checkpoint.objects.filter(pk=pk), user).exists():
-        raise Http404(f"no checkpoint {pk}")
+    a checkpoint of a hidden run is answered as one that does not exist (access.visible_or_404)."""
+    access.visible_or_404("checkpoint", pk, user, rows=Checkpoint.objects.only("pk"))
 
 
 def sweep_visible_check(*, pk: int, user: AbstractBaseUser) -> None:
     """Http404 when the user sees none of the sweep's runs (one query). A sweep's runs are launched into
     one project, but staff may move a run to another in the admin: the sweep then shows each viewer the
-    runs they see and says how many it leaves out (runs.sweeps.selectors.sweep_rows)."""
-    if access.sees_every_project(user):  # staff: a sweep whose runs were all deleted still opens
-        return
-    if not access.runs_visible(PipelineRun.objects.filter(sweep_entry__sweep_id=pk), user).exists():
-        raise Http404(f"no sweep {pk}")
+    runs they see and says how many it leaves out (runs.sweeps.selectors.sweep_rows). Staff open even a
+    sweep whose runs were all deleted."""
+    access.visible_or_404("sweep", pk, user, rows=Sweep.objects.only("pk"))
 
 
 def project_get(*, pk: int, user: AbstractBaseUser) -> Project:

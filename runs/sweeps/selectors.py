@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass
 
 from django.db.models import BooleanField, Count, ExpressionWrapper, F, Min, QuerySet, Value
-from django.shortcuts import get_object_or_404
 from django.urls import reverse
 
 from runs.models import Checkpoint, PipelineRun, StageStatus, Sweep, SweepRun, TrainingRun
@@ -29,8 +28,12 @@ def sweep_list(*, user=None) -> QuerySet[Sweep]:
     return sweeps if seen is None else sweeps.filter(run_count__gt=0)
 
 
-def sweep_get(*, pk: int) -> Sweep:
-    return get_object_or_404(Sweep.objects.select_related("owner"), pk=pk)
+def sweep_get(*, pk: int, user) -> Sweep:
+    """A sweep the user sees one run of (staff: any); 404 otherwise, in the words of one that does not exist
+    (runs.projects.selectors.sweep_visible_check, through runs.projects.access)."""
+    from runs.projects import access
+
+    return access.visible_or_404("sweep", pk, user, rows=Sweep.objects.select_related("owner"))
 
 
 @dataclass
@@ -144,11 +147,11 @@ def best_again_url(*, run_id: int) -> str:
     return f"{reverse('runs:run_launch')}?copy={run_id}&more_data=1"
 
 
-def more_data_initial(*, run_id: str) -> tuple[dict, str] | None:
+def more_data_initial(*, run_id: str, user) -> tuple[dict, str] | None:
     """The launch form's values for "launch the best again with more data": a copy of the run's settings
     with twice its max_samples (a run that read every conversation keeps them all: the note asks for
-    another dataset), and a note that says what changed. None when there is no such run."""
-    initial = run_selectors.launch_copy_initial(run_id=run_id)
+    another dataset), and a note that says what changed. None when there is no such run the user sees."""
+    initial = run_selectors.launch_copy_initial(run_id=run_id, user=user)
     if initial is None:
         return None
     run = PipelineRun.objects.select_related("dataset").get(pk=int(run_id))

@@ -8,7 +8,6 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from runs.projects import selectors as project_selectors
 from runs.roles import user_can
 from runs.sweeps import selectors, services
 from runs.sweeps.spec import FLOAT_KEYS, INT_KEYS
@@ -20,8 +19,7 @@ def sweep_list(request: HttpRequest) -> HttpResponse:
 
 
 def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    sweep = selectors.sweep_get(pk=pk)
-    project_selectors.sweep_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
+    sweep = selectors.sweep_get(pk=pk, user=request.user)  # 404 outside the user's projects
     rows, best = selectors.sweep_rows(sweep=sweep, user=request.user)
     summary = selectors.sweep_summary(sweep=sweep, rows=(rows, best))
     return render(request, "runs/sweep_detail.html", {
@@ -36,8 +34,7 @@ def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def sweep_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    sweep = selectors.sweep_get(pk=pk)
-    project_selectors.sweep_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
+    sweep = selectors.sweep_get(pk=pk, user=request.user)  # 404 outside the user's projects
     count = services.sweep_cancel(sweep=sweep, user=request.user)
     messages.info(request, f"Cancelled {count} unfinished stage(s) of the runs of {sweep} you see.")
     return redirect(sweep)

@@ -57,8 +57,9 @@ def run_launch(request: HttpRequest) -> HttpResponse:
                 return launched
     elif request.GET.get("copy"):
         # "Launch the best again with more data" (a sweep's page): the copy asks for more conversations.
-        found = (sweep_selectors.more_data_initial(run_id=request.GET["copy"]) if request.GET.get("more_data")
-                 else (selectors.launch_copy_initial(run_id=request.GET["copy"]), None))
+        found = (sweep_selectors.more_data_initial(run_id=request.GET["copy"], user=request.user)
+                 if request.GET.get("more_data")
+                 else (selectors.launch_copy_initial(run_id=request.GET["copy"], user=request.user), None))
         if found is None or found[0] is None:
             messages.error(request, f"There is no run {request.GET['copy'][:20]!r} to copy.")
             return redirect("runs:run_launch")
@@ -108,7 +109,7 @@ def worker_list(request: HttpRequest) -> HttpResponse:
     """The fleet: each worker busy (with what), idle or offline, what its host can run, and the
     work queued for the workers in order."""
     return render(request, "runs/worker_list.html", {
-        "rows": fleet_selectors.worker_rows(), "queue": fleet_selectors.queued_work(),
+        "rows": fleet_selectors.worker_rows(request.user), "queue": fleet_selectors.queued_work(request.user),
         "options": fleet_selectors.launch_options(), "offline_after": fleet_selectors.offline_after()})
 
 
@@ -138,8 +139,8 @@ def run_tags(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def dataset_detail(request: HttpRequest, pk: int, regenerate_form=None) -> HttpResponse:
-    dataset = data_selectors.dataset_get(pk=pk)
-    preparations = data_selectors.dataset_preparations(dataset)
+    dataset = data_selectors.dataset_get(pk=pk, user=request.user)
+    preparations = data_selectors.dataset_preparations(dataset, user=request.user)
     sample_count, excluded_count = job_selectors.dataset_sample_counts(dataset=dataset)
     catalogues = job_selectors.dataset_catalogues(dataset=dataset)
     latest = next((p.length_histogram for p in preparations if p.length_histogram.get("counts")), None)
@@ -163,14 +164,14 @@ def dataset_detail(request: HttpRequest, pk: int, regenerate_form=None) -> HttpR
 
 @require_POST
 def dataset_catalogue(request: HttpRequest, pk: int) -> HttpResponse:
-    dataset = data_selectors.dataset_get(pk=pk)
+    dataset = data_selectors.dataset_get(pk=pk, user=request.user)
     catalogue = job_services.dataset_catalogue_request(dataset=dataset, user=request.user)
     messages.info(request, f"Cataloguing {dataset.name} on a worker (#{catalogue.pk}); this page shows its progress.")
     return redirect(dataset)
 
 
 def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    extraction = data_selectors.extraction_get(pk=pk, reviews=True)
+    extraction = data_selectors.extraction_get(pk=pk, user=request.user, reviews=True)
     manifest = getattr(extraction, "manifest", None)
     layers = selectors.target_layers(target=extraction.target, layer_ids=extraction.layer_ids)
     requests = job_selectors.extraction_verification_requests(extraction=extraction)
@@ -191,7 +192,7 @@ def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def extraction_list(request: HttpRequest) -> HttpResponse:
-    extractions = list(data_selectors.extraction_list_verified()[:200])
+    extractions = list(data_selectors.extraction_list_verified(user=request.user)[:200])
     states = reviews.review_states(subjects=extractions)
     rows = [(e, states.get(e.pk)) for e in extractions]
     return render(request, "runs/extraction_list.html", {"rows": rows})
@@ -207,7 +208,7 @@ def dataset_list(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 def review_create(request: HttpRequest, subject: str, pk: int) -> HttpResponse:
-    obj = selectors.review_subject_get(subject=subject, pk=pk)
+    obj = selectors.review_subject_get(subject=subject, pk=pk, user=request.user)
     try:
         reviews.review_add(user=request.user, subject=obj, decision=request.POST.get("decision", "comment"),
                            text=request.POST.get("text", ""))
@@ -241,7 +242,7 @@ def extraction_import(request: HttpRequest) -> HttpResponse:
 @require_POST
 def extraction_reverify(request: HttpRequest, pk: int) -> HttpResponse:
     """Verification of a large extraction takes minutes: a worker does it, the page shows how far."""
-    extraction = data_selectors.extraction_get(pk=pk)
+    extraction = data_selectors.extraction_get(pk=pk, user=request.user)
     full = request.POST.get("full") == "on"
     job = job_services.extraction_verify_request(extraction=extraction, full=full, user=request.user)
     messages.info(request, f"Verification #{job.pk} ({'every value' if full else 'headers'}) runs on a worker; "
@@ -263,7 +264,7 @@ def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def extraction_override(request: HttpRequest, pk: int) -> HttpResponse:
-    extraction = data_selectors.extraction_get(pk=pk)
+    extraction = data_selectors.extraction_get(pk=pk, user=request.user)
     try:
         extraction_services.verification_override(
             extraction=extraction, user=request.user, reason=request.POST.get("reason", "")

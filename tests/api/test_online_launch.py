@@ -89,7 +89,7 @@ def test_an_online_launch_through_the_api_the_form_and_the_cli_is_one_run(people
     # Capture URLs alone: no vLLM on the trainer's worker, so its training goes where an offline run's does.
     assert stage_queue(stage_name="train", config=by_api.config) == "gpu"
     # "Launch a copy" fills the form's box with the URLs, one a line.
-    assert launch_copy_initial(run_id=str(by_api.pk))["capture_urls"] == "http://10.0.0.7:8000\nhttps://10.0.0.9:9443"
+    assert launch_copy_initial(run_id=str(by_api.pk), user=by_api.owner)["capture_urls"] == "http://10.0.0.7:8000\nhttps://10.0.0.9:9443"
 
 
 @pytest.mark.parametrize(("over", "field", "words"), [

@@ -37,8 +37,9 @@ PAGES = {
     # The world has no worker to regenerate on: a launcher's request is refused on the form, saying so (400).
     "datasets/<int:pk>/regenerate/": Entry("/datasets/{dataset}/regenerate/", get=POST_ONLY,
                                            post=by_role(LOGIN, FORBIDDEN, "400", FORBIDDEN, "400"), data="regenerate_form"),
-    "regenerations/<int:pk>/cancel/": Entry("/regenerations/{regeneration}/cancel/", get=POST_ONLY, post=LAUNCHERS),
-    "regenerations/<int:pk>/retry/": Entry("/regenerations/{regeneration}/retry/", get=POST_ONLY, post=LAUNCHERS),
+    # A regeneration is its requester's and the admins' to cancel or retry; the world's asked for by nobody.
+    "regenerations/<int:pk>/cancel/": Entry("/regenerations/{regeneration}/cancel/", get=POST_ONLY, post=OWNERS),
+    "regenerations/<int:pk>/retry/": Entry("/regenerations/{regeneration}/retry/", get=POST_ONLY, post=OWNERS),
     "extractions/": Entry("/extractions/", get=READ),
     "extractions/import/": Entry("/extractions/import/", get=LAUNCHERS_PAGE, post=LAUNCHERS, data="import_form"),
     "extractions/<int:pk>/": Entry("/extractions/{extraction}/", get=READ),
