@@ -171,6 +171,14 @@ def test_serve_check_of_a_talkers_draft_agrees_with_our_tau_on_the_same_prompts(
     assert check["vllm_version"] == vllm_install.version and check["vllm_build"] == vllm_install.build
     assert check["vllm_tokens_per_s_with"] > 0 and check["vllm_tokens_per_s_without"] > 0
     assert " serve " in check["command"] and '"method": "eagle3"' in check["command"]
+    # The run's best, chosen by our τ, shows vLLM's figure beside ours; decoding the same prompts greedily,
+    # the two agree within the prompts' noise, so the run page has no disagreement to report.
+    best = talker_run["best"]
+    print(f"best: our tau {best['tau']:.4f} ± {best['tau_standard_error']:.4f} (standard error over "
+          f"{ours['num_prompts']} prompts), vLLM's {best['vllm_tau']:.4f}")
+    assert best["checkpoint_id"] == ours["checkpoint_id"] and best["tau"] == pytest.approx(ours["tau"])
+    assert best["vllm_tau"] == pytest.approx(check["vllm_tau_emitted"]) and 0 < best["tau_standard_error"] < 1
+    assert best["vllm_disagrees"] is False and best["vllm_note"] == ""
 
 
 def test_a_serve_check_of_another_checkpoint_serves_the_prompts_its_measurement_decoded(talker_run, django_db_blocker):
