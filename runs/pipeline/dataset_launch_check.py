@@ -134,7 +134,10 @@ def dataset_launch_check(*, path: Path, max_seq_len: int, target_dir: Path) -> N
     tokenizer = target_tokenizer(target_dir)
     no_reply = too_long = 0
     for conv in head.conversations:
-        fits = _context_fits(conv, tokenizer=tokenizer, max_seq_len=max_seq_len)
+        try:
+            fits = _context_fits(conv, tokenizer=tokenizer, max_seq_len=max_seq_len)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot encode the text: prepare, which loads it, names why
+            return
         if fits:
             return
         if fits is None:
