@@ -18,6 +18,7 @@ from django.conf import settings
 
 from eagle3web.db import db_retry
 from runs.data.curation import dataset_exclusions, dataset_samples_sync
+from runs.data.paths import check_under_data_roots
 from runs.data.extractions import extraction_verify
 from runs.checkpoints.evaluation import evaluation_plan
 from runs.tracking.services import metrics_record
@@ -86,13 +87,19 @@ def _resumable_dir(path: Path, *, marker: str) -> Path:
     return path
 
 
+def _target_dir(run) -> Path:
+    """The run's target folder, confined again as its stage starts (runs.data.paths): a file in it linked out of
+    the data roots since the launch fails the stage, naming the file, before a loader opens what it leads to."""
+    return check_under_data_roots(run.target.path, kind="target directory")
+
+
 def _prepare(record, reporter: StageReporter):
     from workers.stages.prepare import prepare
 
     run = record.run
     excluded = dataset_exclusions(dataset=run.dataset)
     return prepare(
-        tokenizer_dir=Path(run.target.path),
+        tokenizer_dir=_target_dir(run),
         dataset_path=Path(run.dataset.path),
         out_dir=_fresh_dir(Path(run.output_dir) / "prepared"),
         max_seq_len=run.config["max_seq_len"],
@@ -121,7 +128,7 @@ def _extract(record, reporter: StageReporter):
     if online_run.is_online(run.config):
         return online_run.online_extract(run=run)  # training captures the hidden states; nothing to extract
     backend, gpus = _backend(run, "extract")
-    common = dict(target_dir=Path(run.target.path), prepared_dir=Path(run.preparation.out_dir),
+    common = dict(target_dir=_target_dir(run), prepared_dir=Path(run.preparation.out_dir),
                   out_dir=_resumable_dir(Path(run.output_dir) / "extraction", marker=RESUME_NAME),
                   layer_ids=record.layer_ids, on_progress=reporter.progress)
     if backend == "vllm":
@@ -168,7 +175,7 @@ def _train(record, reporter: StageReporter):
         from workers.stages.train.loop import train as trainer
     return trainer(
         **options,
-        target_dir=Path(run.target.path),
+        target_dir=_target_dir(run),
         prepared_dir=Path(run.preparation.out_dir),
         hidden_states_dir=_hidden_states_dir(run),
         d2t_path=Path(run.vocab_mapping.d2t_path),

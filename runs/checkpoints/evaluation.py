@@ -41,7 +41,8 @@ def _trained_here(checkpoint: Checkpoint) -> bool:
 
 def _target_dir(checkpoint: Checkpoint) -> Path:
     if checkpoint.training_run_id is not None and checkpoint.training_run.run.target_id is not None:
-        return Path(checkpoint.training_run.run.target.path)
+        # Confined again (runs.data.paths): a file linked out of the data roots since the launch is refused.
+        return check_under_data_roots(checkpoint.training_run.run.target.path, kind="the run's target directory")
     if not checkpoint.verifier_path:
         raise EvaluationRequestError(f"checkpoint {checkpoint.pk} names no verifier, so there is no target to decode with")
     return check_under_data_roots(checkpoint.verifier_path, kind="the checkpoint's verifier directory")

@@ -111,3 +111,17 @@ def test_a_link_out_inside_a_linked_folder_inside_the_roots_is_refused(api, root
     answer = api("viewer").get("/api/v1/targets/inspect/", {"path": str(roots / "target")})
     assert answer.status_code == 400
     _says_which_file(answer.json()["fields"]["path"], "weights/model.safetensors", outside)
+
+
+def test_a_target_file_linked_outside_after_the_launch_fails_the_stage_naming_it(api, roots, outside):
+    """The worker confines the folder again as a stage starts (a link swapped in after the launch): the stage fails
+    naming the file, before a loader opens it. Run in this process, as a worker runs it."""
+    from runs.models import PipelineRun, StageStatus
+    from workers.tasks import stage_execute
+
+    run = PipelineRun.objects.get(pk=api("launcher").post("/api/v1/runs/", body(roots, draft_vocab_size=64)).json()["id"])
+    linked_out(roots, outside, "tokenizer.json")
+    assert stage_execute(stage_name="prepare", record_id=run.preparation.pk, worker="test") is False
+    run.preparation.refresh_from_db()
+    assert run.preparation.status == StageStatus.FAILED
+    _says_which_file(run.preparation.error, "tokenizer.json", outside)
