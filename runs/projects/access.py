@@ -68,12 +68,7 @@ def visible_project_ids(user: AbstractBaseUser) -> list[int] | None:
 
 def runs_visible(runs: QuerySet, user: AbstractBaseUser) -> QuerySet:
     """`runs` narrowed to the projects the user sees, in the same query (no round trip of its own)."""
-    if sees_every_project(user):
-        return runs
-    if not user.is_authenticated:
-        return runs.none()
-    member_of = ProjectMember.objects.filter(user=user).values("project_id")
-    return runs.filter(Q(project__open_to_all=True) | Q(project_id__in=member_of))
+    return visible("run", runs, user)
 
 
 def visible_q(user: AbstractBaseUser, *, run: str = "") -> Q | None:
@@ -98,12 +93,7 @@ def who_sees(users: QuerySet, *, project_id: int) -> QuerySet:
 def checkpoints_visible(checkpoints: QuerySet, user: AbstractBaseUser) -> QuerySet:
     """`checkpoints` less those trained by runs the user does not see, in the same query. An imported
     checkpoint belongs to no run, hence to no project: everyone signed in sees it."""
-    visible = visible_q(user, run="training_run__run__")
-    if visible is None:
-        return checkpoints
-    if not user.is_authenticated:
-        return checkpoints.none()
-    return checkpoints.filter(Q(training_run__isnull=True) | visible)
+    return visible("checkpoint", checkpoints, user)
 
 
 def has_role(user: AbstractBaseUser, project: Project, role: str) -> bool:
