@@ -171,8 +171,8 @@ def _train(record, reporter: StageReporter):
         from workers.stages.train.with_speculators.trainer import train_with_speculators as trainer
 
         options.update(num_gpus=gpus, extra_args=settings.EAGLE3WEB_SPECULATORS_ARGS)
-    else:
-        from workers.stages.train.loop import train as trainer
+    else:  # in a process of its own: torch's compile state and CUDA memory end with the training
+        from workers.stages.train.in_child import train_in_child as trainer
     return trainer(
         **options,
         target_dir=_target_dir(run),

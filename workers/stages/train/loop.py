@@ -93,6 +93,9 @@ class TrainingStopped(StopRequested):
         super().__init__(f"training stopped on request after {steps_done} steps")
         self.steps_done = steps_done
 
+    def __reduce__(self):  # rebuilt from steps_done in the worker (workers.stages.train.in_child)
+        return type(self), (self.steps_done,)
+
 
 @dataclass(frozen=True)
 class CheckpointInfo:
