@@ -78,6 +78,7 @@ from workers.stages.extract.resume import (  # noqa: E402
 )
 from workers.contract.progress import ProgressFn  # noqa: E402
 from workers.contract.target import read_target_config, validate_layer_ids  # noqa: E402
+from workers.stages.torch_internals import release_pinned_host_cache  # noqa: E402
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -372,8 +373,8 @@ def extract(
         if dev.type == "cuda":
             torch.cuda.empty_cache()
             # Freed pinned buffers stay in torch's host cache, not the system's; the worker's next
-            # stage (a training, say) may want that memory. Private in torch 2.x, hence the guard.
-            getattr(torch._C, "_host_emptyCache", lambda: None)()
+            # stage (a training, say) may want that memory. Private in torch 2.x: see torch_internals.
+            release_pinned_host_cache()
 
     result = write_manifest(
         out_dir=out_dir, hs_dir=hs_dir, target_dir=target_dir, prepared_dir=prepared_dir, lengths=lengths,

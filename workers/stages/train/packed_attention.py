@@ -22,10 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from transformers.modeling_utils import AttentionInterface
 
 from speculators.models.eagle3.attention import create_combined_mask_mod
+from workers.stages.torch_internals import flex_attention_api, raise_recompile_limit
+
+BlockMask, create_block_mask, flex_attention = flex_attention_api()
 
 ATTENTION_IMPLEMENTATION = "eagle3web_packed"
 
@@ -122,7 +124,9 @@ _compiled_flex = None
 # by a block each) and grad mode (training, validation). Past dynamo's default limit (8) it runs
 # flex eagerly, a dense fallback that materialises T x (s+1)T scores per head: on an H200 that took
 # 87 GB for an 80M-parameter draft and ran a Kimi-width draft out of memory. So the limit is raised,
-# and hitting it fails the step instead of filling the card.
+# and hitting it fails the step instead of filling the card. The count is per process, and each
+# training has a process of its own (workers.stages.train.in_child): a long-lived worker's trainings
+# of other shapes never add up to it.
 FLEX_RECOMPILE_LIMIT = 256
 
 
@@ -130,10 +134,7 @@ def compiled_flex_attention():
     """flex_attention compiled once per process: eager flex is a dense fallback (T x (s+1)T scores)."""
     global _compiled_flex
     if _compiled_flex is None:
-        config = torch._dynamo.config
-        config.recompile_limit = max(config.recompile_limit, FLEX_RECOMPILE_LIMIT)
-        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * FLEX_RECOMPILE_LIMIT)
-        config.fail_on_recompile_limit_hit = True
+        raise_recompile_limit(FLEX_RECOMPILE_LIMIT)
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex
 

@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 
 import torch
-from torch._dynamo.utils import counters
 
+from workers.stages.torch_internals import compiled_graph_count
 from workers.stages.train.packed_step import draft_forward, kl_loss_config, padded_length, use_packed_attention
 
 PHASES = ("data", "copies", "forward", "backward", "optimizer")
@@ -25,7 +25,7 @@ PHASES = ("data", "copies", "forward", "backward", "optimizer")
 
 def compiled_graphs() -> int:
     """Graphs dynamo compiled in this process so far (a recompile adds one too)."""
-    return int(counters["stats"]["unique_graphs"])
+    return compiled_graph_count()
 
 
 class StepTimes:
