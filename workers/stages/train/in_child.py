@@ -56,8 +56,9 @@ def train_in_child(**arguments):
     """workers.stages.train.loop.train(**arguments) run in a fresh process; its TrainResult."""
     callbacks = {name: arguments.pop(name) for name in CALLBACKS if name in arguments}
     callbacks = {name: fn for name, fn in callbacks.items() if fn is not None}
+    levels = (logging.getLogger().getEffectiveLevel(), logging.getLogger("workers").getEffectiveLevel())
     settings = {"torch_threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
-                "log_level": min(logging.getLogger().getEffectiveLevel(), logging.getLogger("workers").getEffectiveLevel())}
+                "log_level": min(levels)}
     ours, theirs = socket.socketpair()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     with theirs:
@@ -89,7 +90,10 @@ def _serve(conn: Connection, proc: subprocess.Popen, callbacks: dict):
         kind = message[0]
         if kind == "call":
             try:
-                answer = ("ok", callbacks[message[1]](*message[2]))
+                value = callbacks[message[1]](*message[2])
+                # The loop reads should_stop's answer alone; the others may return the worker's own
+                # objects (a checkpoint's rows), which the child could not rebuild.
+                answer = ("ok", bool(value) if message[1] == "should_stop" else None)
             except BaseException as exc:  # noqa: BLE001 - raised here once the child has ended
                 raised, answer = exc, ("raised", f"{type(exc).__name__}: {exc}")
             try:
@@ -116,7 +120,7 @@ def _died(proc: subprocess.Popen) -> TrainingProcessDied:
     code = proc.returncode
     if code is not None and code < 0:
         name = signal.Signals(-code).name
-        how = f"was killed by {name}" + (" (the kernel's out-of-memory killer sends it)" if name == "SIGKILL" else "")
+        how = f"was killed by {name}" + (" (as the kernel's out-of-memory killer does)" if name == "SIGKILL" else "")
     else:
         how = f"exited with code {code}"
     return TrainingProcessDied(f"the training's process (pid {proc.pid}) {how} before it finished; its log "
