@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from eagle3web.db import db_retry
 from runs.models import FINISHED_STATUSES, Extraction, Manifest, TargetModel, Verification, VerificationOverride
-from runs.data.paths import PathNotAllowed, check_under_data_roots
+from runs.data.paths import PathNotAllowed, check_under_data_roots, shown_path
+from runs.projects import access
 from runs.roles import require
 from runs.pipeline.services import target_register
 from workers.contract.errors import InputError
@@ -44,7 +45,8 @@ def extraction_import(
     """Register an extraction directory (flat v1, speculators v0.4 or 0.9) and verify its headers.
 
     Importing a directory already known, whether imported before or written by a run here, returns
-    that extraction (created is False), so a run's own extraction stays linked to its run. A new one
+    that extraction (created is False), so a run's own extraction stays linked to its run; one of a run
+    in a project the user does not see is refused, naming neither (runs.projects.access). A new one
     records who imported it, when, and from which path; no stage row is made up for it. A directory
     whose layout or manifest cannot be read raises an error naming the file; nothing is stored.
     The headers are verified here, or by a worker after commit with `verify_on_worker`.
@@ -55,6 +57,13 @@ def extraction_import(
     existing = (Extraction.objects.filter(path=str(resolved))
                 .order_by(F("produced_by").asc(nulls_last=True), "pk").first())
     if existing:
+        # A run's folder in a project the user does not see: refused without its id or its run's name
+        # (runs.projects.access), rather than handed back as an extraction they would then be 404'd.
+        if user is not None and not access.visible_ids("extraction", [existing.pk], user):
+            refused = InputError(f"{shown_path(str(resolved))} is the extraction folder of a run in a project you "
+                                 "do not see; copy it to a folder of your own to import it")
+            refused.field = "path"
+            raise refused
         return existing, False
     layout = detect_layout(resolved)
     claims = read_manifest(resolved, layout)

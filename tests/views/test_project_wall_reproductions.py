@@ -140,3 +140,20 @@ def test_another_launchers_regeneration_is_not_theirs_to_cancel_or_retry(two, cl
     assert client.post(f"/regenerations/{job.pk}/cancel/").status_code == 302
     job.refresh_from_db()
     assert job.status == "cancelled"
+
+
+def test_importing_another_projects_extraction_folder_is_refused_without_naming_it(two, roots):
+    """The folder a hidden run's extract stage wrote: not handed back (its id, then a 404), refused at `path`."""
+    from runs.models import Extraction
+
+    folder = roots / "bob-extraction"
+    folder.mkdir()
+    hidden = Extraction.objects.create(target=two["theirs"].target, path=str(folder.resolve()),
+                                       produced_by=two["theirs"].extract_stage, layer_ids=[1])
+    answer = _api(two["ann"]).post("/api/v1/extractions/", json.dumps({"path": str(folder)}),
+                                   content_type="application/json")
+    assert answer.status_code == 400 and set(answer.json()["fields"]) == {"path"}
+    assert "a run in a project you do not see" in answer.json()["error"]
+    assert f"extraction {hidden.pk}" not in answer.json()["error"] and "bob secret run" not in answer.content.decode()
+    assert _api(two["bob"]).post("/api/v1/extractions/", json.dumps({"path": str(folder)}),
+                                 content_type="application/json").json()["id"] == hidden.pk
