@@ -58,7 +58,7 @@ def test_the_command_prints_errors_as_json_and_exits_non_zero(live_server, launc
     assert code == 1 and answer["status"] == 400 and list(answer["fields"]) == ["dataset"]
     assert PipelineRun.objects.count() == 0
     code, out, _ = cli("--json", "runs", "status", "424242", url=live_server.url, token=launcher_token)
-    assert code == 1 and json.loads(out) == {"error": "nothing at /api/v1/runs/424242/", "status": 404, "fields": {}}
+    assert code == 1 and json.loads(out) == {"error": "no run 424242", "status": 404, "fields": {}}
     code, out, _ = cli("--json", "runs", "list", url=None, token=None)
     assert code == 1 and json.loads(out)["fields"] == {"url": "missing", "token": "missing"}
     code, out, err = cli("runs", "list", url=live_server.url, token="e3w_not-a-token")

@@ -95,7 +95,7 @@ def test_a_refused_launch_names_its_field_and_stores_nothing(live_server, launch
         assert unknown.value.status == 400 and list(unknown.value.fields) == ["epoch"]
         with pytest.raises(ApiError) as missing:
             client.runs.get(424242)
-        assert (missing.value.status, missing.value.error) == (404, "nothing at /api/v1/runs/424242/")
+        assert (missing.value.status, missing.value.error) == (404, "no run 424242")
     assert PipelineRun.objects.count() == 0
 
 
