@@ -40,17 +40,18 @@ from workers.stages.vocab import build_vocab  # noqa: E402
 
 
 class FolderPeak(threading.Thread):
-    """A folder's bytes of hidden-state files, sampled every 20 ms until `done` is set; `peak` the largest
-    (tests/stages/test_online_hidden_states.py samples the cache with it too)."""
+    """A folder's bytes of hidden-state files (`pattern` under it: by default every *.safetensors* file at any
+    depth, the capture servers' and the .part copies included), sampled every 20 ms until `done` is set;
+    `peak` the largest (tests/stages/test_online_*.py and tests/e2e/test_online_run.py sample caches with it too)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, *, pattern: str = "**/*.safetensors*"):
         super().__init__(daemon=True)
-        self.folder, self.peak, self.done = folder, 0, threading.Event()
+        self.folder, self.pattern, self.peak, self.done = folder, pattern, 0, threading.Event()
 
     def run(self) -> None:
         while not self.done.is_set():
             sizes = {}  # by inode: a file renamed from a server's folder into the cache mid-walk counts once
-            for path in self.folder.rglob("*.safetensors*"):
+            for path in self.folder.glob(self.pattern):
                 try:
                     stat = path.stat()
                 except FileNotFoundError:

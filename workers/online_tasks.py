@@ -41,7 +41,7 @@ def online_source(run):
     config = run.config
     if config.get("capture_servers"):  # routed to vLLM's queue (runs.pipeline.online.train_capture_queue)
         backend_require(name="vllm", gpus=int(config.get("tensor_parallel_size") or 1))
-    return OnlineSource.from_gib(cache_dir=hidden_states_dir(run), cache_gb=float(config["hidden_states_cache_gb"]),
+    return OnlineSource.from_gib(cache_dir=hidden_states_dir(run), cache_gib=float(config["hidden_states_cache_gib"]),
                                  capture_servers=int(config.get("capture_servers") or 0),
                                  capture_urls=list(config.get("capture_urls") or []),
                                  vllm_executable=vllm_executable(),

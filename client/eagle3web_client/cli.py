@@ -24,7 +24,7 @@ EXIT_API_ERROR, EXIT_TIMEOUT, EXIT_RUN_NOT_SUCCEEDED = 1, 3, 4
 # Options of POST /api/v1/runs/ (README "Launching") that take a number or a flag on the command line.
 LAUNCH_INTS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "max_tokens_per_step",
                "seed", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus", "capture_servers")
-LAUNCH_FLOATS = ("lr", "val_fraction", "hidden_states_cache_gb")
+LAUNCH_FLOATS = ("lr", "val_fraction", "hidden_states_cache_gib")
 LAUNCH_TEXTS = ("name", "extraction_backend", "training_backend", "best_by", "hidden_states")
 
 

@@ -25,6 +25,7 @@ from rest_framework.views import APIView, set_rollback
 from runs.api import tokens
 from runs.api.parsers import LimitedJSONParser
 from runs.api.schema import ApiSchema
+from runs.pipeline.run_config import renamed_setting
 from workers.contract.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,8 @@ class ApiView(APIView):
             raise exceptions.ValidationError({"non_field_errors": [
                 f"the body must be a JSON object, got {type(data).__name__}"]})
         unknown = sorted(set(data) - set(serializer_class().fields))
+        if renamed := {name: [why] for name in unknown if (why := renamed_setting(name))}:
+            raise exceptions.ValidationError(renamed)
         if unknown:
             raise exceptions.ValidationError({name: [f"unknown field {name[:40]!r} (known: "
                                                      f"{', '.join(serializer_class().fields)})"]

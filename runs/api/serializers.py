@@ -49,8 +49,9 @@ class LaunchSerializer(serializers.Serializer):
     capture_urls = serializers.ListField(child=serializers.CharField(), required=False, help_text=(
         "online: base URLs (http://host:port) of running capture servers, at most 16"))
     capture_servers = _int(f"online: capture servers the train stage starts, 0 to 16 (default {D.capture_servers})")
-    hidden_states_cache_gb = serializers.FloatField(required=False, help_text=(
-        f"online: the most the run's hidden-state cache keeps on disk, in GB (default {D.hidden_states_cache_gb:g})"))
+    hidden_states_cache_gib = serializers.FloatField(required=False, help_text=(
+        "online: the most the run's hidden-state cache keeps on disk, in GiB: 2**30 bytes "
+        f"(default {D.hidden_states_cache_gib:g})"))
 
 
 class CopySerializer(LaunchSerializer):

@@ -142,7 +142,7 @@ def supply_dict(*, run: PipelineRun) -> dict:
         "cache_hit_rate_per_epoch", "peak_cache_bytes", "cache_limit_bytes", "evictions", "served_by", "retried",
         "bound", "advice")}
     if online and figures["cache_limit_bytes"] is None:
-        figures["cache_limit_bytes"] = int(float(config.get("hidden_states_cache_gb") or 0) * GIB)
+        figures["cache_limit_bytes"] = int(float(config.get("hidden_states_cache_gib") or 0) * GIB)
     shown = {
         "hidden_states": supply.get("hidden_states") or ("online" if online else "offline"),
         "measured": bool(supply),

@@ -56,7 +56,7 @@ def online_keep_request(*, run: PipelineRun, user: AbstractBaseUser) -> None:
     if present < rows:
         raise RunConfigError(
             f"the cache holds {present} of {rows} prepared rows: {rows - present} missing (evicted to stay under "
-            f"{run.config.get('hidden_states_cache_gb')} GB, or never asked for); only a cache that holds every "
+            f"{run.config.get('hidden_states_cache_gib')} GiB, or never asked for); only a cache that holds every "
             "row can be kept")
     _kept_set(training_id=training.pk, kept={"status": "queued", "requested_by": user.pk})
     queue = stage_queue(stage_name="train", config=run.config)  # the worker whose disk holds the cache

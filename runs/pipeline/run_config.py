@@ -4,6 +4,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import unicodedata
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
@@ -34,13 +35,24 @@ BEST_BY = ("tau", "val_loss")
 HIDDEN_STATES = ("offline", "online")
 MAX_CAPTURE_SERVERS = 16  # started by the train stage, and URLs of running ones, each
 MAX_CAPTURE_URL_CHARS = 2000
-MAX_CACHE_GB = 1_000_000.0  # a petabyte: a typo, not a disk
-DEFAULT_CACHE_GB = 20.0
+MAX_CACHE_GIB = 1_000_000.0  # a petabyte: a typo, not a disk
+DEFAULT_CACHE_GIB = 20.0
+# Settings renamed since runs stored them (migration 0019 renamed the stored ones): an old name given now is
+# refused, naming the new one, rather than taken in a unit it never counted in.
+RENAMED_SETTINGS = {"hidden_states_cache_gb": ("hidden_states_cache_gib", "it counts GiB (2**30 bytes), not GB")}
 
 INT_FIELDS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "seed",
               "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus",
               "capture_servers")
-FLOAT_FIELDS = ("lr", "val_fraction", "hidden_states_cache_gb")
+FLOAT_FIELDS = ("lr", "val_fraction", "hidden_states_cache_gib")
+
+
+def renamed_setting(name: str, *, named: Callable[[str], str] = str) -> str | None:
+    """What to say of a setting given by its old name (`named` words a name: a flag on the command line), or None."""
+    if name not in RENAMED_SETTINGS:
+        return None
+    new, why = RENAMED_SETTINGS[name]
+    return f"{named(name)} was renamed {named(new)}: {why}; give {named(new)}"
 
 
 class RunConfigError(InputError):
@@ -188,11 +200,11 @@ class RunConfig:
     serve_check: bool = False
     best_by: str = BEST_BY[0]  # "tau" or "val_loss" (runs.pipeline.best)
     # Online: the extract stage writes nothing; training asks capture servers (capture_servers started by the
-    # train stage's worker, plus the running ones at capture_urls) and keeps at most hidden_states_cache_gb.
+    # train stage's worker, plus the running ones at capture_urls) and keeps at most hidden_states_cache_gib.
     hidden_states: str = HIDDEN_STATES[0]
     capture_urls: list[str] = field(default_factory=list)
     capture_servers: int = 1
-    hidden_states_cache_gb: float = DEFAULT_CACHE_GB
+    hidden_states_cache_gib: float = DEFAULT_CACHE_GIB
 
     def __post_init__(self) -> None:
         for name, known in (("extraction_backend", EXTRACTION_BACKENDS), ("training_backend", TRAINING_BACKENDS)):
@@ -258,9 +270,9 @@ class RunConfig:
         if not 0 <= self.capture_servers <= MAX_CAPTURE_SERVERS:
             raise RunConfigError(f"capture_servers must be between 0 and {MAX_CAPTURE_SERVERS}, got "
                                  f"{self.capture_servers}", field="capture_servers")
-        if not 0 < self.hidden_states_cache_gb <= MAX_CACHE_GB:
-            raise RunConfigError(f"hidden_states_cache_gb must be more than 0 and at most {MAX_CACHE_GB:,.0f}, got "
-                                 f"{self.hidden_states_cache_gb}", field="hidden_states_cache_gb")
+        if not 0 < self.hidden_states_cache_gib <= MAX_CACHE_GIB:
+            raise RunConfigError(f"hidden_states_cache_gib must be more than 0 and at most {MAX_CACHE_GIB:,.0f}, got "
+                                 f"{self.hidden_states_cache_gib}", field="hidden_states_cache_gib")
         if self.hidden_states == "offline":
             if self.capture_urls:  # said rather than ignored: the user meant something by them
                 raise RunConfigError("capture_urls are asked only by an online run: set hidden_states to online, "

@@ -16,7 +16,8 @@ from django.db.models import (Case, CharField, Count, DurationField, Exists, Exp
 from django.db.models.functions import Coalesce, Now
 
 from runs.models import Checkpoint, Dataset, PipelineRun, RunTag, StageStatus, TargetModel
-from runs.pipeline.run_config import FLOAT_FIELDS, INT_FIELDS, RunConfig, RunConfigError, parse_layer_ids
+from runs.pipeline.run_config import (FLOAT_FIELDS, INT_FIELDS, RunConfig, RunConfigError, parse_layer_ids,
+                                      renamed_setting)
 from runs.pipeline.stages import STAGES
 from runs.pipeline.selectors import (RUN_HELD, RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, RUN_STATUSES, run_rows,
                                      run_status, run_status_reason)
@@ -214,6 +215,8 @@ def settings_text(settings: tuple) -> str:
 def _settings(params) -> tuple:
     found = []
     for name, value in _typed_settings(params):
+        if why := renamed_setting(name):
+            raise RunTableError(f"settings: {why}")
         if name not in SETTING_FIELDS:
             raise RunTableError(f"settings: {name[:60]!r} is not a setting (one of {', '.join(SETTING_FIELDS)})")
         value = value.strip()

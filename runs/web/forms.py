@@ -8,9 +8,9 @@ from runs.fleet.fit import BackendOption
 from runs.data.paths import MAX_PATH_CHARS
 from runs.pipeline.run_config import (
     BEST_BY,
-    DEFAULT_CACHE_GB,
+    DEFAULT_CACHE_GIB,
     HIDDEN_STATES,
-    MAX_CACHE_GB,
+    MAX_CACHE_GIB,
     MAX_CAPTURE_SERVERS,
     MAX_DRAFT_VOCAB,
     MAX_EPOCHS,
@@ -139,11 +139,11 @@ class LaunchForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
         help_text=f"Online only: base URLs (http://host:port) of capture servers already running, one per line, at "
         f"most {MAX_CAPTURE_SERVERS}; their hidden-state files must be readable by the training's worker.")
-    hidden_states_cache_gb = forms.FloatField(
-        min_value=0.001, max_value=MAX_CACHE_GB, initial=DEFAULT_CACHE_GB, required=False,
-        label="Hidden-state cache (GB)",
-        help_text="Online only: the most the run keeps on disk; the least recently used samples go first and are "
-        "asked for again when needed.")
+    hidden_states_cache_gib = forms.FloatField(
+        min_value=0.001, max_value=MAX_CACHE_GIB, initial=DEFAULT_CACHE_GIB, required=False,
+        label="Hidden-state cache (GiB)",
+        help_text="Online only: the most the run keeps on disk, in GiB (2**30 bytes); the least recently used "
+        "samples go first and are asked for again when needed.")
     vary = forms.CharField(
         required=False, max_length=20_000, label="Sweep", widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
         help_text="One setting per line, KEY = V1, V2, named as run_pipeline names them or by its label above: "
@@ -161,7 +161,7 @@ class LaunchForm(forms.Form):
     # Folded under "Advanced settings" (open when one of them has an error), and the sweep box.
     ADVANCED = ("max_tokens_per_step", "val_fraction", "seed", "eval_prompts", "eval_max_new_tokens",
                 "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "serve_check", "best_by",
-                "hidden_states", "capture_servers", "capture_urls", "hidden_states_cache_gb")
+                "hidden_states", "capture_servers", "capture_urls", "hidden_states_cache_gib")
     SWEEP = ("vary", "sweep_mode", "parallel")
     WIDE = ("name", "target_path", "dataset_path", "notes", "vary")  # the whole width of the form
 
@@ -269,7 +269,7 @@ class LaunchForm(forms.Form):
             hidden_states=data.get("hidden_states") or defaults.hidden_states,
             capture_urls=data.get("capture_urls") or [],
             capture_servers=defaults.capture_servers if data.get("capture_servers") is None else data["capture_servers"],
-            hidden_states_cache_gb=data.get("hidden_states_cache_gb") or defaults.hidden_states_cache_gb,
+            hidden_states_cache_gib=data.get("hidden_states_cache_gib") or defaults.hidden_states_cache_gib,
         )
 
 

@@ -15,7 +15,7 @@ from workers.contract.host_rule import HostRefused, check_url
 
 pytestmark = pytest.mark.django_db
 
-ONLINE = {"hidden_states": "online", "capture_servers": 0, "hidden_states_cache_gb": 2.5}
+ONLINE = {"hidden_states": "online", "capture_servers": 0, "hidden_states_cache_gib": 2.5}
 REFUSED = [
     ("http://2130706433:8000", "URL 1 'http://2130706433:8000': capture server host '2130706433' is an address in "
                                "an unusual spelling: write it as a.b.c.d"),

@@ -1,5 +1,5 @@
 """A run's hidden-state source is a setting (issue 27): `hidden_states` offline|online, `capture_urls`,
-`capture_servers`, `hidden_states_cache_gb`, checked alike by RunConfig, the launch form, the API and
+`capture_servers`, `hidden_states_cache_gib`, checked alike by RunConfig, the launch form, the API and
 run_pipeline, each naming the field in its own words (flag words on the command line); nothing stored
 when refused. An online run that starts capture servers needs a live worker with vLLM (its train stage
 goes to vLLM's queue); one that only names running servers does not."""
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 
 ONLINE = {"hidden_states": "online", "capture_servers": 0,
           "capture_urls": ["http://10.0.0.7:8000", "https://10.0.0.9:9443"],
-          "hidden_states_cache_gb": 2.5}
+          "hidden_states_cache_gib": 2.5}
 
 
 def body(roots, **over) -> dict:
@@ -46,8 +46,8 @@ def stored() -> tuple[int, int]:
     ({"hidden_states": "online", "capture_servers": 0}, "capture_servers",
      "capture_servers 0 starts no capture server"),
     ({"hidden_states": "online", "capture_servers": 17}, "capture_servers", "between 0 and 16, got 17"),
-    ({"hidden_states_cache_gb": 0}, "hidden_states_cache_gb", "more than 0"),
-    ({"hidden_states_cache_gb": -1.0}, "hidden_states_cache_gb", "more than 0"),
+    ({"hidden_states_cache_gib": 0}, "hidden_states_cache_gib", "more than 0"),
+    ({"hidden_states_cache_gib": -1.0}, "hidden_states_cache_gib", "more than 0"),
     ({"capture_urls": ["http://10.0.0.1:8000"]}, "capture_urls", "asked only by an online run"),
 ])
 def test_run_config_refuses_naming_the_field(config, field, words):
@@ -61,8 +61,8 @@ def test_run_config_keeps_the_urls_without_a_trailing_slash():
     assert config.capture_urls == ["http://10.0.0.7:8000", "http://10.0.0.8:8001"]
     defaults = RunConfig().as_dict()
     assert {key: defaults[key] for key in ("hidden_states", "capture_urls", "capture_servers",
-                                           "hidden_states_cache_gb")} == {
-        "hidden_states": "offline", "capture_urls": [], "capture_servers": 1, "hidden_states_cache_gb": 20.0}
+                                           "hidden_states_cache_gib")} == {
+        "hidden_states": "offline", "capture_urls": [], "capture_servers": 1, "hidden_states_cache_gib": 20.0}
 
 
 def test_an_online_launch_through_the_api_the_form_and_the_cli_is_one_run(people, api, roots):
@@ -75,7 +75,7 @@ def test_an_online_launch_through_the_api_the_form_and_the_cli_is_one_run(people
     browser.force_login(people["launcher"][0])
     form = {"target_path": str(roots / "target"), "dataset_path": str(roots / "chats.jsonl"), "draft_vocab_size": 64,
             "hidden_states": "online", "capture_servers": 0, "capture_urls": "http://10.0.0.7:8000\nhttps://10.0.0.9:9443",
-            "hidden_states_cache_gb": 2.5, "max_seq_len": 512, "epochs": 2, "lr": 3e-4, "ttt_steps": 3}
+            "hidden_states_cache_gib": 2.5, "max_seq_len": 512, "epochs": 2, "lr": 3e-4, "ttt_steps": 3}
     assert browser.post("/runs/new/", form).status_code == 302
     by_form = PipelineRun.objects.exclude(pk=by_api.pk).get()
 
@@ -83,7 +83,7 @@ def test_an_online_launch_through_the_api_the_form_and_the_cli_is_one_run(people
     call_command("run_pipeline", "--target", str(roots / "target"), "--dataset", str(roots / "chats.jsonl"),
                  "--draft-vocab-size", "64", "--hidden-states", "online", "--capture-servers", "0",
                  "--capture-url", "http://10.0.0.7:8000", "--capture-url", "https://10.0.0.9:9443",
-                 "--hidden-states-cache-gb", "2.5", "--user", people["launcher"][0].username, "--json", stdout=out)
+                 "--hidden-states-cache-gib", "2.5", "--user", people["launcher"][0].username, "--json", stdout=out)
     by_cli = PipelineRun.objects.get(pk=json.loads(out.getvalue())["run_id"])
     assert by_api.config == by_form.config == by_cli.config
     # Capture URLs alone: no vLLM on the trainer's worker, so its training goes where an offline run's does.
@@ -96,7 +96,7 @@ def test_an_online_launch_through_the_api_the_form_and_the_cli_is_one_run(people
     ({"capture_urls": ["ftp://h:21"]}, "capture_urls", "URL 1 'ftp://h:21' must start with http:// or https://"),
     ({"capture_urls": ["http://h:1 http://g:2"]}, "capture_urls", "one URL, without spaces"),
     ({"capture_urls": []}, "capture_servers", "capture_servers 0 starts no capture server"),
-    ({"hidden_states_cache_gb": 0}, "hidden_states_cache_gb", "greater than or equal to 0.001"),
+    ({"hidden_states_cache_gib": 0}, "hidden_states_cache_gib", "greater than or equal to 0.001"),
     ({"capture_servers": 17}, "capture_servers", "less than or equal to 16"),
 ])
 def test_the_api_refuses_bad_online_settings_naming_the_field_and_stores_nothing(api, roots, over, field, words):
@@ -125,7 +125,7 @@ def test_the_form_shows_the_error_under_the_field_in_its_words(people, roots):
     (["--capture-url", "ftp://h:21"], "--capture-url 1 'ftp://h:21' must start with http:// or https://"),
     (["--capture-url", "http://10.0.0.1:1", "--capture-url", "http://10.0.0.1:1"],
      "--capture-url 2 'http://10.0.0.1:1' is listed twice"),
-    (["--hidden-states-cache-gb", "0"], "--hidden-states-cache-gb: hidden_states_cache_gb must be more than 0"),
+    (["--hidden-states-cache-gib", "0"], "--hidden-states-cache-gib: hidden_states_cache_gib must be more than 0"),
 ])
 def test_run_pipeline_names_the_flag(people, roots, flags, words):
     before = stored()

@@ -6,6 +6,7 @@ transformers extraction of the same rows (tests/e2e/test_real_vllm.py proves vLL
 within bf16 rounding), so the online losses are compared within what one bf16 step of hidden-state
 difference moves the loss, measured here by training offline on states nudged by one bf16 step.
 """
+import json
 import threading
 import time
 from pathlib import Path
@@ -17,12 +18,12 @@ from safetensors.torch import load_file, save_file
 from bench.online import FolderPeak  # the benchmark's own sampler of the cache folder
 from tests.stages.test_train import write_training_inputs
 from tests.vllm_here import vllm_or_skip
-from workers.contract.target import default_layer_ids
+from workers.contract.target import default_layer_ids, read_target_config
 from workers.stages.extract.with_transformers import extract
 from workers.stages.train.loop import train
 from workers.stages.train.online import OnlineSource
 from workers.stages.train.online.cache import CacheFullError, SampleCache
-from workers.stages.train.online.capture import CaptureRefused
+from workers.stages.train.online.capture import FAILURES_BEFORE_DEAD, CaptureClient, CaptureRefused
 from workers.stages.train.online.servers import CaptureFleet
 
 NUM_ROWS = 24
@@ -48,7 +49,7 @@ def test_cache_evicts_least_recently_used_and_never_a_pinned_row(tmp_path):
         "hs_0.safetensors", "hs_1.safetensors", "hs_3.safetensors"]
     assert (cache.bytes, cache.peak_bytes, cache.evictions) == (300, 300, 1)
     cache.pin(0), cache.pin(3)
-    with pytest.raises(CacheFullError, match="raise hidden_states_cache_gb"):
+    with pytest.raises(CacheFullError, match="raise hidden_states_cache_gib"):
         cache.put(4, _file(tmp_path, "in4", 100), server="b", tokens=1)
     assert not cache.has(4)
 
@@ -211,6 +212,38 @@ def test_a_server_capturing_other_layers_is_refused_naming_the_sample_and_nothin
     assert not list(cache_dir.glob("hs_*.safetensors"))
 
 
+def test_a_sample_the_cache_has_no_room_for_fails_naming_the_cache_and_leaves_the_server_in_use(inputs, servers,
+                                                                                              tmp_path):
+    """A CacheFullError is about the run's cache setting: not retried, not a server failure (it once marked a
+    healthy server dead and said "no capture server could produce it")."""
+    from datasets import load_from_disk
+
+    ids = list(load_from_disk(str(inputs.prepared_dir))[0]["input_ids"])
+    target = read_target_config(inputs.target_dir)
+    small = SampleCache(tmp_path / "small", limit_bytes=4096)
+    fleet = CaptureFleet(target_dir=inputs.target_dir, layer_ids=inputs.layer_ids, count=0,
+                         urls=(servers.servers[0].url,), work_dir=tmp_path / "work", max_model_len=512,
+                         allowed_hosts=("127.0.0.1",), url_staging=servers.work_dir.resolve())
+    with fleet:
+        client = CaptureClient(fleet, small, layer_ids=inputs.layer_ids, hidden_size=target.hidden_size,
+                               num_hidden_layers=target.num_layers, request_timeout_s=300)
+        try:
+            for _ in range(FAILURES_BEFORE_DEAD):  # as many as once marked the server dead
+                small.reserve(0, 1024)  # room for less than the sample, the rest of the cache taken
+                with pytest.raises(CacheFullError, match="raise hidden_states_cache_gib"):
+                    client.capture(0, ids)
+                small.release(0)
+            server = fleet.servers[0]
+            assert (server.why_dead(), server.failures, client.retried) == (None, 0, 0)
+            assert not list(small.dir.rglob("*.safetensors*"))
+            assert not list(servers.servers[0].staging.glob("*.safetensors*"))  # the refused file was deleted
+            client.cache = roomy = SampleCache(tmp_path / "roomy", limit_bytes=2**30)
+            assert client.capture(0, ids).server == server.url  # the same server, still in use
+            assert roomy.has(0) and server.captured == 1
+        finally:
+            client.close()
+
+
 def test_a_capture_server_killed_mid_run_leaves_the_run_finishing_on_the_other(inputs, servers, tmp_path):
     """Runs last in this module: it kills the second server."""
     doomed = servers.servers[1]
@@ -232,5 +265,12 @@ def test_a_capture_server_killed_mid_run_leaves_the_run_finishing_on_the_other(i
     assert doomed.process.died() is not None
     served = result.supply["served_by"]
     assert served[servers.servers[0].url] > served.get(doomed.url, 0)
-    assert sum(served.values()) >= NUM_ROWS - 4  # every row captured once (the rest cached for epoch 2)
+    # The kill caught requests in flight on the doomed server: each failed there once and was redone on the
+    # other (a request that fails on both fails the run).
+    assert result.supply["retried"] >= 1
+    # Every row, training's and validation's, captured exactly once: the 1 GiB cache never evicts, so epoch 2
+    # and validation read from it, and a failed request is not counted as a capture.
+    assert sum(served.values()) == NUM_ROWS, served
+    rows = json.loads((cache_dir / "served.json").read_text())["samples"]
+    assert sorted(int(row) for row in rows) == list(range(NUM_ROWS))
     assert len(result.checkpoints) == 2

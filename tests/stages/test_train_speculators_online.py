@@ -99,7 +99,7 @@ def capture_server(tiny_target, run_dir, tmp_path_factory):
 
 
 def _train(run_dir, server, *, out_dir: Path, layer_ids=None, **kwargs):
-    online = OnlineSource.from_gib(cache_dir=out_dir.parent / "hs_cache", cache_gb=0.5, capture_servers=0,
+    online = OnlineSource.from_gib(cache_dir=out_dir.parent / "hs_cache", cache_gib=0.5, capture_servers=0,
                                    capture_urls=(server.url,), capture_allowed_hosts=("127.0.0.1",),
                                    capture_staging_dir=server.staging.parent)
     return train_with_speculators(

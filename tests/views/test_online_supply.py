@@ -31,7 +31,7 @@ def online_run(roots, user, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False):
         return services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
                                    config=RunConfig(draft_vocab_size=64, hidden_states="online", capture_servers=0,
-                                                    capture_urls=URLS, hidden_states_cache_gb=0.5))
+                                                    capture_urls=URLS, hidden_states_cache_gib=0.5))
 
 
 def summary_of(run) -> dict:

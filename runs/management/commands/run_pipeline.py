@@ -1,6 +1,7 @@
 """Launch exactly what the browser's launch form launches, from a shell."""
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -10,15 +11,15 @@ from django.core.management.base import BaseCommand, CommandError
 from runs.pipeline import selectors, services
 from runs.management.command_user import command_user
 from runs.models import PipelineRun, StageStatus
-from runs.pipeline.run_config import (BEST_BY, HIDDEN_STATES, MAX_CAPTURE_SERVERS, RunConfig, RunConfigError,
-                                      check_capture_urls, parse_layer_ids)
+from runs.pipeline.run_config import (BEST_BY, HIDDEN_STATES, MAX_CAPTURE_SERVERS, RENAMED_SETTINGS, RunConfig,
+                                      RunConfigError, check_capture_urls, parse_layer_ids, renamed_setting)
 from workers.contract.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
 from workers.contract.errors import InputError
 
 
 # The flags of the settings whose errors are worded in flag words here (RunConfigError.field -> flag).
 FLAGS = {"hidden_states": "--hidden-states", "capture_urls": "--capture-url", "capture_servers": "--capture-servers",
-         "hidden_states_cache_gb": "--hidden-states-cache-gb"}
+         "hidden_states_cache_gib": "--hidden-states-cache-gib"}
 
 
 def in_flag_words(exc: RunConfigError) -> str:
@@ -36,6 +37,9 @@ def run_config_from(opts: dict) -> RunConfig:
 
 
 def _run_config_from(opts: dict) -> RunConfig:
+    for old in RENAMED_SETTINGS:
+        if opts.get(old) is not None:
+            raise RunConfigError(renamed_setting(old, named=lambda name: "--" + name.replace("_", "-")))
     return RunConfig(
         layer_ids=parse_layer_ids(opts["layer_ids"]),
         max_seq_len=opts["max_seq_len"],
@@ -58,7 +62,7 @@ def _run_config_from(opts: dict) -> RunConfig:
         hidden_states=opts["hidden_states"],
         capture_urls=check_capture_urls(opts["capture_urls"], named="--capture-url {}"),
         capture_servers=opts["capture_servers"],
-        hidden_states_cache_gb=opts["hidden_states_cache_gb"],
+        hidden_states_cache_gib=opts["hidden_states_cache_gib"],
     )
 
 
@@ -110,8 +114,10 @@ class Command(BaseCommand):
         parser.add_argument("--capture-servers", type=int, default=RunConfig.capture_servers,
                             help="online: capture servers the train stage starts (default %(default)s; 0 with "
                             "--capture-url)")
-        parser.add_argument("--hidden-states-cache-gb", type=float, default=RunConfig.hidden_states_cache_gb,
-                            help="online: the most the run's hidden-state cache keeps on disk (default %(default)s GB)")
+        parser.add_argument("--hidden-states-cache-gib", type=float, default=RunConfig.hidden_states_cache_gib,
+                            help="online: the most the run's hidden-state cache keeps on disk, in GiB (2**30 "
+                            "bytes; default %(default)s)")
+        parser.add_argument("--hidden-states-cache-gb", type=float, help=argparse.SUPPRESS)  # renamed: refused
         parser.add_argument("--name", default="")
         parser.add_argument("--user", default="", help="owner's username (default: the 'cli' account)")
         mode = parser.add_mutually_exclusive_group()

@@ -3,13 +3,17 @@
 The files are an extraction's (`hs_{i}.safetensors`: `hidden_states` [T, L, H] bf16, `token_ids`
 int64 [T]), so the training dataset reads them as it reads an extraction and checks them the same
 way. Room for a sample is reserved when it is asked for (evicting then), so the folder, with the
-files capture servers are still writing into it, stays under the limit. Rows the trainer will read soon are pinned (fetched ahead, not yet read): eviction never takes
-them, which is why the prefetch window is bounded by the cache's room (workers.stages.train.online.samples).
+files capture servers are still writing into it (their staging folders under it), stays under the
+limit. All accounting is one lock's: a reservation turns into its file's bytes in the same step that
+puts the file in place, so a reserve running beside a put always sees the one or the other. Rows the
+trainer will read soon are pinned (fetched ahead, not yet read): eviction never takes them, which is
+why the prefetch window is bounded by the cache's room (workers.stages.train.online.samples).
 Files an earlier attempt left are adopted (oldest first in the LRU order); each is checked again
 when it is read, as every cached sample is.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -23,7 +27,8 @@ SERVED_NAME = "served.json"
 
 
 class CacheFullError(RuntimeError):
-    """A sample does not fit beside the pinned ones: the cache limit is too small for the prefetch window."""
+    """A sample does not fit beside the pinned ones: the cache limit is too small for the prefetch window.
+    It is about the run's setting, not a capture server: the capture client lets it through unretried."""
 
 
 class SampleCache:
@@ -36,9 +41,10 @@ class SampleCache:
         self._lock = threading.Lock()
         self._sizes: OrderedDict[int, int] = OrderedDict()  # row -> bytes, least recently used first
         self._pins: dict[int, int] = {}
-        self._reserved: dict[int, int] = {}  # row -> bytes set aside for a sample being captured
-        self.bytes = 0
-        self.peak_bytes = 0
+        self._reserved: dict[int, int] = {}  # row -> bytes set aside for a sample being captured or moved in
+        self._reserved_total = 0
+        self.bytes = 0  # the files the cache holds
+        self.peak_bytes = 0  # the most held and set aside at once: what the folder on disk can have reached
         self.evictions = 0
         self.served: dict[str, dict] = {}  # row -> {"server": url, "tokens": n}, for the run's manifest
         self._adopt()
@@ -97,41 +103,72 @@ class SampleCache:
             return sum(self._sizes.get(row, 0) for row in self._pins)
 
     def reserve(self, row: int, nbytes: int) -> None:
-        """Set room aside for row's coming sample, evicting unpinned rows as needed."""
+        """Set room aside for row's coming sample, evicting unpinned rows as needed; CacheFullError
+        when the pinned rows and the other reservations leave no room."""
         with self._lock:
             self._evict_locked(nbytes)
-            self._reserved[row] = self._reserved.get(row, 0) + nbytes
+            self._set_reserved_locked(row, self._reserved.get(row, 0) + nbytes)
 
     def release(self, row: int) -> None:
-        """Give back row's reservation (its capture failed)."""
+        """Give back row's reservation (its capture failed, and its file, if any, is gone)."""
         with self._lock:
-            self._reserved.pop(row, None)
+            self._set_reserved_locked(row, 0)
 
     def put(self, row: int, source: Path, *, server: str, tokens: int) -> Path:
-        """Move a checked sample file into the cache as row's, evicting least recently used unpinned
-        rows until it fits. A file on another filesystem (a capture server's folder elsewhere) is
-        copied to a .part name first, so a row's file is whole or absent."""
+        """Move a checked sample file into the cache as row's. Row's reservation becomes the file's
+        exact size first (evicting least recently used unpinned rows when the file is larger), and the
+        file is moved in and counted as held in one step under the lock. A file on another filesystem
+        (a capture server's folder elsewhere) is copied to a .part name first, within the reservation,
+        so a row's file is whole or absent. CacheFullError leaves the reservation as it was: the
+        caller deletes the file, then releases it."""
         size = Path(source).stat().st_size
-        with self._lock:
-            held = self._reserved.pop(row, 0)
-            self._evict_locked(max(0, size - held))
         target = self.path(row)
-        try:
-            os.replace(source, target)
-        except OSError:  # EXDEV: another filesystem
-            part = target.with_name(target.name + ".part")
-            shutil.copyfile(source, part)
-            os.replace(part, target)
-            os.unlink(source)
         with self._lock:
-            self.bytes += size - self._sizes.pop(row, 0)
-            self._sizes[row] = size
-            self.peak_bytes = max(self.peak_bytes, self.bytes)
-            self.served[str(row)] = {"server": server, "tokens": tokens}
+            held = self._reserved.get(row, 0)
+            if size > held:
+                self._evict_locked(size - held)
+            self._set_reserved_locked(row, size)
+            try:
+                os.replace(source, target)
+                moved = True
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    self._set_reserved_locked(row, held)
+                    raise
+                moved = False
+            if moved:
+                self._hold_locked(row, size, server=server, tokens=tokens)
+                return target
+        part = target.with_name(target.name + ".part")  # another filesystem: copied within the reservation
+        try:
+            shutil.copyfile(source, part)
+            with self._lock:
+                os.replace(part, target)
+                self._hold_locked(row, size, server=server, tokens=tokens)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            with self._lock:
+                self._set_reserved_locked(row, held)
+            raise
+        os.unlink(source)
         return target
 
+    def _set_reserved_locked(self, row: int, nbytes: int) -> None:
+        self._reserved_total += nbytes - self._reserved.pop(row, 0)
+        if nbytes:
+            self._reserved[row] = nbytes
+        self.peak_bytes = max(self.peak_bytes, self.bytes + self._reserved_total)
+
+    def _hold_locked(self, row: int, size: int, *, server: str, tokens: int) -> None:
+        """Row's file is in place: its reservation (already its size) becomes bytes held, in one step."""
+        self._set_reserved_locked(row, 0)
+        self.bytes += size - self._sizes.pop(row, 0)
+        self._sizes[row] = size
+        self.peak_bytes = max(self.peak_bytes, self.bytes + self._reserved_total)
+        self.served[str(row)] = {"server": server, "tokens": tokens}
+
     def _evict_locked(self, incoming: int) -> None:
-        reserved = sum(self._reserved.values())
+        reserved = self._reserved_total
         for row in list(self._sizes):
             if self.bytes + reserved + incoming <= self.limit_bytes:
                 return
@@ -146,8 +183,9 @@ class SampleCache:
             self.evictions += 1
         if self.bytes + reserved + incoming > self.limit_bytes:
             raise CacheFullError(
-                f"a {incoming:,}-byte sample does not fit in the hidden-states cache ({self.limit_bytes:,} bytes, "
-                f"{self.bytes:,} held by rows the trainer reads next): raise hidden_states_cache_gb")
+                f"{incoming:,} more bytes for a sample do not fit in the hidden-states cache ({self.limit_bytes:,} "
+                f"bytes: {self.bytes:,} held by rows the trainer reads next, {reserved:,} set aside for samples being "
+                "captured): raise hidden_states_cache_gib")
 
     def write_served(self) -> None:
         """served.json: which capture server produced each row the cache has held (the run's manifest)."""

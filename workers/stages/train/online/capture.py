@@ -6,8 +6,9 @@ prompt, max_tokens=1), the file check is the extract stage's (workers.stages.ext
 keys, int64 token ids equal to the row, bf16 [T, L, H], finite), and the file's header stamp
 (workers/vllm_plugins: layer ids, model widths) must match the run: a server started for other
 layers or another target is refused with the sample named, and nothing of it is cached. A refusal
-is about the data, so it is never retried; a failed or timed-out request is about the server, so
-it is (on another server while one is left).
+is about the data, so it is never retried; a sample the cache has no room for (CacheFullError) is
+about the run's cache setting, so it is not retried either and the server stays in use; a failed or
+timed-out request is about the server, so it is (on another server while one is left).
 
 A server's answer is untrusted: the request goes to the address its URL was checked at
 (servers.request), the path it names is taken only from its staging folder (staging.take_sample:
@@ -26,7 +27,7 @@ from pathlib import Path
 from workers.contract.host_rule import excerpt
 from workers.stages.extract.vllm_server import VllmServerError
 from workers.stages.extract.with_vllm import LOCK_TIMEOUT_S, VllmOutputError, check_sample
-from workers.stages.train.online.cache import SampleCache
+from workers.stages.train.online.cache import CacheFullError, SampleCache
 from workers.stages.train.online.servers import CaptureFleet, CaptureServer, request
 from workers.stages.train.online.staging import CaptureRefused, take_sample
 
@@ -131,7 +132,7 @@ class CaptureClient:
                 started = time.perf_counter()
                 try:
                     self._capture_on(server, row, token_ids)
-                except CaptureRefused:
+                except (CaptureRefused, CacheFullError):  # the data's or the run's cache setting's, not the server's
                     raise
                 except Exception as exc:  # noqa: BLE001 - a request or file failure: try elsewhere
                     errors.append(f"{server.url}: {str(exc)[:300]}")

@@ -57,7 +57,7 @@ class OnlineHiddenStateSamples(HiddenStateSamples):
         if self.row_bytes(longest) > cache.limit_bytes:
             raise InputError(f"the hidden-states cache ({cache.limit_bytes / 2**30:.3g} GiB) is smaller than the "
                              f"longest row's sample ({self.row_bytes(longest) / 2**30:.3g} GiB for {longest} tokens): "
-                             "raise hidden_states_cache_gb")
+                             "raise hidden_states_cache_gib")
 
     def row_bytes(self, tokens: int) -> int:
         return tokens * (self.num_layers * self.hidden_size * 2 + 8) + 4096  # bf16 states, int64 ids, header

@@ -29,11 +29,11 @@ class OnlineSource:
     capture_staging_dir: Path | None = None
 
     @classmethod
-    def from_gib(cls, *, cache_dir: Path, cache_gb: float, capture_servers: int = 1,
+    def from_gib(cls, *, cache_dir: Path, cache_gib: float, capture_servers: int = 1,
                  capture_urls: tuple[str, ...] | list[str] = (), vllm_executable: str = "vllm",
                  capture_allowed_hosts: tuple[str, ...] | list[str] = (),
                  capture_staging_dir: Path | None = None) -> "OnlineSource":
-        return cls(cache_dir=Path(cache_dir), cache_bytes=int(cache_gb * GIB), capture_servers=capture_servers,
+        return cls(cache_dir=Path(cache_dir), cache_bytes=int(cache_gib * GIB), capture_servers=capture_servers,
                    capture_urls=tuple(capture_urls), vllm_executable=vllm_executable,
                    capture_allowed_hosts=tuple(capture_allowed_hosts), capture_staging_dir=capture_staging_dir)
 
