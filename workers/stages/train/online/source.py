@@ -45,8 +45,8 @@ class SupplyReport:
     hidden_states: "offline" or "online"; fetch_wait_fraction: the share of the training's step
     time the trainer waited for a sample that was neither cached nor fetched ahead; capture_tokens_per_s:
     tokens the capture servers delivered per second of capture (all servers together); cache_hit_rate:
-    samples read from the cache over samples read, per epoch; peak_cache_bytes: the cache folder's
-    largest size; served_by: samples each server captured; bound: "supply" or "compute"; advice: what
+    samples read from the cache over samples read, per epoch; peak_cache_bytes: the most the cache
+    held and set aside (for files being written) at once, which bounds the cache folder's size on disk; served_by: samples each server captured; bound: "supply" or "compute"; advice: what
     the measured rates imply, in words."""
 
     hidden_states: str = "offline"
