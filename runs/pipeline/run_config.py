@@ -37,7 +37,7 @@ MAX_CAPTURE_SERVERS = 16  # started by the train stage, and URLs of running ones
 MAX_CAPTURE_URL_CHARS = 2000
 MAX_CACHE_GIB = 1_000_000.0  # a petabyte: a typo, not a disk
 DEFAULT_CACHE_GIB = 20.0
-# Settings renamed since runs stored them (migration 0019 renamed the stored ones): an old name given now is
+# Settings renamed since runs stored them (migration 0021 renamed the stored ones): an old name given now is
 # refused, naming the new one, rather than taken in a unit it never counted in.
 RENAMED_SETTINGS = {"hidden_states_cache_gb": ("hidden_states_cache_gib", "it counts GiB (2**30 bytes), not GB")}
 

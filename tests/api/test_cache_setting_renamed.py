@@ -1,7 +1,7 @@
 """The online cache's size setting is named for what it counts, GiB (2**30 bytes): hidden_states_cache_gib.
 The old name, hidden_states_cache_gb, is refused wherever a user can still type it (API body, run_pipeline
 flag, the runs list's setting filter) with an error naming the new one and nothing stored; configs stored
-under the old name are renamed by migration 0019, value unchanged, and still count GiB."""
+under the old name are renamed by migration 0021, value unchanged, and still count GiB."""
 from __future__ import annotations
 
 import importlib
@@ -20,7 +20,7 @@ from workers.online_tasks import online_source
 
 pytestmark = pytest.mark.django_db
 
-renaming = importlib.import_module("runs.migrations.0019_hidden_states_cache_gib")
+renaming = importlib.import_module("runs.migrations.0021_hidden_states_cache_gib")
 URLS = ["http://10.0.0.7:8000"]
 
 

@@ -46,7 +46,7 @@ def backward(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("runs", "0018_runs_list_version_index"),
+        ("runs", "0020_alert_rule_site_url"),
     ]
 
     operations = [migrations.RunPython(forward, backward)]
