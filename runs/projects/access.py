@@ -108,12 +108,19 @@ def require_role(user: AbstractBaseUser, project: Project, role: str, action: st
 
 
 def default_project_for(user: AbstractBaseUser) -> Project:
-    """Where a launch that names no project goes: the first project (by name) the user is an editor or owner
-    of by membership, else the open Default project."""
-    member = (ProjectMember.objects.filter(user=user, role__in=[ProjectMember.Role.EDITOR, ProjectMember.Role.OWNER])
-              .select_related("project").order_by("project__name").first()) if user.is_authenticated else None
-    return member.project if member else Project.objects.get(pk=default_project_pk())
+    """Where a launch that names no project goes: always the open Default project, whatever projects the
+    user creates or joins, so that no new project silently takes over their unnamed launches (the launch form
+    preselects it, and any other project is the user's explicit choice). A user who may not launch there is
+    refused at `project` (runs.projects.services.launch_project), not sent elsewhere."""
+    return Project.objects.get(pk=default_project_pk())
 
+
+def launchable_projects(user: AbstractBaseUser) -> list[Project]:
+    """The projects the user may launch into (editor or owner there, by membership or as the open project's
+    launcher), by name: the launch form's choices."""
+    roles = project_roles(user)
+    allowed = [pk for pk, role in roles.items() if RANK[role] >= RANK[ProjectMember.Role.EDITOR]]
+    return list(Project.objects.filter(pk__in=allowed).order_by("name"))
 
 
 @dataclass(frozen=True)

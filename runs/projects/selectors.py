@@ -47,3 +47,10 @@ def project_members(*, project: Project) -> list[dict]:
     """The project's members, by username, with their roles (one query)."""
     rows = (ProjectMember.objects.filter(project=project).select_related("user").order_by("user__username"))
     return [{"username": m.user.get_username(), "role": m.role} for m in rows]
+
+
+def launch_project_choices(*, user: AbstractBaseUser) -> dict:
+    """The launch form's project select: the names of the projects the user may launch into, and the one it
+    preselects, where a launch naming no project goes (access.default_project_for: Default)."""
+    return {"projects": [p.name for p in access.launchable_projects(user)],
+            "default_project": access.default_project_for(user).name}

@@ -67,7 +67,8 @@ def project_member_set(*, project: Project, user: AbstractBaseUser, username: st
 
 def launch_project(*, user: AbstractBaseUser, name: str | None) -> Project:
     """The project a launch goes to: the one named (by name; refused, naming `project`, when unknown or not
-    one the user may launch in), else the user's default (access.default_project_for)."""
+    one the user may launch in), else the open Default project (access.default_project_for), never a project
+    the user happened to create or join."""
     if not name:
         project = access.default_project_for(user)
     else:

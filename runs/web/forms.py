@@ -62,7 +62,8 @@ def _backend_choices(stage: str) -> list[tuple[str, str]]:
 class LaunchForm(forms.Form):
     name = forms.CharField(max_length=MAX_NAME_CHARS, required=False, help_text="Optional; shown in the runs list.")
     project = forms.CharField(max_length=100, required=False, help_text=(
-        "The project the run belongs to (you must be one of its editors). Empty: your default project."))
+        "The project the run goes into: those you may launch in (an editor or owner there). Preselected: "
+        "Default, the project a launch naming none goes into, until you choose another."))
     notes = forms.CharField(max_length=10_000, required=False, widget=forms.Textarea(attrs={"rows": 2}),
                             help_text="Optional; the runs list's search finds runs by the words in their notes.")
     target_path = forms.CharField(
@@ -165,10 +166,18 @@ class LaunchForm(forms.Form):
     SWEEP = ("vary", "sweep_mode", "parallel")
     WIDE = ("name", "target_path", "dataset_path", "notes", "vary")  # the whole width of the form
 
-    def __init__(self, *args, options: dict[str, BackendOption] | None = None, **kwargs):
+    def __init__(self, *args, options: dict[str, BackendOption] | None = None, projects: list[str] | None = None,
+                 default_project: str = "", **kwargs):
         """`options`: what the live workers can run (runs.fleet.selectors.launch_options); the
-        backends and GPU counts they cannot are shown disabled or capped, with the reason."""
+        backends and GPU counts they cannot are shown disabled or capped, with the reason. `projects`: the
+        names of those the user may launch into, offered in a select that shows `default_project` selected
+        unless another was given (a copied run's): the form never leaves the project to be guessed."""
         super().__init__(*args, **kwargs)
+        if projects is not None:
+            chosen = self.initial.get("project") or default_project
+            names = list(projects) + [n for n in (chosen,) if n and n not in projects]
+            self.fields["project"].widget = forms.Select(choices=[(n, n) for n in names])
+            self.initial["project"] = chosen
         if options is None:
             return
         for backend_field, gpus_field, stage in (("extraction_backend", "tensor_parallel_size", "extract"),

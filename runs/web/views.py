@@ -42,9 +42,12 @@ def run_list(request: HttpRequest) -> HttpResponse:
 def run_launch(request: HttpRequest) -> HttpResponse:
     # A form its user may not submit is refused up front, with the role to ask for (403.html).
     require(request.user, "launch")
-    options = fleet_selectors.launch_options()  # what the live workers can run, and why not
+    # What the live workers can run (and why not), and the projects one may launch into: the select shows
+    # where the run goes, Default (where a launch naming none goes) unless another is chosen.
+    form_kwargs = {"options": fleet_selectors.launch_options(),
+                   **project_selectors.launch_project_choices(user=request.user)}
     if request.method == "POST":
-        form = LaunchForm(request.POST, options=options)
+        form = LaunchForm(request.POST, **form_kwargs)
         if form.is_valid():
             try:
                 launched = _launch_from(request, form)
@@ -66,14 +69,14 @@ def run_launch(request: HttpRequest) -> HttpResponse:
         initial, note = found
         if note:
             messages.info(request, note)
-        form = LaunchForm(initial=initial, options=options)
+        form = LaunchForm(initial=initial, **form_kwargs)
     else:
         initial = dict(demo_paths())
         if initial:
             target = data_selectors.target_by_path(initial["target_path"])
             if target:
                 initial["layer_ids"] = ", ".join(str(i) for i in target.default_layer_ids)
-        form = LaunchForm(initial=initial, options=options)
+        form = LaunchForm(initial=initial, **form_kwargs)
     targets = data_selectors.target_list()[:100]
     datasets = dataset_options()  # each brought file followed by what was regenerated from it
     # A refused launch is the user's to fix: 400, with the form and its messages.
