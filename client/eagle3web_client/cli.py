@@ -1,4 +1,5 @@
-"""`eagle3web runs list|launch|status|wait|cancel|create-external|end`: the client from a shell or a job script.
+"""`eagle3web runs list|launch|status|wait|cancel|create-external|end` and `eagle3web projects ...`
+(eagle3web_client.cli_projects): the client from a shell or a job script.
 
 The server and token come from --url/--token or EAGLE3WEB_URL/EAGLE3WEB_TOKEN. With --json every answer,
 errors included ({"error", "status", "fields"}), is one JSON document on stdout. Without, a line for a person:
@@ -18,6 +19,7 @@ import os
 import sys
 from typing import Any
 
+from eagle3web_client.cli_projects import add_parsers as add_project_parsers, project_command, project_text
 from eagle3web_client.client import ApiError, Client, WaitTimeout
 
 EXIT_API_ERROR, EXIT_TIMEOUT, EXIT_RUN_NOT_SUCCEEDED = 1, 3, 4
@@ -25,7 +27,8 @@ EXIT_API_ERROR, EXIT_TIMEOUT, EXIT_RUN_NOT_SUCCEEDED = 1, 3, 4
 LAUNCH_INTS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "max_tokens_per_step",
                "seed", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus", "capture_servers")
 LAUNCH_FLOATS = ("lr", "val_fraction", "hidden_states_cache_gib")
-LAUNCH_TEXTS = ("name", "extraction_backend", "training_backend", "best_by", "hidden_states")
+# --project NAME: the project the run goes into (one you edit); without it, Default (README "Projects").
+LAUNCH_TEXTS = ("name", "project", "notes", "extraction_backend", "training_backend", "best_by", "hidden_states")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -70,6 +73,7 @@ def parser() -> argparse.ArgumentParser:
     end.add_argument("run_id", type=int)
     end.add_argument("--status", required=True, choices=("succeeded", "failed", "cancelled"))
     end.add_argument("--message", default="")
+    add_project_parsers(groups)
     return p
 
 
@@ -217,8 +221,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ApiError("no server or token: pass --url and --token or set EAGLE3WEB_URL and EAGLE3WEB_TOKEN",
                            fields={k: "missing" for k, v in (("url", args.url), ("token", args.token)) if not v})
         with Client(args.url, args.token, timeout=args.timeout) as client:
-            answer, code = run_command(client, args)
-            out, err = ("", "") if args.json else text(client, args.command, answer)
+            if args.group == "projects":
+                answer, code = project_command(client, args), 0
+                out, err = ("", "") if args.json else project_text(args, answer)
+            else:
+                answer, code = run_command(client, args)
+                out, err = ("", "") if args.json else text(client, args.command, answer)
     except WaitTimeout as exc:
         _print({**exc.as_dict(), "run": exc.run}, args.json, error=str(exc))
         return EXIT_TIMEOUT

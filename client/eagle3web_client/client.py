@@ -3,6 +3,7 @@
     client = Client("https://eagle3web.example", token=os.environ["EAGLE3WEB_TOKEN"])
     run = client.runs.launch(target="/data/llama", dataset="/data/chats.jsonl", layer_ids=[2, 16, 29], epochs=3)
     final = client.runs.wait(run["id"], timeout=3600)
+    client.projects.create("kimi drafts"); client.projects.member_set("kimi drafts", "ana", "editor")
 
 Every refusal raises ApiError with the server's status, `error` and `fields` (the API answers every error
 as {"error", "fields"}). Retries, with backoff, only where trying again cannot do a thing twice:
@@ -23,6 +24,7 @@ import math
 import numbers
 import time
 import uuid
+from urllib.parse import quote
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -75,6 +77,7 @@ class Client:
             "Authorization": f"Bearer {token}", "Accept": "application/json",
             "User-Agent": "eagle3web-client/0.1"})
         self.runs = Runs(self)
+        self.projects = Projects(self)
 
     def close(self) -> None:
         self._http.close()
@@ -124,6 +127,8 @@ class Client:
 
 
 def _answer(response: httpx.Response, *, method: str, path: str) -> Any:
+    if response.status_code == 204:  # done, nothing to say (a member removed)
+        return None
     try:
         data = response.json()
     except ValueError:
@@ -242,6 +247,47 @@ class Runs:
             raise ValueError(f"status must be one of {', '.join(FINISHED_STATUSES)}, got {status!r}")
         return self.client.request("POST", f"runs/{int(run_id)}/end/", body={"status": status, "message": message},
                                    idempotent=False)
+
+
+class Projects:
+    """client.projects: the projects one sees (with one's role), creating one, a project's members. A
+    project is named by its id or its exact name (looked up in the list)."""
+
+    def __init__(self, client: Client):
+        self.client = client
+
+    def list(self) -> list[dict]:
+        """[{id, name, open_to_all, role, runs}] of the projects whose runs you see, by name."""
+        return self.client.request("GET", "projects/")["results"]
+
+    def create(self, name: str) -> dict:
+        """A new closed project owned by you (sent once: a lost answer is not retried, a repeat would be
+        refused as existing)."""
+        return self.client.request("POST", "projects/", body={"name": name}, idempotent=False)
+
+    def id_of(self, project: int | str) -> int:
+        """The id of a project given by id or exact name; ApiError naming `project` when none you see."""
+        if isinstance(project, int) or (isinstance(project, str) and project.isascii() and project.isdigit()):
+            return int(project)
+        found = [p["id"] for p in self.list() if p["name"] == project]
+        if not found:
+            raise ApiError(f"project: there is no project {str(project)[:50]!r} you see",
+                           fields={"project": "no such project"})
+        return found[0]
+
+    def members(self, project: int | str) -> dict:
+        """{project, name, open_to_all, results: [{username, role}]}."""
+        return self.client.request("GET", f"projects/{self.id_of(project)}/members/")
+
+    def member_set(self, project: int | str, username: str, role: str) -> dict:
+        """Add `username` with `role` (viewer, editor, owner) or change their role (owners and staff only);
+        the members afterwards. Setting a role twice is the same role: retried like a read."""
+        return self.client.request("POST", f"projects/{self.id_of(project)}/members/",
+                                   body={"username": username, "role": role}, idempotent=True)
+
+    def member_remove(self, project: int | str, username: str) -> None:
+        """Remove `username` (owners and staff only; the last owner stays): ApiError 404 when not a member."""
+        self.client.request("DELETE", f"projects/{self.id_of(project)}/members/{quote(username, safe='')}/")
 
 
 def _point(point: Any, index: int) -> dict:
