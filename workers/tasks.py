@@ -35,6 +35,7 @@ from runs.pipeline.queue import outbox_flush
 from runs.sweeps.release import sweeps_release
 from runs.checkpoints.serve_check_selectors import run_serve_checks_queued
 import workers.fleet  # noqa: F401 - every worker probes its host, takes its GPU queues and heartbeats
+from runs.pipeline.launch_order import stage_choose
 from runs.pipeline.message_claims import claims_reconcile, message_claim_drop
 from runs.pipeline.stage_services import HAND_OVER_NEXT
 from workers.claims import broker_mark_check  # also: every worker claims the messages it takes
@@ -140,6 +141,19 @@ def stage_task(self, stage_name: str, run_id: int) -> bool:
         db_retry("unclaim", message_claim_drop, task_name=self.name, args=(stage_name, run_id),
                  worker=self.request.hostname or "")
         return False
+    # This message is a turn of its queue: the earliest-launched run's stage waiting there takes it
+    # (runs.pipeline.launch_order), which is this one's own stage or an earlier run's.
+    chosen = db_retry("launch order", stage_choose, stage_name=stage_name, run_id=run_id,
+                      worker=self.request.hostname or "celery")
+    if chosen is None:
+        logger.info("%s of run %s ran already and no stage waits in its queue; skipping", stage_name, run_id)
+        return False
+    if chosen != (stage_name, run_id):
+        logger.info("%s of run %s, the earliest-launched run's stage waiting in this queue, takes the turn of %s of "
+                    "run %s", *chosen, stage_name, run_id)
+        db_retry("unclaim", message_claim_drop, task_name=self.name, args=(stage_name, run_id),
+                 worker=self.request.hostname or "")
+        stage_name, run_id = chosen
     record_id = db_retry("lookup", stage_record_id, stage_name=stage_name, run_id=run_id)
     handing_over = HAND_OVER_NEXT.set(True)  # its success sends the run's next stage (stage_succeed)
     try:
