@@ -17,7 +17,11 @@ from django.utils import timezone
 from runs.fleet.fit import BackendOption, gpus_text, queues_text, routed_refusal, said_already, stage_needs, takes, worker_unfit
 from runs.fleet.models import Worker
 from runs.models import FINISHED_STATUSES, PendingEnqueue, PipelineRun, StageStatus, SweepRun
+from runs.pipeline.launch_order import later_run_ahead, launch_times
+from runs.pipeline.queue import run_next_stage
 from runs.pipeline.stages import STAGES, STAGES_BY_NAME
+
+STAGE_NAMES = frozenset(stage.name for stage in STAGES)
 from runs.pipeline.online import capture_text, is_online, train_capture_queue
 from runs.pipeline.routing import BACKEND_SETTINGS, ROUTED_STAGES, stage_backend, stage_problem, stage_queue
 from runs.pipeline.run_config import RunConfig
@@ -169,6 +173,11 @@ def stage_queue_notes(*, run: PipelineRun) -> dict[str, dict]:
             continue
         queue = stage_queue(stage_name=stage.name, config=config)
         if any(takes(w, queue) for w in live):
+            if run_next_stage(run_id=run.pk) == stage.name and (ahead := later_run_ahead(run=run, stage_name=stage.name)):
+                notes[stage.name] = {"text": (
+                    f"waits behind run {ahead['run_id']}'s {ahead['label'].lower()} stage, launched later, which "
+                    f"{ahead['worker'] or 'a worker'} took from {queue} while this stage was not ready yet: a worker "
+                    "never sits idle for a stage that is not ready; this one goes next in launch order"), "copy": False}
             continue
         routed = stage.name in ROUTED_STAGES and queue != DEFAULT_GPU_QUEUE
         if stage.name == "train" and queue == train_capture_queue(config):
@@ -344,6 +353,19 @@ class QueuedWork:
     subject_url: str = ""  # a job's dataset or extraction page ("" for a run's stage)
 
 
+def _in_launch_order(items: list[QueuedWork], *, launched: dict, runs: dict) -> None:
+    """Within each queue, the turns that runs' stages hold (their messages, first in, first out) go to
+    those stages in their runs' launch order (runs.pipeline.launch_order); jobs keep theirs."""
+    keys = {id(item): (launched[run.pk], run.pk) for item in items if (run := runs.get(id(item))) is not None}
+    slots: dict[str, list[int]] = defaultdict(list)
+    for index, item in enumerate(items):
+        if id(item) in keys and item.kind in STAGE_NAMES and not item.waits_for:
+            slots[item.queue].append(index)
+    for indexes in slots.values():
+        for index, item in zip(indexes, sorted((items[i] for i in indexes), key=lambda item: keys[id(item)])):
+            items[index] = item
+
+
 def queued_work(user=None) -> dict:
     """What waits for a worker, in the order each queue hands it out: each queued stage and job with
     the queue it goes to, its place there and whether a live worker takes that queue; plus what the
@@ -379,7 +401,7 @@ def queued_work(user=None) -> dict:
     names = [stage.name for stage in STAGES]
     seen = _seen(user, [("run", run.pk) if run is not None else
                         (JOB_SUBJECT_KINDS[kind.name], getattr(row, JOB_SUBJECTS[kind.name][0])) for _, kind, row, run in queued])
-    items, blocked = [], 0
+    items, blocked, runs_of = [], 0, {}
     for index, kind, row, run in queued:
         waits_for, joined = "", row.queued_at
         if run is not None and kind.name in names:
@@ -399,8 +421,10 @@ def queued_work(user=None) -> dict:
                                 waits_for=waits_for, taken_by=[w.name for w in live if takes(w, queue)],
                                 problem=stage_problem(stage_name=kind.name, config=config),
                                 subject_url=_subject_url(kind.name, row) if subject_seen else ""))
+        runs_of[id(items[-1])] = run
     items.sort(key=lambda item: (item.waits_for != "", item.queued_at, names.index(item.kind)
                                  if item.kind in names else len(names), item.record_id))
+    _in_launch_order(items, launched=launch_times(run_ids=run_ids), runs=runs_of)
     in_queue: dict[str, int] = defaultdict(int)
     for item in items:
         if not item.waits_for:  # what waits behind an earlier stage is in no queue yet

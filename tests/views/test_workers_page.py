@@ -210,7 +210,7 @@ def _ready(html: str) -> list[tuple[str, int, str, str]]:
     return [(kind, int(run), q, re.sub(r"<[^>]+>", "", state).strip()) for kind, run, q, state in rows]
 
 
-def test_each_queue_is_listed_in_the_order_it_hands_work_out_and_only_its_head_is_next(client, user, roots):
+def test_each_queue_is_listed_in_launch_order_and_only_its_head_is_next(client, user, roots):
     from runs.pipeline.stage_services import stage_fail, stage_succeed
 
     cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
@@ -218,26 +218,28 @@ def test_each_queue_is_listed_in_the_order_it_hands_work_out_and_only_its_head_i
     second = _launch(user, roots, name="second")
     stage_start(stage_name="prepare", record_id=first.preparation.pk, worker="cpu@this-host")
     stage_fail(stage_name="prepare", record_id=first.preparation.pk, error="OSError: disk full", log_tail="")
-    # The older run is retried after the newer one was queued: it joins the back of the cpu queue.
+    # The older run is retried after the newer one was queued: its message is behind, but the turn of
+    # the queue goes to the earlier-launched run (runs.pipeline.launch_order).
     assert services.run_retry(run=first, user=user) == 5
     _catalogues_done()
-    prepares = [(run, state) for kind, run, q, state in _ready(_page(client, user)) if kind == "prepare"]
-    assert prepares == [(second.pk, "next for cpu@this-host"), (first.pk, "behind 1 in cpu")]
+    html = _page(client, user)
+    assert "Within a queue, runs go in the order they were launched" in html
+    prepares = [(run, state) for kind, run, q, state in _ready(html) if kind == "prepare"]
+    assert prepares == [(first.pk, "next for cpu@this-host"), (second.pk, "behind 1 in cpu")]
 
-    # A stage joins its queue when the stage before it finishes: second's extract, whose prepare
-    # finished first, is ahead of first's in the gpu queue although first's row is older.
+    # Second's extract joined the gpu queue first (its prepare finished first), yet first's goes first.
     stage_start(stage_name="prepare", record_id=second.preparation.pk, worker="cpu@this-host")
     stage_succeed(stage_name="prepare", record_id=second.preparation.pk, fields={}, log_tail="")
     stage_start(stage_name="prepare", record_id=first.preparation.pk, worker="cpu@this-host")
     stage_succeed(stage_name="prepare", record_id=first.preparation.pk, fields={}, log_tail="")
     listed = _ready(_page(client, user))
     assert [(kind, run, state) for kind, run, q, state in listed if q == "gpu" and "after" not in state] == [
-        ("extract", second.pk, "next for cpu@this-host"), ("extract", first.pk, "behind 1 in gpu")]
+        ("extract", first.pk, "next for cpu@this-host"), ("extract", second.pk, "behind 1 in gpu")]
     api = client.get("/api/v1/workers/").json()["queue"]
-    assert [(i["run_id"], i["ahead"]) for i in api if i["kind"] == "extract"] == [(second.pk, 0), (first.pk, 1)]
+    assert [(i["run_id"], i["ahead"]) for i in api if i["kind"] == "extract"] == [(first.pk, 0), (second.pk, 1)]
 
 
-def test_a_stage_queued_again_after_a_lost_lease_joins_the_back_of_its_queue(client, user, roots):
+def test_a_stage_queued_again_after_a_lost_lease_keeps_its_runs_place_in_launch_order(client, user, roots):
     from runs.pipeline.stage_services import stages_reconcile
 
     cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
@@ -251,4 +253,19 @@ def test_a_stage_queued_again_after_a_lost_lease_joins_the_back_of_its_queue(cli
     first.preparation.refresh_from_db()
     assert first.preparation.queued_at > second.preparation.queued_at
     prepares = [(run, state) for kind, run, q, state in _ready(_page(client, user)) if kind == "prepare"]
-    assert prepares == [(second.pk, "next for cpu@this-host"), (first.pk, "behind 1 in cpu")]
+    assert prepares == [(first.pk, "next for cpu@this-host"), (second.pk, "behind 1 in cpu")]
+
+
+def test_a_stage_waiting_behind_a_later_runs_running_stage_names_it_on_its_run_page(client, user, roots):
+    cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
+    first = _launch(user, roots, name="first")
+    second = _launch(user, roots, name="second")
+    _catalogues_done()
+    client.force_login(user)
+    assert 'data-field="queue-note"' not in client.get(f"/runs/{first.pk}/").content.decode()
+    # The worker took the later run's prepare (as one does when the earlier one was not ready yet).
+    stage_start(stage_name="prepare", record_id=second.preparation.pk, worker="cpu@this-host")
+    page = client.get(f"/runs/{first.pk}/").content.decode()
+    assert (f"waits behind run {second.pk}&#x27;s prepare dataset stage, launched later, which cpu@this-host took "
+            "from cpu") in page
+    assert "waits behind" not in client.get(f"/runs/{second.pk}/").content.decode()
