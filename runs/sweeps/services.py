@@ -47,13 +47,15 @@ def sweep_launch(
     parallel: int = 1,
     enqueue: bool = True,
     check: str = "fleet",
+    project: str | None = None,
 ) -> Sweep:
     """Store a sweep and all its runs, each launched as a single run is with `config` and its own swept
     settings; the first refusal rolls everything back and names the swept key and value to blame.
 
     With `enqueue`, the first `parallel` runs go to the queue after commit and the others follow as
     earlier ones finish (runs.sweeps.release); without, nothing is queued and every run counts as
-    handed over (run_pipeline --inline's way: the caller runs them itself)."""
+    handed over (run_pipeline --inline's way: the caller runs them itself). Every run goes into `project`
+    (by name; None: Default, as a single launch naming none: runs.projects.services.launch_project)."""
     require(user, "launch")
     if mode not in MODES:
         raise SweepError(f"mode must be {' or '.join(MODES)}, got {str(mode)[:20]!r}", field="mode")
@@ -74,7 +76,7 @@ def sweep_launch(
                 user=user, target_path=target_path,
                 dataset_path=combo["dataset"][1] if "dataset" in combo else dataset_path,
                 config=replace(config, **overrides), name=f"{name}: {settings_text(settings)}"[:MAX_NAME_CHARS],
-                enqueue=False, check=check)
+                enqueue=False, check=check, project=project)
         except InputError as exc:
             raise _refusal(exc, combo=combo, position=position, count=len(combos)) from exc
         SweepRun.objects.create(sweep=sweep, run=run, position=position, values=settings,

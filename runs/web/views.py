@@ -92,7 +92,7 @@ def _launch_from(request: HttpRequest, form: LaunchForm) -> HttpResponse:
         sweep = sweep_services.sweep_launch(
             user=request.user, target_path=data["target_path"], dataset_path=data["dataset_path"],
             config=form.run_config(), varied=data["vary"], mode=data["sweep_mode"], name=data["name"],
-            parallel=data["parallel"])
+            parallel=data["parallel"], project=data["project"])
         count = len(sweep_selectors.sweep_summary(sweep=sweep)["run_ids"])
         messages.success(request, f"Launched {sweep}: {count} runs, {sweep.parallel} at a time in the queues; each "
                                   "of the others follows when an earlier one finishes.")

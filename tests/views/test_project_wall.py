@@ -73,7 +73,7 @@ class Wall:
                                                            produced_by=run.extract_stage, layer_ids=[1, 2]).pk
             mine["sweep"] = sweep_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
                                          config=RunConfig(), varied=[parse_vary("seed=1,2")], name=f"{prefix}-sweep",
-                                         enqueue=False).pk
+                                         enqueue=False, project=project).pk
             mine["dataset"] = run.dataset_id
             mine["regeneration"] = DatasetRegeneration.objects.create(
                 source=run.dataset, source_path=str(roots / "chats.jsonl"), target=run.target, backend="transformers",

@@ -94,6 +94,11 @@ def test_creating_a_project_does_not_move_where_an_unnamed_launch_goes(client, u
     refused = client.post("/runs/new/", {**form, "epochs": 0})
     assert refused.status_code == 400
     assert '<option value="aaa first by name" selected>' in refused.content.decode()
+    # A sweep launched from the form goes there too, every one of its runs.
+    swept = client.post("/runs/new/", {**form, "vary": "seed = 1, 2"})
+    assert swept.status_code == 302, swept.content.decode()[-3000:]
+    assert sorted(PipelineRun.objects.filter(sweep_entry__isnull=False).values_list("project__name", flat=True)) == [
+        "aaa first by name", "aaa first by name"]
 
 
 def test_projects_are_listed_and_created_through_the_api(client, user, secret):
