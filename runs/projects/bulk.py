@@ -1,4 +1,5 @@
-"""Acting on many runs at once from the runs list: tag them, archive them, bring them back.
+"""Acting on many runs at once from the runs list: tag them, archive them, bring them back; and from a
+project's page, moving runs into it.
 
 Each run must be one the user may change: its project's owners may change all of its runs, its editors
 those they may act on by the site's rule (their own, or as an admin or an allowed teammate:
@@ -11,7 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import F
 
-from runs.models import PipelineRun, ProjectMember, RunTag
+from runs.models import PipelineRun, Project, ProjectMember, RunTag
 from runs.projects import access
 from runs.roles import may_act_on_run
 from runs.review.tags import MAX_TAGS_PER_RUN, TagError, parse_tags
@@ -96,3 +97,15 @@ def runs_archive(*, user: AbstractBaseUser, run_ids: list[int], archived: bool =
     _editable(user=user, run_ids=run_ids)
     return (PipelineRun.objects.filter(pk__in=run_ids).exclude(archived=archived)
             .update(archived=archived, state_changes=F("state_changes") + 1))
+
+
+@transaction.atomic
+def runs_move(*, user: AbstractBaseUser, run_ids: list[int], project: Project) -> int:
+    """Move the runs into `project`: the user must own it (or be staff) and may change each run where it is
+    now (as tagging asks); its members then see them, those of the run's old project no longer. How many
+    moved (those already there stay). Their state counter moves, so cached lists are built again."""
+    if not access.sees_every_project(user):
+        access.require_role(user, project, ProjectMember.Role.OWNER, "move runs")
+    _editable(user=user, run_ids=run_ids)
+    return (PipelineRun.objects.filter(pk__in=run_ids).exclude(project=project)
+            .update(project=project, state_changes=F("state_changes") + 1))

@@ -8,7 +8,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from runs.projects import access
-from runs.projects.models import MAX_PROJECT_NAME_CHARS, Project, ProjectMember
+from runs.projects.models import DEFAULT_PROJECT_NAME, MAX_PROJECT_NAME_CHARS, Project, ProjectMember
 from runs.roles import require
 from workers.contract.errors import InputError
 
@@ -63,6 +63,23 @@ def project_member_set(*, project: Project, user: AbstractBaseUser, username: st
         return ProjectMember.objects.filter(project=project, user=member).delete()[0] > 0
     ProjectMember.objects.update_or_create(project=project, user=member, defaults={"role": role})
     return True
+
+
+@transaction.atomic
+def project_rename(*, project: Project, user: AbstractBaseUser, name: str) -> Project:
+    """Rename the project (its owners and staff only), the name checked as at creation. The Default project
+    keeps its name: launches naming no project find it by that name."""
+    if not access.sees_every_project(user):
+        access.require_role(user, project, ProjectMember.Role.OWNER, "rename the project")
+    name = check_project_name(name)
+    if project.name == DEFAULT_PROJECT_NAME:
+        raise ProjectError(f"name: {DEFAULT_PROJECT_NAME} keeps its name: launches naming no project go there",
+                           field="name")
+    if Project.objects.filter(name__iexact=name).exclude(pk=project.pk).exists():
+        raise ProjectError(f"a project named {name!r} exists already", field="name")
+    project.name = name
+    project.save(update_fields=["name"])
+    return project
 
 
 def launch_project(*, user: AbstractBaseUser, name: str | None) -> Project:

@@ -26,6 +26,8 @@ PAGES = {
     "views/": Entry("/views/", get=POST_ONLY, post=by_role(LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT), data="view_form"),
     "views/<int:pk>/delete/": Entry("/views/{saved_view}/delete/", get=POST_ONLY,
                                     post=by_role(LOGIN, NOT_FOUND, NOT_FOUND, NOT_FOUND, REDIRECT)),
+    # Creating a project: launchers and admins (the API's rule); the list shows only one's own projects.
+    "projects/": Entry("/projects/", get=READ, post=LAUNCHERS, data="project_body"),
     "sweeps/": Entry("/sweeps/", get=READ),
     "sweeps/<int:pk>/": Entry("/sweeps/{sweep}/", get=READ),
     # The sweep's runs are the admin's: cancelling them is their owner's or an admin's.

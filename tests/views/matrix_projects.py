@@ -80,6 +80,7 @@ WALL = {
     "checkpoints/<int:pk>/serve-check/": page("/checkpoints/{id}/serve-check/", "checkpoint", "evaluate", "POST"),
     # A project's page answers its members (tests/views/test_project_members.py); read here for names.
     "projects/<int:pk>/": page("/projects/1/"),
+    "projects/": page("/projects/"),
     "reviews/<str:subject>/<int:pk>/": (page("/reviews/run/{id}/", "run", "review", "POST", "review")
                                         + page("/reviews/checkpoint/{id}/", "checkpoint", "review", "POST", "review")
                                         + page("/reviews/extraction/{id}/", "extraction", "review", "POST", "review")),
