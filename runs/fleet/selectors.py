@@ -174,8 +174,11 @@ def stage_queue_notes(*, run: PipelineRun) -> dict[str, dict]:
         queue = stage_queue(stage_name=stage.name, config=config)
         if any(takes(w, queue) for w in live):
             if run_next_stage(run_id=run.pk) == stage.name and (ahead := later_run_ahead(run=run, stage_name=stage.name)):
+                # The page is one body for all who see this run: a run of another project is not named
+                # (its viewers may not see it; the project wall answers it as if it did not exist).
+                behind = f"run {ahead['run_id']}'s" if ahead["same_project"] else "another run's"
                 notes[stage.name] = {"text": (
-                    f"waits behind run {ahead['run_id']}'s {ahead['label'].lower()} stage, launched later, which "
+                    f"waits behind {behind} {ahead['label'].lower()} stage, launched later, which "
                     f"{ahead['worker'] or 'a worker'} took from {queue} while this stage was not ready yet: a worker "
                     "never sits idle for a stage that is not ready; this one goes next in launch order"), "copy": False}
             continue

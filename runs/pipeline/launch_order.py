@@ -99,7 +99,8 @@ def stage_choose(*, stage_name: str, run_id: int, worker: str) -> tuple[str, int
 
 def later_run_ahead(*, run: PipelineRun, stage_name: str) -> dict | None:
     """For a ready stage of `run` waiting in its queue: the stage of a later-launched run that runs
-    in the same queue now ({"stage", "label", "run_id", "worker"}), the one it waits behind; None."""
+    in the same queue now ({"stage", "label", "run_id", "same_project", "worker"}), the one it waits behind;
+    None. `same_project`: whether that run is in `run`'s project, so that whoever sees `run` sees it too."""
     queue = stage_queue(stage_name=stage_name, config=run.config or {})
     mine = launch_key(run)
     for stage in STAGES:
@@ -108,6 +109,7 @@ def later_run_ahead(*, run: PipelineRun, stage_name: str) -> dict | None:
         for row in running:
             if (stage_queue(stage_name=stage.name, config=row.run.config or {}) == queue
                     and launch_key(row.run) > mine):
-                return {"stage": stage.name, "label": stage.label, "run_id": row.run_id, "worker": row.worker}
+                return {"stage": stage.name, "label": stage.label, "run_id": row.run_id,
+                        "same_project": row.run.project_id == run.project_id, "worker": row.worker}
     return None
 

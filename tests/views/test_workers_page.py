@@ -269,3 +269,21 @@ def test_a_stage_waiting_behind_a_later_runs_running_stage_names_it_on_its_run_p
     assert (f"waits behind run {second.pk}&#x27;s prepare dataset stage, launched later, which cpu@this-host took "
             "from cpu") in page
     assert "waits behind" not in client.get(f"/runs/{second.pk}/").content.decode()
+
+
+def test_the_note_does_not_name_a_later_run_of_another_project(client, user, roots):
+    """The run page is one body for everyone who sees the run; a later run in a project they may not see
+    is not named (the project wall answers such a run as if it did not exist)."""
+    from runs.projects.models import Project
+
+    cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
+    first = _launch(user, roots, name="first")
+    second = _launch(user, roots, name="secret-second")
+    type(second).objects.filter(pk=second.pk).update(
+        project=Project.objects.create(name="walled", open_to_all=False, created_by=user))
+    _catalogues_done()
+    client.force_login(user)
+    stage_start(stage_name="prepare", record_id=second.preparation.pk, worker="cpu@this-host")
+    page = client.get(f"/runs/{first.pk}/").content.decode()
+    assert "waits behind another run&#x27;s prepare dataset stage, launched later" in page
+    assert f"run {second.pk}" not in page and "secret-second" not in page
