@@ -151,7 +151,7 @@ def run_launch(
     `check` says who must be able to run the chosen backends: "fleet", the live workers (the stages
     go to their queues); "this_host", this host by its own probe, for stages run in this process
     (run_pipeline --inline), whatever the live workers can or cannot run. `project`: its name (the user
-    must be an editor there); None or empty: the user's default (runs.projects.access.default_project_for)."""
+    must be an editor there); None or empty: Default (runs.projects.access.default_project_for)."""
     require(user, "launch")
     chosen = launch_project(user=user, name=project)
     checked = _preflight_outside_transaction(target_path=target_path, config=config)
