@@ -41,7 +41,9 @@ demo: setup
 	@# Two workers: gpu@ trains (gpu, and vLLM's queues where vLLM is installed); cpu@ takes the cpu
 	@# queue alone (verifications, catalogues, prepare, vocab), so a short job never waits behind a
 	@# training. EAGLE3WEB_WORKER_GPU_QUEUES=0 keeps cpu@ off the GPU queues on a host with GPUs.
-	$(PY) manage.py build_demo_assets $(DEMO_DIR) > /dev/null
+	@# The demo target is built by the cpu worker (a job the launch page shows with its progress), not
+	@# before the server starts: the login comes first. A finished build is reused, not queued again.
+	$(PY) manage.py build_demo_assets $(DEMO_DIR) --as-job
 	since=$$(date +%s); trap 'kill 0' EXIT; \
 	EAGLE3WEB_WORKER_GPU_QUEUES=0 $(PY) -m celery -A eagle3web worker -Q cpu -n cpu@%h --concurrency 2 --loglevel INFO & \
 	$(PY) -m celery -A eagle3web worker -Q gpu -n gpu@%h --concurrency 1 --loglevel INFO & \

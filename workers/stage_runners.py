@@ -278,6 +278,13 @@ def _regenerate(record, reporter: StageReporter):
         on_progress=reporter.progress, should_stop=reporter.cancelled)
 
 
+def _demo_build(record, reporter: StageReporter):
+    from workers.stages.demo.assets import build_demo_assets
+
+    return build_demo_assets(Path(record.out_dir), num_conversations=record.num_conversations,
+                             train_steps=record.train_steps, seed=record.seed, on_progress=reporter.progress)
+
+
 # Each runs one stage (or job) for its row and returns the stage's result dataclass.
 STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
     "prepare": _prepare,
@@ -289,4 +296,5 @@ STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
     "verify": _verify,
     "serve_check": _serve_check,
     "regenerate": _regenerate,
+    "demo_build": _demo_build,
 }

@@ -157,3 +157,23 @@ class DatasetRegeneration(StageRecord):
     def excluded_count(self) -> int:
         """Samples curation excluded when it was asked (by id, or by content through their own id)."""
         return len((self.exclusions or {}).get("ids", [])) + len((self.exclusions or {}).get("own_ids", []))
+
+
+class DemoBuild(StageRecord):
+    """`make demo`'s target and chats (workers.stages.demo.assets) built on a cpu worker, so the web
+    server answers at once and the pages show how far the build is (progress is its training steps
+    plus three). A launch naming the demo's paths before it succeeded is refused, saying how far it is
+    (runs.data.demo.demo_build_refusal)."""
+
+    out_dir = models.CharField(max_length=1000, blank=True, help_text="where the target and chats are written")
+    num_conversations = models.PositiveIntegerField()
+    train_steps = models.PositiveIntegerField()
+    seed = models.IntegerField(default=0)
+    initial_loss = models.FloatField(null=True, blank=True)
+    final_loss = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-queued_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"demo build {self.pk}"

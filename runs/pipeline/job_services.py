@@ -7,11 +7,12 @@ pass already running is not reused: it reads the file as it was when it started.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from runs.pipeline.job_models import DatasetCatalogue, VerificationRequest
+from runs.pipeline.job_models import DatasetCatalogue, DemoBuild, VerificationRequest
 from runs.models import Dataset, Extraction, StageRecord, StageStatus
 from runs.pipeline.queue import job_enqueue, pending_enqueue
 from runs.roles import require
@@ -53,3 +54,27 @@ def extraction_verify_request(*, extraction: Extraction, full: bool, user: Abstr
     return _queued_again_or_new(
         extraction.verification_requests.filter(status=StageStatus.QUEUED, full=full), job_name="verify",
         create=lambda: VerificationRequest.objects.create(extraction=extraction, full=full, requested_by=user))
+
+
+@transaction.atomic
+def demo_build_request(*, out_dir: Path, num_conversations: int, train_steps: int, seed: int = 0) -> DemoBuild | None:
+    """Queue a build of the demo target and chats in out_dir, unless one finished there already
+    (None: nothing to do) or one is queued or running (that one, handed to the broker again when queued).
+    An interrupted build's row is queued again by the workers' reconciler once its lease lapses, and
+    the build starts over (workers.stages.demo.assets writes its record of completion last)."""
+    from workers.stages.demo.recipe import build_params, finished_build_info
+
+    out_dir = Path(out_dir).resolve()
+    if finished_build_info(out_dir, build_params(num_conversations=num_conversations, train_steps=train_steps,
+                                                 seed=seed)) is not None:
+        return None
+    unfinished = DemoBuild.objects.select_for_update().filter(
+        out_dir=str(out_dir), status__in=[StageStatus.QUEUED, StageStatus.RUNNING])
+    running = unfinished.filter(status=StageStatus.RUNNING).first()
+    if running is not None:
+        return running
+    return _queued_again_or_new(
+        unfinished.filter(num_conversations=num_conversations, train_steps=train_steps, seed=seed),
+        job_name="demo_build",
+        create=lambda: DemoBuild.objects.create(out_dir=str(out_dir), num_conversations=num_conversations,
+                                                train_steps=train_steps, seed=seed))

@@ -80,6 +80,7 @@ class PendingEnqueue(models.Model):
         CATALOGUE = "catalogue", "dataset catalogue"
         VERIFY = "verify", "extraction verification"
         SERVE_CHECK = "serve_check", "vLLM serve check"
+        DEMO_BUILD = "demo_build", "demo target build"
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
     object_id = models.PositiveIntegerField(help_text="the run's, the evaluation's or the job's id")

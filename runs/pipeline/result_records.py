@@ -187,6 +187,11 @@ def serve_check_record(*, record_id: int, result: ServeCheckResult, log_tail: st
                   started_at=started_at)
 
 
+def demo_build_record(*, record_id: int, result, log_tail: str, started_at: datetime | None = None) -> None:
+    stage_succeed(stage_name="demo_build", record_id=record_id, log_tail=log_tail, started_at=started_at,
+                  fields={"initial_loss": result.initial_loss, "final_loss": result.final_loss})
+
+
 # What each stage's (and job's) worker records once it succeeded.
 STAGE_RECORDERS = {
     "prepare": preparation_record,
@@ -197,6 +202,7 @@ STAGE_RECORDERS = {
     "catalogue": catalogue_record,
     "verify": verification_request_record,
     "serve_check": serve_check_record,
+    "demo_build": demo_build_record,
 }
 
 

@@ -25,6 +25,7 @@ from runs.models import (
 )
 from runs.fleet.fit import host_refusals, serve_check_refusal
 from runs.fleet.selectors import launch_refusals, stage_refusals, workers_live
+from runs.data.demo import demo_build_refusal
 from runs.data.paths import check_under_data_roots
 from runs.pipeline.dataset_launch_check import HEAD_BYTES, HEAD_CONVERSATIONS, dataset_head, dataset_launch_check
 from runs.pipeline.online import online_refusal
@@ -167,6 +168,9 @@ def _run_create(*, user: AbstractBaseUser, target_path: str | Path, dataset_path
     name = check_run_name(name)
     if not isinstance(notes, str) or len(notes) > MAX_NOTES_CHARS:
         raise RunConfigError(f"notes must be text of at most {MAX_NOTES_CHARS:,} characters", field="notes")
+    if waiting := demo_build_refusal(target_path=target_path, dataset_path=dataset_path):
+        field, why = waiting  # `make demo`'s target is being built on a worker: refused, saying how far it is
+        raise RunConfigError(why, field=field)
     with input_blames("target_path"):
         target = target_register(path=target_path)
     # Rolled back with the target's row when refused: nothing stored.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, ServeCheck, VerificationRequest
+from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, DemoBuild, ServeCheck, VerificationRequest
 from runs.models import Evaluation, ExtractStage, Preparation, StageRecord, TrainingRun, VocabMapping
 
 
@@ -38,6 +38,8 @@ JOBS = (
     StageKind("serve_check", "Check with vLLM", ServeCheck, "", "vllm.1"),
     # Its backend's queue (runs.pipeline.queue.job_queue): "gpu" for transformers on one device, vllm.<n>.
     StageKind("regenerate", "Regenerate replies", DatasetRegeneration, "", "gpu"),
+    # `make demo`'s small target, trained on the CPU (it sets its own torch threads).
+    StageKind("demo_build", "Build the demo target", DemoBuild, "", "cpu"),
 )
 JOB_NAMES = frozenset(job.name for job in JOBS)
 # Every kind of row a worker runs, by name: the stages of runs and the jobs.

@@ -15,7 +15,7 @@ from runs.checkpoints import evaluation as evaluation_services
 from runs.checkpoints import generation_selectors, serve_check_selectors
 from runs.checkpoints.evaluation import EvaluationRequestError
 from runs.data import extractions as extraction_services
-from runs.data.demo import demo_paths
+from runs.data.demo import demo_build_progress, demo_build_unfinished, demo_paths
 from runs.data import regeneration_selectors
 from runs.data import selectors as data_selectors
 from runs.data.regeneration_selectors import dataset_options
@@ -81,7 +81,9 @@ def run_launch(request: HttpRequest) -> HttpResponse:
     datasets = dataset_options()  # each brought file followed by what was regenerated from it
     # A refused launch is the user's to fix: 400, with the form and its messages.
     status = 400 if request.method == "POST" else 200
-    return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets},
+    building = demo_build_unfinished()  # `make demo`'s target, while a worker builds it
+    return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets,
+                                                    "demo_build": building and demo_build_progress(building)},
                   status=status)
 
 

@@ -1,4 +1,5 @@
-"""Build the offline demo target (tokenizer + small Llama) and its chat dataset."""
+"""Build the offline demo target (tokenizer + small Llama) and its chat dataset: here, or (--as-job) as a
+job a cpu worker runs, which `make demo` asks for so that the web server starts at once."""
 from __future__ import annotations
 
 import json
@@ -19,9 +20,13 @@ class Command(BaseCommand):
         parser.add_argument("--conversations", type=int, default=None, help="how many chats to generate")
         parser.add_argument("--train-steps", type=int, default=None, help="training steps of the demo target")
         parser.add_argument("--json", dest="as_json", action="store_true", help="print the result as one JSON line")
+        parser.add_argument("--as-job", action="store_true",
+                            help="queue the build for a cpu worker (none if it is built already) and return at once")
 
     def handle(self, *args, out_dir: Path, conversations: int | None, train_steps: int | None, as_json: bool,
-               **opts):
+               as_job: bool = False, **opts):
+        if as_job:
+            return self._queue(out_dir, conversations, train_steps)
         from workers.stages.demo.assets import build_demo_assets
 
         logging.getLogger("workers").setLevel(logging.INFO)
@@ -36,6 +41,18 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(result))
         else:
             self.stdout.write(f"demo target: {result['target_dir']}\ndemo chats:  {result['chats_path']}")
+
+    def _queue(self, out_dir: Path, conversations: int | None, train_steps: int | None) -> None:
+        from runs.pipeline.job_services import demo_build_request
+        from workers.stages.demo.recipe import DEFAULT_CONVERSATIONS, DEFAULT_TRAIN_STEPS
+
+        build = demo_build_request(out_dir=out_dir, num_conversations=conversations or DEFAULT_CONVERSATIONS,
+                                   train_steps=train_steps or DEFAULT_TRAIN_STEPS)
+        if build is None:
+            self.stdout.write(f"Demo target already built in {out_dir.resolve()}: reusing it.")
+        else:
+            self.stdout.write(f"Demo target: {build} is {build.status} on the cpu queue (a cpu worker builds it in "
+                              "a few minutes; the launch page shows how far it is).")
 
 
 class BuildProgress:

@@ -28,14 +28,19 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from workers.stages.demo.chats import read_chat_messages, write_demo_chats  # noqa: E402,F401
+from workers.stages.demo.recipe import (  # noqa: E402,F401
+    BUILD_INFO_FILENAME,
+    CHATS_FILENAME,
+    DEFAULT_CONVERSATIONS,
+    DEFAULT_TRAIN_STEPS,
+    RECIPE_VERSION,
+    TARGET_DIRNAME,
+    build_params,
+    finished_build_info,
+)
 
 log = logging.getLogger(__name__)
 
-TARGET_DIRNAME = "demo-target"
-CHATS_FILENAME = "demo-chats.jsonl"
-BUILD_INFO_FILENAME = "demo-build.json"
-# Bump when the chats, tokenizer or model recipe changes, so old builds are not reused.
-RECIPE_VERSION = 2
 
 BOS, EOS, PAD = "<|begin|>", "<|end|>", "<|pad|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
@@ -82,8 +87,8 @@ class DemoAssets:
 def build_demo_assets(
     out_dir: Path,
     *,
-    num_conversations: int = 2000,
-    train_steps: int = 600,
+    num_conversations: int = DEFAULT_CONVERSATIONS,
+    train_steps: int = DEFAULT_TRAIN_STEPS,
     seed: int = 0,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> DemoAssets:
@@ -95,7 +100,7 @@ def build_demo_assets(
     if num_conversations < 1 or train_steps < 1:
         raise ValueError(f"num_conversations and train_steps must be at least 1, got {num_conversations} and {train_steps}")
     out_dir = Path(out_dir)
-    params = {"recipe": RECIPE_VERSION, "num_conversations": num_conversations, "train_steps": train_steps, "seed": seed}
+    params = build_params(num_conversations=num_conversations, train_steps=train_steps, seed=seed)
     total = train_steps + 3
     existing = _reusable_build(out_dir, params)
     if existing is not None:
@@ -264,20 +269,13 @@ def _pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.
 
 
 def _reusable_build(out_dir: Path, params: dict) -> DemoAssets | None:
-    info_path = out_dir / BUILD_INFO_FILENAME
-    try:
-        info = json.loads(info_path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    if info.get("params") != params:
-        return None
-    target_dir, chats_path = out_dir / TARGET_DIRNAME, out_dir / CHATS_FILENAME
-    needed = [chats_path, target_dir / "config.json", target_dir / "model.safetensors", target_dir / "tokenizer.json"]
-    if not all(p.is_file() for p in needed):
+    info = finished_build_info(out_dir, params)
+    if info is None:
         return None
     # Paths are re-derived so a moved out_dir still resolves.
     try:
-        return DemoAssets(**{**info["result"], "target_dir": target_dir, "chats_path": chats_path})
+        return DemoAssets(**{**info["result"], "target_dir": out_dir / TARGET_DIRNAME,
+                             "chats_path": out_dir / CHATS_FILENAME})
     except (KeyError, TypeError):
         return None
 
