@@ -8,7 +8,7 @@ from django.conf import settings
 
 from runs.pipeline.job_models import DemoBuild
 from runs.pipeline.stage_record import StageStatus
-from workers.stages.demo.recipe import CHATS_FILENAME, TARGET_DIRNAME
+from workers.contract.demo_build import CHATS_FILENAME, TARGET_DIRNAME
 
 
 def demo_dir() -> Path:

@@ -62,7 +62,7 @@ def demo_build_request(*, out_dir: Path, num_conversations: int, train_steps: in
     (None: nothing to do) or one is queued or running (that one, handed to the broker again when queued).
     An interrupted build's row is queued again by the workers' reconciler once its lease lapses, and
     the build starts over (workers.stages.demo.assets writes its record of completion last)."""
-    from workers.stages.demo.recipe import build_params, finished_build_info
+    from workers.contract.demo_build import build_params, finished_build_info
 
     out_dir = Path(out_dir).resolve()
     if finished_build_info(out_dir, build_params(num_conversations=num_conversations, train_steps=train_steps,

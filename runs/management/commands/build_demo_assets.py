@@ -44,7 +44,7 @@ class Command(BaseCommand):
 
     def _queue(self, out_dir: Path, conversations: int | None, train_steps: int | None) -> None:
         from runs.pipeline.job_services import demo_build_request
-        from workers.stages.demo.recipe import DEFAULT_CONVERSATIONS, DEFAULT_TRAIN_STEPS
+        from workers.contract.demo_build import DEFAULT_CONVERSATIONS, DEFAULT_TRAIN_STEPS
 
         build = demo_build_request(out_dir=out_dir, num_conversations=conversations or DEFAULT_CONVERSATIONS,
                                    train_steps=train_steps or DEFAULT_TRAIN_STEPS)

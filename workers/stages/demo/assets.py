@@ -28,7 +28,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from workers.stages.demo.chats import read_chat_messages, write_demo_chats  # noqa: E402,F401
-from workers.stages.demo.recipe import (  # noqa: E402,F401
+from workers.contract.demo_build import (  # noqa: E402,F401
     BUILD_INFO_FILENAME,
     CHATS_FILENAME,
     DEFAULT_CONVERSATIONS,

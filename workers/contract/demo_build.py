@@ -1,5 +1,6 @@
 """What names a demo build (its files and parameters) and whether one on disk is finished, without
-torch: `make demo` asks this before it starts anything, and a finished build is not queued again."""
+torch or Django: the web tier asks it before it queues a build (a finished one is not queued again),
+and workers.stages.demo.assets before it builds."""
 from __future__ import annotations
 
 import json
