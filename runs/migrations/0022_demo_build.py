@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0020_alert_rule_site_url'),
+        ('runs', '0021_hidden_states_cache_gib'),
     ]
 
     operations = [
