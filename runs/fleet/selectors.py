@@ -289,6 +289,19 @@ def _subject_url(job_name: str, row) -> str:
 JOB_SUBJECT_KINDS = {"catalogue": "dataset", "verify": "extraction", "serve_check": "checkpoint", "regenerate": "dataset"}
 
 
+def _subject_fields(job_name: str) -> list[str]:
+    """The column naming a job's subject; none for a job with no subject (the demo build)."""
+    return [JOB_SUBJECTS[job_name][0]] if job_name in JOB_SUBJECTS else []
+
+
+def _job_subject(job_name: str, row) -> tuple[str, int | None]:
+    """(kind, id) of a job's subject for _seen; ("", None), seen by nobody, for a job with none."""
+    if job_name not in JOB_SUBJECTS:
+        return "", None
+    field = JOB_SUBJECTS[job_name][0]
+    return JOB_SUBJECT_KINDS[job_name], row[field] if isinstance(row, dict) else getattr(row, field)
+
+
 def _seen(user, found: list[tuple[str, int | None]]) -> set[tuple[str, int]]:
     """Which of these (kind, id) the user sees (one query per kind): a run's or a job's subject another
     project's is named to nobody outside it. `user` None: everything (a command's or a test's read)."""
@@ -306,16 +319,16 @@ def _running_by_worker(names: list[str], user=None) -> dict[str, list[dict]]:
     and subject of work the user does not see are left out (its stage and progress are shown)."""
     found = []
     for kind in STAGES_BY_NAME.values():
-        extra = ["run_id", "run__name"] if _has_run(kind.model) else [JOB_SUBJECTS[kind.name][0]]
+        extra = ["run_id", "run__name"] if _has_run(kind.model) else _subject_fields(kind.name)
         rows = kind.model.objects.filter(status=StageStatus.RUNNING, worker__in=names).values(
             "pk", "worker", "started_at", "progress_done", "progress_total", *extra)
         found += [(kind, row) for row in rows]
-    seen = _seen(user, [("run", row["run_id"]) if "run_id" in row else
-                        (JOB_SUBJECT_KINDS[kind.name], row[JOB_SUBJECTS[kind.name][0]]) for kind, row in found])
+    seen = _seen(user, [("run", row["run_id"]) if "run_id" in row else _job_subject(kind.name, row)
+                        for kind, row in found])
     doing: dict[str, list[dict]] = defaultdict(list)
     for kind, row in found:
         run_seen = ("run", row.get("run_id")) in seen
-        subject_seen = kind.name in JOB_SUBJECTS and (JOB_SUBJECT_KINDS[kind.name], row[JOB_SUBJECTS[kind.name][0]]) in seen
+        subject_seen = kind.name in JOB_SUBJECTS and _job_subject(kind.name, row) in seen
         doing[row["worker"]].append({"stage": kind.name, "label": kind.label, "record_id": row["pk"],
                                      "run_id": row.get("run_id") if run_seen else None,
                                      "run_name": (row.get("run__name") or "") if run_seen else "",
@@ -386,7 +399,7 @@ def queued_work(user=None) -> dict:
         if with_run:  # a run its sweep holds back is in no queue yet (runs.sweeps.release): counted below
             rows = rows.filter(Q(run__sweep_entry__isnull=True) | Q(run__sweep_entry__released_at__isnull=False))
         rows = rows.select_related("run").only("pk", "queued_at", "run__name", "run__config") \
-            if with_run else rows.only("pk", "queued_at", JOB_SUBJECTS[kind.name][0], *JOB_QUEUE_FIELDS.get(kind.name, ()))
+            if with_run else rows.only("pk", "queued_at", *_subject_fields(kind.name), *JOB_QUEUE_FIELDS.get(kind.name, ()))
         rows = list(rows[:MAX_QUEUE_ROWS + 1])
         more = more or len(rows) > MAX_QUEUE_ROWS
         for row in rows[:MAX_QUEUE_ROWS]:
@@ -402,8 +415,8 @@ def queued_work(user=None) -> dict:
             finished[run_id][stage.name] = finished_at
     live = list(workers_live())
     names = [stage.name for stage in STAGES]
-    seen = _seen(user, [("run", run.pk) if run is not None else
-                        (JOB_SUBJECT_KINDS[kind.name], getattr(row, JOB_SUBJECTS[kind.name][0])) for _, kind, row, run in queued])
+    seen = _seen(user, [("run", run.pk) if run is not None else _job_subject(kind.name, row)
+                        for _, kind, row, run in queued])
     items, blocked, runs_of = [], 0, {}
     for index, kind, row, run in queued:
         waits_for, joined = "", row.queued_at
@@ -417,7 +430,7 @@ def queued_work(user=None) -> dict:
         config = (run.config if run is not None else None) or {}
         queue = stage_queue(stage_name=kind.name, config=config) if run is not None else _job_row_queue(kind.name, row)
         shown = run is not None and ("run", run.pk) in seen
-        subject_seen = run is None and (JOB_SUBJECT_KINDS[kind.name], getattr(row, JOB_SUBJECTS[kind.name][0])) in seen
+        subject_seen = run is None and _job_subject(kind.name, row) in seen
         items.append(QueuedWork(kind=kind.name, label=kind.label, record_id=row.pk,
                                 run_id=run.pk if shown else None, run_name=str(run) if shown else "",
                                 queue=queue, queued_at=joined,

@@ -44,6 +44,8 @@ def test_a_worker_builds_the_demo_target_the_pages_show_its_step_and_a_launch_wa
     step = int(shown.split("step ")[1].split(" of")[0])
     assert f"The demo target is still being built: step {step} of {STEPS + 3}." in shown and 3 <= step < STEPS + 3
     assert f'value="{target}"' in page and f'value="{chats}"' in page  # the form offers the paths being built
+    # The fleet page lists running and queued work by subject: a job with none answered 500 (KeyError) there.
+    assert client.get("/workers/").status_code == 200
 
     response = client.post("/runs/new/", {**FORM, "target_path": str(target), "dataset_path": str(chats)})
     assert response.status_code == 400 and PipelineRun.objects.count() == 0
