@@ -258,7 +258,9 @@ def _has_run(model) -> bool:
 # What each job works on, and its page: (the job row's foreign key, the URL name of that page).
 JOB_SUBJECTS = {"catalogue": ("dataset_id", "runs:dataset_detail"), "verify": ("extraction_id", "runs:extraction_detail"),
                 "serve_check": ("checkpoint_id", "runs:checkpoint_detail"),
-                "regenerate": ("source_id", "runs:dataset_detail")}
+                "regenerate": ("source_id", "runs:dataset_detail"),
+                # A measurement asked for on a checkpoint (no run): its subject is the checkpoint.
+                "evaluate": ("checkpoint_id", "runs:checkpoint_detail")}
 
 
 # The columns a job's queue depends on (runs.pipeline.queue.job_queue), read with its row.
@@ -286,7 +288,8 @@ def _subject_url(job_name: str, row) -> str:
 
 
 # What each job's subject is, in the one rule's words (runs.projects.access.KINDS).
-JOB_SUBJECT_KINDS = {"catalogue": "dataset", "verify": "extraction", "serve_check": "checkpoint", "regenerate": "dataset"}
+JOB_SUBJECT_KINDS = {"catalogue": "dataset", "verify": "extraction", "serve_check": "checkpoint", "regenerate": "dataset",
+                     "evaluate": "checkpoint"}
 
 
 def _subject_fields(job_name: str) -> list[str]:
@@ -319,16 +322,16 @@ def _running_by_worker(names: list[str], user=None) -> dict[str, list[dict]]:
     and subject of work the user does not see are left out (its stage and progress are shown)."""
     found = []
     for kind in STAGES_BY_NAME.values():
-        extra = ["run_id", "run__name"] if _has_run(kind.model) else _subject_fields(kind.name)
+        extra = (["run_id", "run__name"] if _has_run(kind.model) else []) + _subject_fields(kind.name)
         rows = kind.model.objects.filter(status=StageStatus.RUNNING, worker__in=names).values(
             "pk", "worker", "started_at", "progress_done", "progress_total", *extra)
         found += [(kind, row) for row in rows]
-    seen = _seen(user, [("run", row["run_id"]) if "run_id" in row else _job_subject(kind.name, row)
+    seen = _seen(user, [("run", row["run_id"]) if row.get("run_id") is not None else _job_subject(kind.name, row)
                         for kind, row in found])
     doing: dict[str, list[dict]] = defaultdict(list)
     for kind, row in found:
         run_seen = ("run", row.get("run_id")) in seen
-        subject_seen = kind.name in JOB_SUBJECTS and _job_subject(kind.name, row) in seen
+        subject_seen = row.get("run_id") is None and kind.name in JOB_SUBJECTS and _job_subject(kind.name, row) in seen
         doing[row["worker"]].append({"stage": kind.name, "label": kind.label, "record_id": row["pk"],
                                      "run_id": row.get("run_id") if run_seen else None,
                                      "run_name": (row.get("run__name") or "") if run_seen else "",
@@ -398,7 +401,7 @@ def queued_work(user=None) -> dict:
         rows = kind.model.objects.filter(status=StageStatus.QUEUED).order_by("queued_at", "pk")
         if with_run:  # a run its sweep holds back is in no queue yet (runs.sweeps.release): counted below
             rows = rows.filter(Q(run__sweep_entry__isnull=True) | Q(run__sweep_entry__released_at__isnull=False))
-        rows = rows.select_related("run").only("pk", "queued_at", "run__name", "run__config") \
+        rows = rows.select_related("run").only("pk", "queued_at", "run__name", "run__config", *_subject_fields(kind.name)) \
             if with_run else rows.only("pk", "queued_at", *_subject_fields(kind.name), *JOB_QUEUE_FIELDS.get(kind.name, ()))
         rows = list(rows[:MAX_QUEUE_ROWS + 1])
         more = more or len(rows) > MAX_QUEUE_ROWS

@@ -75,7 +75,7 @@ def test_over_http_bad_tokens_bad_bodies_and_missing_things_are_json(live_server
     status, answer, _ = api("POST", "/api/v1/runs/", {"target": str(roots / "target"), "dataset": str(roots / "chats.jsonl"),
                                                        "layer_ids": "all"})
     assert status == 400 and list(answer["fields"]) == ["layer_ids"]
-    assert api("GET", "/api/v1/runs/424242/")[:2] == (404, {"error": "nothing at /api/v1/runs/424242/", "fields": {}})
+    assert api("GET", "/api/v1/runs/424242/")[:2] == (404, {"error": "no run 424242", "fields": {}})
     assert api("PATCH", "/api/v1/runs/")[0] == 405
     ApiToken.objects.update(revoked_at="2026-01-01T00:00:00Z")
     status, answer, _ = api("GET", "/api/v1/me/")

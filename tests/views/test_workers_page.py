@@ -287,3 +287,31 @@ def test_the_note_does_not_name_a_later_run_of_another_project(client, user, roo
     page = client.get(f"/runs/{first.pk}/").content.decode()
     assert "waits behind another run&#x27;s prepare dataset stage, launched later" in page
     assert f"run {second.pk}" not in page and "secret-second" not in page
+
+
+def test_a_checkpoints_own_measurement_is_listed_queued_and_running_and_named_only_to_who_sees_it(
+        client, user, roots, django_user_model):
+    """An evaluation asked for on a checkpoint has no run: its checkpoint decides who sees it (the page
+    answered 500 on such a row, looking for a job subject that 'evaluate' lacked)."""
+    from runs.checkpoints.evaluation import evaluation_request
+    from runs.models import Checkpoint
+    from runs.projects.models import Project
+
+    fake_gpu_worker("gpu@this-host")
+    run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                              config=RunConfig(draft_vocab_size=64), enqueue=False, name="walled-run")
+    type(run).objects.filter(pk=run.pk).update(
+        project=Project.objects.create(name="walled", open_to_all=False, created_by=user))
+    checkpoint = Checkpoint.objects.create(training_run=run.training_run, epoch=0, path=f"{run.output_dir}/checkpoints/0")
+    measurement, _ = evaluation_request(checkpoint=checkpoint, user=user, enqueue=False)
+    assert measurement.run_id is None
+    staff = django_user_model.objects.create_user("staff-reader", is_staff=True)
+    outsider = django_user_model.objects.create_user("outsider")
+    link = f"/checkpoints/{checkpoint.pk}/"
+    for state in ("queued", "running"):
+        if state == "running":
+            stage_start(stage_name="evaluate", record_id=measurement.pk, worker="gpu@this-host")
+        assert link in _page(client, staff), state
+        page = _page(client, outsider)
+        assert link not in page and "walled" not in page, state
+        assert client.get("/api/v1/workers/").status_code == 200
