@@ -8,7 +8,7 @@ import runs.sweeps.admin  # noqa: F401 - sweeps and their runs
 from runs.admin_bases import InternalAdmin, NoAddAdmin
 from runs.checkpoints.models import CheckpointGenerations
 from runs.fleet.models import Worker
-from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, ServeCheck, VerificationRequest
+from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, DemoBuild, ServeCheck, VerificationRequest
 from runs.models import (
     Checkpoint,
     CurationAction,
@@ -150,6 +150,13 @@ class StageAttemptAdmin(InternalAdmin):
 class DatasetCatalogueAdmin(StageAdmin):
     list_display = ("id", "dataset", *STAGE_FIELDS, "samples_added", "samples_total")
     list_select_related = ("dataset",)
+
+
+@admin.register(DemoBuild)
+class DemoBuildAdmin(StageAdmin):
+    """make demo's target build: internal, read-only; staff see its progress and error here."""
+
+    list_display = ("id", "out_dir", *STAGE_FIELDS, "train_steps", "initial_loss", "final_loss")
 
 
 @admin.register(VerificationRequest)

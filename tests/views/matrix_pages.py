@@ -89,7 +89,7 @@ WRITTEN_BY_SERVICES = {"runs.targetmodel", "runs.dataset", "runs.datasetsample",
 # outbox and alert rules (listed, so that staff can delete a row; a rule's webhook was checked when made), what a
 # verification measured, alerts with their notices and deliveries, the stall watch, a report's versions.
 READ_ONLY = {"runs.preparation", "runs.extractstage", "runs.vocabmapping", "runs.trainingrun", "runs.stageattempt",
-             "runs.datasetcatalogue", "runs.verificationrequest", "runs.servecheck", "runs.datasetregeneration",
+             "runs.datasetcatalogue", "runs.demobuild", "runs.verificationrequest", "runs.servecheck", "runs.datasetregeneration",
              "runs.evaluation", "runs.metricseries", "runs.metricchunk", "runs.manifest", "runs.sweeprun",
              "runs.pendingenqueue", "runs.verification", "runs.checkpointgenerations", "runs.alertrule",
              "runs.alert", "runs.alertnotice", "runs.alertdelivery", "runs.stagewatch", "runs.reportversion"}

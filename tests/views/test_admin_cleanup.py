@@ -22,7 +22,7 @@ CURATED = {
 # Rows only workers and services write: off the index, read-only, still open by URL (and deletable).
 INTERNAL = {
     "runs.preparation", "runs.extractstage", "runs.vocabmapping", "runs.trainingrun", "runs.stageattempt",
-    "runs.datasetcatalogue", "runs.verificationrequest", "runs.servecheck", "runs.datasetregeneration",
+    "runs.datasetcatalogue", "runs.demobuild", "runs.verificationrequest", "runs.servecheck", "runs.datasetregeneration",
     "runs.evaluation", "runs.metricseries", "runs.metricchunk", "runs.manifest", "runs.sweeprun",
     "runs.checkpointgenerations", "runs.alert", "runs.alertnotice", "runs.alertdelivery", "runs.stagewatch",
     "runs.reportversion",

@@ -92,7 +92,7 @@ def test_an_imported_checkpoint_belongs_to_no_project(client, tmp_path, user):
 
 def test_a_sweep_of_a_hidden_project_is_404_on_its_page_and_api(client, user, roots, secret):
     sweep = sweep_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
-                         config=RunConfig(), varied=[parse_vary("seed=1,2")])
+                         config=RunConfig(), varied=[parse_vary("seed=1,2")], project=secret)
     assert set(sweep.entries.values_list("run__project__name", flat=True)) == {"secret"}
     client.force_login(_person("olga", "launcher", "admin"))
     assert client.get(f"/sweeps/{sweep.pk}/").status_code == 404
