@@ -54,7 +54,7 @@ def test_the_supply_box_shows_the_bottleneck_and_asks_to_keep_the_cache(live_ser
     # The cache folder holds no row: asked from the page, refused in words, nothing stored.
     page.click("#keep-cache")
     expect(page.locator("#supply-keep .field-error")).to_have_text(
-        "the cache holds 0 of 3 prepared rows: 3 missing (evicted to stay under 20.0 GB, or never asked for); only "
+        "the cache holds 0 of 3 prepared rows: 3 missing (evicted to stay under 20.0 GiB, or never asked for); only "
         "a cache that holds every row can be kept")
     # A keep that failed on its worker reaches the page through its polls.
     online_services.online_keep_fail(run_id=run.pk, error="CacheIncomplete: 1 missing")
