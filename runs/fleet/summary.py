@@ -1,7 +1,8 @@
 """The workers page as JSON (GET /api/v1/workers/), from the fleet's selectors."""
 from __future__ import annotations
 
-from runs.fleet.selectors import launch_options, queued_work, worker_rows
+from runs.fleet.selectors import launch_options
+from runs.fleet.work_selectors import queued_work, worker_rows
 
 
 def fleet_summary(*, user) -> dict:

@@ -20,6 +20,7 @@ from runs.data import regeneration_selectors
 from runs.data import selectors as data_selectors
 from runs.data.regeneration_selectors import dataset_options
 from runs.fleet import selectors as fleet_selectors
+from runs.fleet import work_selectors
 from runs.pipeline import job_selectors, job_services, queue, selectors, services, upstream_commands
 from runs.projects import selectors as project_selectors
 from runs.review import reviews
@@ -114,7 +115,7 @@ def worker_list(request: HttpRequest) -> HttpResponse:
     """The fleet: each worker busy (with what), idle or offline, what its host can run, and the
     work queued for the workers in order."""
     return render(request, "runs/worker_list.html", {
-        "rows": fleet_selectors.worker_rows(request.user), "queue": fleet_selectors.queued_work(request.user),
+        "rows": work_selectors.worker_rows(request.user), "queue": work_selectors.queued_work(request.user),
         "options": fleet_selectors.launch_options(), "offline_after": fleet_selectors.offline_after()})
 
 

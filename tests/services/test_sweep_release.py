@@ -104,7 +104,7 @@ def test_a_run_that_fails_or_succeeds_on_a_worker_hands_over_the_next(user, root
 
 
 def test_the_workers_page_counts_held_runs_apart_from_the_queue(user, roots, client):
-    from runs.fleet.selectors import queued_work
+    from runs.fleet.work_selectors import queued_work
 
     sweep = launch(user, roots)
     first, second, third = run_ids(sweep)
