@@ -203,6 +203,9 @@ EAGLE3WEB_STAGE_LEASE_SECONDS = env_int("EAGLE3WEB_STAGE_LEASE_SECONDS", 60)
 # How long a launch waits for vLLM's own config classes to accept the run's speculative config, where vLLM is
 # installed beside the web process (runs.pipeline.preflight); 0 turns the check off.
 EAGLE3WEB_VLLM_PREFLIGHT_SECONDS = env_int("EAGLE3WEB_VLLM_PREFLIGHT_SECONDS", 60)
+# The evaluate stage measures τ for every k from 1 to a draft's trained steps plus this many (at most 16;
+# workers.stages.evaluate.k_table); below 0, no k table.
+EAGLE3WEB_K_BEYOND_TRAINED = env_int("EAGLE3WEB_K_BEYOND_TRAINED", 2)
 # Padded tokens per extraction forward; 0: the default measured for the device (workers.stages.extract.with_transformers).
 # Lower it when a large target's activations do not fit the accelerator beside its weights.
 EAGLE3WEB_EXTRACT_BATCH_TOKENS = env_int("EAGLE3WEB_EXTRACT_BATCH_TOKENS", 0)

@@ -216,7 +216,7 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
     plan = evaluation_plan(evaluation=record)
     common = dict(target_dir=plan.target_dir, prompts=prompts_load(plan.prompts), prompt_source=plan.prompt_source,
                   max_new_tokens=record.max_new_tokens, num_speculative_tokens=record.num_speculative_tokens,
-                  num_gpus=num_gpus, should_stop=reporter.cancelled)
+                  num_gpus=num_gpus, should_stop=reporter.cancelled, k_beyond=settings.EAGLE3WEB_K_BEYOND_TRAINED)
     # One progress over every checkpoint measured (prompts x checkpoints), said from the start: the page showed
     # "–" until the last checkpoint began, then counted that one's prompts alone.
     per = max(1, len(common["prompts"]))

@@ -95,6 +95,11 @@ class Evaluation(StageRecord):
     greedy_tokens_per_s = models.FloatField(null=True, blank=True)
     speedup = models.FloatField(null=True, blank=True)
     device = models.CharField(max_length=100, blank=True)
+    # τ and acceptance by position for k = 1 up to the draft's k plus EAGLE3WEB_K_BEYOND_TRAINED, and the k
+    # with the most tokens per target forward (workers.stages.evaluate.k_table, KTable.as_dict: "k_max",
+    # "draft_cost", "recommended_k", "rows" {k: {"tau", "acceptance_per_position", "tokens_per_target_forward"}}).
+    k_table = models.JSONField(default=dict, blank=True)
+    recommended_k = models.PositiveIntegerField(null=True, blank=True, help_text="empty: measured before the k table")
 
     class Meta:
         ordering = ["-id"]

@@ -25,6 +25,7 @@ from runs.pipeline import best
 from runs.pipeline.glance import run_glance
 from runs.pipeline.online import is_online, online_note, supply_dict
 from runs.checkpoints.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
+from runs.checkpoints.k_selectors import k_summary
 from runs.pipeline.upstream_commands import run_speculators_train_command, with_serve_commands
 from runs.pipeline.stages import STAGES
 from runs.projects import access
@@ -339,7 +340,10 @@ def run_summary(run: PipelineRun) -> dict:
              # every checkpoint; vLLM's on the same prompts beside it where a serve check ran (it chooses nothing).
              "vllm_tau": by_id[c.pk].vllm_tau if c.pk in by_id else None,
              "tau_for_best": by_id[c.pk].tau if c.pk in by_id else None, "serve_command": c.serve_command,
-             "usable": not c.unusable_why, "unusable_why": c.unusable_why}
+             "usable": not c.unusable_why, "unusable_why": c.unusable_why,
+             # From the measurement the best is chosen by, else the newest (runs.checkpoints.k_selectors).
+             **k_summary(by_id[c.pk].evaluation if c.pk in by_id and by_id[c.pk].evaluation else
+                         (c.measured[0] if c.measured else None))}
             for c in checkpoints
         ],
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runs.checkpoints.k_selectors import checkpoint_recommended_k
 from runs.models import Checkpoint, Extraction, PipelineRun, StageStatus, VocabMapping
 from workers.contract.errors import InputError
 from workers.contract.speculators_layout import default_data_dir, speculators_train_command
@@ -23,8 +24,8 @@ def recorded_speculative_tokens(checkpoint_dir: Path) -> int | None:
 
 def checkpoint_serve_command(checkpoint: Checkpoint, *, verifier: str | None = None) -> str:
     """`vllm serve` for this draft: its target (the run's, or the local copy an import recorded) with
-    the draft in --speculative-config, proposing as many tokens as its config.json said when it was
-    registered (read again only if it could not be read then)."""
+    the draft in --speculative-config, proposing the k its newest measurement recommends, else as many tokens
+    as its config.json said when it was registered (read again only if it could not be read then)."""
     from workers.contract.serving import DEFAULT_SPECULATIVE_TOKENS, checkpoint_recorded_verifier, vllm_serve_command
 
     if verifier is None:
@@ -34,9 +35,10 @@ def checkpoint_serve_command(checkpoint: Checkpoint, *, verifier: str | None = N
             verifier = checkpoint.training_run.run.target.path
         else:  # imported with no local copy recorded: what its config names, else a word to replace
             verifier = checkpoint_recorded_verifier(Path(checkpoint.path)) or "TARGET_MODEL_DIR"
-    # The directory moved or its config is unreadable: the default stands.
-    k = (checkpoint.speculative_tokens or recorded_speculative_tokens(Path(checkpoint.path))
-         or DEFAULT_SPECULATIVE_TOKENS)
+    # The k its newest measurement recommends (runs.checkpoints.k_selectors); before any, the draft's own; the
+    # directory moved or its config is unreadable: the default stands.
+    k = (checkpoint_recommended_k(checkpoint) or checkpoint.speculative_tokens
+         or recorded_speculative_tokens(Path(checkpoint.path)) or DEFAULT_SPECULATIVE_TOKENS)
     return vllm_serve_command(verifier=verifier, checkpoint_dir=checkpoint.path, num_speculative_tokens=k)
 
 
@@ -44,6 +46,7 @@ def with_serve_commands(checkpoints, *, verifier: str) -> list[Checkpoint]:
     """The run's checkpoints, each with `serve_command` (their target is the run's)."""
     checkpoints = list(checkpoints)
     for checkpoint in checkpoints:
+        checkpoint.recommended_k = checkpoint_recommended_k(checkpoint)  # the page shows it beside the command
         checkpoint.serve_command = checkpoint_serve_command(checkpoint, verifier=checkpoint.verifier_path or verifier)
     return checkpoints
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
@@ -12,7 +13,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from runs.checkpoints import evaluation as evaluation_services
-from runs.checkpoints import generation_selectors, serve_check_selectors
+from runs.checkpoints import generation_selectors, k_selectors, serve_check_selectors
 from runs.checkpoints.evaluation import EvaluationRequestError
 from runs.data import extractions as extraction_services
 from runs.data.demo import demo_build_progress, demo_build_unfinished, demo_paths
@@ -306,6 +307,7 @@ def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "checkpoint": checkpoint, "config_json": config, "evaluations": evaluations, "measured": measured,
         "serve_command": upstream_commands.checkpoint_serve_command(checkpoint),
         "acceptance_json": json.dumps(measured.acceptance_per_position) if measured else "[]",
+        "k_rows": k_selectors.k_rows(measured), "k_beyond": settings.EAGLE3WEB_K_BEYOND_TRAINED,
         "evaluating": any(not e.is_finished for e in (*evaluations, *serve_checks)),
         "can_evaluate": user_can(request.user, "launch"),
         "generation_choices": generation_selectors.compare_choices(checkpoint=checkpoint, user=request.user),

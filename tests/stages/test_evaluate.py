@@ -114,6 +114,31 @@ def test_an_untrained_draft_gives_the_same_text_with_lower_tau(tiny_target, untr
     assert untrained.tau < trained_result.tau
 
 
+def test_the_k_table_equals_a_separate_speculative_decode_at_each_k(tiny_target, trained_checkpoint, prompts,
+                                                                     trained_result):
+    """The table comes from one probing decode per prompt (workers.stages.evaluate.k_table); a separate
+    speculative decode with the real trained draft at each k gives the same τ and acceptance by position."""
+    from workers.stages.evaluate.measure import Eagle3Proposer
+    from workers.stages.evaluate.speculative import eos_ids, measure
+
+    table = trained_result.k_table
+    assert table["k_max"] == K + 2 and list(table["rows"]) == [str(k) for k in range(1, K + 3)]
+    model = load_target(tiny_target.target_dir, torch.device("cpu"))
+    draft = load_draft(trained_checkpoint, model, torch.device("cpu"), torch.float32)
+    taus = []
+    for k in range(1, K + 3):
+        separate = measure(model, prompts, aux_layer_ids=list(draft.target_layer_ids),
+                           new_proposer=lambda _: Eagle3Proposer(draft), k=k, max_new_tokens=40, eos=eos_ids(model))
+        row = table["rows"][str(k)]
+        assert row["tau"] == pytest.approx(separate.tau, abs=1e-12), k
+        assert row["acceptance_per_position"] == pytest.approx(separate.acceptance_per_position, abs=1e-12), k
+        taus.append(separate.tau)
+    assert table["rows"][str(K)]["tau"] == pytest.approx(trained_result.tau)
+    assert taus[0] < taus[-1]  # the draft accepts something beyond its first position: the comparison bites
+    best = max(range(1, K + 3), key=lambda k: (round(taus[k - 1] / (1 + table["draft_cost"] * k), 3), -k))
+    assert trained_result.recommended_k == best and 0 < table["draft_cost"] < 1
+
+
 def test_k_can_be_set_below_the_checkpoints_own(tiny_target, trained_checkpoint, prompts):
     result = evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=trained_checkpoint, prompts=prompts[:2],
                       prompt_source="held-out conversations", max_new_tokens=20, num_speculative_tokens=1)

@@ -41,6 +41,7 @@ from workers.stages.evaluate.prompts import (  # noqa: E402,F401 - the prompts' 
     validation_rows,
 )
 from workers.stages.evaluate.speculative import EvaluationStopped, PromptResult, eos_ids, measure  # noqa: E402,F401
+from workers.stages.evaluate.k_table import draft_cost_ratio, k_limit, k_table  # noqa: E402
 from workers.contract.acceptance import tau_standard_error  # noqa: E402
 from workers.contract.target import read_target_config  # noqa: E402
 
@@ -78,6 +79,10 @@ class EvaluationResult:
     # The replies token by token, bounded (workers.stages.evaluate.generations); empty where the target's
     # tokenizer could not be loaded to give the tokens' texts.
     generations: dict = field(default_factory=dict)
+    # τ and acceptance by position for k = 1..k_max and the k to serve (workers.stages.evaluate.k_table,
+    # KTable.as_dict); empty where k_beyond < 0 asked for none.
+    k_table: dict = field(default_factory=dict)
+    recommended_k: int | None = None
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -240,11 +245,13 @@ def evaluate(
     num_speculative_tokens: int | None = None,
     device: str = "auto",
     num_gpus: int = 1,
+    k_beyond: int = 2,
     on_progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> EvaluationResult:
     """Decode every prompt with and without the draft; tau, acceptance per position, speeds and
-    whether the texts are equal.
+    whether the texts are equal; then τ for every k from 1 to the draft's k plus `k_beyond` (the k table,
+    workers.stages.evaluate.k_table; none when k_beyond < 0) and the k to serve.
 
     num_gpus > 1 spreads the target over that many GPUs as the extraction does (load_target,
     device_map); `device` is then ignored, and the draft and the inputs go to cuda:0."""
@@ -274,8 +281,9 @@ def evaluate(
     k = num_speculative_tokens or (proposals[0].speculative_tokens if proposals else 3)
     if not 1 <= k <= 16:
         raise EvaluationInputError(f"num_speculative_tokens must be between 1 and 16, got {k}")
+    k_max = k_limit(k, k_beyond) if k_beyond >= 0 else k
     max_len = getattr(model.config, "max_position_embeddings", None)
-    too_long = [i for i, p in enumerate(prompts) if max_len and len(p) + max_new_tokens + k > max_len]
+    too_long = [i for i, p in enumerate(prompts) if max_len and len(p) + max_new_tokens + max(k, k_max) > max_len]
     if too_long:
         raise EvaluationInputError(
             f"{len(too_long)} prompt(s) (first: #{too_long[0]}, {len(prompts[too_long[0]])} tokens) plus "
@@ -285,6 +293,11 @@ def evaluate(
         measured = measure(model, prompts, aux_layer_ids=aux_ids, new_proposer=lambda _, d=draft: Eagle3Proposer(d),
                            k=k, max_new_tokens=max_new_tokens, eos=eos_ids(model), device=dev,
                            on_progress=on_progress, should_stop=should_stop)
+        table = None
+        if k_beyond >= 0:
+            table = k_table(model, prompts, aux_layer_ids=aux_ids, new_proposer=lambda _, d=draft: Eagle3Proposer(d),
+                            k_max=k_max, max_new_tokens=max_new_tokens, eos=eos_ids(model),
+                            draft_cost=draft_cost_ratio(draft, model), device=dev)
     finally:
         # A target spread by accelerate holds itself in a reference cycle (its wrapped forwards), so it
         # is freed only by the collector; a run's stage then loads it again for its next checkpoint.
@@ -306,6 +319,7 @@ def evaluate(
         speedup=greedy_s / spec_s if spec_s else 0.0,
         device=where, seconds=time.monotonic() - started, prompts=measured.prompts, generations=generations,
         tau_standard_error=tau_standard_error([p.accepted for p in measured.prompts]),
+        k_table=table.as_dict() if table else {}, recommended_k=table.recommended_k if table else None,
     )
     log.info("evaluated %s on %d prompts: tau %.3f (k=%d), acceptance %s, %s greedy output",
              checkpoint_dir, len(measured.prompts), tau, k, [round(p, 3) for p in per_position],

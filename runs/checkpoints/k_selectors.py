@@ -1,0 +1,36 @@
+"""A checkpoint's k table as the pages, the summary and the serve command read it (measured by the evaluate
+stage, workers.stages.evaluate.k_table, kept on each Evaluation as `k_table` and `recommended_k`)."""
+from __future__ import annotations
+
+from runs.models import Checkpoint, Evaluation, StageStatus
+
+
+def tau_by_k(evaluation: Evaluation | None) -> dict[int, float]:
+    """{k: τ} of one measurement; empty where it was made before the k table (or with none)."""
+    rows = ((evaluation.k_table or {}).get("rows") or {}) if evaluation is not None else {}
+    return {int(k): row["tau"] for k, row in sorted(rows.items(), key=lambda kv: int(kv[0]))}
+
+
+def k_rows(evaluation: Evaluation | None) -> list[dict]:
+    """The table for a page: one dict per k (k, tau, acceptance_per_position, tokens_per_target_forward,
+    recommended)."""
+    if evaluation is None or not evaluation.k_table:
+        return []
+    rows = evaluation.k_table.get("rows") or {}
+    return [{"k": int(k), **row, "recommended": int(k) == evaluation.recommended_k}
+            for k, row in sorted(rows.items(), key=lambda kv: int(kv[0]))]
+
+
+def checkpoint_recommended_k(checkpoint: Checkpoint) -> int | None:
+    """The k the newest succeeded measurement of the checkpoint recommends (None: none made one). Reads
+    `measured` where runs.pipeline.selectors.checkpoints_with_tau prefetched it, else one query."""
+    measured = getattr(checkpoint, "measured", None)
+    if measured is None:
+        measured = Evaluation.objects.filter(checkpoint=checkpoint, status=StageStatus.SUCCEEDED,
+                                             recommended_k__isnull=False).order_by("-id")[:1]
+    return next((e.recommended_k for e in measured if e.recommended_k), None)
+
+
+def k_summary(evaluation: Evaluation | None) -> dict:
+    """The run summary's keys for a checkpoint: `tau_by_k` ({k: τ}) and `recommended_k` of `evaluation`."""
+    return {"tau_by_k": tau_by_k(evaluation), "recommended_k": evaluation.recommended_k if evaluation else None}
