@@ -10,14 +10,16 @@ DEMO_DIR ?= data/demo
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: setup migrate demo worker web test bench check-outputs browser-deps compose-deps vllm mlflow
+.PHONY: setup migrate demo worker web test docs bench check-outputs browser-deps compose-deps vllm mlflow
 
 setup: $(VENV)/.installed migrate
 
-$(VENV)/.installed: requirements.txt constraints.txt client/pyproject.toml
+# Development installs requirements-dev.txt: the runtime's requirements.txt (all the images install)
+# plus the tests' and the docs' tools.
+$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt client/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -r requirements.txt
+	$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt
 	@# The API's client (client/: package eagle3web_client, command eagle3web), editable: its tests use it.
 	$(PY) -m pip install -q -c constraints.txt -e ./client
 	@# speculators pulls these; they do not load beside the CPU torch build and break transformers' import.
@@ -58,6 +60,10 @@ web: setup
 
 test: $(VENV)/.installed
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The docs site (docs/, mkdocs.yml) into site/; --strict: a broken link or a page left out of the nav fails.
+docs: $(VENV)/.installed
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(VENV)/.installed
 	$(PY) bench/pipeline.py --json

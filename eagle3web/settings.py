@@ -299,3 +299,13 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("DJANGO_LOG_LEVEL", "INFO")},
 }
+
+# The API's OpenAPI 3 document (runs.api.schema, served at /api/v1/openapi.json and read by /api/v1/).
+# No post-processing hooks: a body's choices stay inline, where the API's page reads them.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "eagle3web API",
+    "VERSION": "1",
+    "DESCRIPTION": "Launch, watch and control EAGLE-3 draft training runs. Send 'Authorization: Bearer "
+                   "<token>'; every error is {\"error\": ..., \"fields\": {...}}.",
+    "POSTPROCESSING_HOOKS": [],
+}

@@ -1,6 +1,7 @@
-"""The API's description: /api/v1/openapi.json (OpenAPI 3) and /api/v1/, a page that lists every
-path, method, parameter, body field and answer from that document, rendered here (closed clusters
-reach no CDN for a Swagger UI). Anything else under /api/v1/ is a JSON 404."""
+"""The API's description: /api/v1/openapi.json (OpenAPI 3, built by drf-spectacular in runs.api.schema)
+and /api/v1/, a page that lists every path, method, parameter, body field and answer from that
+document, rendered here (closed clusters reach no CDN for a Swagger UI). Anything else under /api/v1/
+is a JSON 404."""
 from __future__ import annotations
 
 import re
@@ -35,7 +36,7 @@ def _body_fields(schema: dict, operation: dict) -> list[dict]:
         component = schema.get("components", {}).get("schemas", {}).get(name_of, {}) if ref else alternative
         required = set(component.get("required", []))
         for name, spec in component.get("properties", {}).items():
-            kind = spec.get("type", "")
+            kind = spec.get("type", "any JSON")  # a JSONField: no type in the schema
             if kind == "array":
                 kind = f"list of {spec.get('items', {}).get('type', 'values')}"
             description = spec.get("description", "")
