@@ -63,7 +63,7 @@ test: $(VENV)/.installed
 
 # The docs site (docs/, mkdocs.yml) into site/; --strict: a broken link or a page left out of the nav fails.
 docs: $(VENV)/.installed
-	$(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(VENV)/.installed
 	$(PY) bench/pipeline.py --json

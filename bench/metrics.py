@@ -19,7 +19,7 @@ PostgreSQL backend store (database `bench_mlflow`) on 127.0.0.1, the same points
 `runs/log-batch` (1,000 per request, MLflow's limit), read with `metrics/get-history` (every point,
 paged) and `metrics/get-history-bulk-interval` (2,000 points over the whole series and the same
 10% window) over HTTP. MLflow's side therefore includes an HTTP round trip per request; ours does
-not, which the README states.
+not, which docs/results.md states.
 """
 from __future__ import annotations
 

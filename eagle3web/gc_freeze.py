@@ -8,7 +8,7 @@ long as the process, so after them it is moved out of the collector's sight (gc.
 docs advise for pre-fork servers): a full collection then walks only what requests made since. Full
 collections come when survivors pile up (a quarter as many as the objects already collected), often in
 a process's early requests, rarer later; the same benchmark's 40 requests after a warm-up showed the
-freeze's effect on the tail in one run and not in others (README, "Measured").
+freeze's effect on the tail in one run and not in others (docs/results.md).
 
 When: at the start of a request, so that no other request's objects are alive then (a sync worker
 serves one at a time); counting pages and API calls, not static files, which load nothing of the app.

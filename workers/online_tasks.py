@@ -27,7 +27,7 @@ def hidden_states_dir(run) -> Path:
 
 def capture_staging_dir() -> Path:
     """The one folder the files of capture servers given by URL are taken from (the setting, or a folder
-    beside the runs'); their operators point the servers' shared_storage_path here (README)."""
+    beside the runs'); their operators point the servers' shared_storage_path here (docs/online.md)."""
     return Path(settings.EAGLE3WEB_CAPTURE_STAGING_DIR or Path(settings.EAGLE3WEB_RUNS_DIR) / "capture_staging")
 
 

@@ -37,7 +37,7 @@ MAX_ID = 2**63 - 1
 
 def client_address(request) -> str:
     # REMOTE_ADDR, not X-Forwarded-For: a header a client sets itself would let it pick its own bucket.
-    # Behind a proxy every client shares the proxy's address (README, API).
+    # Behind a proxy every client shares the proxy's address (docs/api/index.md).
     return request.META.get("REMOTE_ADDR", "") or "unknown"
 
 

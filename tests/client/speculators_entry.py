@@ -1,5 +1,5 @@
 """TEST ENTRY for torchrun: the dashboard's own metric record writer (workers.stages.train.with_speculators.entry,
-every speculators.metrics record as logged, to EAGLE3WEB_METRICS_PATH) as the known answer, then the README's
+every speculators.metrics record as logged, to EAGLE3WEB_METRICS_PATH) as the known answer, then the docs'
 example script client/examples/speculators_train.py as a user runs it, with speculators' flags in argv."""
 import os
 import runpy

@@ -134,7 +134,7 @@ def test_every_app_setting_in_env_example_reaches_the_containers(compose):
 
 def _compose_cli() -> list[str]:
     """Compose itself: the Docker CLI's plugin where there is one, else Debian's docker-compose (1.29.2,
-    which `make compose-deps` installs and CI runs). Missing, the test fails: the README says the compose
+    which `make compose-deps` installs and CI runs). Missing, the test fails: the docs say the compose
     file is checked, so a machine that cannot check it must not pass quietly."""
     for cli in (["docker", "compose"], ["docker-compose"]):
         if shutil.which(cli[0]) and subprocess.run([*cli, "version"], capture_output=True).returncode == 0:

@@ -5,7 +5,7 @@ each does what the stages rely on (a compile counts, a raised limit holds and it
 the CUDA path's modules import against it without a GPU; no other module of workers/ reaches a
 private torch name; and the torch versions the requirements and the GPU image name are the ones the
 module supports. The GPU image's torch (2.14.0, vLLM 0.33.0's) is not installed here: its names are
-not checked by this suite (README, "Supported torch").
+not checked by this suite (docs/workers/gpus.md, "Supported torch").
 """
 import ast
 import importlib

@@ -7,7 +7,7 @@ The names below are read only through this module (tests/stages/test_torch_inter
 that no other module of workers/ names them), so that a torch that renamed one fails at once, naming
 the name, the torch and the versions we support, instead of deep inside a training on a GPU.
 
-Supported torch versions (README, "Supported torch"): 2.13.0 (requirements.txt: CI and the CPU
+Supported torch versions (docs/workers/gpus.md, "Supported torch"): 2.13.0 (requirements.txt: CI and the CPU
 workers; these names are checked against it in the suite) and 2.14.0 (Dockerfile.gpu takes
 vLLM 0.33.0's CUDA build; not installed here, so not checked by the suite). The CUDA path also ran on
 torch 2.11 (an H200), by hand.
@@ -49,7 +49,7 @@ def _read(module: str, name: str):
         why = REQUIRED.get((module, name)) or OPTIONAL.get((module, name), "")
         raise TorchInternalsMissing(
             f"torch {torch.__version__} has no {module}.{name} ({why}); eagle3web's CUDA training supports "
-            f"torch {', '.join(SUPPORTED_TORCH)}: install one of those (README, 'Supported torch')") from None
+            f"torch {', '.join(SUPPORTED_TORCH)}: install one of those (docs/workers/gpus.md)") from None
 
 
 def missing_names() -> list[str]:

@@ -11,7 +11,7 @@ disk at any moment are only the samples in flight, in the folder the server writ
 
 speculators takes ONE endpoint. The run's first capture server is it (a started one when the run
 asks for capture servers, else its first URL); more are not started, and URLs beyond the first are
-not asked: the log and the supply figures' advice say so (README: "speculators' trainer online").
+not asked: the log and the supply figures' advice say so (docs/runs/speculators.md: "speculators' trainer online").
 
 Before torchrun starts, one sample (the shortest row) is asked of the endpoint and checked as our own
 online loop checks one (workers.stages.train.online.capture: the file's stamp says the run's layer
