@@ -109,7 +109,8 @@ def _not_finite(value) -> bool:
 
 @_never_raises
 def metrics_recorded(*, training_run_id: int, points: list[dict]) -> int:
-    """A batch of curve points: a loss (a key with "loss" in it) that is NaN or infinite fires loss_nan."""
+    """A loss (a key with "loss" in it) became NaN or infinite: fires loss_nan. metrics_record calls this with
+    the point where a loss series went non-finite, found in the batch's arrays, and only then."""
     bad = next((p for p in points if "loss" in str(p.get("key")) and _not_finite(p.get("value"))), None)
     if bad is None:
         return 0

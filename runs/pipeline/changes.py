@@ -60,7 +60,14 @@ class CounterBump:
 
 
 def _bump(counters: tuple[str, ...], **run_filter) -> None:
-    transaction.on_commit(CounterBump(run_filter=tuple(sorted(run_filter.items())), counters=counters), robust=True)
+    """Once per transaction: a request that writes a run's curves many times (a batch per series, system
+    samples, then progress) moves each counter once. A bump already pending is as durable as this one
+    would be: it was registered in this transaction's savepoints or in ones that enclose it."""
+    bump = CounterBump(run_filter=tuple(sorted(run_filter.items())), counters=counters)
+    conn = transaction.get_connection()
+    if conn.in_atomic_block and any(entry[1] == bump for entry in conn.run_on_commit):
+        return
+    transaction.on_commit(bump, robust=True)
 
 
 def runs_changed(*, run_ids: Iterable[int | None], progress: bool = False) -> None:

@@ -55,22 +55,38 @@ def _summary_update(series: MetricSeries, points: Points) -> None:
             series.max_value, series.max_step = float(values[hi]), int(points.steps[hi])
 
 
-def _append(series: MetricSeries, points: Points) -> None:
+def _append(series: MetricSeries, points: Points, *, created: list[MetricChunk], merging: dict) -> None:
     """New points go in a chunk of their own (an INSERT costs what it adds; appending to a stored
     chunk rewrites all of it). The chunks not yet full are the series' last ones; once they hold a
-    chunk's worth, or MERGE_AT of them pile up, they are merged into full chunks plus a remainder."""
+    chunk's worth, or MERGE_AT of them pile up, they are merged into full chunks plus a remainder.
+    Nothing is written here: the new chunks go in `created` and the series to merge in `merging`, written
+    for the whole batch at once by _chunks_write (a fixed number of queries whatever the series)."""
     if series.open_points + len(points) < CHUNK_POINTS and series.open_chunks + 1 < MERGE_AT:
-        MetricChunk.objects.create(series=series, **_chunk_fields(points))
+        created.append(MetricChunk(series=series, **_chunk_fields(points)))
         series.open_points += len(points)
         series.open_chunks += 1
         return
-    open_chunks = list(series.chunks.filter(num_points__lt=CHUNK_POINTS).order_by("last_step"))
-    merged = Points.concat([*(unpack(_columns(c)) for c in open_chunks), points])
-    MetricChunk.objects.filter(pk__in=[c.pk for c in open_chunks]).delete()
-    pieces = split_chunks(merged, 0)
-    MetricChunk.objects.bulk_create([MetricChunk(series=series, **_chunk_fields(p)) for p in pieces])
-    tail = len(pieces[-1]) if pieces and len(pieces[-1]) < CHUNK_POINTS else 0
-    series.open_points, series.open_chunks = tail, int(tail > 0)
+    merging[series.pk] = (series, points)
+
+
+def _chunks_write(*, created: list[MetricChunk], merging: dict) -> None:
+    """Write a batch's chunks: its new chunks and, for the series whose open chunks are due, those chunks
+    read, merged with the new points, deleted and written again as full chunks plus a remainder (one read,
+    one delete and one insert for every series of the batch)."""
+    if merging:
+        open_chunks = defaultdict(list)
+        for chunk in MetricChunk.objects.filter(series_id__in=list(merging), num_points__lt=CHUNK_POINTS).order_by(
+                "series_id", "last_step"):
+            open_chunks[chunk.series_id].append(chunk)
+        MetricChunk.objects.filter(pk__in=[c.pk for chunks in open_chunks.values() for c in chunks]).delete()
+        for series_id, (series, points) in merging.items():
+            merged = Points.concat([*(unpack(_columns(c)) for c in open_chunks[series_id]), points])
+            pieces = split_chunks(merged, 0)
+            created.extend(MetricChunk(series=series, **_chunk_fields(p)) for p in pieces)
+            tail = len(pieces[-1]) if pieces and len(pieces[-1]) < CHUNK_POINTS else 0
+            series.open_points, series.open_chunks = tail, int(tail > 0)
+    if created:
+        MetricChunk.objects.bulk_create(created)
 
 
 def _chunk_fields(points: Points) -> dict:
@@ -84,6 +100,29 @@ def _columns(chunk: MetricChunk) -> dict[str, bytes]:
     return {"steps": chunk.steps, "epochs": chunk.epochs, "values": chunk.values, "times": chunk.times}
 
 
+# What a batch writes to each series' row (one UPDATE for all of them).
+_SUMMARY_FIELDS = ("num_points", "first_step", "last_step", "last_value", "last_epoch", "min_value", "min_step",
+                   "max_value", "max_step", "num_non_finite", "num_refused", "open_points", "open_chunks")
+
+
+def _series_locked(*, training_run_id: int, names: list[tuple[str, str]]) -> dict[tuple[str, str], MetricSeries]:
+    """The batch's series of the run, locked, made first where missing: one query when all exist (every
+    batch but a series' first), three otherwise."""
+    wanted = set(names)
+
+    def locked():
+        rows = MetricSeries.objects.select_for_update().filter(
+            training_run_id=training_run_id, key__in={key for _, key in names}).order_by("split", "key")
+        return {(s.split, s.key): s for s in rows if (s.split, s.key) in wanted}
+
+    found = locked()
+    if len(found) < len(wanted):
+        MetricSeries.objects.bulk_create([MetricSeries(training_run_id=training_run_id, split=split, key=key)
+                                          for split, key in sorted(wanted - set(found))], ignore_conflicts=True)
+        found = locked()
+    return found
+
+
 @transaction.atomic
 def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
     """Append points ({split, key, step, epoch, value[, time]}) to their series; how many were kept.
@@ -91,21 +130,24 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
     A point whose step is not after its series' last step is refused and counted on the series
     (`num_refused`, shown with the curve): curves never hold two values for one step. A key that is not
     a metric name (runs.tracking.metric_names) stores nothing of the batch: our trainers never write one,
-    so it is a bug to see, not a curve to keep."""
+    so it is a bug to see, not a curve to keep.
+
+    A batch costs the same few queries whatever its series (tests/curves/test_write_queries.py): the
+    series locked in one read, the new chunks in one insert, the summaries in one update, the run's
+    change counters bumped once after commit. A loss series' first non-finite value is found in the
+    batch's own arrays, and only then are the run's loss_nan rules asked (runs.alerts.events)."""
     for p in points:
         if not is_metric_name(p["key"]):
             raise InputError(f"metric key {metric_name_shown(p['key'])} is not a metric name ({RULE})")
     by_series: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for p in points:
         by_series[(str(p["split"]), str(p["key"]))].append(p)
-    now, kept = time.time(), 0
-    for (split, key), rows in sorted(by_series.items()):
-        series = MetricSeries.objects.select_for_update().filter(training_run_id=training_run_id, split=split,
-                                                                 key=key).first()
-        if series is None:
-            MetricSeries.objects.get_or_create(training_run_id=training_run_id, split=split, key=key)
-            series = MetricSeries.objects.select_for_update().get(training_run_id=training_run_id, split=split,
-                                                                  key=key)
+    if not by_series:
+        return 0
+    series_of = _series_locked(training_run_id=training_run_id, names=list(by_series))
+    now, kept, created, merging, went_bad = time.time(), 0, [], {}, None
+    for name, rows in sorted(by_series.items()):
+        series = series_of[name]
         new = _points_of(rows, now)
         refused = len(rows) - len(new)  # repeated steps within the batch
         if series.last_step is not None:
@@ -113,13 +155,20 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
             refused += int((~later).sum())
             new = new.take(later)
         if len(new):
-            _append(series, new)
+            was_finite = series.num_non_finite == 0
+            _append(series, new, created=created, merging=merging)
             _summary_update(series, new)
             kept += len(new)
+            if went_bad is None and was_finite and series.num_non_finite and "loss" in series.key:
+                at = int(np.argmax(~np.isfinite(new.values)))
+                went_bad = {"split": series.split, "key": series.key, "step": int(new.steps[at]),
+                            "value": float(new.values[at])}
         series.num_refused += refused
-        series.save()
+    _chunks_write(created=created, merging=merging)
+    MetricSeries.objects.bulk_update(list(series_of.values()), _SUMMARY_FIELDS)
     curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.changes)
-    alert_events.metrics_recorded(training_run_id=training_run_id, points=points)  # a loss that is NaN
+    if went_bad is not None:  # a loss series became NaN or infinite: the rules are asked then, not per batch
+        alert_events.metrics_recorded(training_run_id=training_run_id, points=[went_bad])
     return kept
 
 

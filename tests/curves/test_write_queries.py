@@ -1,0 +1,122 @@
+"""The tracker's hot paths ask the database a fixed number of questions whatever the number of series,
+rules or runs (issue 40): a batch of points (runs.tracking.services.metrics_record, its change counters
+and its alert check included), a curve read and the live status poll. 1 series and 20 cost the same,
+so a query per series (or per rule) fails here. Transactional: the counters' bump runs after commit, as
+in production, and is counted. The runs list's count is pinned in tests/views/test_list_queries.py and
+test_projects_and_views.py."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from django.core.cache import cache
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from runs.alerts import services as alert_services
+from runs.alerts.models import Alert
+from runs.alerts.services import RuleInput
+from runs.models import MetricChunk, MetricSeries, PipelineRun
+from runs.pipeline import services
+from runs.pipeline.run_config import RunConfig
+from runs.tracking.chunks import CHUNK_POINTS
+from runs.tracking.services import metrics_record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Steady state: BEGIN, the batch's series locked, its chunks inserted, its summaries updated, COMMIT, the
+# run's counters bumped after commit.
+BATCH_QUERIES = 6
+
+
+def _run(user, roots, name):
+    return services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                               config=RunConfig(), name=name, enqueue=False)
+
+
+def _batch(keys, steps, *, nan_in=()):
+    return [{"split": "train", "key": key, "step": s, "epoch": s / 1000,
+             "value": math.nan if key in nan_in and s == steps[-1] else 1.0 / s} for key in keys for s in steps]
+
+
+def _queries(**kwargs) -> list[str]:
+    with CaptureQueriesContext(connection) as ctx:
+        metrics_record(**kwargs)
+    return [q["sql"] for q in ctx.captured_queries]
+
+
+@pytest.fixture
+def rules(user):
+    """Rules of every kind the write path could ask about, several of them: none may cost a query per batch."""
+    for _ in range(3):
+        alert_services.rule_create(user=user, data=RuleInput(event="loss_nan"))
+        alert_services.rule_create(user=user, data=RuleInput(event="tau_below", threshold=2.0))
+
+
+def test_a_batch_of_points_costs_the_same_queries_for_1_series_and_20_with_rules(user, roots, rules):
+    one, many = _run(user, roots, "one series").training_run.pk, _run(user, roots, "twenty").training_run.pk
+    keys = [f"loss_{i}" for i in range(20)]
+    first = (_queries(training_run_id=one, points=_batch(keys[:1], [1, 2])),
+             _queries(training_run_id=many, points=_batch(keys, [1, 2])))
+    assert len(first[0]) == len(first[1]) == BATCH_QUERIES + 2  # a series' first batch also makes its row
+    steady = (_queries(training_run_id=one, points=_batch(keys[:1], range(3, 103))),
+              _queries(training_run_id=many, points=_batch(keys, range(3, 103))))
+    assert len(steady[0]) == len(steady[1]) == BATCH_QUERIES, steady[1]
+    # A batch that fills a chunk merges the open ones: one read, one delete, one insert for all series.
+    full = range(103, 103 + CHUNK_POINTS)
+    merged = (_queries(training_run_id=one, points=_batch(keys[:1], full)),
+              _queries(training_run_id=many, points=_batch(keys, full)))
+    assert len(merged[0]) == len(merged[1]) == BATCH_QUERIES + 2
+    # What was written is what a batch at a time would have written.
+    for series in MetricSeries.objects.filter(training_run_id=many):
+        assert (series.num_points, series.first_step, series.last_step) == (102 + CHUNK_POINTS, 1, 102 + CHUNK_POINTS)
+        assert (series.open_points, series.open_chunks) == (102, 1)
+        chunks = list(series.chunks.order_by("first_step").values_list("first_step", "last_step", "num_points"))
+        assert chunks == [(1, CHUNK_POINTS, CHUNK_POINTS), (CHUNK_POINTS + 1, 102 + CHUNK_POINTS, 102)]
+    run = PipelineRun.objects.get(training_run__pk=many)
+    assert run.curve_changes == 3  # once per batch, not once per series
+    assert not Alert.objects.exists()
+
+
+def test_a_loss_going_nan_asks_the_rules_once_whatever_the_series(user, roots, rules):
+    one, many = _run(user, roots, "one").training_run.pk, _run(user, roots, "ten").training_run.pk
+    keys = [f"loss_{i}" for i in range(10)]
+    metrics_record(training_run_id=one, points=_batch(keys[:1], [1]))
+    metrics_record(training_run_id=many, points=_batch(keys, [1]))
+    went = (_queries(training_run_id=one, points=_batch(keys[:1], [2], nan_in=keys)),
+            _queries(training_run_id=many, points=_batch(keys, [2], nan_in=keys)))
+    assert len(went[0]) == len(went[1]) > BATCH_QUERIES
+    assert Alert.objects.filter(event="loss_nan").count() == 3 * 2  # once per rule and run
+    alert = Alert.objects.filter(run__training_run__pk=one).first()
+    assert alert.text.startswith(f"run {alert.run_id} “one”: train loss_0 is nan at step 2")
+    # A loss still NaN in the next batches is already known: no rule is asked again.
+    still = _queries(training_run_id=many, points=_batch(keys, [3], nan_in=keys))
+    assert len(still) == BATCH_QUERIES, still
+
+
+def _series(training_run_id, count, points):
+    keys = [f"loss_{i}" for i in range(count)]
+    for lo in range(1, points + 1, 1000):
+        metrics_record(training_run_id=training_run_id, points=_batch(keys, range(lo, min(points + 1, lo + 1000))))
+
+
+def _get_count(client, url) -> int:
+    cache.clear()  # built, not read from the answer every viewer shares
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(url)
+    assert response.status_code == 200, response.content[:300]
+    return len(ctx)
+
+
+def test_a_curve_read_and_a_status_poll_cost_the_same_queries_for_1_series_and_20(client, user, roots):
+    client.force_login(user)
+    one, many = _run(user, roots, "one"), _run(user, roots, "twenty")
+    _series(one.training_run.pk, 1, 3 * CHUNK_POINTS)
+    _series(many.training_run.pk, 20, 3 * CHUNK_POINTS)
+    assert MetricChunk.objects.filter(series__training_run=many.training_run).count() == 20 * 3
+    for path in ("metrics/?points=2000", "metrics/?points=500&start=100&end=9000", "status/"):
+        few = _get_count(client, f"/api/v1/runs/{one.pk}/{path}")
+        more = _get_count(client, f"/api/v1/runs/{many.pk}/{path}")
+        assert few == more, path
+    body = client.get(f"/api/v1/runs/{many.pk}/metrics/?points=2000").json()
+    assert len(body["series"]) == 20 and {len(s["steps"]) for s in body["series"]} == {2000}
