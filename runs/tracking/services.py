@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 
 import numpy as np
-from django.db import transaction
+from django.db import connection, transaction
 
 from runs.alerts import events as alert_events
 from runs.pipeline.changes import curves_changed
@@ -105,6 +105,26 @@ _SUMMARY_FIELDS = ("num_points", "first_step", "last_step", "last_value", "last_
                    "max_value", "max_step", "num_non_finite", "num_refused", "open_points", "open_chunks")
 
 
+def _summaries_write(series: list[MetricSeries]) -> None:
+    """The batch's summaries in one UPDATE. On PostgreSQL from a VALUES list (Django's bulk_update builds
+    a CASE per field and row, which cost more to compile than the whole write took to run); elsewhere
+    (SQLite, the demo) a save per series."""
+    if connection.vendor != "postgresql":
+        for row in series:
+            row.save(update_fields=_SUMMARY_FIELDS)
+        return
+    fields = [MetricSeries._meta.get_field(name) for name in _SUMMARY_FIELDS]
+    columns = ", ".join(f'"{f.column}"' for f in fields)
+    casts = "(%s, " + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+    values = ", ".join([casts] * len(series))
+    params = [value for row in series for value in (row.pk, *(getattr(row, f.attname) for f in fields))]
+    assignments = ", ".join(f'"{f.column}" = v."{f.column}"' for f in fields)
+    table = MetricSeries._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f'UPDATE "{table}" AS s SET {assignments} FROM (VALUES {values}) AS v(id, {columns}) '
+                       f'WHERE s."id" = v.id', params)
+
+
 def _series_locked(*, training_run_id: int, names: list[tuple[str, str]]) -> dict[tuple[str, str], MetricSeries]:
     """The batch's series of the run, locked, made first where missing: one query when all exist (every
     batch but a series' first), three otherwise."""
@@ -165,7 +185,7 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
                             "value": float(new.values[at])}
         series.num_refused += refused
     _chunks_write(created=created, merging=merging)
-    MetricSeries.objects.bulk_update(list(series_of.values()), _SUMMARY_FIELDS)
+    _summaries_write(list(series_of.values()))
     curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.changes)
     if went_bad is not None:  # a loss series became NaN or infinite: the rules are asked then, not per batch
         alert_events.metrics_recorded(training_run_id=training_run_id, points=[went_bad])
