@@ -18,6 +18,7 @@ from runs.api.base import ApiInputError, ApiView, error_response, paged
 from runs.api.serializers import (CopySerializer, EmptySerializer, ExternalRunSerializer, LaunchSerializer,
                                   PointsSerializer, TagsSerializer)
 from runs.pipeline import changes, online_services, selectors, services
+from runs.pipeline.live_summary import run_live_summary
 from runs.pipeline.stage_record import StageStatus
 from runs.projects import access
 from runs.review import tags as tag_services
@@ -111,30 +112,45 @@ class RunDetail(ApiView):
 
 
 class RunStatus(ApiView):
-    responses = {"GET": {"200": "the run summary alone (no tags, owner or links), with an ETag",
+    query_params = {"GET": [("since", "integer", "the state_version of the whole summary the caller holds: while "
+                                                 "the run's state has not moved since, only what moves while it "
+                                                 "runs (live: true)")]}
+    responses = {"GET": {"200": "the run summary alone (no tags, owner or links) with its state_version, or with "
+                                "?since= its live part; with an ETag",
                          "304": "If-None-Match named the ETag and nothing the summary shows changed; no body"}}
 
     def get(self, request, pk: int):
         """The run summary a live page polls: 304 while the run's change counter stands still (one query),
         else the summary cached for every viewer until the counter moves (runs.web.live).
 
+        With `since` (the `state_version` of the summary the caller holds) and no state change since: the
+        live part alone (runs.pipeline.live_summary), what a training moves every few seconds.
+
         Apart from the run's detail, which adds tags and the queue's hand-over: those do not move the
         change counter (runs.pipeline.changes), so an ETag of the counter would keep them stale."""
+        since = request.query_params.get("since")
+        if since is not None and not (since.isascii() and since.isdigit() and len(since) <= 18):
+            raise ApiInputError("since must be a whole number: the state_version of a summary", field="since")
         # First: the rows read after it are at least this new. With the user: 404 outside their projects,
         # checked before the answer cached for every viewer.
         counters = changes.run_counters(run_id=pk, user=request.user)
         if counters is None:
             raise Http404(f"no run {pk}")
-        tag = live.etag("status", pk, counters.changes)
+        part = "live" if since is not None and int(since) == counters.state_changes else "status"
+        tag = live.etag(part, pk, counters.changes)
         if unchanged := live.not_modified(request._request, tag):
             return unchanged
 
         def build():
-            summary = selectors.run_summary(selectors.run_get(pk=pk, user=request.user))
+            run = selectors.run_get(pk=pk, user=request.user)
+            if part == "live":
+                summary = run_live_summary(run, state_version=counters.state_changes)
+            else:
+                summary = {**selectors.run_summary(run), "state_version": counters.state_changes}
             running = any(stage["status"] == StageStatus.RUNNING for stage in summary["stages"])
             return live.json_bytes(summary), live.RUNNING_SECONDS if running else live.SETTLED_SECONDS
 
-        return live.json_answer(tag=tag, body=live.cached(("status", pk, counters.changes), build))
+        return live.json_answer(tag=tag, body=live.cached((part, pk, counters.changes), build))
 
 
 class RunCancel(ApiView):

@@ -112,10 +112,11 @@ def stage_row_saved(row) -> None:
 class RunCounters:
     changes: int
     curve_changes: int
+    state_changes: int
 
 
 def run_counters(*, run_id: int, user=None) -> RunCounters | None:
-    """A run's two counters (None when there is no such run, or, with `user`, when its project is not one
+    """A run's counters (None when there is no such run, or, with `user`, when its project is not one
     they see): what a poll reads first. The project check rides in the same query, so that the answer
     cached for every viewer is never handed to one who may not see the run, and a 304 still costs one read."""
     from runs.projects.access import runs_visible  # here: the stage rows' manager imports this module early
@@ -123,7 +124,7 @@ def run_counters(*, run_id: int, user=None) -> RunCounters | None:
     runs = _model("PipelineRun").objects.filter(pk=run_id)
     if user is not None:
         runs = runs_visible(runs, user)
-    row = runs.values_list("changes", "curve_changes").first()
+    row = runs.values_list("changes", "curve_changes", "state_changes").first()
     return None if row is None else RunCounters(*row)
 
 

@@ -195,9 +195,31 @@
     }
   }
 
+  function withLivePart(live) {
+    // A live part (runs.pipeline.live_summary): the running stage's progress and log, the header's latest
+    // figures; the rest of the summary held stays as it is until the run's state moves.
+    for (const part of live.stages) {
+      const stage = shown.stages.find((s) => s.name === part.name);
+      if (stage) Object.assign(stage, part);
+    }
+    Object.assign(shown.glance, live.glance);
+    shown.status = live.status;
+    shown.finished = live.finished;
+    return shown;
+  }
+
+  function pollUrl() {
+    // Holding a whole summary: ask for what moved since its state (the whole summary again once that moved).
+    if (!shown) return statusUrl;
+    const url = new URL(statusUrl, window.location.href);
+    url.searchParams.set("since", shown.state_version);
+    return url.pathname + url.search;
+  }
+
   async function poll() {
     try {
-      const summary = await window.liveJson("status", statusUrl);  // null: unchanged (static/js/live_fetch.js)
+      const answer = await window.liveJson("status", pollUrl());  // null: unchanged (static/js/live_fetch.js)
+      const summary = answer && answer.live ? withLivePart(answer) : answer;
       if (summary) {
         renderStages(summary);
         document.dispatchEvent(new CustomEvent("run-summary", {detail: summary}));  // curves.js stops with the run

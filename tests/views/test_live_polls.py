@@ -153,3 +153,35 @@ def test_the_runs_list_is_built_again_when_a_run_changes_state_not_when_it_makes
     assert again.split('id="run-table"')[1] == built.split('id="run-table"')[1]
     assert viewer.post(f"/runs/{training.pk}/cancel/").status_code == 302
     assert f'data-run="{training.pk}" data-status="cancelled"' in viewer.get("/").content.decode()
+
+
+def test_a_status_poll_since_the_state_it_holds_gets_the_live_part_until_the_state_moves(viewer, training):
+    url = f"/api/v1/runs/{training.pk}/status/"
+    whole = _get(viewer, url)
+    version = whole.json()["state_version"]
+    since = f"{url}?since={version}"
+    record = TrainingRun.objects.get(run=training)
+    stage_progress(stage_name="train", record_id=record.pk, done=7, total=40, log_tail="step 7")
+    metrics_record(training_run_id=record.pk, points=_points([10]))
+    part = _get(viewer, since)
+    body = part.json()
+    assert part.status_code == 200 and body["live"] is True and body["state_version"] == version
+    train = body["stages"][3]
+    assert (train["name"], train["progress_done"], train["progress_total"], train["log_tail"]) == ("train", 7, 40, "step 7")
+    assert "log_tail" not in body["stages"][0]  # a stage not running moves its log only with the state
+    assert body["glance"]["latest"]["train"]["loss"] == [1.0] and body["glance"]["train_step"] == 7
+    assert "best_tau" not in body["glance"] and "checkpoints" not in body
+    assert len(part.content) * 4 < len(whole.content), (len(part.content), len(whole.content))
+    assert _get(viewer, since, part["ETag"]).status_code == 304
+    # A checkpoint moves the state: the whole summary again, with its new version.
+    checkpoints_register(training_run_id=record.pk, checkpoints=[{"epoch": 0, "path": "/nowhere/0", "val_loss": 2.5}])
+    moved = _get(viewer, since, part["ETag"])
+    assert moved.status_code == 200 and "live" not in moved.json()
+    assert moved.json()["state_version"] > version and [c["val_loss"] for c in moved.json()["checkpoints"]] == [2.5]
+
+
+@pytest.mark.parametrize("since", ["x", "-1", "1.5", "9" * 19])
+def test_a_status_poll_since_what_is_not_a_version_is_refused_naming_it(viewer, training, since):
+    answer = _get(viewer, f"/api/v1/runs/{training.pk}/status/?since={since}")
+    assert answer.status_code == 400 and answer.json()["fields"] == {"since": answer.json()["error"]}
+    assert answer.json()["error"].startswith("since must be a whole number")
