@@ -104,6 +104,35 @@ def _timed(client, url: str, *, requests: int, cold: bool) -> dict:
             "rows": response.content.count(b'<tr data-run="'), "bytes": len(response.content)}
 
 
+def runs_list_timed(*, runs: list, user, count: int, requests: int, workdir: Path) -> dict:
+    """bench/metrics.py's `runs_list_ms`: runs added up to `count` and spread over projects as scale() does, then
+    the list with a saved view of a project (the project filter, epochs=2, τ ≥ 2, sorted by τ) as a member of
+    two projects sees it: cold (the table built each time) and warm (the table from the cache)."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+
+    from bench.metrics import make_runs
+    from runs.models import PipelineRun
+    from runs.saved_views.services import saved_view_save
+
+    make_runs(max(1, count - len(runs)), workdir=workdir)
+    viewer = get_user_model().objects.create_user("bench-viewer", password="bench-password-1")
+    _spread(list(PipelineRun.objects.only("pk").order_by("pk")), user, viewer)
+    with connection.cursor() as cursor:  # as autovacuum leaves a table the bulk updates above rewrote
+        cursor.execute("VACUUM ANALYZE")
+    view = saved_view_save(user=viewer, name="team 0, 2 epochs, τ ≥ 2", params={
+        "project": "team 0", "settings": "epochs=2", "tau_min": "2", "sort": "-tau",
+        "columns": "name,status,tau,epochs,owner,created,tags"})
+    client = Client(HTTP_HOST="127.0.0.1")
+    client.force_login(viewer)
+    url = f"/?view={view.pk}"
+    for _ in range(2):  # what a web process loads once
+        client.get(url)
+    return {"runs": PipelineRun.objects.count(), "cold": _timed(client, url, requests=requests, cold=True),
+            "warm": _timed(client, url, requests=requests, cold=False)}
+
+
 def scale(args) -> dict:
     from bench.metrics import drop_database, make_runs, recreate_database, setup_django
 
