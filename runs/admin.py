@@ -9,29 +9,28 @@ from runs.admin_bases import InternalAdmin, NoAddAdmin
 from runs.checkpoints.models import CheckpointGenerations
 from runs.fleet.models import Worker
 from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, DemoBuild, ServeCheck, VerificationRequest
-from runs.models import (
-    Checkpoint,
+from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.data.models import (
     CurationAction,
     Dataset,
     DatasetSample,
-    Evaluation,
-    ExtractStage,
     Extraction,
     Manifest,
-    MetricChunk,
-    MetricSeries,
-    RunTag,
+    TargetModel,
+    Verification,
+    VerificationOverride,
+)
+from runs.pipeline.models import (
+    ExtractStage,
     PendingEnqueue,
     PipelineRun,
     Preparation,
-    Review,
     StageAttempt,
-    TargetModel,
     TrainingRun,
-    Verification,
-    VerificationOverride,
     VocabMapping,
 )
+from runs.review.models import RunTag, Review
+from runs.tracking.models import MetricChunk, MetricSeries
 
 STAGE_FIELDS = ("status", "started_at", "finished_at", "progress_done", "progress_total", "worker")
 

@@ -5,3 +5,13 @@ class RunsConfig(AppConfig):
     name = "runs"
     verbose_name = "EAGLE-3 runs"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        # The higher domains listen to what the lower ones announce (runs/pipeline/signals.py,
+        # runs/tracking/signals.py), so that no lower domain imports a higher one
+        # (tests/house/test_runs_layers.py).
+        from runs.alerts import receivers as alert_receivers
+        from runs.sweeps import receivers as sweep_receivers
+
+        alert_receivers.connect()
+        sweep_receivers.connect()

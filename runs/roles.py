@@ -5,6 +5,7 @@ editor, owner: runs.projects.access): seeing a run needs its project, launching 
 and the project's editor role."""
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied
 
@@ -54,13 +55,12 @@ def user_teams(user: AbstractBaseUser) -> set[int]:
 
 
 def may_act_on_run(user: AbstractBaseUser, run) -> bool:
-    from runs.api.models import AccountSettings
-
     if not user.is_authenticated:
         return False
     if run.owner_id == user.pk or "admin" in user_roles(user):
         return True
-    if not AccountSettings.objects.filter(user_id=run.owner_id, team_may_act=True).exists():
+    # The owner's AccountSettings, through the user's own relation to it: roles stand below the API.
+    if not get_user_model().objects.filter(pk=run.owner_id, account_settings__team_may_act=True).exists():
         return False
     return bool(user_teams(user) & user_teams(run.owner))
 

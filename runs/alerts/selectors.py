@@ -13,7 +13,7 @@ NOTICES_SHOWN = 200  # the list page shows the newest; older ones stay in the da
 def rule_list(*, user) -> QuerySet[AlertRule]:
     """The user's rules, each with `baseline_seen`: whether they still see its baseline run (staff may move a
     run to another project); the page names only a baseline they see (runs.projects.access)."""
-    from runs.models import PipelineRun
+    from runs.pipeline.models import PipelineRun
     from runs.projects import access
 
     seen = access.visible("run", PipelineRun.objects.filter(pk=OuterRef("baseline_run_id")), user)

@@ -23,7 +23,7 @@ from eagle3web.celery import celery_app
 from runs.alerts import selectors
 from runs.alerts.models import Alert, AlertDelivery, AlertNotice, AlertRule, Event
 from runs.alerts.webhooks import WebhookRefused, webhook_check, webhook_post
-from runs.models import PipelineRun
+from runs.pipeline.models import PipelineRun
 from runs.projects import access
 from runs.roles import ROLES
 

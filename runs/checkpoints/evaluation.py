@@ -7,7 +7,8 @@ from pathlib import Path
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from runs.models import Checkpoint, Evaluation, StageStatus
+from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.pipeline.stage_record import StageStatus
 from runs.data.paths import check_under_data_roots
 from runs.pipeline.queue import evaluation_enqueue
 from runs.roles import require

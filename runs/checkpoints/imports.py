@@ -6,7 +6,7 @@ from pathlib import Path
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
-from runs.models import Checkpoint
+from runs.checkpoints.models import Checkpoint
 from runs.data.paths import check_under_data_roots
 from runs.roles import require
 from runs.pipeline.upstream_commands import recorded_speculative_tokens

@@ -2,7 +2,8 @@
 stage, workers.stages.evaluate.k_table, kept on each Evaluation as `k_table` and `recommended_k`)."""
 from __future__ import annotations
 
-from runs.models import Checkpoint, Evaluation, StageStatus
+from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.pipeline.stage_record import StageStatus
 
 
 def tau_by_k(evaluation: Evaluation | None) -> dict[int, float]:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from runs.pipeline.job_models import ServeCheck
-from runs.models import Checkpoint, Evaluation, StageStatus
+from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.pipeline.stage_record import StageStatus
 
 SERVE_CHECK_FIELDS = (  # the speed-up first: on a GPU it is what users buy a draft for
     "vllm_speedup", "status", "tau", "vllm_tau", "vllm_tau_emitted", "tau_difference", "vllm_acceptance_per_position",

@@ -19,7 +19,8 @@ from django.db import transaction
 
 from runs.checkpoints.evaluation import evaluation_plan
 from runs.pipeline.job_models import ServeCheck
-from runs.models import Checkpoint, Evaluation, StageStatus
+from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.queue import job_enqueue, pending_enqueue
 from runs.roles import require
 from workers.contract.errors import InputError

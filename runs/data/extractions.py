@@ -10,7 +10,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from eagle3web.db import db_retry
-from runs.models import FINISHED_STATUSES, Extraction, Manifest, TargetModel, Verification, VerificationOverride
+from runs.data.models import Extraction, Manifest, TargetModel, Verification, VerificationOverride
+from runs.pipeline.stage_record import FINISHED_STATUSES
 from runs.data.paths import PathNotAllowed, check_under_data_roots, shown_path
 from runs.projects import access
 from runs.roles import require

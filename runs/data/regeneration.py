@@ -21,7 +21,8 @@ from django.utils import timezone
 
 from runs.data.curation import dataset_exclusions
 from runs.data.paths import check_under_data_roots
-from runs.models import FINISHED_STATUSES, Dataset, StageStatus, TargetModel
+from runs.data.models import Dataset, TargetModel
+from runs.pipeline.stage_record import FINISHED_STATUSES, StageStatus
 from runs.pipeline.job_models import DatasetRegeneration
 from runs.pipeline.queue import job_enqueue, pending_enqueue
 from runs.projects import access

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runs.models import Dataset, PipelineRun
+from runs.data.models import Dataset
+from runs.pipeline.models import PipelineRun
 from runs.pipeline.job_models import DatasetRegeneration
 from runs.pipeline.job_selectors import JobShown, _shown
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from django.db.models import OuterRef, QuerySet, Subquery
 
-from runs.models import Dataset, Extraction, PipelineRun, TargetModel, Verification
+from runs.data.models import Dataset, Extraction, TargetModel, Verification
+from runs.pipeline.models import PipelineRun
 from runs.pipeline.selectors import with_reviews
 from runs.projects import access
 

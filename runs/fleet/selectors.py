@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from runs.fleet.fit import BackendOption, gpus_text, queues_text, routed_refusal, said_already, stage_needs, takes, worker_unfit
 from runs.fleet.models import Worker
-from runs.models import PipelineRun, StageStatus
+from runs.pipeline.models import PipelineRun
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.launch_order import later_run_ahead
 from runs.pipeline.queue import run_next_stage
 from runs.pipeline.stages import STAGES, STAGES_BY_NAME

@@ -14,7 +14,8 @@ from django.utils import timezone
 from runs.fleet.fit import takes
 from runs.fleet.models import Worker
 from runs.fleet.selectors import offline_after, workers_live
-from runs.models import FINISHED_STATUSES, PendingEnqueue, StageStatus, SweepRun
+from runs.pipeline.models import PendingEnqueue, PipelineRun
+from runs.pipeline.stage_record import FINISHED_STATUSES, StageStatus
 from runs.pipeline.launch_order import launch_times
 from runs.pipeline.routing import stage_problem, stage_queue
 from runs.pipeline.stages import STAGES, STAGES_BY_NAME
@@ -272,5 +273,5 @@ def queued_work(user=None) -> dict:
     # Hand-overs the broker refused (runs.pipeline.queue keeps them and the workers retry); a fresh row is
     # being sent after its commit and is no news.
     outbox = list(PendingEnqueue.objects.filter(attempts__gt=0).order_by("pk")[:MAX_QUEUE_ROWS])
-    held = SweepRun.objects.filter(released_at__isnull=True).count()
+    held = PipelineRun.objects.filter(sweep_entry__released_at__isnull=True).count()  # runs.sweeps.release
     return {"items": items, "outbox": outbox, "blocked": blocked, "more": more, "held_by_sweeps": held}

@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.db.models import Prefetch
 
-from runs.models import Checkpoint, Evaluation, PipelineRun, ServeCheck, StageStatus, TrainingRun
+from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.pipeline.job_models import ServeCheck
+from runs.pipeline.models import PipelineRun, TrainingRun
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.changes import training_changed
 from runs.pipeline.run_config import BEST_BY
 

@@ -15,10 +15,12 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from runs.alerts import events as alert_events
 from runs.checkpoints.imports import CheckpointError, checkpoint_check, checkpoint_records
 from runs.data.paths import check_under_data_roots
-from runs.models import Checkpoint, PipelineRun, StageStatus, TrainingRun
+from runs.checkpoints.models import Checkpoint
+from runs.pipeline.models import PipelineRun, TrainingRun
+from runs.pipeline import signals
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline import changes
 from runs.pipeline.run_config import RunConfigError, check_run_name
 from runs.pipeline.upstream_commands import recorded_speculative_tokens
@@ -112,7 +114,8 @@ def external_run_end(*, run: PipelineRun, user: AbstractBaseUser, status: str, m
         log_tail=message if status == StageStatus.SUCCEEDED else training.log_tail)
     training.refresh_from_db()
     if status == StageStatus.FAILED:  # a run trained elsewhere that failed is heard of like one of ours
-        alert_events.run_failed(run_id=run.pk, stage_name="train", error=message or "its client ended it failed")
+        signals.run_failed.send(sender=PipelineRun, run_id=run.pk, stage_name="train",
+                                error=message or "its client ended it failed")
     return training
 
 

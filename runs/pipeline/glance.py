@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from runs.models import Evaluation, StageStatus
+from runs.checkpoints.models import Evaluation
+from runs.pipeline.stage_record import StageStatus
 from runs.tracking.models import MetricSeries
 
 # The curves the header shows per TTT step: the step's index is the key's suffix (loss_0, full_acc_1, ...).

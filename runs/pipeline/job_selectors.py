@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runs.pipeline.job_models import DatasetCatalogue, VerificationRequest
-from runs.models import FINISHED_STATUSES, Dataset, Extraction, PendingEnqueue, StageRecord
+from runs.data.models import Dataset, Extraction
+from runs.pipeline.models import PendingEnqueue
+from runs.pipeline.stage_record import FINISHED_STATUSES, StageRecord
 
 
 @dataclass(frozen=True)

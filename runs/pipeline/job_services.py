@@ -13,7 +13,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from runs.pipeline.job_models import DatasetCatalogue, DemoBuild, VerificationRequest
-from runs.models import Dataset, Extraction, StageRecord, StageStatus
+from runs.data.models import Dataset, Extraction
+from runs.pipeline.stage_record import StageRecord, StageStatus
 from runs.pipeline.queue import job_enqueue, pending_enqueue
 from runs.roles import require
 

@@ -28,7 +28,8 @@ from django.db.models import F, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from runs.models import PipelineRun, StageStatus
+from runs.pipeline.models import PipelineRun
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.queue import run_next_stage
 from runs.pipeline.routing import stage_queue
 from runs.pipeline.stages import STAGES, STAGES_BY_NAME

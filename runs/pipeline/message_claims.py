@@ -27,7 +27,8 @@ from django.utils import timezone
 
 from runs.fleet.models import Worker
 from runs.fleet.selectors import heartbeat_seconds
-from runs.models import PendingEnqueue, StageStatus
+from runs.pipeline.models import PendingEnqueue
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.queue import (EVALUATION_TASK, JOB_TASK, STAGE_TASK, evaluation_enqueue, job_enqueue,
                                  pipeline_enqueue, run_next_stage)
 from runs.pipeline.stages import JOBS, STAGES, STAGES_BY_NAME, StageKind

@@ -16,7 +16,7 @@ from pathlib import Path
 from django.conf import settings
 from django.urls import reverse
 
-from runs.models import PipelineRun
+from runs.pipeline.models import PipelineRun
 from runs.pipeline.run_config import RunConfig
 from workers.contract.backends import BackendUnavailable, backend_require
 from workers.contract.backends import stage_queue as backend_queue

@@ -15,7 +15,9 @@ from django.db import transaction
 
 from eagle3web.celery import celery_app
 from runs.data.extractions import extraction_verify
-from runs.models import Extraction, ExtractStage, PipelineRun, StageStatus, TrainingRun
+from runs.data.models import Extraction
+from runs.pipeline.models import ExtractStage, PipelineRun, TrainingRun
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.online import KEPT_DIRNAME, cache_dir, cache_rows_present, is_online
 from runs.pipeline.routing import stage_queue
 from runs.pipeline.run_config import RunConfigError

@@ -22,7 +22,8 @@ from django.utils import timezone
 
 from eagle3web.celery import celery_app
 from eagle3web.db import db_retry
-from runs.models import PendingEnqueue, PipelineRun, StageStatus
+from runs.pipeline.models import PendingEnqueue, PipelineRun
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.stages import JOB_NAMES, STAGES, STAGES_BY_NAME
 from runs.pipeline.routing import stage_queue
 

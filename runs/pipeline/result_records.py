@@ -15,22 +15,13 @@ from typing import TYPE_CHECKING
 from django.db import models, transaction
 from django.utils import timezone
 
-from runs.alerts import events as alert_events
 from runs.data.extractions import extraction_verify
-from runs.models import (
-    Checkpoint,
-    Evaluation,
-    ExtractStage,
-    Extraction,
-    Manifest,
-    PipelineRun,
-    Preparation,
-    ServeCheck,
-    StageStatus,
-    TrainingRun,
-    Verification,
-    VocabMapping,
-)
+from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.data.models import Extraction, Manifest, Verification
+from runs.pipeline.job_models import ServeCheck
+from runs.pipeline.models import ExtractStage, PipelineRun, Preparation, TrainingRun, VocabMapping
+from runs.pipeline import signals
+from runs.pipeline.stage_record import StageStatus
 from runs.data.curation import CatalogueCounts
 from runs.pipeline.best import best_decide, checkpoint_run_id, tau_on_the_same_prompts
 from runs.pipeline.changes import training_changed
@@ -128,7 +119,7 @@ def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str
         generations_record(evaluation=evaluation, generations=result.generations)
         best = best_decide(run_id=evaluation.run_id or checkpoint_run_id(evaluation.checkpoint_id))
         if evaluation.run_id is not None:
-            alert_events.tau_recorded(run_id=evaluation.run_id)
+            signals.tau_recorded.send(sender=PipelineRun, run_id=evaluation.run_id)
         _best_serve_check(run_id=evaluation.run_id or checkpoint_run_id(evaluation.checkpoint_id),
                           best=best or (evaluation.checkpoint if evaluation.run_id else None))
 

@@ -3,22 +3,13 @@ from __future__ import annotations
 
 
 from django.db.models import Prefetch, QuerySet, prefetch_related_objects
-from django.http import Http404
 from django.shortcuts import get_object_or_404
 
-from runs.models import (
-    Checkpoint,
-    Evaluation,
-    Extraction,
-    ExtractStage,
-    PipelineRun,
-    Preparation,
-    Review,
-    StageAttempt,
-    StageRecord,
-    StageStatus,
-    VocabMapping,
-)
+from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.data.models import Extraction
+from runs.pipeline.models import ExtractStage, PipelineRun, Preparation, StageAttempt, VocabMapping
+from runs.pipeline.stage_record import StageRecord, StageStatus
+from runs.review.models import Review
 from runs.fleet.selectors import run_backends
 from runs.data.regeneration_selectors import regeneration_dict, run_data_policy
 from runs.pipeline import best
@@ -29,7 +20,6 @@ from runs.checkpoints.k_selectors import k_summary
 from runs.pipeline.upstream_commands import run_speculators_train_command, with_serve_commands
 from runs.pipeline.stages import STAGES
 from runs.projects import access
-from runs.review.reviews import SUBJECTS
 
 
 def run_list() -> QuerySet[PipelineRun]:
@@ -376,14 +366,6 @@ def checkpoint_get(*, pk: int, reviews: bool = False) -> Checkpoint:
     """One checkpoint with its run and target (and reviews when asked); 404 when none."""
     checkpoints = Checkpoint.objects.select_related("training_run__run__target", "imported_by")
     return get_object_or_404(with_reviews(checkpoints) if reviews else checkpoints, pk=pk)
-
-
-def review_subject_get(*, subject: str, pk: int, user):
-    """The run, extraction or checkpoint a review is about; 404 for an unknown kind or id, and for one the
-    user does not see (as if it did not exist: runs.projects.access)."""
-    if subject not in SUBJECTS:
-        raise Http404(f"nothing to review called {subject!r}")
-    return access.visible_or_404(subject, pk, user)
 
 
 def launch_copy_initial(*, run_id: str, user) -> dict | None:

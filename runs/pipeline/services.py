@@ -11,18 +11,11 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from runs.models import (
-    FINISHED_STATUSES,
-    Dataset,
-    Evaluation,
-    ExtractStage,
-    PipelineRun,
-    Preparation,
-    StageStatus,
-    TargetModel,
-    TrainingRun,
-    VocabMapping,
-)
+from runs.checkpoints.models import Evaluation
+from runs.data.models import Dataset, TargetModel
+from runs.pipeline.models import ExtractStage, PipelineRun, Preparation, TrainingRun, VocabMapping
+from runs.pipeline import signals
+from runs.pipeline.stage_record import FINISHED_STATUSES, StageStatus
 from runs.fleet.fit import host_refusals, serve_check_refusal
 from runs.fleet.selectors import launch_refusals, stage_refusals, workers_live
 from runs.data.demo import demo_build_refusal
@@ -35,7 +28,6 @@ from runs.projects.services import launch_project
 from runs.roles import require, require_on_run
 from runs.pipeline.run_config import RunConfig, RunConfigError, check_run_name
 from runs.pipeline.stages import STAGES
-from runs.sweeps.release import sweep_release_after
 from workers.contract.errors import InputError
 from workers.contract.target import (default_layer_ids, read_target_json, target_config_from, target_weight_bytes,
                                      validate_layer_ids)
@@ -232,7 +224,7 @@ def run_cancel(*, run: PipelineRun, user: AbstractBaseUser) -> int:
         cancelled += stage.model.objects.filter(run=run).exclude(status__in=FINISHED_STATUSES).update(
             status=StageStatus.CANCELLED, finished_at=now, error=f"cancelled by {user.get_username()}"
         )
-    sweep_release_after(run_id=run.pk)  # its sweep's next run, if it had one waiting
+    signals.run_over.send(sender=PipelineRun, run_id=run.pk)  # its sweep's next run, if it had one waiting
     return cancelled
 
 

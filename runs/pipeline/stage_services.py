@@ -12,20 +12,16 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runs.alerts import events as alert_events
 from runs.data.extractions import extraction_training_gate
-from runs.models import (
-    Checkpoint,
-    Extraction,
-    StageAttempt,
-    StageRecord,
-    StageStatus,
-)
+from runs.checkpoints.models import Checkpoint
+from runs.data.models import Extraction
+from runs.pipeline import signals
+from runs.pipeline.models import PipelineRun, StageAttempt
+from runs.pipeline.stage_record import StageRecord, StageStatus
 from runs.tracking.services import metrics_truncate
 from runs.pipeline.changes import training_changed
 from runs.pipeline.online import run_id_is_online
 from runs.pipeline.stages import JOBS, STAGES, STAGES_BY_NAME
-from runs.sweeps.release import sweep_release_after
 
 logger = logging.getLogger(__name__)
 
@@ -174,8 +170,8 @@ def stages_reconcile() -> list[str]:
                 lost = (f"worker {row.worker or '?'} stopped renewing its lease "
                         f"(expired {timezone.localtime(row.lease_expires_at or now):%Y-%m-%d %H:%M:%S}): it was "
                         "killed, its host went away, or it lost the database")
-                alert_events.worker_lost(stage_name=kind.name, record_id=pk, run_id=getattr(row, "run_id", None),
-                                         worker=row.worker, attempt=attempts)
+                signals.worker_lost.send(sender=PipelineRun, stage_name=kind.name, record_id=pk,
+                                         run_id=getattr(row, "run_id", None), worker=row.worker, attempt=attempts)
                 if attempts >= MAX_ATTEMPTS:
                     stage_fail(stage_name=kind.name, record_id=pk, log_tail=row.log_tail,
                                error=f"{lost}; gave up after {attempts} attempts")
@@ -215,7 +211,7 @@ def stage_succeed(*, stage_name: str, record_id: int, fields: dict, log_tail: st
     if run_id is None:
         return  # a checkpoint's measurement outside a run
     if stage_name == STAGES[-1].name:
-        sweep_release_after(run_id=run_id)  # the run is done: its sweep's next run goes to the queue
+        signals.run_over.send(sender=PipelineRun, run_id=run_id)  # the run is done: its sweep's next run goes
 
     elif HAND_OVER_NEXT.get():
         from runs.pipeline.queue import pipeline_enqueue
@@ -247,5 +243,5 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
             status=StageStatus.CANCELLED, finished_at=now, error=f"not started: {stage_name} did not succeed"
         )
     if updated and not cancelled:
-        alert_events.run_failed(run_id=run_id, stage_name=stage_name, error=error)
-    sweep_release_after(run_id=run_id)  # the run is over: its sweep's next run goes to the queue
+        signals.run_failed.send(sender=PipelineRun, run_id=run_id, stage_name=stage_name, error=error)
+    signals.run_over.send(sender=PipelineRun, run_id=run_id)  # the run is over: its sweep's next run goes

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, DemoBuild, ServeCheck, VerificationRequest
-from runs.models import Evaluation, ExtractStage, Preparation, StageRecord, TrainingRun, VocabMapping
+from runs.checkpoints.models import Evaluation
+from runs.pipeline.models import ExtractStage, Preparation, TrainingRun, VocabMapping
+from runs.pipeline.stage_record import StageRecord
 
 
 @dataclass(frozen=True)

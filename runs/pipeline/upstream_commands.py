@@ -6,7 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from runs.checkpoints.k_selectors import checkpoint_recommended_k
-from runs.models import Checkpoint, Extraction, PipelineRun, StageStatus, VocabMapping
+from runs.checkpoints.models import Checkpoint
+from runs.data.models import Extraction
+from runs.pipeline.models import PipelineRun, VocabMapping
+from runs.pipeline.stage_record import StageStatus
 from workers.contract.errors import InputError
 from workers.contract.speculators_layout import default_data_dir, speculators_train_command
 

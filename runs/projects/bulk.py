@@ -12,7 +12,9 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import F
 
-from runs.models import PipelineRun, Project, ProjectMember, RunTag
+from runs.pipeline.models import PipelineRun
+from runs.projects.models import Project, ProjectMember
+from runs.review.models import RunTag
 from runs.projects import access
 from runs.roles import may_act_on_run
 from runs.review.tags import MAX_TAGS_PER_RUN, TagError, parse_tags

@@ -5,7 +5,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, Q
 from django.http import Http404
 
-from runs.models import Checkpoint, Sweep
+from runs.checkpoints.models import Checkpoint
+from runs.sweeps.models import Sweep
 from runs.projects import access
 from runs.projects.models import Project, ProjectMember
 

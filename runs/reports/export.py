@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
-from runs.models import Report, ReportVersion
+from runs.reports.models import Report, ReportVersion
 from runs.reports.rendering import report_render
 
 

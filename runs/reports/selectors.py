@@ -8,7 +8,9 @@ from django.db.models import QuerySet
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 
-from runs.models import Checkpoint, PipelineRun, Report, ReportVersion
+from runs.checkpoints.models import Checkpoint
+from runs.pipeline.models import PipelineRun
+from runs.reports.models import Report, ReportVersion
 from runs.pipeline import selectors as run_selectors
 from runs.projects import access
 from runs.reports.directives import SETTING_COLUMNS

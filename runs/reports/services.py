@@ -9,7 +9,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from runs.models import Report, ReportVersion
+from runs.reports.models import Report, ReportVersion
 from runs.reports.models import MAX_BODY_CHARS, MAX_TITLE_CHARS
 from workers.contract.errors import InputError
 

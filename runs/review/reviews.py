@@ -6,14 +6,27 @@ from collections.abc import Sequence
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Model, OuterRef, Subquery
+from django.http import Http404
 
-from runs.models import Checkpoint, Extraction, PipelineRun, Review
+from runs.checkpoints.models import Checkpoint
+from runs.data.models import Extraction
+from runs.pipeline.models import PipelineRun
+from runs.projects import access
+from runs.review.models import Review
 from runs.roles import require
 from workers.contract.errors import InputError
 
 SUBJECTS = {"run": PipelineRun, "extraction": Extraction, "checkpoint": Checkpoint}
 MAX_REVIEW_CHARS = 10_000  # a review is a paragraph or a few, not a document
 ALLOWED_CONTROL = "\n\r\t"  # line breaks and tabs; other control characters (NUL above all) are refused
+
+
+def review_subject_get(*, subject: str, pk: int, user):
+    """The run, extraction or checkpoint a review is about; 404 for an unknown kind or id, and for one the
+    user does not see (as if it did not exist: runs.projects.access)."""
+    if subject not in SUBJECTS:
+        raise Http404(f"nothing to review called {subject!r}")
+    return access.visible_or_404(subject, pk, user)
 
 
 def review_add(*, user: AbstractBaseUser, subject: Model, decision: str, text: str) -> Review:

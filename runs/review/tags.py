@@ -6,7 +6,8 @@ import unicodedata
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from runs.models import PipelineRun, RunTag
+from runs.pipeline.models import PipelineRun
+from runs.review.models import RunTag
 from runs.roles import require_on_run
 from runs.review.models import MAX_TAG_CHARS
 from workers.contract.errors import InputError

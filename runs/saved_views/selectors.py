@@ -5,7 +5,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Q, QuerySet
 from django.http import Http404, QueryDict
 
-from runs.models import SavedView
+from runs.saved_views.models import SavedView
 from runs.projects import access
 
 

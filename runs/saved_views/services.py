@@ -6,7 +6,8 @@ import unicodedata
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from runs.models import Project, ProjectMember, SavedView
+from runs.projects.models import Project, ProjectMember
+from runs.saved_views.models import SavedView
 from runs.projects import access
 from runs.saved_views.models import MAX_VIEW_NAME_CHARS
 from runs.tracking import run_table

@@ -15,7 +15,8 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from runs.models import FINISHED_STATUSES, SweepRun, Sweep
+from runs.pipeline.stage_record import FINISHED_STATUSES
+from runs.sweeps.models import SweepRun, Sweep
 from runs.pipeline.queue import pipeline_enqueue
 from runs.pipeline.stages import STAGES
 

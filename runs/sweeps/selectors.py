@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from django.db.models import BooleanField, Count, ExpressionWrapper, F, Min, QuerySet, Value
 from django.urls import reverse
 
-from runs.models import Checkpoint, PipelineRun, StageStatus, Sweep, SweepRun, TrainingRun
+from runs.checkpoints.models import Checkpoint
+from runs.pipeline.models import PipelineRun, TrainingRun
+from runs.pipeline.stage_record import StageStatus
+from runs.sweeps.models import Sweep, SweepRun
 from runs.pipeline import selectors as run_selectors
 from runs.pipeline.run_config import MAX_SAMPLES
 from runs.projects.access import visible_q

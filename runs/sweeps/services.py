@@ -10,7 +10,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from runs.models import PipelineRun, Sweep, SweepRun
+from runs.pipeline.models import PipelineRun
+from runs.sweeps.models import Sweep, SweepRun
 from runs.pipeline import services as run_services
 from runs.pipeline.run_config import MAX_NAME_CHARS, RunConfig, check_run_name
 from runs.projects.access import runs_visible

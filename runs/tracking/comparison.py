@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from django.db.models import Prefetch
 
-from runs.models import Checkpoint, Evaluation, StageStatus
+from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline import best, selectors
 from runs.projects.access import runs_visible
 from runs.tracking import curves

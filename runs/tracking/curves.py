@@ -14,7 +14,8 @@ import numpy as np
 from django.http import Http404
 
 from runs.tracking.chunks import CHUNK_POINTS, Points, downsample, unpack, unpack_one
-from runs.models import MetricChunk, MetricSeries, PipelineRun
+from runs.pipeline.models import PipelineRun
+from runs.tracking.models import MetricChunk, MetricSeries
 from runs.tracking.system_series import SYSTEM_SPLIT
 
 DEFAULT_POINTS = 2000

@@ -18,7 +18,7 @@ import numpy as np
 from django.db import transaction
 from django.db.models import Q
 
-from runs.models import MetricChunk, MetricSeries
+from runs.tracking.models import MetricChunk, MetricSeries
 from runs.pipeline.changes import curves_changed
 from runs.tracking.chunks import CHUNK_POINTS, Points, split_chunks, unpack
 from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown

@@ -15,7 +15,10 @@ from django.db.models import (Case, CharField, Count, DurationField, Exists, Exp
                               Subquery, Value, When, Window)
 from django.db.models.functions import Coalesce, Now
 
-from runs.models import Checkpoint, Dataset, PipelineRun, RunTag, StageStatus, TargetModel
+from runs.checkpoints.models import Checkpoint
+from runs.data.models import Dataset, TargetModel
+from runs.pipeline.models import PipelineRun
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.run_config import (FLOAT_FIELDS, INT_FIELDS, RunConfig, RunConfigError, parse_layer_ids,
                                       renamed_setting)
 from runs.pipeline.stages import STAGES
@@ -297,7 +300,8 @@ def with_columns(queryset: QuerySet[PipelineRun]) -> QuerySet[PipelineRun]:
 
 def _tagged(**tag_filter):
     """Ids of runs carrying a matching tag, as a subquery: joining the tags would repeat runs."""
-    return RunTag.runs.through.objects.filter(**{f"runtag__{k}": v for k, v in tag_filter.items()}).values(
+    # Through the runs' side of the tags relation (runs.review.models.RunTag.runs): tracking stands below review.
+    return PipelineRun.tags.through.objects.filter(**{f"runtag__{k}": v for k, v in tag_filter.items()}).values(
         "pipelinerun_id")
 
 
@@ -386,7 +390,8 @@ def filter_choices() -> dict:
     return {
         "targets": having_runs(TargetModel, "target", "name"), "datasets": having_runs(Dataset, "dataset", "name"),
         "owners": having_runs(get_user_model(), "owner", "username"),
-        "tags": list(RunTag.objects.filter(runs__isnull=False).distinct().values_list("name", flat=True)[:MAX_CHOICES]),
+        "tags": list(PipelineRun.tags.through.objects.order_by("runtag__name").values_list("runtag__name", flat=True)
+                     .distinct()[:MAX_CHOICES]),  # the tags some run carries
         "statuses": STATUSES, "settings": SETTING_FIELDS, "columns": COLUMNS,
     }
 

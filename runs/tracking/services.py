@@ -13,13 +13,13 @@ from collections import defaultdict
 import numpy as np
 from django.db import connection, transaction
 
-from runs.alerts import events as alert_events
 from runs.pipeline.changes import curves_changed
 from runs.tracking.chunks import CHUNK_POINTS, MERGE_AT, Points, pack, pack_one, preview, split_chunks, unpack
 from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
 from runs.tracking.system_series import SYSTEM_PREFIX, SYSTEM_SPLIT
 from workers.contract.errors import InputError
-from runs.models import MetricChunk, MetricSeries
+from runs.tracking.models import MetricChunk, MetricSeries
+from runs.tracking import signals
 
 
 def _points_of(rows: list[dict], now: float) -> Points:
@@ -188,7 +188,7 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
     _summaries_write(list(series_of.values()))
     curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.changes)
     if went_bad is not None:  # a loss series became NaN or infinite: the rules are asked then, not per batch
-        alert_events.metrics_recorded(training_run_id=training_run_id, points=[went_bad])
+        signals.metrics_recorded.send(sender=MetricSeries, training_run_id=training_run_id, points=[went_bad])
     return kept
 
 

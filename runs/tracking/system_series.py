@@ -8,7 +8,7 @@ of all of them make one series ordered in time, and the run page draws them agai
 compare and the default curves query leave them out, and a resumed training's truncation keeps them."""
 from __future__ import annotations
 
-from runs.models import TrainingRun
+from runs.pipeline.models import TrainingRun
 from runs.pipeline.stages import STAGES_BY_NAME
 
 SYSTEM_SPLIT = "system"

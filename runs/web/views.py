@@ -215,7 +215,7 @@ def dataset_list(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 def review_create(request: HttpRequest, subject: str, pk: int) -> HttpResponse:
-    obj = selectors.review_subject_get(subject=subject, pk=pk, user=request.user)
+    obj = reviews.review_subject_get(subject=subject, pk=pk, user=request.user)
     try:
         reviews.review_add(user=request.user, subject=obj, decision=request.POST.get("decision", "comment"),
                            text=request.POST.get("text", ""))

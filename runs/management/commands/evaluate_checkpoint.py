@@ -11,7 +11,8 @@ from runs.pipeline import selectors
 from runs.checkpoints.imports import checkpoint_import
 from runs.checkpoints.evaluation import evaluation_request
 from runs.management.command_user import command_user
-from runs.models import Checkpoint, Evaluation, StageStatus
+from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.pipeline.stage_record import StageStatus
 from workers.contract.errors import InputError
 
 

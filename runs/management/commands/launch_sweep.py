@@ -10,7 +10,7 @@ from django.core.management.base import CommandError
 
 from runs.management.command_user import command_user
 from runs.management.commands import run_pipeline
-from runs.models import Sweep
+from runs.sweeps.models import Sweep
 from runs.sweeps import selectors, services
 from runs.sweeps.spec import GRID, LIST, ITEM_SEPARATOR, SWEEP_KEYS, parse_vary
 from workers.contract.errors import InputError

@@ -11,7 +11,7 @@ from runs.data.regeneration import BACKEND_CHOICES, RegenerationSettings, datase
 from runs.data.regeneration_selectors import regeneration_dict
 from runs.management.command_user import command_user
 from runs.roles import require
-from runs.models import FINISHED_STATUSES, StageStatus
+from runs.pipeline.stage_record import FINISHED_STATUSES, StageStatus
 from runs.pipeline import services
 from runs.pipeline.job_models import DatasetRegeneration
 from workers.contract.errors import InputError

@@ -10,7 +10,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runs.pipeline import selectors, services
 from runs.management.command_user import command_user
-from runs.models import PipelineRun, StageStatus
+from runs.pipeline.models import PipelineRun
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.run_config import (BEST_BY, HIDDEN_STATES, MAX_CAPTURE_SERVERS, RENAMED_SETTINGS, RunConfig,
                                       RunConfigError, check_capture_urls, parse_layer_ids, renamed_setting)
 from workers.contract.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS

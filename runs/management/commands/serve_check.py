@@ -10,7 +10,8 @@ from runs.checkpoints.evaluation import evaluation_request
 from runs.pipeline.job_models import ServeCheck
 from runs.management.command_user import command_user
 from runs.management.commands.evaluate_checkpoint import checkpoint_from_ref
-from runs.models import Evaluation, StageStatus
+from runs.checkpoints.models import Evaluation
+from runs.pipeline.stage_record import StageStatus
 from runs.checkpoints.serve_check_selectors import serve_check_dict, serve_check_line
 from runs.checkpoints.serve_check_services import serve_check_request
 from workers.contract.errors import InputError

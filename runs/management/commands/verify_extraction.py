@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runs.management.command_user import command_user
 from runs.data.extractions import extraction_verify
-from runs.models import Extraction
+from runs.data.models import Extraction
 from runs.data.selectors import extraction_list, extraction_summary
 from workers.contract.errors import InputError
 
