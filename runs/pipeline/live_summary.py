@@ -8,7 +8,8 @@ whole summary it holds: while that is still the run's state counter the answer i
 (`"live": true`); once it moved, the whole summary again, with its new `state_version`."""
 from __future__ import annotations
 
-from runs.models import PipelineRun, StageStatus
+from runs.pipeline.models import PipelineRun
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.glance import run_glance
 from runs.pipeline.selectors import _stage_dict, run_is_finished, run_stages, run_status
 
