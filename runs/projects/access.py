@@ -173,6 +173,11 @@ def visible_or_404(kind: str, pk, user: AbstractBaseUser, rows: QuerySet | None 
     return found
 
 
+def visible_check(kind: str, pk, user: AbstractBaseUser) -> None:
+    """visible_or_404 reading the id alone, for a caller that needs only the answer (one small query)."""
+    visible_or_404(kind, pk, user, rows=apps.get_model(KINDS[kind].model).objects.only("pk"))
+
+
 def visible_ids(kind: str, ids, user: AbstractBaseUser) -> set[int]:
     """Which of these ids of KINDS[kind] the user sees (one query): for lists that name what they refer to."""
     ids = {pk for pk in ids if pk is not None}

@@ -5,8 +5,6 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, Q
 from django.http import Http404
 
-from runs.checkpoints.models import Checkpoint
-from runs.sweeps.models import Sweep
 from runs.projects import access
 from runs.projects.models import Project, ProjectMember
 
@@ -25,7 +23,7 @@ def project_list(*, user: AbstractBaseUser) -> list[dict]:
 def checkpoint_visible_check(*, pk: int, user: AbstractBaseUser) -> None:
     """Http404 unless the checkpoint exists and was imported or trained by a run the user sees (one query):
     a checkpoint of a hidden run is answered as one that does not exist (access.visible_or_404)."""
-    access.visible_or_404("checkpoint", pk, user, rows=Checkpoint.objects.only("pk"))
+    access.visible_check("checkpoint", pk, user)
 
 
 def sweep_visible_check(*, pk: int, user: AbstractBaseUser) -> None:
@@ -33,7 +31,7 @@ def sweep_visible_check(*, pk: int, user: AbstractBaseUser) -> None:
     one project, but staff may move a run to another in the admin: the sweep then shows each viewer the
     runs they see and says how many it leaves out (runs.sweeps.selectors.sweep_rows). Staff open even a
     sweep whose runs were all deleted."""
-    access.visible_or_404("sweep", pk, user, rows=Sweep.objects.only("pk"))
+    access.visible_check("sweep", pk, user)
 
 
 def project_get(*, pk: int, user: AbstractBaseUser) -> Project:

@@ -43,8 +43,8 @@ FLOOR = {domain: index for index, domains in enumerate(FLOORS) for domain in dom
 BACK_IMPORTS = {
     ("alerts", "api"), ("data", "fleet"), ("data", "pipeline"), ("data", "web"),
     ("pipeline", "checkpoints"), ("pipeline", "fleet"), ("pipeline", "review"), ("pipeline", "tracking"),
-    ("projects", "checkpoints"), ("projects", "pipeline"), ("projects", "review"), ("projects", "saved_views"),
-    ("projects", "sweeps"), ("reports", "api"), ("saved_views", "web"),
+    ("projects", "pipeline"), ("projects", "review"), ("projects", "saved_views"),
+    ("reports", "api"), ("saved_views", "web"),
     ("tracking", "web"),
 }
 
