@@ -19,6 +19,7 @@ from runs.checkpoints.models import Checkpoint
 from runs.data.models import Dataset, TargetModel
 from runs.pipeline.models import PipelineRun
 from runs.pipeline.stage_record import StageStatus
+from runs.projects.models import Project
 from runs.pipeline.run_config import (FLOAT_FIELDS, INT_FIELDS, RunConfig, RunConfigError, parse_layer_ids,
                                       renamed_setting)
 from runs.pipeline.stages import STAGES
@@ -28,6 +29,8 @@ from eagle3web.storable_text import shown, unstorable_reason
 from workers.contract.errors import InputError
 
 PAGE_SIZE = 50
+# The default order, newest first, as the index run_newest keeps it (migration 0024).
+ORDER_NEWEST = F("created_at").desc()
 MAX_CHOICES = 500  # entries of a filter menu; the search box finds the rest
 MAX_QUERY_CHARS = 200
 SORTS = {
@@ -306,12 +309,20 @@ def _tagged(**tag_filter):
 
 
 def _page_ids(ordered: QuerySet[PipelineRun], number: int) -> tuple[int, list[int], int]:
-    """The page `number`'s run ids and how many runs match, in one query (`COUNT(*) OVER ()` beside each
-    id: a count apart ran the filters' joins a second time); past the last page, the last page's."""
-    counted = ordered.annotate(matched=Window(Count("pk"))).values_list("pk", "matched")
-    rows = list(counted[(number - 1) * PAGE_SIZE:number * PAGE_SIZE])
-    if rows:
-        return number, [pk for pk, _ in rows], rows[0][1]
+    """The page `number`'s run ids and how many runs match; past the last page, the last page's. Newest first
+    on the run's own columns: the page from the index run_newest and the count from run_project_archived
+    (the window below read and sorted every matching row: ~190 ms against under 15 at 100,000 runs); else
+    one query, `COUNT(*) OVER ()` beside each id (a count apart ran the filters' joins a second time)."""
+    joined = [alias for alias in ordered.query.alias_map if ordered.query.alias_refcount[alias]]  # trimmed ones: 0
+    if len(joined) == 1 and ordered.query.order_by[0] is ORDER_NEWEST:
+        ids = list(ordered.values_list("pk", flat=True)[(number - 1) * PAGE_SIZE:number * PAGE_SIZE])
+        if ids:
+            return number, ids, ordered.count()
+    else:
+        counted = ordered.annotate(matched=Window(Count("pk"))).values_list("pk", "matched")
+        rows = list(counted[(number - 1) * PAGE_SIZE:number * PAGE_SIZE])
+        if rows:
+            return number, [pk for pk, _ in rows], rows[0][1]
     total = ordered.count()  # an empty page: none matches, or a page past the last was asked for
     last = max(1, math.ceil(total / PAGE_SIZE))
     if number <= last:  # none matches (page 1), or the runs went while it asked
@@ -350,8 +361,8 @@ def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple
             runs = runs.filter(**{field: value})
     if filters.tag:
         runs = runs.filter(pk__in=_tagged(name=filters.tag))
-    if filters.project:
-        runs = runs.filter(project__name=filters.project)
+    if filters.project:  # a subquery, not a join: the page and its count then read the run's own indexes
+        runs = runs.filter(project_id__in=Project.objects.filter(name=filters.project).values("pk"))
     if filters.sweep is not None:
         runs = runs.filter(sweep_entry__sweep_id=filters.sweep)
     for name, value in filters.settings:
@@ -365,6 +376,8 @@ def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple
         runs = runs.filter(tau__lte=filters.tau_max)
     column = F(SORTS[filters.sort])
     order = column.desc(nulls_last=True) if filters.descending else column.asc(nulls_last=True)
+    if filters.sort == "created" and filters.descending:  # the index's order (created_at is never null)
+        order = ORDER_NEWEST
     ordered = runs.order_by(order, "-id")
     number, ids, total = _page_ids(ordered, filters.page)
     paginator = Paginator(ordered, PAGE_SIZE)
