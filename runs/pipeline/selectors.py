@@ -9,7 +9,6 @@ from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.data.models import Extraction
 from runs.pipeline.models import ExtractStage, PipelineRun, Preparation, StageAttempt, VocabMapping
 from runs.pipeline.stage_record import StageRecord, StageStatus
-from runs.review.models import Review
 from runs.fleet.selectors import run_backends
 from runs.data.regeneration_selectors import regeneration_dict, run_data_policy
 from runs.pipeline import best
@@ -67,15 +66,23 @@ def run_rows() -> QuerySet[PipelineRun]:
             .prefetch_related(*stages))
 
 
+def _reviews_of(model) -> Prefetch:
+    # The subject's reverse relation to its reviews (runs.review.models.Review declares it, pointing down
+    # here): the review model read from it, so the pipeline need not import the review domain above it.
+    reviews = model._meta.get_field("reviews").related_model
+    return Prefetch("reviews", queryset=reviews.objects.select_related("author"))
+
+
 def reviews_read(subjects: list) -> None:
     """Read these subjects' reviews and each review's author, in one query (a run page's from the cache)."""
-    prefetch_related_objects(subjects, Prefetch("reviews", queryset=Review.objects.select_related("author")))
+    if subjects:
+        prefetch_related_objects(subjects, _reviews_of(type(subjects[0])))
 
 
 def with_reviews(queryset: QuerySet) -> QuerySet:
     """Subjects with their reviews and each review's author: the review section of a page in one query,
     not one per review."""
-    return queryset.prefetch_related(Prefetch("reviews", queryset=Review.objects.select_related("author")))
+    return queryset.prefetch_related(_reviews_of(queryset.model))
 
 
 def checkpoints_with_tau(queryset: QuerySet[Checkpoint]) -> QuerySet[Checkpoint]:
