@@ -33,6 +33,15 @@ from runs.pipeline.stage_services import (
 from runs.pipeline.routing import stage_backend
 from runs.pipeline import online as online_run
 from workers.online_tasks import hidden_states_dir as _hidden_states_dir, online_source as _online_source
+from workers.contract.failures import trace_for_developers
+
+
+class _LogFormatter(logging.Formatter):
+    """The stage's log, which its page shows: an exception's frames without Python's traceback banner
+    (workers.contract.failures.trace_for_developers); the worker's own log keeps the banner."""
+
+    def formatException(self, ei) -> str:
+        return trace_for_developers(ei[1]).rstrip("\n") if ei and ei[1] is not None else super().formatException(ei)
 
 
 class StageReporter(logging.Handler):
@@ -43,7 +52,7 @@ class StageReporter(logging.Handler):
         self.stage_name, self.record_id, self.interval = stage_name, record_id, interval
         self.started_at = started_at  # which attempt this is: a replaced attempt can no longer write
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        self.setFormatter(_LogFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         self._last_write = 0.0
         self.done, self.total = 0, 0
 

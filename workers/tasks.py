@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
 
 from celery import shared_task
 from celery.signals import worker_ready
@@ -40,6 +39,7 @@ from runs.pipeline.message_claims import claims_reconcile, message_claim_drop
 from runs.pipeline.stage_services import HAND_OVER_NEXT
 from workers.claims import broker_mark_check  # also: every worker claims the messages it takes
 from workers.contract.errors import StopRequested
+from workers.contract.failures import failure_explain, trace_for_developers
 from workers.stage_runners import STAGE_BODIES, StageReporter
 from workers.system_metrics import StageSampler
 
@@ -105,6 +105,7 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
     for log in watched:
         log.addHandler(reporter)
         log.setLevel(logging.INFO)
+    record = None
     try:
         related = () if kind.is_job else ("run__target", "run__dataset")
         record = db_retry("load", kind.model.objects.select_related(*related).get, pk=record_id)
@@ -120,10 +121,10 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
                  log_tail=reporter.tail, cancelled=True, started_at=fence)
         return False
     except Exception as exc:  # noqa: BLE001 - every failure must reach the page
-        logger.exception("%s %s failed", stage_name, record_id)
-        error = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
-        db_retry("failure", stage_fail, stage_name=stage_name, record_id=record_id, error=error,
-                 log_tail=reporter.tail, started_at=fence)
+        logger.exception("%s %s failed", stage_name, record_id)  # the worker's own log keeps the whole traceback
+        failure = failure_explain(exc, stage_name=stage_name, context=_failure_context(record, kind))
+        db_retry("failure", stage_fail, stage_name=stage_name, record_id=record_id, error=failure.sentence,
+                 failure=failure, trace=trace_for_developers(exc), log_tail=reporter.tail, started_at=fence)
         return False
     finally:
         heartbeat.stopped.set()
@@ -131,6 +132,16 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
             sampler.stop()
         for log in watched:
             log.removeHandler(reporter)
+
+
+def _failure_context(record, kind) -> dict:
+    """What a failure's sentence may name: the run's target and dataset paths and its packing budget.
+    Empty for a job, or when the row could not even be loaded (record None)."""
+    run = getattr(record, "run", None) if record is not None and not kind.is_job else None
+    if run is None:
+        return {}
+    return {"target": run.target.path, "dataset": run.dataset.path,
+            "max_tokens_per_step": (run.config or {}).get("max_tokens_per_step")}
 
 
 @shared_task(bind=True, name="eagle3web.stage", acks_late=True)

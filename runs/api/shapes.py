@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.urls import reverse
 
+from runs.pipeline.failure_selectors import failure_fields
+
 
 def _iso(value) -> str | None:
     return value.isoformat() if value else None
@@ -40,7 +42,7 @@ def job_dict(shown) -> dict:
     job = shown.job
     return {"id": job.pk, "status": job.status, "queued_at": _iso(job.queued_at), "started_at": _iso(job.started_at),
             "finished_at": _iso(job.finished_at), "progress_done": job.progress_done,
-            "progress_total": job.progress_total, "worker": job.worker, "error": job.error,
+            "progress_total": job.progress_total, "worker": job.worker, **failure_fields(job),
             "requested_by": _user(job.requested_by) if job.requested_by_id else None,
             "waiting_for_broker": shown.waiting_for_broker or None}
 
@@ -51,7 +53,7 @@ def evaluation_row(evaluation) -> dict:
             "output_matches_greedy": evaluation.output_matches_greedy, "num_prompts": evaluation.num_prompts,
             "max_prompts": evaluation.max_prompts, "max_new_tokens": evaluation.max_new_tokens,
             "num_speculative_tokens": evaluation.num_speculative_tokens, "prompts_path": evaluation.prompts_path or None,
-            "speedup": evaluation.speedup, "device": evaluation.device, "error": evaluation.error,
+            "speedup": evaluation.speedup, "device": evaluation.device, **failure_fields(evaluation),
             "requested_by": _user(evaluation.requested_by) if evaluation.requested_by_id else None,
             "queued_at": _iso(evaluation.queued_at), "finished_at": _iso(evaluation.finished_at)}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from runs.pipeline.job_models import ServeCheck
 from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.pipeline.stage_record import StageStatus
+from runs.pipeline.failure_selectors import failure_fields
 
 SERVE_CHECK_FIELDS = (  # the speed-up first: on a GPU it is what users buy a draft for
     "vllm_speedup", "status", "tau", "vllm_tau", "vllm_tau_emitted", "tau_difference", "vllm_acceptance_per_position",
@@ -19,7 +20,7 @@ def serve_check_dict(check: ServeCheck | None) -> dict:
     if check is None:
         return {"serve_check_id": None}
     return {"serve_check_id": check.pk, **{key: getattr(check, key) for key in SERVE_CHECK_FIELDS},
-            "disagrees": check.disagrees}
+            "disagrees": check.disagrees, **failure_fields(check)}
 
 
 def serve_check_line(check: ServeCheck) -> str:

@@ -171,8 +171,8 @@ def _again(job: DatasetRegeneration, *, enqueue: bool) -> bool:
 def _requeue(job: DatasetRegeneration, *, enqueue: bool) -> None:
     # queued_at: it joins the back of its queue now. The file an earlier attempt left is resumed.
     DatasetRegeneration.objects.filter(pk=job.pk).update(
-        status=StageStatus.QUEUED, error="", started_at=None, finished_at=None, progress_done=0, progress_total=0,
-        queued_at=timezone.now(), lease_expires_at=None, worker="")
+        status=StageStatus.QUEUED, error="", error_trace="", failure_kind="", failure_field="", started_at=None,
+        finished_at=None, progress_done=0, progress_total=0, queued_at=timezone.now(), lease_expires_at=None, worker="")
     job.refresh_from_db()
     if enqueue:
         job_enqueue(job_name="regenerate", record_id=job.pk)
@@ -204,6 +204,11 @@ def regeneration_retry(*, job: DatasetRegeneration, user: AbstractBaseUser) -> b
     job = DatasetRegeneration.objects.select_for_update().get(pk=job.pk)
     if job.status not in (StageStatus.FAILED, StageStatus.CANCELLED):
         return False
+    if job.status == StageStatus.FAILED and not job.retryable:
+        # Its settings or files caused it (workers.contract.failures): queued again, it fails the same way.
+        raise RegenerationRequestError(f"regeneration {job.pk} cannot be retried: {job.headline} A retry with the "
+                                       "same target and dataset fails the same way: ask for a new regeneration "
+                                       "with the change")
     _requeue(job, enqueue=True)
     return True
 

@@ -59,7 +59,12 @@ def regeneration_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def regeneration_retry(request: HttpRequest, pk: int) -> HttpResponse:
     job = regeneration_selectors.regeneration_get(pk=pk, user=request.user)
-    if regeneration.regeneration_retry(job=job, user=request.user):
+    try:
+        retried = regeneration.regeneration_retry(job=job, user=request.user)
+    except InputError as exc:  # a failure a retry cannot mend: nothing changed
+        messages.error(request, str(exc))
+        return redirect(job.source or "runs:dataset_list")
+    if retried:
         messages.success(request, f"Regeneration {job.pk} queued again; it resumes after the conversations it wrote.")
     else:
         messages.info(request, f"Regeneration {job.pk} is {job.status}: only a failed or cancelled one is retried.")

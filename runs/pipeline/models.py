@@ -122,6 +122,13 @@ class StageAttempt(models.Model):
 
         return ((self.finished_at or timezone.now()) - self.started_at).total_seconds()
 
+    @property
+    def headline(self) -> str:
+        """Its error as the pages show it: a sentence, never a traceback (workers.contract.failures)."""
+        from workers.contract.failures import failure_headline
+
+        return failure_headline(self.error, stage_name=self.stage)
+
 
 class Preparation(StageRecord):
     """Tokenized chats with loss masks, in speculators 0.9's prepared layout."""

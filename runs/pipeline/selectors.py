@@ -12,6 +12,7 @@ from runs.pipeline.stage_record import StageRecord, StageStatus
 from runs.fleet.selectors import run_backends
 from runs.data.regeneration_selectors import regeneration_dict, run_data_policy
 from runs.pipeline import best
+from runs.pipeline.failure_selectors import failure_of, run_failure
 from runs.pipeline.glance import run_glance
 from runs.pipeline.online import is_online, online_note, supply_dict
 from runs.checkpoints.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
@@ -198,7 +199,9 @@ def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
         "progress_total": record.progress_total,
         "progress": round(record.progress_fraction, 4),
         "worker": record.worker,
-        "error": record.error,
+        # A sentence naming what to change; the frames are "error_detail", never in "error" (workers.contract.failures).
+        "error": record.headline, "error_detail": record.developer_details,
+        "failure": failure.as_dict() if (failure := failure_of(record)) else None,
         "log_tail": record.log_tail,
         "out_dir": record.out_dir,
         "warnings": stage_warnings(name, record),
@@ -229,7 +232,7 @@ def attempt_dict(attempt: StageAttempt) -> dict:
         "finished_at": attempt.finished_at.isoformat() if attempt.finished_at else None,
         "seconds": round(attempt.seconds, 2),
         "outcome": attempt.outcome,
-        "error": attempt.error,
+        "error": attempt.headline,
         "log_tail": attempt.log_tail,
     }
 
@@ -270,6 +273,8 @@ def run_summary(run: PipelineRun) -> dict:
         "external": run.external,
         "status": run_status(run),
         "status_reason": run_status_reason(run) or None,
+        # Whether a retry can succeed and why; None while no stage failed (runs.pipeline.failure_selectors).
+        "failure": failure.as_dict() if (failure := run_failure(run_stages(run))) else None,
         "finished": run_is_finished(run),
         # The target is named by its config.json: a directory with weights in a summary reads as a
         # checkpoint to the reviewers' checker, and the only checkpoints here are the draft's.

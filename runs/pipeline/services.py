@@ -20,6 +20,7 @@ from runs.fleet.fit import host_refusals, serve_check_refusal
 from runs.fleet.selectors import launch_refusals, stage_refusals, workers_live
 from runs.data.demo import demo_build_refusal
 from runs.data.paths import check_under_data_roots
+from runs.pipeline.failure_selectors import run_failure
 from runs.pipeline.dataset_launch_check import HEAD_BYTES, HEAD_CONVERSATIONS, dataset_head, dataset_launch_check
 from runs.pipeline.online import online_refusal
 from runs.pipeline.queue import pipeline_enqueue
@@ -237,6 +238,11 @@ def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
     if run.external:
         raise RunConfigError(f"{run} was trained elsewhere: nothing of it runs here to retry; its trainer "
                              "creates a new external run")
+    failure = run_failure([(s.name, s.label, row) for s in STAGES if (row := s.model.objects.filter(run=run).first())])
+    if failure and not failure.retryable:
+        # Its settings or files caused it: queued again, it would fail the same way (workers.contract.failures).
+        raise RunConfigError(f"{run} cannot be retried: {failure.sentence} {failure.why[:1].upper()}{failure.why[1:]}"
+                             f"{f' (change {failure.field})' if failure.field else ''}.", field=failure.field or None)
     again = [stage.name for stage in STAGES if stage.model.objects.filter(
         run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).exists()]
     refusals = stage_refusals(config=run.config or {}, stage_names=again,
@@ -250,8 +256,8 @@ def run_retry(*, run: PipelineRun, user: AbstractBaseUser) -> int:
         # queued_at is set on create only (auto_now_add): a retried stage joins the back of its queue
         # now, and the workers page orders each queue by it.
         reset += stage.model.objects.filter(run=run, status__in=[StageStatus.FAILED, StageStatus.CANCELLED]).update(
-            status=StageStatus.QUEUED, error="", started_at=None, finished_at=None, progress_done=0, progress_total=0,
-            queued_at=now,
+            status=StageStatus.QUEUED, error="", error_trace="", failure_kind="", failure_field="", started_at=None,
+            finished_at=None, progress_done=0, progress_total=0, queued_at=now,
         )
     if reset:
         pipeline_enqueue(run_id=run.pk)

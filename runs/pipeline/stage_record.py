@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models, transaction
 
 from runs.pipeline import changes
+from workers.contract.failures import RETRYABLE_KINDS, failure_details, failure_from_text, failure_headline
 
 
 class StageStatus(models.TextChoices):
@@ -47,7 +48,13 @@ class StageRecord(models.Model):
     progress_done = models.BigIntegerField(default=0)
     progress_total = models.BigIntegerField(default=0)
     worker = models.CharField(max_length=200, blank=True)
-    error = models.TextField(blank=True)
+    error = models.TextField(blank=True)  # a sentence naming what to change (workers.contract.failures); no traceback
+    # Where it stopped, for developers: the frames without Python's banner (workers.contract.failures).
+    error_trace = models.TextField(blank=True)
+    # What a failure asks of the user (workers.contract.failures.KINDS): "transient" is retried; "settings" and
+    # "inputs" need a copy with changes to `failure_field`, the launch form's field at fault ("" if none is).
+    failure_kind = models.CharField(max_length=16, blank=True)
+    failure_field = models.CharField(max_length=64, blank=True)
     log_tail = models.TextField(blank=True)
     out_dir = models.CharField(max_length=1000, blank=True)
     # Renewed by the running worker's heartbeat; a running stage whose lease lapsed has lost its worker.
@@ -82,3 +89,26 @@ class StageRecord(models.Model):
         if not self.progress_total:
             return 0.0
         return min(1.0, self.progress_done / self.progress_total)
+
+    @property
+    def stage_name(self) -> str:
+        from runs.pipeline.stages import name_of_model
+
+        return name_of_model(type(self))
+
+    @property
+    def headline(self) -> str:
+        """The error as every page shows it: a sentence, never a traceback (workers.contract.failures)."""
+        return failure_headline(self.error, stage_name=self.stage_name)
+
+    @property
+    def developer_details(self) -> str:
+        return failure_details(self.error, self.error_trace)
+
+    @property
+    def retryable(self) -> bool:
+        """Whether a retry of this failure can succeed; a row failed before failures were classified
+        reads its stored text (workers.contract.failures)."""
+        kind = self.failure_kind or failure_from_text(self.error, stage_name=self.stage_name).kind
+        return kind in RETRYABLE_KINDS
+

@@ -22,6 +22,7 @@ from runs.tracking.services import metrics_truncate
 from runs.pipeline.changes import training_changed
 from runs.pipeline.online import run_id_is_online
 from runs.pipeline.stages import JOBS, STAGES, STAGES_BY_NAME
+from workers.contract.failures import Failure, failure_from_text
 
 logger = logging.getLogger(__name__)
 
@@ -220,13 +221,21 @@ def stage_succeed(*, stage_name: str, record_id: int, fields: dict, log_tail: st
 
 @transaction.atomic
 def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, cancelled: bool = False,
-               started_at: datetime | None = None) -> None:
-    """Record the failure and, for a pipeline stage, cancel the stages after it, saying why."""
+               started_at: datetime | None = None, failure: Failure | None = None, trace: str = "") -> None:
+    """Record the failure and, for a pipeline stage, cancel the stages after it, saying why.
+
+    `error` is the sentence the pages show; `failure` says whether a retry can help and which field to
+    change (workers.contract.failures), read from `error` when a caller has only text (a lost lease, a
+    refusal); `trace` is the details for developers."""
     now = timezone.now()
     status = StageStatus.CANCELLED if cancelled else StageStatus.FAILED
+    if failure is None and not cancelled:
+        failure = failure_from_text(error, stage_name=stage_name)
     updated = _stage_qs(stage_name, record_id, started_at).filter(
         status__in=[StageStatus.RUNNING, StageStatus.QUEUED]).update(
-        status=status, finished_at=now, error=error[-20000:], log_tail=log_tail, lease_expires_at=None
+        status=status, finished_at=now, error=error[-20000:], log_tail=log_tail, lease_expires_at=None,
+        error_trace=trace[-20000:], failure_kind=failure.kind if failure else "",
+        failure_field=failure.field if failure else "",
     )
     _attempt_close(stage_name=stage_name, record_id=record_id, outcome=status, log_tail=log_tail, error=error[-20000:],
                    started_at=started_at)

@@ -19,6 +19,7 @@ from django.utils.safestring import SafeString, mark_safe
 from runs.checkpoints import serve_check_selectors
 from runs.fleet import selectors as fleet_selectors
 from runs.pipeline import changes, queue, selectors, upstream_commands
+from runs.pipeline.failure_selectors import run_failure
 from runs.pipeline.stage_record import StageStatus
 from runs.tracking import comparison
 from runs.web import live
@@ -37,6 +38,7 @@ def _shared(*, run_id: int) -> tuple[dict, int]:
         "stages": [(name, label, record, selectors.stage_warnings(name, record))
                    for name, label, record in selectors.run_stages(run)],
         "status": summary["status"],
+        "failure": run_failure(selectors.run_stages(run)),
         "layers": selectors.target_layers(target=run.target, layer_ids=summary["extraction"]["layer_ids"])
         if run.target_id and not run.external else [],
         "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,

@@ -22,6 +22,7 @@ from runs.data import selectors as data_selectors
 from runs.data.regeneration_selectors import dataset_options
 from runs.fleet import selectors as fleet_selectors
 from runs.fleet import work_selectors
+from runs.pipeline.failure_selectors import run_failure_by_id
 from runs.pipeline import job_selectors, job_services, queue, selectors, services, upstream_commands
 from runs.projects import selectors as project_selectors
 from runs.review import reviews
@@ -48,6 +49,7 @@ def run_launch(request: HttpRequest) -> HttpResponse:
     # where the run goes, Default (where a launch naming none goes) unless another is chosen.
     form_kwargs = {"options": fleet_selectors.launch_options(),
                    **project_selectors.launch_project_choices(user=request.user)}
+    change = {}  # "copy with changes": the field to change (_copy_change)
     if request.method == "POST":
         form = LaunchForm(request.POST, **form_kwargs)
         if form.is_valid():
@@ -72,6 +74,7 @@ def run_launch(request: HttpRequest) -> HttpResponse:
         if note:
             messages.info(request, note)
         form = LaunchForm(initial=initial, **form_kwargs)
+        change = _copy_change(request, form)
     else:
         initial = dict(demo_paths())
         if initial:
@@ -85,8 +88,20 @@ def run_launch(request: HttpRequest) -> HttpResponse:
     status = 400 if request.method == "POST" else 200
     building = demo_build_unfinished()  # `make demo`'s target, while a worker builds it
     return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets,
-                                                    "demo_build": building and demo_build_progress(building)},
+                                                    "demo_build": building and demo_build_progress(building),
+                                                    **change},
                   status=status)
+
+
+def _copy_change(request: HttpRequest, form: LaunchForm) -> dict:
+    """"Copy with changes" of a failed run (?copy=<id>&change=<field>): the field its failure blames,
+    marked on the form with the failure's sentence, its fold opened."""
+    field = request.GET.get("change", "")
+    if field not in form.fields:
+        return {}
+    failure = run_failure_by_id(run_id=int(request.GET["copy"]))
+    return {"change_field": field, "change_why": failure.sentence if failure else "",
+            "change_advanced": field in form.ADVANCED}
 
 
 def _launch_from(request: HttpRequest, form: LaunchForm) -> HttpResponse:

@@ -37,6 +37,11 @@
       error.textContent = stage.error;
       error.hidden = !stage.error;
       error.className = stage.status === "failed" ? "error" : "note";  // a cancel is the user's, not a fault
+      const details = detail.querySelector('[data-field="error-detail"]');  // where it stopped, for developers
+      if (details) {
+        details.hidden = !stage.error_detail;
+        details.querySelector("pre").textContent = stage.error_detail || "";
+      }
       detail.querySelector('[data-field="log"]').textContent = stage.log_tail;
       const note = detail.querySelector('[data-field="queue-note"]');
       if (note && stage.status !== "queued") note.hidden = true;  // a worker took it: the note was about waiting
@@ -104,7 +109,7 @@
       el("td", {}, el("span", {class: "status " + a.outcome}, a.outcome)),
       el("td", {title: a.started_at}, new Date(a.started_at).toLocaleString()),
       el("td", {}, a.seconds.toFixed(1) + " s"), el("td", {}, a.worker),
-      el("td", {}, a.error ? el("pre", {class: "error"}, a.error.slice(0, 2000)) : null,
+      el("td", {}, a.error ? el("p", {class: "error"}, a.error.slice(0, 2000)) : null,
         a.log_tail ? el("details", {}, el("summary", {}, "Log"), el("pre", {class: "log"}, a.log_tail)) : null)));
     document.getElementById("attempts").replaceChildren(el("table", {class: "list", id: "attempt-table"},
       headRow(["Stage", "#", "Outcome", "Started", "Duration", "Worker", "Error and log"]), el("tbody", {}, rows)));
