@@ -282,7 +282,9 @@ def test_a_misrouted_stage_fails_at_start_naming_the_backend_and_why(user, roots
     assert stage_execute(stage_name="extract", record_id=run.extract_stage.pk, worker="cpu@this-host") is False
     run.extract_stage.refresh_from_db()
     assert run.extract_stage.status == StageStatus.FAILED
-    assert "BackendUnavailable: vLLM (vllm) on 8 GPU(s) cannot run on" in run.extract_stage.error
+    assert run.extract_stage.error.startswith("The extraction reached a worker that cannot run its backend: vLLM (vllm) "
+                                              "on 8 GPU(s) cannot run on")
+    assert (run.extract_stage.failure_kind, run.extract_stage.failure_field) == ("transient", "extraction_backend")
     assert why in run.extract_stage.error
 
 

@@ -165,5 +165,6 @@ def test_a_worker_that_cannot_spread_the_target_fails_the_stage_naming_why(user,
     assert stage_execute(stage_name="evaluate", record_id=run.evaluation.pk, worker="cpu@this-host") is False
     run.evaluation.refresh_from_db()
     assert run.evaluation.status == StageStatus.FAILED
-    assert "BackendUnavailable: Transformers (transformers) on 2 GPU(s) cannot run on" in run.evaluation.error
+    assert run.evaluation.error.startswith("The evaluation reached a worker that cannot run its backend: Transformers "
+                                           "(transformers) on 2 GPU(s) cannot run on")
     assert "needs a GPU; this host has none" in run.evaluation.error

@@ -155,21 +155,43 @@ def test_each_execution_is_an_attempt_and_a_retry_keeps_the_earlier_one(roots, u
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
         stage_start(stage_name="prepare", record_id=rid(run, "prepare"), worker="w1")
-        stage_fail(stage_name="prepare", record_id=rid(run, "prepare"), error="DatasetFormatError: line 3",
+        stage_fail(stage_name="prepare", record_id=rid(run, "prepare"), error="OSError: disk full",
                    log_tail="reading chats")
         services.run_retry(run=run, user=user)
         stage_start(stage_name="prepare", record_id=rid(run, "prepare"), worker="w2")
         stage_succeed(stage_name="prepare", record_id=rid(run, "prepare"), fields={}, log_tail="prepared")
     attempts = list(StageAttempt.objects.filter(run=run).order_by("number"))
     assert [(a.number, a.worker, a.outcome) for a in attempts] == [(1, "w1", "failed"), (2, "w2", "succeeded")]
-    assert attempts[0].error == "DatasetFormatError: line 3" and attempts[0].log_tail == "reading chats"
+    assert attempts[0].error == "OSError: disk full" and attempts[0].log_tail == "reading chats"
     summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))
     assert [(a["stage"], a["number"], a["outcome"]) for a in summary["attempts"]] == [
         ("prepare", 1, "failed"), ("prepare", 2, "succeeded")]
     client.login(username=user.username, password=user.raw_password)
     page = client.get(run.get_absolute_url()).content.decode()
     assert 'data-attempt="prepare-1"' in page and 'data-attempt="prepare-2"' in page
-    assert "DatasetFormatError: line 3" in page
+    assert "OSError: disk full" in page
+
+
+def test_retry_of_a_failure_the_runs_files_caused_is_refused_and_changes_nothing(roots, user, client,
+                                                                              django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user)
+        stage_start(stage_name="prepare", record_id=rid(run, "prepare"), worker="w1")
+        stage_fail(stage_name="prepare", record_id=rid(run, "prepare"), log_tail="",
+                   error="DatasetFormatError: /d/c.jsonl: no training rows: every conversation was excluded")
+    before = PipelineRun.objects.get(pk=run.pk).preparation
+    assert (before.failure_kind, before.failure_field) == ("inputs", "dataset_path")
+    client.login(username=user.username, password=user.raw_password)
+    refused = client.post(f"/api/v1/runs/{run.pk}/retry/", content_type="application/json", data={})
+    assert refused.status_code == 400
+    assert refused.json()["error"] == (  # the stored text is the sentence (a worker's is workers.contract.failures')
+        f"{run} cannot be retried: DatasetFormatError: /d/c.jsonl: no training rows: every conversation was excluded "
+        "The run's target or dataset caused it: a retry with the same files fails the same way; launch a copy with "
+        "other files, or fix them first (change dataset_path).")
+    after = PipelineRun.objects.get(pk=run.pk).preparation
+    assert (after.status, after.finished_at, after.error) == (StageStatus.FAILED, before.finished_at, before.error)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert 'id="retry-form"' not in page and f"/runs/new/?copy={run.pk}&amp;change=dataset_path" in page
 
 
 def test_a_retried_training_keeps_its_curves_and_checkpoints_up_to_where_it_resumes(

@@ -121,6 +121,12 @@ def _quoted(prefix: str, suffix: str) -> Callable[[re.Match, str, dict], str]:
     return write
 
 
+def _backend(match: re.Match, stage_name: str, context: dict) -> str:
+    return (f"The {_stage(stage_name)} reached a worker that cannot run its backend: "
+            f"{_first_line(match.string).rstrip('.')}. Start a worker that can, then Retry; or copy the run with "
+            "another backend.")
+
+
 def _lost(match: re.Match, stage_name: str, context: dict) -> str:
     return (f"The {_stage(stage_name)} lost its worker ({_first_line(match.string).rstrip('.')}). Nothing in "
             "the run is at fault: Retry.")
@@ -138,6 +144,10 @@ RULES: tuple[Rule, ...] = (
     Rule(("TrainingProcessDied",), r"", TRANSIENT, "",
          _quoted("The training's process died (", "), most often killed for memory by the host. Retry, or lower "
                  "max_tokens_per_step if it happens again.")),
+    # Routing sent it to the wrong worker (workers.contract.backends): one that can run it may come back.
+    Rule(("BackendUnavailable",), r"", TRANSIENT, "extraction_backend", _backend, ("extract",)),
+    Rule(("BackendUnavailable",), r"", TRANSIENT, "training_backend", _backend, ("train",)),
+    Rule(("BackendUnavailable",), r"", TRANSIENT, "", _backend),
     Rule(_DB, r"", TRANSIENT, "", _quoted("The database was out of reach (", "). Retry once it answers.")),
     Rule(_NETWORK, r"", TRANSIENT, "", _quoted("A server did not answer (", "). Retry once it is up.")),
     Rule((), r"Couldn't instantiate the backend tokenizer|Can't load tokenizer|tokenizer\.json", INPUTS,
