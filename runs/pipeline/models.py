@@ -129,6 +129,12 @@ class StageAttempt(models.Model):
 
         return failure_headline(self.error, stage_name=self.stage)
 
+    @property
+    def log_shown(self) -> str:
+        from workers.contract.failures import log_shown
+
+        return log_shown(self.log_tail)
+
 
 class Preparation(StageRecord):
     """Tokenized chats with loss masks, in speculators 0.9's prepared layout."""

@@ -202,7 +202,7 @@ def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
         # A sentence naming what to change; the frames are "error_detail", never in "error" (workers.contract.failures).
         "error": record.headline, "error_detail": record.developer_details,
         "failure": failure.as_dict() if (failure := failure_of(record)) else None,
-        "log_tail": record.log_tail,
+        "log_tail": record.log_shown,
         "out_dir": record.out_dir,
         "warnings": stage_warnings(name, record),
     }
@@ -233,7 +233,7 @@ def attempt_dict(attempt: StageAttempt) -> dict:
         "seconds": round(attempt.seconds, 2),
         "outcome": attempt.outcome,
         "error": attempt.headline,
-        "log_tail": attempt.log_tail,
+        "log_tail": attempt.log_shown,
     }
 
 

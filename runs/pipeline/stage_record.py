@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models, transaction
 
 from runs.pipeline import changes
-from workers.contract.failures import RETRYABLE_KINDS, failure_details, failure_from_text, failure_headline
+from workers.contract.failures import RETRYABLE_KINDS, failure_details, failure_from_text, failure_headline, log_shown
 
 
 class StageStatus(models.TextChoices):
@@ -100,6 +100,10 @@ class StageRecord(models.Model):
     def headline(self) -> str:
         """The error as every page shows it: a sentence, never a traceback (workers.contract.failures)."""
         return failure_headline(self.error, stage_name=self.stage_name)
+
+    @property
+    def log_shown(self) -> str:
+        return log_shown(self.log_tail)
 
     @property
     def developer_details(self) -> str:

@@ -22,7 +22,7 @@ from runs.tracking.services import metrics_truncate
 from runs.pipeline.changes import training_changed
 from runs.pipeline.online import run_id_is_online
 from runs.pipeline.stages import JOBS, STAGES, STAGES_BY_NAME
-from workers.contract.failures import Failure, failure_from_text
+from workers.contract.failures import Failure, failure_details, failure_from_text
 
 logger = logging.getLogger(__name__)
 
@@ -231,6 +231,8 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
     status = StageStatus.CANCELLED if cancelled else StageStatus.FAILED
     if failure is None and not cancelled:
         failure = failure_from_text(error, stage_name=stage_name)
+        if failure.specific:  # a lost lease: worded by the table; a caller's own sentence stays as it is
+            error, trace = failure.sentence, trace or failure_details(error, "")
     updated = _stage_qs(stage_name, record_id, started_at).filter(
         status__in=[StageStatus.RUNNING, StageStatus.QUEUED]).update(
         status=status, finished_at=now, error=error[-20000:], log_tail=log_tail, lease_expires_at=None,

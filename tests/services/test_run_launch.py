@@ -184,10 +184,11 @@ def test_retry_of_a_failure_the_runs_files_caused_is_refused_and_changes_nothing
     client.login(username=user.username, password=user.raw_password)
     refused = client.post(f"/api/v1/runs/{run.pk}/retry/", content_type="application/json", data={})
     assert refused.status_code == 400
-    assert refused.json()["error"] == (  # the stored text is the sentence (a worker's is workers.contract.failures')
-        f"{run} cannot be retried: DatasetFormatError: /d/c.jsonl: no training rows: every conversation was excluded "
-        "The run's target or dataset caused it: a retry with the same files fails the same way; launch a copy with "
-        "other files, or fix them first (change dataset_path).")
+    assert refused.json()["error"] == (
+        f"{run} cannot be retried: The dataset has no usable conversation: every conversation was excluded. Pick "
+        "another dataset, add assistant replies, or raise max_seq_len if its conversations are longer. The run's "
+        "target or dataset caused it: a retry with the same files fails the same way; launch a copy with other "
+        "files, or fix them first (change dataset_path).")
     after = PipelineRun.objects.get(pk=run.pk).preparation
     assert (after.status, after.finished_at, after.error) == (StageStatus.FAILED, before.finished_at, before.error)
     page = client.get(run.get_absolute_url()).content.decode()

@@ -48,7 +48,7 @@ def failed_everywhere(wall: Wall) -> None:
         "verify": VerificationRequest.objects.create(extraction_id=wall.own["extraction"]),
         "serve_check": ServeCheck.objects.create(checkpoint=checkpoint),
         "evaluate": evaluation,
-        "demo_build": DemoBuild.objects.create(),
+        "demo_build": DemoBuild.objects.create(num_conversations=10, train_steps=5),
     }
     for name, row in rows.items():
         stage_fail(stage_name=name, record_id=row.pk, error=legacy_error(f"{name} went wrong"), log_tail="")
@@ -71,4 +71,4 @@ def test_no_page_of_the_url_map_shows_a_traceback(roots):
     everything = "\n".join(shown)
     # The failures were on those pages, as sentences, with their frames for developers.
     assert "The dataset has no usable conversation: none." in everything
-    assert "Details for developers" in everything and 'File "/srv/workers/tasks.py", line 118' in everything
+    assert "Details for developers" in everything and "line 118, in stage_execute" in everything

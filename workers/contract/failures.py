@@ -47,6 +47,7 @@ class Failure:
     sentence: str
     kind: str
     field: str = ""  # the launch form's field to change, where one is at fault
+    specific: bool = False  # a rule of the table worded it (not the generic sentence of an input error or the fallback)
 
     @property
     def retryable(self) -> bool:
@@ -209,7 +210,8 @@ def _explain(names: set[str], message: str, *, stage_name: str, context: dict) -
     for rule in RULES:
         found = rule.match(names, message, stage_name)
         if found is not None:
-            return Failure(sentence=rule.write(found, stage_name, context), kind=rule.kind, field=rule.field)
+            return Failure(sentence=rule.write(found, stage_name, context), kind=rule.kind, field=rule.field,
+                           specific=True)
     if "InputError" in names or any(name.endswith(("InputError", "ConfigError", "FormatError")) for name in names):
         field = _input_field(message)
         kind = SETTINGS if field in _SETTING_FIELDS else INPUTS
@@ -248,3 +250,11 @@ def failure_details(error: str, trace: str) -> str:
     kept = [line for line in error.split(BANNER, 1)[1].lstrip(":\n").splitlines(keepends=True)
             if not line.strip().startswith(BANNER)]
     return "Frames, innermost last:\n" + "".join(kept)
+
+
+def log_shown(log: str) -> str:
+    """A stage's log as the pages show it: an older row's log kept Python's traceback banner, which
+    newer logs leave out (workers.stage_runners); the frames below it stay."""
+    if BANNER not in log:
+        return log
+    return "\n".join(line for line in log.splitlines() if not line.strip().startswith(BANNER))
