@@ -13,7 +13,6 @@ from runs.models import PipelineRun, Preparation, StageStatus
 from runs.pipeline import services
 from runs.pipeline.run_config import RunConfig
 from runs.pipeline.stage_services import MAX_ATTEMPTS, stage_record_id, stage_start, stages_reconcile
-from tests.browser.conftest import page  # noqa: F401 - the Chromium fixture
 from tests.browser.test_launch_form import log_in
 from tests.worker import wait_for_run
 
@@ -29,7 +28,7 @@ def _statuses(run) -> list[str]:
 
 
 def test_a_target_without_tokenizer_fails_in_a_sentence_with_copy_with_changes_and_no_retry(
-        tiny_target, data_root, worker, user, live_server, page):  # noqa: F811 - the fixture above
+        tiny_target, data_root, worker, user, live_server, page):
     target = data_root / "no-tokenizer"
     shutil.copytree(tiny_target.target_dir, target)
     (target / "tokenizer.json").unlink()  # the launch leaves this to the prepare stage (dataset_launch_check)
@@ -65,7 +64,7 @@ def test_a_target_without_tokenizer_fails_in_a_sentence_with_copy_with_changes_a
     expect(page.locator("#id_target_path")).to_have_value(str(target))
 
 
-def test_a_lost_worker_offers_retry_and_retry_queues_the_run_again(roots, user, live_server, page):  # noqa: F811
+def test_a_lost_worker_offers_retry_and_retry_queues_the_run_again(roots, user, live_server, page):
     run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
                               config=RunConfig(draft_vocab_size=64))
     prep = stage_record_id(stage_name="prepare", run_id=run.pk)
