@@ -15,3 +15,5 @@ class RunsConfig(AppConfig):
 
         alert_receivers.connect()
         sweep_receivers.connect()
+        # Names each stage's and job's model (stage_record.NAMES_BY_MODEL), which the rows' failure sentences use.
+        import runs.pipeline.stages  # noqa: F401

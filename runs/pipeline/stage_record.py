@@ -38,6 +38,11 @@ class StageQuerySet(models.QuerySet):
         return written
 
 
+# Each concrete model's stage or job name, filled by runs.pipeline.stages (which imports the models, so it
+# cannot be imported from here): what a failure's sentence calls the row (workers.contract.failures).
+NAMES_BY_MODEL: dict[type, str] = {}
+
+
 class StageRecord(models.Model):
     """Status, timing, progress and log of one stage of one run."""
 
@@ -92,9 +97,8 @@ class StageRecord(models.Model):
 
     @property
     def stage_name(self) -> str:
-        from runs.pipeline.stages import name_of_model
-
-        return name_of_model(type(self))
+        """"prepare", "serve_check"...: its kind's name (runs.pipeline.stages fills NAMES_BY_MODEL)."""
+        return NAMES_BY_MODEL.get(type(self), "stage")
 
     @property
     def headline(self) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, DemoBuild, ServeCheck, VerificationRequest
 from runs.checkpoints.models import Evaluation
 from runs.pipeline.models import ExtractStage, Preparation, TrainingRun, VocabMapping
+from runs.pipeline import stage_record
 from runs.pipeline.stage_record import StageRecord
 
 
@@ -46,10 +47,4 @@ JOBS = (
 JOB_NAMES = frozenset(job.name for job in JOBS)
 # Every kind of row a worker runs, by name: the stages of runs and the jobs.
 STAGES_BY_NAME = {stage.name: stage for stage in (*STAGES, *JOBS)}
-_NAMES_BY_MODEL = {stage.model: stage.name for stage in STAGES_BY_NAME.values()}
-
-
-def name_of_model(model: type) -> str:
-    """The stage's or job's name of a row's model ("prepare", "serve_check"); a model of no kind
-    (an abstract base in a test) reads as "stage"."""
-    return _NAMES_BY_MODEL.get(model, "stage")
+stage_record.NAMES_BY_MODEL.update({stage.model: stage.name for stage in STAGES_BY_NAME.values()})
