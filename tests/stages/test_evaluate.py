@@ -139,6 +139,19 @@ def test_the_k_table_equals_a_separate_speculative_decode_at_each_k(tiny_target,
     assert trained_result.recommended_k == best and 0 < table["draft_cost"] < 1
 
 
+def test_a_stop_asked_while_the_k_table_is_measured_ends_the_evaluation(tiny_target, trained_checkpoint, prompts):
+    """The k table decodes every prompt again after the measurement proper: a cancel asked then must end the
+    evaluation there, as it does during the measurement, not after every probing decode."""
+    from workers.stages.evaluate.speculative import EvaluationStopped
+
+    done = []
+    with pytest.raises(EvaluationStopped, match="k table"):
+        evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=trained_checkpoint, prompts=prompts[:2],
+                 prompt_source="held-out conversations", max_new_tokens=8,
+                 on_progress=lambda n, of: done.append(n), should_stop=lambda: len(done) >= 2)
+    assert done == [1, 2]  # the measurement proper finished; the stop came in the k table's first prompt
+
+
 def test_k_can_be_set_below_the_checkpoints_own(tiny_target, trained_checkpoint, prompts):
     result = evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=trained_checkpoint, prompts=prompts[:2],
                       prompt_source="held-out conversations", max_new_tokens=20, num_speculative_tokens=1)

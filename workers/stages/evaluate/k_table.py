@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from workers.contract.acceptance import tau_from_accepted
-from workers.stages.evaluate.speculative import Proposer, TargetRunner, _finish, emitted_accepted
+from workers.stages.evaluate.speculative import EvaluationStopped, Proposer, TargetRunner, _finish, emitted_accepted
 
 TIE_DECIMALS = 3
 MAX_K = 16  # as num_speculative_tokens is bounded everywhere (runs.checkpoints.evaluation)
@@ -119,12 +119,17 @@ def draft_cost_ratio(draft: torch.nn.Module, target: torch.nn.Module) -> float:
 def k_table(model, prompts: list[list[int]], *, aux_layer_ids: list[int],
             new_proposer: Callable[[list[int]], Proposer], k_max: int, max_new_tokens: int, eos: set[int],
             draft_cost: float, device: torch.device | None = None,
-            on_progress: Callable[[int, int], None] | None = None) -> KTable:
-    """τ and acceptance by position for k = 1..k_max over `prompts` (one probing decode each), and the k to serve."""
+            on_progress: Callable[[int, int], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> KTable:
+    """τ and acceptance by position for k = 1..k_max over `prompts` (one probing decode each), and the k to serve.
+    `should_stop` is asked before each prompt, as measure asks it: the probes cost about what the measurement
+    did, and a cancel must not wait for them."""
     target = TargetRunner(model, aux_layer_ids, device=device)
     probes = []
     try:
         for n, prompt in enumerate(prompts):
+            if should_stop is not None and should_stop():
+                raise EvaluationStopped(f"evaluation stopped on request in the k table after {n} prompts")
             tokens, lengths = probe_decode(target, new_proposer(prompt), prompt, k_max=k_max,
                                            max_new_tokens=max_new_tokens, eos=eos)
             probes.append((len(tokens), lengths))

@@ -297,7 +297,7 @@ def evaluate(
         if k_beyond >= 0:
             table = k_table(model, prompts, aux_layer_ids=aux_ids, new_proposer=lambda _, d=draft: Eagle3Proposer(d),
                             k_max=k_max, max_new_tokens=max_new_tokens, eos=eos_ids(model),
-                            draft_cost=draft_cost_ratio(draft, model), device=dev)
+                            draft_cost=draft_cost_ratio(draft, model), device=dev, should_stop=should_stop)
     finally:
         # A target spread by accelerate holds itself in a reference cycle (its wrapped forwards), so it
         # is freed only by the collector; a run's stage then loads it again for its next checkpoint.
