@@ -23,6 +23,7 @@ from runs.data.extractions import extraction_verify
 from runs.checkpoints.evaluation import evaluation_plan
 from runs.tracking.services import metrics_record
 from runs.models import Evaluation, StageRecord
+from runs.pipeline.live_tau import tau_flat_check
 from runs.pipeline.result_records import checkpoints_register, measured_alongside_record
 from runs.pipeline.stage_services import (
     StageCancelled,
@@ -176,6 +177,8 @@ def _train(record, reporter: StageReporter):
                    max_tokens_per_step=run.config.get("max_tokens_per_step"))
     if (online := _online_source(run)) is not None:
         options["online"] = online  # the loop reads the cache and asks the capture servers for the rest
+    if run.config.get("stop_when_tau_flat"):  # asked after every step; the database read at most every 2 s
+        options["stop_early"] = tau_flat_check(training_run_id=record.pk, patience=int(run.config["stop_when_tau_flat"]))
     if backend == "speculators":
         from workers.stages.train.with_speculators.trainer import train_with_speculators as trainer
 

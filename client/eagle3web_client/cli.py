@@ -25,7 +25,8 @@ from eagle3web_client.client import ApiError, Client, WaitTimeout
 EXIT_API_ERROR, EXIT_TIMEOUT, EXIT_RUN_NOT_SUCCEEDED = 1, 3, 4
 # Options of POST /api/v1/runs/ (docs/api/index.md, "Launching") that take a number or a flag on the command line.
 LAUNCH_INTS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "max_tokens_per_step",
-               "seed", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus", "capture_servers")
+               "seed", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus", "capture_servers",
+               "stop_when_tau_flat")
 LAUNCH_FLOATS = ("lr", "val_fraction", "hidden_states_cache_gib")
 # --project NAME: the project the run goes into (one you edit); without it, Default (docs/runs/comparing.md).
 LAUNCH_TEXTS = ("name", "project", "notes", "extraction_backend", "training_backend", "best_by", "hidden_states")
@@ -56,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
     for name in LAUNCH_TEXTS:
         launch.add_argument(f"--{name.replace('_', '-')}")
     launch.add_argument("--serve-check", action=argparse.BooleanOptionalAction, default=None)
+    launch.add_argument("--live-tau", action=argparse.BooleanOptionalAction, default=None)
     launch.add_argument("--capture-url", dest="capture_urls", action="append", metavar="URL",
                         help="online: a running capture server's base URL; once per server")
 
@@ -74,6 +76,10 @@ def parser() -> argparse.ArgumentParser:
     end.add_argument("--status", required=True, choices=("succeeded", "failed", "cancelled"))
     end.add_argument("--message", default="")
     add_project_parsers(groups)
+    checkpoints = groups.add_parser("checkpoints", help="checkpoints").add_subparsers(dest="command", required=True)
+    export = checkpoints.add_parser("export", help="write a folder vLLM serves as it is, with a README.md model card")
+    export.add_argument("checkpoint_id", type=int)
+    export.add_argument("--out-dir", help="a new folder under the server's data roots (default: under its exports/)")
     return p
 
 
@@ -85,7 +91,7 @@ def _launch_options(args: argparse.Namespace) -> dict:
         except ValueError:
             raise ApiError(f"--layer-ids must be comma-separated integers, got {args.layer_ids!r}",
                            fields={"layer_ids": "comma-separated integers"}) from None
-    for name in (*LAUNCH_INTS, *LAUNCH_FLOATS, *LAUNCH_TEXTS, "serve_check", "capture_urls"):
+    for name in (*LAUNCH_INTS, *LAUNCH_FLOATS, *LAUNCH_TEXTS, "serve_check", "live_tau", "capture_urls"):
         value = getattr(args, name)
         if value is not None:
             options[name] = value
@@ -224,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.group == "projects":
                 answer, code = project_command(client, args), 0
                 out, err = ("", "") if args.json else project_text(args, answer)
+            elif args.group == "checkpoints":  # export, the only command: the folder, then its serve line
+                answer, code = client.checkpoints.export(args.checkpoint_id, out_dir=args.out_dir), 0
+                out, err = ("", "") if args.json else (f"{answer['path']}\n{answer['serve_command']}", "")
             else:
                 answer, code = run_command(client, args)
                 out, err = ("", "") if args.json else text(client, args.command, answer)

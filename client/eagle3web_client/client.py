@@ -78,6 +78,7 @@ class Client:
             "User-Agent": "eagle3web-client/0.1"})
         self.runs = Runs(self)
         self.projects = Projects(self)
+        self.checkpoints = Checkpoints(self)
 
     def close(self) -> None:
         self._http.close()
@@ -247,6 +248,24 @@ class Runs:
             raise ValueError(f"status must be one of {', '.join(FINISHED_STATUSES)}, got {status!r}")
         return self.client.request("POST", f"runs/{int(run_id)}/end/", body={"status": status, "message": message},
                                    idempotent=False)
+
+
+class Checkpoints:
+    """client.checkpoints: a checkpoint's record, and exporting it for deployment."""
+
+    def __init__(self, client: Client):
+        self.client = client
+
+    def get(self, checkpoint_id: int) -> dict:
+        return self.client.request("GET", f"checkpoints/{int(checkpoint_id)}/")
+
+    def export(self, checkpoint_id: int, *, out_dir: str | None = None) -> dict:
+        """Write a new folder on the server that vLLM serves as it is (config.json, weights, README.md model
+        card): {checkpoint_id, path, files, bytes, serve_command, card}. `out_dir`: a new folder under the
+        server's data roots (default: one under its runs folder's exports/). Not sent again on a lost
+        answer: a second export writes a second folder."""
+        body = {"out_dir": str(out_dir)} if out_dir else {}
+        return self.client.request("POST", f"checkpoints/{int(checkpoint_id)}/export/", body=body, idempotent=False)
 
 
 class Projects:

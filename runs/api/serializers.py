@@ -42,6 +42,9 @@ class LaunchSerializer(serializers.Serializer):
     training_backend = serializers.CharField(required=False, help_text=f"default {D.training_backend}")
     train_gpus = _int(f"GPUs for training (default {D.train_gpus})")
     serve_check = serializers.BooleanField(required=False, help_text="serve the best checkpoint with vLLM after")
+    live_tau = serializers.BooleanField(required=False, help_text="measure each checkpoint while training runs")
+    stop_when_tau_flat = _int("patience in checkpoints: stop training when τ stops rising (implies live_tau)",
+                              null=True)
     best_by = serializers.CharField(required=False, help_text=f"{D.best_by} (default: the highest measured τ) or "
                                     "val_loss (the lowest validation loss): which checkpoint is the run's best")
     hidden_states = serializers.CharField(required=False, help_text=(
@@ -73,6 +76,11 @@ class EvaluateSerializer(serializers.Serializer):
     max_prompts = serializers.IntegerField(required=False, help_text="default 32")
     num_speculative_tokens = serializers.IntegerField(required=False, allow_null=True,
                                                       help_text="k; omitted: the checkpoint's own")
+
+
+class ExportSerializer(serializers.Serializer):
+    out_dir = serializers.CharField(required=False, allow_blank=True, help_text=(
+        "a new folder under the data roots; omitted: one under the runs folder's exports/"))
 
 
 class ExtractionImportSerializer(serializers.Serializer):

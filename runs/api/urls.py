@@ -23,6 +23,7 @@ urlpatterns = [
     path("runs/<int:pk>/metrics/export/", views_runs.RunMetricsExport.as_view(), name="run_metrics_export"),
     path("checkpoints/<int:pk>/", views_data.CheckpointDetail.as_view(), name="checkpoint_detail"),
     path("checkpoints/<int:pk>/evaluate/", views_data.CheckpointEvaluate.as_view(), name="checkpoint_evaluate"),
+    path("checkpoints/<int:pk>/export/", views_data.CheckpointExport.as_view(), name="checkpoint_export"),
     path("checkpoints/<int:pk>/generations/", views_generations.CheckpointGenerations.as_view(), name="checkpoint_generations"),
     path("extractions/", views_data.ExtractionList.as_view(), name="extraction_list"),
     path("extractions/<int:pk>/", views_data.ExtractionDetail.as_view(), name="extraction_detail"),

@@ -6,12 +6,13 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from runs.api import shapes
-from runs.api.base import ApiInputError, ApiView, accepted, paginate
-from runs.api.serializers import (DatasetImportSerializer, EmptySerializer, EvaluateSerializer,
+from runs.api.base import ApiInputError, ApiView, accepted, created, paginate
+from runs.api.serializers import (DatasetImportSerializer, EmptySerializer, EvaluateSerializer, ExportSerializer,
                                   ExtractionImportSerializer, RegenerateSerializer, VerifySerializer)
 from runs.api.tokens import ApiToken, account_settings
 from runs.checkpoints import evaluation as evaluation_services
 from runs.checkpoints import serve_check_selectors
+from runs.checkpoints.export import checkpoint_export
 from runs.data import extractions as extraction_services
 from runs.data import regeneration, regeneration_selectors
 from runs.data import selectors as data_selectors
@@ -60,6 +61,19 @@ class CheckpointEvaluate(ApiView):
             num_speculative_tokens=body.get("num_speculative_tokens"))
         answer = {"evaluation": shapes.evaluation_row(evaluation), "created": created}
         return accepted(answer) if created else Response(answer)
+
+
+class CheckpointExport(ApiView):
+    request_serializers = {"POST": ExportSerializer}
+    responses = {"POST": {"201": "{checkpoint_id, path, files, bytes, serve_command, card}: the folder written"}}
+
+    def post(self, request, pk: int):
+        """Write a new folder vLLM serves as it is: config.json, the weights and a README.md model card
+        (its figures as `card`), as the page's Export button does."""
+        body = self.body()
+        project_selectors.checkpoint_visible_check(pk=pk, user=request.user)  # 404 outside the caller's projects
+        checkpoint = selectors.checkpoint_get(pk=pk)
+        return created(checkpoint_export(checkpoint=checkpoint, user=request.user, out_dir=body.get("out_dir")).as_dict())
 
 
 class ExtractionList(ApiView):

@@ -55,8 +55,14 @@ def evaluation_plan(*, evaluation: Evaluation, limit: int | None = None) -> Eval
     checkpoint = evaluation.checkpoint
     also = []
     if evaluation.run_id is not None:
+        # Those measured alike while training (live τ, runs.pipeline.live_tau) are not measured again.
+        measured = Evaluation.objects.filter(
+            checkpoint__training_run__run_id=evaluation.run_id, status=StageStatus.SUCCEEDED, tau__isnull=False,
+            prompts_path=evaluation.prompts_path, max_prompts=evaluation.max_prompts,
+            max_new_tokens=evaluation.max_new_tokens).values_list("checkpoint_id", flat=True)
         also = [(c.pk, Path(c.path)) for c in Checkpoint.objects.filter(training_run__run_id=evaluation.run_id,
-                                                                          is_best=False).order_by("epoch")]
+                                                                          is_best=False).exclude(pk__in=measured)
+                .order_by("epoch")]
     if checkpoint is None:
         run = evaluation.run
         checkpoint = Checkpoint.objects.filter(training_run__run=run, is_best=True).select_related(

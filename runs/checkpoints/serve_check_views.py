@@ -1,4 +1,5 @@
-"""The checkpoint page's "Check with vLLM" button: ask for a serve check (runs.checkpoints.serve_check_services)."""
+"""The checkpoint's buttons that ask for work on it: "Check with vLLM" (a serve check,
+runs.checkpoints.serve_check_services) and "Export" (runs.checkpoints.export)."""
 from __future__ import annotations
 
 from django.contrib import messages
@@ -8,6 +9,7 @@ from django.views.decorators.http import require_POST
 
 from runs.pipeline import selectors
 from runs.projects import selectors as project_selectors
+from runs.checkpoints.export import checkpoint_export
 from runs.checkpoints.serve_check_services import serve_check_request
 from workers.contract.errors import InputError
 
@@ -29,3 +31,19 @@ def checkpoint_serve_check(request: HttpRequest, pk: int) -> HttpResponse:
             messages.info(request, f"Serve check {check.pk} of this measurement is already {check.status}; its result "
                                    "appears here when it finishes, so no second one was queued.")
     return redirect(checkpoint)
+
+
+@require_POST
+def checkpoint_export_view(request: HttpRequest, pk: int) -> HttpResponse:
+    """The "Export" button: a new folder with the served files and the model card (runs.checkpoints.export)."""
+    project_selectors.checkpoint_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
+    checkpoint = selectors.checkpoint_get(pk=pk)
+    try:
+        exported = checkpoint_export(checkpoint=checkpoint, user=request.user,
+                                     out_dir=request.POST.get("out_dir", "").strip() or None)
+    except InputError as exc:
+        messages.error(request, f"Not exported: {exc}")
+    else:
+        messages.success(request, f"Exported to {exported.path} ({', '.join(exported.files)}); its README.md is the "
+                                  f"model card. Serve it with: {exported.card['serve_command']}")
+    return redirect(request.POST.get("next") if request.POST.get("next", "").startswith("/runs/") else checkpoint)

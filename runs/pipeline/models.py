@@ -213,6 +213,8 @@ class TrainingRun(StageRecord):
     split = models.JSONField(default=dict, blank=True, help_text="how rows were split into train and validation")
     resumed_from_step = models.PositiveIntegerField(null=True, blank=True,
                                                     help_text="the step a retried training continued from (0: from scratch)")
+    stopped_early = models.TextField(blank=True, help_text=(
+        "why training ended before its last epoch (stop_when_tau_flat: τ stopped rising); empty when it did not"))
     step_config = models.CharField(max_length=200, blank=True, help_text="how steps ran: attention, loss, dtype")
     time_split_s = models.JSONField(default=dict, blank=True,
                                     help_text="seconds of the training steps in data wait, copies, forward, backward, optimizer")

@@ -25,6 +25,7 @@ from runs.pipeline.stage_record import StageStatus
 from runs.data.curation import CatalogueCounts
 from runs.pipeline.best import best_decide, checkpoint_run_id, tau_on_the_same_prompts
 from runs.pipeline.changes import training_changed
+from runs.pipeline.live_tau import live_tau_request
 from runs.pipeline.online import OnlineCaptured
 from runs.pipeline.stage_services import stage_succeed
 from runs.checkpoints.serve_check_services import serve_check_request
@@ -210,7 +211,7 @@ def manifest_record(*, extraction: Extraction, path: Path) -> Manifest:
 def checkpoints_register(*, training_run_id: int, checkpoints: list[dict]) -> list[Checkpoint]:
     saved = []
     for ckpt in checkpoints:
-        row, _ = Checkpoint.objects.update_or_create(
+        row, created = Checkpoint.objects.update_or_create(
             training_run_id=training_run_id,
             epoch=ckpt["epoch"],
             defaults={
@@ -223,6 +224,8 @@ def checkpoints_register(*, training_run_id: int, checkpoints: list[dict]) -> li
             },
         )
         saved.append(row)
+        if created:  # measured now, on the evaluate queue, when the run measures τ while training
+            live_tau_request(checkpoint=row)
     if saved:
         training_changed(training_run_id=training_run_id)  # the run page's checkpoints (runs.pipeline.changes)
     return saved

@@ -33,6 +33,7 @@ BEST_BY = ("tau", "val_loss")
 # "online", asked of vLLM capture servers while training, through a bounded cache
 # (workers.stages.train.online).
 HIDDEN_STATES = ("offline", "online")
+MAX_TAU_PATIENCE = 100  # checkpoints without a better τ before training stops (stop_when_tau_flat)
 MAX_CAPTURE_SERVERS = 16  # started by the train stage, and URLs of running ones, each
 MAX_CAPTURE_URL_CHARS = 2000
 MAX_CACHE_GIB = 1_000_000.0  # a petabyte: a typo, not a disk
@@ -43,7 +44,7 @@ RENAMED_SETTINGS = {"hidden_states_cache_gb": ("hidden_states_cache_gib", "it co
 
 INT_FIELDS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "seed",
               "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus",
-              "capture_servers")
+              "capture_servers", "stop_when_tau_flat")
 FLOAT_FIELDS = ("lr", "val_fraction", "hidden_states_cache_gib")
 
 
@@ -199,6 +200,11 @@ class RunConfig:
     # After measuring acceptance, vLLM itself serves the best checkpoint and counts it (runs.pipeline.job_models.ServeCheck).
     serve_check: bool = False
     best_by: str = BEST_BY[0]  # "tau" or "val_loss" (runs.pipeline.best)
+    # τ while training (issue 39): each checkpoint is measured on the evaluate queue as soon as it is saved
+    # (runs.pipeline.live_tau); with stop_when_tau_flat = P, training stops once the last P measured
+    # checkpoints did not beat the best τ before them. P implies live_tau.
+    live_tau: bool = False
+    stop_when_tau_flat: int | None = None
     # Online: the extract stage writes nothing; training asks capture servers (capture_servers started by the
     # train stage's worker, plus the running ones at capture_urls) and keeps at most hidden_states_cache_gib.
     hidden_states: str = HIDDEN_STATES[0]
@@ -214,6 +220,8 @@ class RunConfig:
         if self.best_by not in BEST_BY:
             raise RunConfigError(f"best_by must be one of {', '.join(BEST_BY)}, got {str(self.best_by)[:40]!r}",
                                  field="best_by")
+        if not isinstance(self.live_tau, bool):
+            raise RunConfigError(f"live_tau must be true or false, got {str(self.live_tau)[:40]!r}", field="live_tau")
         if not isinstance(self.serve_check, bool):
             raise RunConfigError(f"serve_check must be true or false, got {str(self.serve_check)[:40]!r}",
                                  field="serve_check")
@@ -254,6 +262,12 @@ class RunConfig:
              f"tensor_parallel_size must be between 1 and {MAX_GPUS}, got {self.tensor_parallel_size}"),
             ("train_gpus", 1 <= self.train_gpus <= MAX_GPUS,
              f"train_gpus must be between 1 and {MAX_GPUS}, got {self.train_gpus}"),
+            ("stop_when_tau_flat", self.stop_when_tau_flat is None or 1 <= self.stop_when_tau_flat <= MAX_TAU_PATIENCE,
+             f"stop_when_tau_flat (patience, in checkpoints) must be between 1 and {MAX_TAU_PATIENCE}, got "
+             f"{self.stop_when_tau_flat}"),
+            ("stop_when_tau_flat", self.stop_when_tau_flat is None or self.training_backend == "eagle3web",
+             "stop_when_tau_flat needs training_backend eagle3web: speculators' trainer cannot be stopped between "
+             "epochs from here"),
             ("train_gpus", self.training_backend != "eagle3web" or self.train_gpus == 1,
              f"train_gpus must be 1 with training_backend eagle3web ({BACKENDS_BY_NAME['eagle3web'].label} "
              f"trains on one device); choose speculators to train on {self.train_gpus} GPUs"),
@@ -285,6 +299,10 @@ class RunConfig:
     @property
     def online(self) -> bool:
         return self.hidden_states == "online"
+
+    @property
+    def measures_while_training(self) -> bool:
+        return self.live_tau or self.stop_when_tau_flat is not None
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -111,6 +111,8 @@ def stage_warnings(name: str, record: StageRecord) -> list[str]:
         if record.num_without_assistant:
             warnings.append(f"{_count(record.num_without_assistant)} conversation(s) gave no training row")
     elif name == "train":
+        if getattr(record, "stopped_early", ""):
+            warnings.append(record.stopped_early)
         if record.resumed_from_step:
             warnings.append(f"resumed from step {_count(record.resumed_from_step)} after a lost or cancelled attempt: "
                             "the curve and checkpoints before it are the earlier attempt's")
@@ -323,6 +325,7 @@ def run_summary(run: PipelineRun) -> dict:
         "vocab": {"d2t_path": vocab.d2t_path or None, "t2d_path": vocab.t2d_path or None},
         "training": {"steps": training.steps, "tokens_per_second": training.tokens_per_second,
                      "best_epoch": training.best_epoch, "split": training.split,
+                     "stopped_early": training.stopped_early or None,
                      "loss_tokens_available": training.loss_tokens_available,
                      "loss_tokens_trained": training.loss_tokens_trained},
         "attempts": [attempt_dict(a) for a in run.attempts.all()],

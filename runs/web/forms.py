@@ -118,6 +118,14 @@ class LaunchForm(forms.Form):
         required=False, label="Check with vLLM",
         help_text="After measuring acceptance, vLLM itself serves the best checkpoint on the same prompts and counts "
         "what it accepts (needs a live worker with vLLM).")
+    live_tau = forms.BooleanField(
+        required=False, label="Measure τ while training",
+        help_text="Each checkpoint is measured on the evaluate queue (another worker) as soon as it is saved, so the "
+        "τ curve grows while training runs.")
+    stop_when_tau_flat = forms.IntegerField(
+        min_value=1, max_value=100, required=False, label="Stop when τ is flat (patience)",
+        help_text="Stop training once this many measured checkpoints in a row did not beat the best τ before them "
+        "(measures τ while training). Empty: train every epoch.")
     best_by = forms.ChoiceField(
         choices=list(zip(BEST_BY, ("highest measured τ", "lowest validation loss"), strict=True)), initial=BEST_BY[0],
         required=False, label="Best checkpoint by",
@@ -162,7 +170,7 @@ class LaunchForm(forms.Form):
     # Folded under "Advanced settings" (open when one of them has an error), and the sweep box.
     ADVANCED = ("max_tokens_per_step", "val_fraction", "seed", "eval_prompts", "eval_max_new_tokens",
                 "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "serve_check", "best_by",
-                "hidden_states", "capture_servers", "capture_urls", "hidden_states_cache_gib")
+                "live_tau", "stop_when_tau_flat", "hidden_states", "capture_servers", "capture_urls", "hidden_states_cache_gib")
     SWEEP = ("vary", "sweep_mode", "parallel")
     WIDE = ("name", "target_path", "dataset_path", "notes", "vary")  # the whole width of the form
 
@@ -275,6 +283,8 @@ class LaunchForm(forms.Form):
             train_gpus=data.get("train_gpus") or defaults.train_gpus,
             serve_check=bool(data.get("serve_check")),
             best_by=data.get("best_by") or defaults.best_by,
+            live_tau=bool(data.get("live_tau")),
+            stop_when_tau_flat=data.get("stop_when_tau_flat"),
             hidden_states=data.get("hidden_states") or defaults.hidden_states,
             capture_urls=data.get("capture_urls") or [],
             capture_servers=defaults.capture_servers if data.get("capture_servers") is None else data["capture_servers"],

@@ -45,6 +45,7 @@ urlpatterns = [
     path("checkpoints/<int:pk>/", views.checkpoint_detail, name="checkpoint_detail"),
     path("checkpoints/<int:pk>/evaluate/", views.checkpoint_evaluate, name="checkpoint_evaluate"),
     path("checkpoints/<int:pk>/serve-check/", serve_check_views.checkpoint_serve_check, name="checkpoint_serve_check"),
+    path("checkpoints/<int:pk>/export/", serve_check_views.checkpoint_export_view, name="checkpoint_export"),
     path("projects/", project_views.project_list, name="project_list"),
     path("projects/<int:pk>/", project_views.project_detail, name="project_detail"),
     path("reviews/<str:subject>/<int:pk>/", views.review_create, name="review_create"),

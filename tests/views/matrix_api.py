@@ -83,6 +83,9 @@ API = {
     "api/v1/checkpoints/<int:pk>/evaluate/": Entry(
         "/api/v1/checkpoints/{checkpoint}/evaluate/", get=API_POST_ONLY, data="evaluate_form", api=True,
         post=by_role(UNAUTHORIZED, FORBIDDEN, "202", FORBIDDEN, OK)),
+    # The matrix's checkpoint names no folder on disk: past the roles, the export is refused for it (400).
+    "api/v1/checkpoints/<int:pk>/export/": Entry("/api/v1/checkpoints/{checkpoint}/export/", get=API_POST_ONLY, api=True,
+                                                 post=by_role(UNAUTHORIZED, FORBIDDEN, "400", FORBIDDEN, "400")),
     "api/v1/extractions/": Entry("/api/v1/extractions/", get=API_READ, post=API_LAUNCHERS, data="import_body", api=True),
     "api/v1/extractions/<int:pk>/": Entry("/api/v1/extractions/{extraction}/", get=API_READ, api=True),
     "api/v1/extractions/<int:pk>/verify/": Entry("/api/v1/extractions/{extraction}/verify/", get=API_POST_ONLY,

@@ -52,6 +52,8 @@ PAGES = {
     "checkpoints/<int:pk>/evaluate/": Entry("/checkpoints/{checkpoint}/evaluate/", get=POST_ONLY, post=LAUNCHERS,
                                             data="evaluate_form"),
     "checkpoints/<int:pk>/serve-check/": Entry("/checkpoints/{checkpoint}/serve-check/", get=POST_ONLY, post=LAUNCHERS),
+    # Refused past the roles (its folder does not exist): a message on the checkpoint's page.
+    "checkpoints/<int:pk>/export/": Entry("/checkpoints/{checkpoint}/export/", get=POST_ONLY, post=LAUNCHERS),
     # Anyone signed in may comment (tests/views/test_reviews.py); the matrix tries an approval.
     "reviews/<str:subject>/<int:pk>/": Entry("/reviews/extraction/{extraction}/", get=POST_ONLY, post=REVIEWERS,
                                              data="approve_form"),

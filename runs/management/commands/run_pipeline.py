@@ -60,6 +60,8 @@ def _run_config_from(opts: dict) -> RunConfig:
         train_gpus=opts["train_gpus"],
         serve_check=opts["serve_check"],
         best_by=opts["best_by"],
+        live_tau=opts["live_tau"],
+        stop_when_tau_flat=opts["stop_when_tau_flat"],
         hidden_states=opts["hidden_states"],
         capture_urls=check_capture_urls(opts["capture_urls"], named="--capture-url {}"),
         capture_servers=opts["capture_servers"],
@@ -101,6 +103,11 @@ class Command(BaseCommand):
                             help="GPUs for training (torchrun processes for speculators; eagle3web uses one)")
         parser.add_argument("--serve-check", action="store_true",
                             help="after measuring acceptance, serve the best checkpoint with vLLM on the same prompts")
+        parser.add_argument("--live-tau", action="store_true",
+                            help="measure each checkpoint on the evaluate queue as soon as it is saved")
+        parser.add_argument("--stop-when-tau-flat", type=int, default=None, metavar="PATIENCE",
+                            help="stop training once PATIENCE measured checkpoints in a row did not beat the best τ "
+                            "before them (implies --live-tau)")
         # No argparse choices: RunConfig refuses a bad value naming the field, as the form and the API do.
         parser.add_argument("--best-by", default=RunConfig.best_by,
                             help=f"{' or '.join(BEST_BY)} (default %(default)s): the run's best checkpoint is the one "

@@ -39,7 +39,7 @@ from workers.stages.child_process import die_with_parent, stop_group
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-CALLBACKS = ("on_progress", "on_metrics", "should_stop", "on_checkpoint", "on_split", "on_resume")
+CALLBACKS = ("on_progress", "on_metrics", "should_stop", "on_checkpoint", "on_split", "on_resume", "stop_early")
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 30.0  # an abandoned child's SIGTERM, then SIGKILL: a capture server may be stopping
 
@@ -91,9 +91,10 @@ def _serve(conn: Connection, proc: subprocess.Popen, callbacks: dict):
         if kind == "call":
             try:
                 value = callbacks[message[1]](*message[2])
-                # The loop reads should_stop's answer alone; the others may return the worker's own
-                # objects (a checkpoint's rows), which the child could not rebuild.
-                answer = ("ok", bool(value) if message[1] == "should_stop" else None)
+                # The loop reads should_stop's and stop_early's answers alone; the others may return the
+                # worker's own objects (a checkpoint's rows), which the child could not rebuild.
+                answer = ("ok", bool(value) if message[1] == "should_stop"
+                          else str(value or "") if message[1] == "stop_early" else None)
             except BaseException as exc:  # noqa: BLE001 - raised here once the child has ended
                 raised, answer = exc, ("raised", f"{type(exc).__name__}: {exc}")
             try:

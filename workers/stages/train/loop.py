@@ -147,6 +147,7 @@ class TrainResult:
     # steps, train_tokens and the loss figures cover the whole training, earlier attempts included;
     # tokens_per_second and seconds are this attempt's (the earlier attempts' when this one had no step left).
     resumed_from_step: int = 0
+    stopped_early: str = ""  # why training ended before its last epoch (stop_early's words); "" when it did not
     # Where the hidden states came from and how well they kept up (workers.stages.train.online.SupplyReport).
     supply: dict = field(default_factory=dict)
 
@@ -265,6 +266,7 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
           on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
           on_resume: Callable[[int, int], None] | None = None,
           on_split: Callable[[dict], None] | None = None,
+          stop_early: Callable[[], str] | None = None,
           resume_every_steps: int | None = None,
           resume_every_seconds: float | None = RESUME_SAVE_SECONDS,
           attention: str = "auto", loss_implementation: str = "auto",
@@ -278,7 +280,10 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
     `resume_every_steps` steps or `resume_every_seconds`; a later call with the same inputs continues
     from it. `on_resume(step, epochs_done)` is told where training continues (0, 0 when it starts
     afresh) before any metric is reported, so that metrics and checkpoints an earlier attempt
-    reported past that point can be dropped."""
+    reported past that point can be dropped.
+
+    `stop_early()` is asked after every step and epoch: a non-empty answer (why) ends training there, as if
+    its epochs were done, with the checkpoints saved so far; the epoch under way is dropped."""
     started = time.monotonic()
     if epochs < 1 or ttt_steps < 1 or lr <= 0:
         raise ValueError(f"need epochs >= 1, ttt_steps >= 1, lr > 0; got {epochs}, {ttt_steps}, {lr}")
@@ -342,6 +347,7 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
                    progress=progress)
 
     step, attempt_tokens, attempt_seconds, last_save = progress.global_step, 0, 0.0, time.monotonic()
+    stopped_early = ""
     if on_progress is not None:
         on_progress(step, total_steps)
     try:
@@ -373,11 +379,16 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
                 sink.add(step, epoch + local_step / len(plan), "train", values)
                 if on_progress is not None:
                     on_progress(step, total_steps)
+                if stop_early is not None and (stopped_early := stop_early()):
+                    break
                 if ((resume_every_steps and step % resume_every_steps == 0)
                         or (resume_every_seconds is not None and time.monotonic() - last_save >= resume_every_seconds)):
                     save_resume()
                     last_save = time.monotonic()
                 t0 = time.perf_counter()
+            if stopped_early:
+                sink.flush()
+                break
             loss_tokens = progress.loss_tokens
             progress.loss_tokens_per_epoch.append(loss_tokens)
             if loss_tokens != available:
@@ -400,6 +411,8 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
             progress.epoch, progress.local_step, progress.losses, progress.loss_tokens = epoch + 1, 0, [], 0
             save_resume()
             last_save = time.monotonic()
+            if stop_early is not None and (stopped_early := stop_early()):
+                break
     except TrainingStopped:
         sink.flush()
         logger.info("training stopped on request after %d steps", step)
@@ -418,6 +431,7 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
                        loss_tokens_trained=progress.loss_tokens_per_epoch[-1],
                        loss_tokens_per_epoch=list(progress.loss_tokens_per_epoch), rows_unusable=rows_unusable,
                        split=split, device=device_label(run_on), resumed_from_step=resumed_from,
+                       stopped_early=stopped_early,
                        step_config=stepper.describe(), time_split_s=stepper.times.as_dict(),
                        step_lengths=sorted({length for length, _grad in stepper.shapes}),
                        graphs_compiled=stepper.graphs_compiled(), recompiles=stepper.recompiles(),

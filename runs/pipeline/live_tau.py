@@ -1,0 +1,94 @@
+"""τ while training (issue 39): a run launched with live_tau (or stop_when_tau_flat) has each checkpoint
+measured as soon as the trainer registers it, by a standalone evaluation on the evaluate queue, so
+another worker measures while training goes on; and, with stop_when_tau_flat = P, the training stops
+once the last P measured checkpoints did not beat the best τ measured before them.
+
+One live measurement per run waits in the queue at a time: a checkpoint saved while the previous one's
+measurement still waits for a worker takes that queued row over (the older checkpoint is skipped, the
+newest is what the curve needs), so a trainer faster than its evaluator never piles up work that would
+run long after training ended. A measurement that started runs to its end. The measurements decode the
+run's held-out prompts with its eval_prompts and eval_max_new_tokens, as its evaluate stage does, and are
+shown on the run page like every measurement of its checkpoints (runs.pipeline.changes)."""
+from __future__ import annotations
+
+import logging
+import time
+
+from django.db import transaction
+
+from eagle3web.db import db_retry
+from runs.models import Checkpoint, Evaluation, StageStatus
+from runs.pipeline.queue import evaluation_enqueue
+
+log = logging.getLogger(__name__)
+
+
+def _measures_live(config: dict) -> bool:
+    return bool(config.get("live_tau")) or config.get("stop_when_tau_flat") is not None
+
+
+@transaction.atomic
+def live_tau_request(*, checkpoint: Checkpoint) -> Evaluation | None:
+    """Queue the measurement of a checkpoint just saved, when its run measures while training; None otherwise."""
+    run = checkpoint.training_run.run
+    config = run.config or {}
+    if not _measures_live(config):
+        return None
+    settings = dict(prompts_path="", max_prompts=int(config.get("eval_prompts") or 32),
+                    max_new_tokens=int(config.get("eval_max_new_tokens") or 64), num_speculative_tokens=None)
+    live = Evaluation.objects.filter(checkpoint__training_run_id=checkpoint.training_run_id, run__isnull=True,
+                                     requested_by__isnull=True, **settings)
+    # A conditional UPDATE: a worker that took the row meanwhile made it running, and then a new row is queued.
+    if live.filter(status=StageStatus.QUEUED).update(checkpoint=checkpoint):
+        log.info("live τ: the queued measurement of run %s now measures epoch %d", run.pk, checkpoint.epoch)
+        return live.filter(checkpoint=checkpoint, status=StageStatus.QUEUED).first()
+    evaluation = Evaluation.objects.create(checkpoint=checkpoint, **settings)
+    evaluation_enqueue(evaluation_id=evaluation.pk)
+    return evaluation
+
+
+def live_taus(*, training_run_id: int) -> list[tuple[int, float]]:
+    """(epoch, τ) of the run's measured checkpoints, in epoch order: each one's latest measurement."""
+    rows = (Evaluation.objects.filter(checkpoint__training_run_id=training_run_id, status=StageStatus.SUCCEEDED,
+                                      tau__isnull=False).order_by("checkpoint__epoch", "-id")
+            .values_list("checkpoint__epoch", "tau"))
+    latest: dict[int, float] = {}
+    for epoch, tau in rows:
+        latest.setdefault(epoch, tau)
+    return sorted(latest.items())
+
+
+def tau_flat_reason(taus: list[tuple[int, float]], *, patience: int) -> str:
+    """Why training should stop (τ flat), or "": the last `patience` measured checkpoints each did not beat
+    the best τ measured before them. Fewer than patience + 1 measured: too early to say."""
+    if patience < 1 or len(taus) <= patience:
+        return ""
+    before, last = taus[:-patience], taus[-patience:]
+    best_epoch, best = max(before, key=lambda pair: (pair[1], -pair[0]))
+    if any(tau > best for _, tau in last):
+        return ""
+    shown = ", ".join(f"epoch {e + 1}: {t:.3f}" for e, t in last)
+    return (f"stopped early: τ stopped rising (stop_when_tau_flat={patience}): the last {patience} measured "
+            f"checkpoint(s) ({shown}) did not beat τ {best:.3f} of epoch {best_epoch + 1}")
+
+
+def training_tau_flat(*, training_run_id: int, patience: int) -> str:
+    return tau_flat_reason(live_taus(training_run_id=training_run_id), patience=patience)
+
+
+CHECK_EVERY_SECONDS = 2.0  # how often the training's stop_early reads the database (it is asked every step)
+
+
+def tau_flat_check(*, training_run_id: int, patience: int, every_s: float = CHECK_EVERY_SECONDS):
+    """The training loop's stop_early for a run with stop_when_tau_flat: why it should stop, or ""; the
+    measurements are read again at most every `every_s` seconds (the loop asks after every step)."""
+    state = {"at": float("-inf"), "reason": ""}
+
+    def check() -> str:
+        now = time.monotonic()
+        if not state["reason"] and now - state["at"] >= every_s:
+            state["at"] = now
+            state["reason"] = db_retry("live τ", training_tau_flat, training_run_id=training_run_id, patience=patience)
+        return state["reason"]
+
+    return check
