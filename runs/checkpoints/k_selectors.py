@@ -22,14 +22,21 @@ def k_rows(evaluation: Evaluation | None) -> list[dict]:
             for k, row in sorted(rows.items(), key=lambda kv: int(kv[0]))]
 
 
-def checkpoint_recommended_k(checkpoint: Checkpoint) -> int | None:
-    """The k the newest succeeded measurement of the checkpoint recommends (None: none made one). Reads
-    `measured` where runs.pipeline.selectors.checkpoints_with_tau prefetched it, else one query."""
+def newest_k_measurement(checkpoint: Checkpoint) -> Evaluation | None:
+    """The checkpoint's newest succeeded measurement with a k table: the one its serve command, the run
+    summary's `tau_by_k`/`recommended_k` and the checkpoints table's "k to serve" all read, so that they agree.
+    Reads `measured` where runs.pipeline.selectors.checkpoints_with_tau prefetched it, else one query."""
     measured = getattr(checkpoint, "measured", None)
     if measured is None:
         measured = Evaluation.objects.filter(checkpoint=checkpoint, status=StageStatus.SUCCEEDED,
                                              recommended_k__isnull=False).order_by("-id")[:1]
-    return next((e.recommended_k for e in measured if e.recommended_k), None)
+    return next((e for e in measured if e.recommended_k), None)
+
+
+def checkpoint_recommended_k(checkpoint: Checkpoint) -> int | None:
+    """The k the newest succeeded measurement with a k table recommends (None: none made one)."""
+    newest = newest_k_measurement(checkpoint)
+    return newest.recommended_k if newest else None
 
 
 def k_summary(evaluation: Evaluation | None) -> dict:

@@ -58,3 +58,28 @@ def test_the_summary_and_the_serve_command_carry_each_checkpoints_k_table(user, 
     detail = client.get(checkpoints[1].get_absolute_url()).content.decode()
     assert 'id="k-table"' in detail and 'data-k="2"' in detail
     assert "&quot;num_speculative_tokens&quot;: 2" in detail or '"num_speculative_tokens": 2' in detail
+
+
+def test_the_summarys_k_is_the_one_its_serve_command_proposes_after_a_newer_measurement(user, roots):
+    """A checkpoint measured again later (the checkpoint page's "measure", other prompts): the run summary's
+    `recommended_k` and `tau_by_k` and the serve command beside them come from one measurement, the newest
+    with a k table, as the checkpoints table and the checkpoint page show it."""
+    run = _launch(user, roots)
+    checkpoints = _trained(run)
+    Evaluation.objects.filter(pk=run.evaluation.pk).update(checkpoint=checkpoints[1])
+    stage = Evaluation.objects.get(pk=run.evaluation.pk)
+    for epoch in (0, 2):  # every checkpoint measured by the stage: the best is chosen by these
+        measured_alongside_record(measured=stage, checkpoint_id=checkpoints[epoch].pk, result=dataclasses.replace(
+            _result(checkpoints[epoch], TABLES[epoch][0][3]), k_table=_table(*TABLES[epoch]),
+            recommended_k=TABLES[epoch][1]))
+    started = stage_start(stage_name="evaluate", record_id=stage.pk, worker="test").started_at
+    taus, recommended = TABLES[1]
+    evaluation_record(record_id=stage.pk, result=dataclasses.replace(
+        _result(checkpoints[1], taus[3]), k_table=_table(taus, recommended), recommended_k=recommended),
+        log_tail="", started_at=started)
+    newer = {1: 1.9, 2: 2.2, 3: 3.0}
+    Evaluation.objects.create(checkpoint=checkpoints[1], status="succeeded", tau=3.0, k_table=_table(newer, 3),
+                              recommended_k=3)
+    row = next(c for c in _summary(run)["checkpoints"] if c["epoch"] == 1)
+    assert _serve_k(row["serve_command"]) == 3
+    assert (row["recommended_k"], row["tau_by_k"]) == (3, newer)
