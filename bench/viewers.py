@@ -1,7 +1,8 @@
 """The run page as a browser keeps it open, for bench/load.py --viewers N (imported by it).
 
 Each viewer does what the page's scripts do, at the intervals read from those scripts themselves:
-- static/js/run_detail.js polls the run's status, waiting its interval after each answer;
+- static/js/run_detail.js polls the run's status, waiting its interval after each answer: the whole summary
+  first, then `?since=<its state_version>` (the live part while the run's state stands still);
 - static/js/curves.js polls the curves since the last step it holds (`?start=S&points=2000`), and
   reads the whole curves again (`?points=2000`) when its last whole read is older than its refresh;
 - static/js/live_fetch.js sends each poll's If-None-Match: the ETag of its loop's last answer from
@@ -66,6 +67,7 @@ class Viewer:
         self.etags: dict[str, tuple[str, str]] = {}  # loop -> (url, etag), as live_fetch.js keeps them
         self.last_steps: dict[str, int | None] = {}  # "split:key" -> last step held, as curves.js keeps them
         self.last_refresh = 0.0
+        self.state_version: int | None = None  # of the whole summary held (None: none yet)
 
     def _get(self, name: str, path: str, loop: str | None = None) -> tuple[int, bytes]:
         headers = {"Accept": "application/json"} if loop else {"Accept": "text/html"}
@@ -90,9 +92,16 @@ class Viewer:
         self.etags.clear()
         self.last_steps.clear()
         self.last_refresh = 0.0
+        self.state_version = None
 
     def _poll_status(self) -> None:
-        self._get("status_poll", f"/api/v1/runs/{self.run_id}/status/", "status")
+        # As run_detail.js: once it holds a whole summary, what moved since its state (the live part).
+        since = f"?since={self.state_version}" if self.state_version is not None else ""
+        status, body = self._get("status_poll", f"/api/v1/runs/{self.run_id}/status/{since}", "status")
+        if status == 200:
+            summary = json.loads(body)
+            if not summary.get("live"):
+                self.state_version = summary.get("state_version")
 
     def _poll_curves(self) -> None:
         base = f"/api/v1/runs/{self.run_id}/metrics/"
