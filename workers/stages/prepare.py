@@ -196,6 +196,28 @@ def _count_lines(path: Path) -> int:
         return sum(1 for _ in fh)
 
 
+class Outcome(NamedTuple):
+    """What one conversation became: its rows (empty when excluded) and the assistant turns it lost."""
+
+    source_id: str
+    excluded: bool
+    rows: list[Row]
+    dropped: int
+
+
+def _checked(dataset_path: Path, out_dir: Path, max_seq_len: int, max_samples: int | None) -> tuple[Path, Path]:
+    dataset_path, out_dir = Path(dataset_path), Path(out_dir)
+    if max_seq_len < 2:
+        raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"max_samples must be positive, got {max_samples}")
+    if not dataset_path.is_file():
+        raise FileNotFoundError(f"{dataset_path}: dataset file not found")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir}: output directory is not empty; choose a new one")
+    return dataset_path, out_dir
+
+
 def prepare(
     *,
     tokenizer_dir: Path,
@@ -207,7 +229,8 @@ def prepare(
     exclude_hashes: frozenset[str] = frozenset(),
     exclude_own_ids: frozenset[str] = frozenset(),
     on_progress: ProgressFn | None = None,
-) -> PrepareResult:
+    rows: range | None = None,
+):
     """Tokenize a chat JSONL into speculators' prepared layout under out_dir.
 
     max_samples caps the number of rows (speculators' meaning: rows after per-turn fan-out);
@@ -215,23 +238,48 @@ def prepare(
     Curation's exclusions (see `_excluded`): `exclude_ids` skip any row by id (samples catalogued
     before content hashes were kept), `exclude_hashes` skip rows without an "id" by content,
     `exclude_own_ids` skip rows carrying that "id" of their own.
+
+    `rows`: one shard's part (issue 36): only these conversations (numbered 0.. in file order, as
+    prepare_count_rows counts them) are rendered, into out_dir (the shard's folder) as a part that
+    workers.stages.prepare_merge.prepare_merge puts together with the others; returns its PreparePart.
     """
-    from datasets import Dataset
-    from datasets.arrow_writer import ArrowWriter
-
-    dataset_path, out_dir = Path(dataset_path), Path(out_dir)
-    if max_seq_len < 2:
-        raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
-    if max_samples is not None and max_samples < 1:
-        raise ValueError(f"max_samples must be positive, got {max_samples}")
-    if not dataset_path.is_file():
-        raise FileNotFoundError(f"{dataset_path}: dataset file not found")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise FileExistsError(f"{out_dir}: output directory is not empty; choose a new one")
-
+    dataset_path, out_dir = _checked(dataset_path, out_dir, max_seq_len, max_samples)
     renderer = ChatRenderer(load_tokenizer(Path(tokenizer_dir)))
+    exclusions = dict(ids=exclude_ids, hashes=exclude_hashes, own_ids=exclude_own_ids)
+    if rows is not None:
+        from workers.stages.prepare_merge import prepare_part
+
+        return prepare_part(renderer=renderer, dataset_path=dataset_path, out_dir=out_dir, max_seq_len=max_seq_len,
+                            max_samples=max_samples, exclusions=exclusions, rows=rows, on_progress=on_progress)
     total_lines = _count_lines(dataset_path)
     report = _Throttle(on_progress, total_lines)
+
+    def outcomes():
+        for conv in read_conversations(dataset_path):
+            report(conv.line)
+            yield outcome_of(conv, renderer=renderer, max_seq_len=max_seq_len, **exclusions)
+
+    result = prepared_write(outcomes(), dataset_path=dataset_path, out_dir=out_dir, max_seq_len=max_seq_len,
+                            max_samples=max_samples)
+    report(total_lines, force=True)
+    return result
+
+
+def outcome_of(conv: Conversation, *, renderer: ChatRenderer, max_seq_len: int, ids: frozenset[str],
+               hashes: frozenset[str], own_ids: frozenset[str]) -> Outcome:
+    if _excluded(conv, ids=ids, hashes=hashes, own_ids=own_ids):
+        return Outcome(conv.source_id, True, [], 0)
+    rows, dropped = renderer.rows(conv.messages, max_seq_len)
+    return Outcome(conv.source_id, False, rows, dropped)
+
+
+def prepared_write(outcomes, *, dataset_path: Path, out_dir: Path, max_seq_len: int,
+                   max_samples: int | None) -> PrepareResult:
+    """The prepared dataset, token frequencies and summary from the conversations' outcomes in file
+    order: one worker's rendering, or a sharded preparation's parts read back (prepare_merge), so both
+    write the same bytes (the same rows, in the same write batches)."""
+    from datasets.arrow_writer import ArrowWriter
+
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     stats = Counter()
@@ -241,13 +289,12 @@ def prepare(
         arrow_path = staging / "rows.arrow"
         with ArrowWriter(features=_features(), path=str(arrow_path)) as writer:
             chunk = {"input_ids": [], "loss_mask": [], "seq_len": [], "source_id": []}
-            for conv in read_conversations(dataset_path):
-                report(conv.line)
-                if _excluded(conv, ids=exclude_ids, hashes=exclude_hashes, own_ids=exclude_own_ids):
+            for outcome in outcomes:
+                if outcome.excluded:
                     stats["excluded"] += 1
                     continue
                 stats["conversations"] += 1
-                rows, dropped = renderer.rows(conv.messages, max_seq_len)
+                rows, dropped = outcome.rows, outcome.dropped
                 stats["turns_dropped"] += dropped
                 if max_samples is not None:
                     rows = rows[: max_samples - stats["rows"]]
@@ -261,7 +308,7 @@ def prepare(
                     chunk["input_ids"].append(ids)
                     chunk["loss_mask"].append(mask)
                     chunk["seq_len"].append(len(ids))
-                    chunk["source_id"].append(conv.source_id)
+                    chunk["source_id"].append(outcome.source_id)
                     lengths.append(len(ids))
                     stats["rows"] += 1
                     stats["loss_tokens"] += sum(mask)
@@ -280,10 +327,7 @@ def prepare(
                 f"max_seq_len={max_seq_len}"
             )
         final = staging / "dataset"
-        ds = Dataset.from_file(str(arrow_path))
-        ds.set_format(type="torch")  # recorded in state.json; speculators' reader needs it
-        ds.save_to_disk(str(final))
-        del ds
+        _save_dataset(arrow_path, final)
         token_freq_path = final / "token_freq.pt"
         torch.save(dict(token_freq), token_freq_path)
         result = PrepareResult(
@@ -309,7 +353,6 @@ def prepare(
         os.replace(final, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    report(total_lines, force=True)
     log.info(
         "prepared %s: %d conversations -> %d rows, %d tokens (%d supervised), %d skipped",
         dataset_path, result.num_conversations, result.num_rows, result.total_tokens,
@@ -321,6 +364,25 @@ def prepare(
                     "%d rows truncated at max_seq_len", result.num_excluded, result.num_without_assistant,
                     result.num_turns_dropped, max_seq_len, result.truncated_loss_tokens, result.num_truncated_rows)
     return result
+
+
+def _save_dataset(arrow_path: Path, final: Path) -> None:
+    """save_to_disk of the rows with the torch format (recorded in state.json; speculators' reader needs
+    it). The fingerprint state.json records is the rows' own sha256, not datasets' default (a hash of the
+    temporary path, different on every run), so the same rows give the same files whoever wrote them."""
+    import hashlib
+
+    from datasets import Dataset
+    from datasets.table import MemoryMappedTable
+
+    digest = hashlib.sha256()
+    with open(arrow_path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    ds = Dataset(MemoryMappedTable.from_file(str(arrow_path)), fingerprint=digest.hexdigest()[:16])
+    ds.set_format(type="torch")
+    ds.save_to_disk(str(final))
+    del ds
 
 
 def _excluded(conv: Conversation, *, ids: frozenset[str], hashes: frozenset[str], own_ids: frozenset[str]) -> bool:
