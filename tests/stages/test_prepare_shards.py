@@ -10,7 +10,6 @@ import copy
 import filecmp
 import json
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 

@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from workers.contract.chats import read_conversations
@@ -49,6 +49,13 @@ class PreparePart:
     rows: tuple[int, int]  # [start, stop) of the conversations
     conversations: int  # read by this shard (fewer than its span where max_samples stopped it)
     training_rows: int
+
+    def as_dict(self) -> dict:
+        """JSON-able (a shard row's result)."""
+        d = asdict(self)
+        d["out_dir"] = str(d["out_dir"])
+        d["rows"] = list(self.rows)
+        return d
 
 
 def prepare_count_rows(dataset_path: Path) -> int:

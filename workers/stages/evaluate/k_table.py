@@ -124,6 +124,18 @@ def k_table(model, prompts: list[list[int]], *, aux_layer_ids: list[int],
     """τ and acceptance by position for k = 1..k_max over `prompts` (one probing decode each), and the k to serve.
     `should_stop` is asked before each prompt, as measure asks it: the probes cost about what the measurement
     did, and a cancel must not wait for them."""
+    probes = k_probes(model, prompts, aux_layer_ids=aux_layer_ids, new_proposer=new_proposer, k_max=k_max,
+                      max_new_tokens=max_new_tokens, eos=eos, device=device, on_progress=on_progress,
+                      should_stop=should_stop)
+    return k_table_of(probes, k_max=k_max, draft_cost=draft_cost)
+
+
+def k_probes(model, prompts: list[list[int]], *, aux_layer_ids: list[int],
+             new_proposer: Callable[[list[int]], Proposer], k_max: int, max_new_tokens: int, eos: set[int],
+             device: torch.device | None = None, on_progress: Callable[[int, int], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> list[tuple[int, list[int]]]:
+    """Per prompt, in order: (output tokens after the cuts, probe_decode's lengths). A sharded evaluation
+    keeps each shard's and builds one table from them all (k_table_of), as one worker would."""
     target = TargetRunner(model, aux_layer_ids, device=device)
     probes = []
     try:
@@ -137,6 +149,11 @@ def k_table(model, prompts: list[list[int]], *, aux_layer_ids: list[int],
                 on_progress(n + 1, len(prompts))
     finally:
         target.close()
+    return probes
+
+
+def k_table_of(probes: list[tuple[int, list[int]]], *, k_max: int, draft_cost: float) -> KTable:
+    """The table from every prompt's probe, pooled over all their verification forwards."""
     measured = {}
     for k in range(1, k_max + 1):
         accepted = [a for emitted, lengths in probes for a in walk(lengths, emitted, k)]

@@ -40,8 +40,14 @@ from workers.stages.evaluate.prompts import (  # noqa: E402,F401 - the prompts' 
     prompts_from_prepared,
     validation_rows,
 )
-from workers.stages.evaluate.speculative import EvaluationStopped, PromptResult, eos_ids, measure  # noqa: E402,F401
-from workers.stages.evaluate.k_table import draft_cost_ratio, k_limit, k_table  # noqa: E402
+from workers.stages.evaluate.speculative import (  # noqa: E402,F401
+    EvaluationStopped,
+    Measurement,
+    PromptResult,
+    eos_ids,
+    measure,
+)
+from workers.stages.evaluate.k_table import KTable, draft_cost_ratio, k_limit, k_probes, k_table_of  # noqa: E402
 from workers.contract.acceptance import tau_standard_error  # noqa: E402
 from workers.contract.target import read_target_config  # noqa: E402
 
@@ -248,13 +254,20 @@ def evaluate(
     k_beyond: int = 2,
     on_progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-) -> EvaluationResult:
+    rows: range | None = None,
+    part_dir: Path | None = None,
+):
     """Decode every prompt with and without the draft; tau, acceptance per position, speeds and
     whether the texts are equal; then τ for every k from 1 to the draft's k plus `k_beyond` (the k table,
     workers.stages.evaluate.k_table; none when k_beyond < 0) and the k to serve.
 
     num_gpus > 1 spreads the target over that many GPUs as the extraction does (load_target,
-    device_map); `device` is then ignored, and the draft and the inputs go to cuda:0."""
+    device_map); `device` is then ignored, and the draft and the inputs go to cuda:0.
+
+    `rows`: one shard's part (issue 36): only prompts[rows] are decoded (the prompts are the rows, in
+    their order), their results written to `part_dir` (the shard's folder), and an EvaluationPart
+    returned; workers.stages.evaluate.parts.evaluate_merge computes the result from the parts. Greedy
+    decoding has no randomness, so a prompt's result is the same in whichever shard it is."""
     from workers.stages.extract.with_transformers import load_target, place_target
 
     started = time.monotonic()
@@ -263,6 +276,9 @@ def evaluate(
         raise EvaluationInputError("no prompts to evaluate on")
     if max_new_tokens < 1:
         raise EvaluationInputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if rows is not None and (part_dir is None or rows.step != 1 or not 0 <= rows.start < rows.stop <= len(prompts)):
+        raise EvaluationInputError(f"rows {rows.start}..{rows.stop} is not a span of the {len(prompts)} prompts "
+                                   "(or no part_dir was given for it)")
     dev, where = place_target(num_gpus, device, EvaluationInputError)
     target_cfg = read_target_config(target_dir)
     model = load_target(target_dir, dev, num_gpus)
@@ -288,16 +304,17 @@ def evaluate(
         raise EvaluationInputError(
             f"{len(too_long)} prompt(s) (first: #{too_long[0]}, {len(prompts[too_long[0]])} tokens) plus "
             f"{max_new_tokens} new tokens exceed the target's {max_len} positions; lower max_new_tokens")
+    shard = prompts if rows is None else prompts[rows.start:rows.stop]
     try:
         # draft is bound as a default, not a closure: it is deleted below
-        measured = measure(model, prompts, aux_layer_ids=aux_ids, new_proposer=lambda _, d=draft: Eagle3Proposer(d),
+        measured = measure(model, shard, aux_layer_ids=aux_ids, new_proposer=lambda _, d=draft: Eagle3Proposer(d),
                            k=k, max_new_tokens=max_new_tokens, eos=eos_ids(model), device=dev,
                            on_progress=on_progress, should_stop=should_stop)
-        table = None
+        probes, draft_cost = None, draft_cost_ratio(draft, model)
         if k_beyond >= 0:
-            table = k_table(model, prompts, aux_layer_ids=aux_ids, new_proposer=lambda _, d=draft: Eagle3Proposer(d),
-                            k_max=k_max, max_new_tokens=max_new_tokens, eos=eos_ids(model),
-                            draft_cost=draft_cost_ratio(draft, model), device=dev, should_stop=should_stop)
+            probes = k_probes(model, shard, aux_layer_ids=aux_ids, new_proposer=lambda _, d=draft: Eagle3Proposer(d),
+                              k_max=k_max, max_new_tokens=max_new_tokens, eos=eos_ids(model), device=dev,
+                              should_stop=should_stop)
     finally:
         # A target spread by accelerate holds itself in a reference cycle (its wrapped forwards), so it
         # is freed only by the collector; a run's stage then loads it again for its next checkpoint.
@@ -305,6 +322,24 @@ def evaluate(
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+    if rows is not None:
+        from workers.stages.evaluate.parts import evaluation_part_write
+
+        return evaluation_part_write(part_dir=Path(part_dir), rows=rows, k=k, max_new_tokens=max_new_tokens,
+                                     checkpoint_dir=checkpoint_dir, measured=measured, device=where,
+                                     seconds=time.monotonic() - started,
+                                     k_probes={"k_max": k_max, "draft_cost": draft_cost, "probes": probes}
+                                     if probes is not None else None)
+    table = k_table_of(probes, k_max=k_max, draft_cost=draft_cost) if probes is not None else None
+    return evaluation_result(target_dir=target_dir, checkpoint_dir=checkpoint_dir, k=k, max_new_tokens=max_new_tokens,
+                             prompts=prompts, prompt_source=prompt_source, measured=measured, table=table,
+                             device=where, seconds=time.monotonic() - started)
+
+
+def evaluation_result(*, target_dir: Path, checkpoint_dir: Path, k: int, max_new_tokens: int,
+                      prompts: list[list[int]], prompt_source: str, measured: Measurement, table: KTable | None,
+                      device: str, seconds: float) -> EvaluationResult:
+    """The stage's result from a measurement over every prompt (one worker's, or the shards' together)."""
     generations = _generations(target_dir, prompts, measured.prompts, k)
     new_tokens, spec_s, greedy_s = measured.new_tokens, measured.spec_seconds, measured.greedy_seconds
     tau, per_position, mismatched = measured.tau, measured.acceptance_per_position, measured.mismatched_prompts
@@ -317,7 +352,7 @@ def evaluate(
         spec_tokens_per_s=new_tokens / spec_s if spec_s else 0.0,
         greedy_tokens_per_s=new_tokens / greedy_s if greedy_s else 0.0,
         speedup=greedy_s / spec_s if spec_s else 0.0,
-        device=where, seconds=time.monotonic() - started, prompts=measured.prompts, generations=generations,
+        device=device, seconds=seconds, prompts=measured.prompts, generations=generations,
         tau_standard_error=tau_standard_error([p.accepted for p in measured.prompts]),
         k_table=table.as_dict() if table else {}, recommended_k=table.recommended_k if table else None,
     )

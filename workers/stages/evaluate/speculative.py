@@ -218,9 +218,15 @@ def measure(model, prompts: list[list[int]], *, aux_layer_ids: list[int], new_pr
                 on_progress(n + 1, len(prompts))
     finally:
         target.close()
+    return measurement_of(results, k=k, spec_seconds=spec_s, greedy_seconds=greedy_s)
+
+
+def measurement_of(results: list[PromptResult], *, k: int, spec_seconds: float, greedy_seconds: float) -> Measurement:
+    """τ, acceptance and the rest over every prompt's result, in prompt order: one worker's measure(), or
+    a sharded evaluation's parts put together (workers/stages/evaluate/parts.py), the same sums either way."""
     accepted_all = [a for r in results for a in r.accepted]
     tau, per_position = tau_from_accepted(accepted_all, k)
     return Measurement(prompts=results, tau=tau, acceptance_per_position=per_position,
                        new_tokens=sum(r.new_tokens for r in results), verify_forwards=len(accepted_all),
                        mismatched_prompts=[i for i, r in enumerate(results) if not r.matches_greedy],
-                       spec_seconds=spec_s, greedy_seconds=greedy_s)
+                       spec_seconds=spec_seconds, greedy_seconds=greedy_seconds)

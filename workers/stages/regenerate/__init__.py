@@ -9,8 +9,9 @@ from workers.stages.regenerate.base import (
     RegenerateStopped,
     turn_seed,
 )
-from workers.stages.regenerate.stage import regenerate
+from workers.stages.regenerate.merge import regenerate_merge
+from workers.stages.regenerate.stage import regenerate, regenerate_count_rows
 from workers.stages.regenerate.target import regenerate_check_target
 
 __all__ = ["RegenerateError", "RegenerateResult", "RegenerateSettings", "RegenerateStopped", "regenerate",
-           "regenerate_check_target", "turn_seed"]
+           "regenerate_check_target", "regenerate_count_rows", "regenerate_merge", "turn_seed"]

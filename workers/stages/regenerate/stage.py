@@ -56,6 +56,7 @@ def regenerate(
     vllm_server_url: str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    rows: range | None = None,
 ) -> RegenerateResult:
     """Write `out_path`: the source's conversations (same format, same other keys, "id" always set)
     with every user turn answered by the target, and a "regenerated" key counting the replies.
@@ -65,6 +66,12 @@ def regenerate(
     vLLM's log goes (beside out_path when not given). `device`: the transformers backend's ("auto":
     CUDA when there is one). `vllm_server_url`: answer with a vLLM server already running there
     instead of starting one. Calling again with the same out_path resumes what an earlier attempt wrote.
+
+    `rows`: one shard's part (issue 36): the chosen conversations numbered 0.. in file order (what
+    regenerate_count_rows counts), of which only these are answered, into `out_path` inside the shard's
+    folder (workers.stages.shards.shard_dir); regenerate_merge puts the parts together. The choice
+    (exclusions, max_samples, repeated ids) is made over the whole file, so a shard answers exactly the
+    conversations one worker would have, and each reply's seed depends on its row alone (turn_seed).
     """
     target_dir, source_path, out_path = Path(target_dir), Path(source_path), Path(out_path)
     if backend not in BACKENDS:
@@ -79,6 +86,8 @@ def regenerate(
                             own_ids=frozenset(exclude_own_ids))
     scan = scan_source(source_path, exclusions=exclusions, max_samples=settings.max_samples)
     check_answerable(scan, source_path)
+    if rows is not None:
+        scan.ids = _shard_of(scan.ids, rows)
     source_sha256 = file_sha256(source_path)
     dtype, max_model_len = target_dtype(target_dir), target_max_model_len(target_dir, settings.max_model_len)
 
@@ -105,14 +114,14 @@ def regenerate(
                           should_stop=should_stop) as replier:
                 version = replier.version
                 started = time.perf_counter()
-                rows = _todo_rows(source_path, todo, scan.duplicates)
-                _answer_all(rows, replier, seed=settings.seed, writer=writer, stop=stop)
+                todo_rows = _todo_rows(source_path, todo, scan.duplicates)
+                _answer_all(todo_rows, replier, seed=settings.seed, writer=writer, stop=stop)
                 seconds = time.perf_counter() - started
         else:
             version = _backend_version(backend, vllm_executable)
     finally:
         files.close()
-    if not tally.conversations:
+    if not tally.conversations and rows is None:  # a shard may fail all its own: the merge judges the whole
         raise RegenerateError(f"{source_path}: none of the {total} conversations could be answered, e.g. "
                               f"{tally.failure_examples[:3]}; see {files.failures}")
     files.finish()
@@ -128,6 +137,32 @@ def regenerate(
              result.conversations, result.resumed_from, result.turns_regenerated, result.replies_cut, result.failures,
              result.skipped_excluded, writer.new_tokens, seconds, result.tokens_per_s)
     return result
+
+
+def regenerate_count_rows(*, source_path: Path, settings: RegenerateSettings = RegenerateSettings(),
+                          exclude_ids: frozenset[str] = frozenset(), exclude_hashes: frozenset[str] = frozenset(),
+                          exclude_own_ids: frozenset[str] = frozenset()) -> int:
+    """The conversations a regeneration answers (or fails), which its shards' `rows` number: the source's
+    rows less curation's exclusions, up to max_samples. Reads the file once, without a model; a bad line
+    or a file with nothing to answer is refused here, before any shard is sent."""
+    settings.check()
+    source_path = Path(source_path)
+    if not source_path.is_file():
+        raise RegenerateError(f"{source_path}: the dataset file is not there")
+    exclusions = Exclusions(ids=frozenset(exclude_ids), hashes=frozenset(exclude_hashes),
+                            own_ids=frozenset(exclude_own_ids))
+    scan = scan_source(source_path, exclusions=exclusions, max_samples=settings.max_samples)
+    check_answerable(scan, source_path)
+    return len(scan.ids)
+
+
+def _shard_of(ids: dict[int, str], rows: range) -> dict[int, str]:
+    """The chosen conversations (line -> id, file order) that shard `rows` answers."""
+    if rows.step != 1 or rows.start < 0 or rows.stop > len(ids) or rows.start >= rows.stop:
+        raise RegenerateError(f"rows {rows.start}..{rows.stop} is not a span of the {len(ids)} conversations "
+                              "to regenerate; was the source or its curation changed after the split?")
+    lines = list(ids)[rows.start:rows.stop]
+    return {line: ids[line] for line in lines}
 
 
 class _Writer:
