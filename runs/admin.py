@@ -8,6 +8,7 @@ import runs.sweeps.admin  # noqa: F401 - sweeps and their runs
 from runs.admin_bases import InternalAdmin, NoAddAdmin
 from runs.checkpoints.models import CheckpointGenerations
 from runs.fleet.models import Worker
+from runs.pipeline.shard_models import StageShard
 from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, DemoBuild, ServeCheck, VerificationRequest
 from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.data.models import (
@@ -143,6 +144,16 @@ class StageAttemptAdmin(InternalAdmin):
     list_display = ("id", "run", "stage", "number", "outcome", "worker", "started_at", "finished_at")
     list_filter = ("stage", "outcome")
     readonly_fields = ("log_tail", "error")
+
+
+@admin.register(StageShard)
+class StageShardAdmin(InternalAdmin):
+    """One shard of a stage split over many workers: written by the workers only."""
+
+    list_display = ("id", "run", "stage", "record_id", "index", "row_start", "row_stop", "status", "worker",
+                    "attempts", "rows_done")
+    list_filter = ("stage", "status")
+    readonly_fields = ("log_tail", "error", "result")
 
 
 @admin.register(DatasetCatalogue)

@@ -35,6 +35,7 @@ from runs.pipeline.models import (  # noqa: F401
     TrainingRun,
     VocabMapping,
 )
+from runs.pipeline.shard_models import StageShard  # noqa: F401
 from runs.pipeline.stage_record import FINISHED_STATUSES, StageRecord, StageStatus  # noqa: F401 - the models' vocabulary
 from runs.projects.models import Project, ProjectMember  # noqa: F401
 from runs.reports.models import Report, ReportVersion  # noqa: F401

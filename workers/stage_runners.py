@@ -23,8 +23,9 @@ from runs.data.extractions import extraction_verify
 from runs.checkpoints.evaluation import evaluation_plan
 from runs.tracking.services import metrics_record
 from runs.models import Evaluation, StageRecord
+from runs.data.regeneration import regeneration_record
 from runs.pipeline.live_tau import tau_flat_check
-from runs.pipeline.result_records import checkpoints_register, measured_alongside_record
+from runs.pipeline.result_records import STAGE_RECORDERS, checkpoints_register, measured_alongside_record
 from runs.pipeline.stage_services import (
     StageCancelled,
     stage_progress,
@@ -310,3 +311,7 @@ STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
     "regenerate": _regenerate,
     "demo_build": _demo_build,
 }
+
+# What each stage's (and job's) worker records once it succeeded. The regeneration's recorder lives with
+# its service (runs.data.regeneration), which itself records through runs.pipeline.stage_services.
+RECORDERS = {**STAGE_RECORDERS, "regenerate": regeneration_record}

@@ -18,8 +18,6 @@ from django.db import close_old_connections, connection
 from eagle3web.db import db_retry
 from runs.alerts import events as alert_events
 from runs.alerts.services import delivery_send
-from runs.data.regeneration import regeneration_record
-from runs.pipeline.result_records import STAGE_RECORDERS
 from runs.pipeline.stage_services import (
     StageCancelled,
     stage_fail,
@@ -38,9 +36,11 @@ from runs.pipeline.launch_order import stage_choose
 from runs.pipeline.message_claims import claims_reconcile, message_claim_drop
 from runs.pipeline.stage_services import HAND_OVER_NEXT
 from workers.claims import broker_mark_check  # also: every worker claims the messages it takes
+from workers.shard_tasks import stage_shards_start  # also: registers the shards' task (eagle3web.stage_shard)
+from runs.pipeline.shard_reconcile import shards_reconcile
 from workers.contract.errors import StopRequested
 from workers.contract.failures import failure_explain, trace_for_developers
-from workers.stage_runners import STAGE_BODIES, StageReporter
+from workers.stage_runners import RECORDERS, STAGE_BODIES, StageReporter
 from workers.system_metrics import StageSampler
 
 logger = logging.getLogger(__name__)
@@ -70,13 +70,9 @@ class Heartbeat(threading.Thread):
             connection.close()
 
 
-# What each stage's (and job's) worker records once it succeeded. The regeneration's recorder lives with
-# its service (runs.data.regeneration), which itself records through runs.pipeline.stage_services.
-RECORDERS = {**STAGE_RECORDERS, "regenerate": regeneration_record}
-
-
-def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
-    """Run one stage row; True if it succeeded. Failures are recorded, not raised.
+def stage_execute(*, stage_name: str, record_id: int, worker: str, may_shard: bool = False) -> bool:
+    """Run one stage row; True if it succeeded (or, `may_shard`, was handed to its shards: workers.shard_tasks).
+    Failures are recorded, not raised.
 
     Every write here rides out a locked or unreachable database (eagle3web.db.db_retry): a task that
     raised before marking its row would leave it queued with its message gone, and one that raised
@@ -109,6 +105,8 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str) -> bool:
     try:
         related = () if kind.is_job else ("run__target", "run__dataset")
         record = db_retry("load", kind.model.objects.select_related(*related).get, pk=record_id)
+        if may_shard and (sharded := stage_shards_start(stage_name=stage_name, record=record, worker=worker)) is not None:
+            return sharded  # its shards run it, on any worker of its queue; this slot is free again
         logger.info("%s %s started on %s", stage_name, record_id, worker)
         result = STAGE_BODIES[stage_name](record, reporter)
         logger.info("%s %s finished", stage_name, record_id)
@@ -168,21 +166,24 @@ def stage_task(self, stage_name: str, run_id: int) -> bool:
     record_id = db_retry("lookup", stage_record_id, stage_name=stage_name, run_id=run_id)
     handing_over = HAND_OVER_NEXT.set(True)  # its success sends the run's next stage (stage_succeed)
     try:
-        return stage_execute(stage_name=stage_name, record_id=record_id, worker=self.request.hostname or "celery")
+        return stage_execute(stage_name=stage_name, record_id=record_id, worker=self.request.hostname or "celery",
+                             may_shard=True)
     finally:
         HAND_OVER_NEXT.reset(handing_over)
 
 
 @shared_task(bind=True, name="eagle3web.evaluate_checkpoint", acks_late=True)
 def evaluation_task(self, evaluation_id: int) -> bool:
-    return stage_execute(stage_name="evaluate", record_id=evaluation_id, worker=self.request.hostname or "celery")
+    return stage_execute(stage_name="evaluate", record_id=evaluation_id, worker=self.request.hostname or "celery",
+                         may_shard=True)
 
 
 @shared_task(bind=True, name="eagle3web.job", acks_late=True)
 def job_task(self, job_name: str, record_id: int) -> bool:
     if job_name not in JOB_NAMES:
         raise ValueError(f"unknown job {job_name!r}")
-    return stage_execute(stage_name=job_name, record_id=record_id, worker=self.request.hostname or "celery")
+    return stage_execute(stage_name=job_name, record_id=record_id, worker=self.request.hostname or "celery",
+                         may_shard=True)
 
 
 @shared_task(name="eagle3web.alert_delivery", acks_late=True)
@@ -202,7 +203,8 @@ def pipeline_run_inline(*, run_id: int) -> None:
 
 class Reconciler(threading.Thread):
     """Every few seconds, hands stages whose worker was lost back to the queue: running ones whose
-    lease lapsed (stages_reconcile), queued ones whose message a dead worker took (claims_reconcile),
+    lease lapsed (stages_reconcile), queued ones whose message a dead worker took (claims_reconcile), the
+    shards of split stages in either case (shards_reconcile),
     those a broker restarted empty forgot (broker_mark_check), and what the outbox holds. Each worker
     runs one, from its start, so lost work is found within about a lease, a lost message within a
     minute of its worker's last heartbeat, and an outage's hand-overs within seconds of its end."""
@@ -217,6 +219,7 @@ class Reconciler(threading.Thread):
                 close_old_connections()
                 stages_reconcile()
                 claims_reconcile()
+                shards_reconcile()  # shards whose worker was lost, as the two above for stages
                 sweeps_release()  # a sweep's next run, where a finished run's hand-over was missed
                 outbox_flush()  # what a broker outage kept from the queue
                 broker_mark_check()

@@ -55,6 +55,8 @@ class LaunchSerializer(serializers.Serializer):
     hidden_states_cache_gib = serializers.FloatField(required=False, help_text=(
         "online: the most the run's hidden-state cache keeps on disk, in GiB: 2**30 bytes "
         f"(default {D.hidden_states_cache_gib:g})"))
+    shards = _int("workers a stage that splits (extraction) is shared by at once, 1 to 1024; null or omitted: one "
+                  "per live worker taking the stage's queue, at most one per 64 rows", null=True)
 
 
 class CopySerializer(LaunchSerializer):

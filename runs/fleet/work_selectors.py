@@ -17,6 +17,7 @@ from runs.fleet.selectors import offline_after, workers_live
 from runs.pipeline.models import PendingEnqueue, PipelineRun
 from runs.pipeline.stage_record import FINISHED_STATUSES, StageStatus
 from runs.pipeline.launch_order import launch_times
+from runs.pipeline.shard_models import StageShard
 from runs.pipeline.routing import stage_problem, stage_queue
 from runs.pipeline.stages import STAGES, STAGES_BY_NAME
 from runs.projects import access
@@ -147,13 +148,23 @@ def _running_by_worker(names: list[str], user=None) -> dict[str, list[dict]]:
         rows = kind.model.objects.filter(status=StageStatus.RUNNING, worker__in=names).values(
             "pk", "worker", "started_at", "progress_done", "progress_total", *extra)
         found += [(kind, row) for row in rows]
-    seen = _seen(user, [("run", row["run_id"]) if row.get("run_id") is not None else _job_subject(kind.name, row)
-                        for kind, row in found])
+    # A shard of a stage split over many workers (runs.pipeline.shard_models): its worker holds that shard.
+    for shard in StageShard.objects.filter(status=StageStatus.RUNNING, worker__in=names).select_related("run"):
+        kind = STAGES_BY_NAME[shard.stage]
+        found.append((kind, {"pk": shard.record_id, "worker": shard.worker, "started_at": shard.started_at,
+                             "progress_done": shard.rows_done, "progress_total": shard.rows, "run_id": shard.run_id,
+                             "run__name": shard.run.name if shard.run else "",
+                             "shard": f"shard {shard.index} ({shard.span_label})"}))
+    # (A job's shard names no subject here: its job's page is reached from the job.)
+    seen = _seen(user, [("run", row["run_id"]) if row.get("run_id") is not None else
+                        ("shard", None) if row.get("shard") else _job_subject(kind.name, row) for kind, row in found])
     doing: dict[str, list[dict]] = defaultdict(list)
     for kind, row in found:
         run_seen = ("run", row.get("run_id")) in seen
-        subject_seen = row.get("run_id") is None and kind.name in JOB_SUBJECTS and _job_subject(kind.name, row) in seen
-        doing[row["worker"]].append({"stage": kind.name, "label": kind.label, "record_id": row["pk"],
+        subject_seen = (row.get("run_id") is None and kind.name in JOB_SUBJECTS and not row.get("shard")
+                        and _job_subject(kind.name, row) in seen)
+        label = f"{kind.label}, {row['shard']}" if row.get("shard") else kind.label
+        doing[row["worker"]].append({"stage": kind.name, "label": label, "record_id": row["pk"],
                                      "run_id": row.get("run_id") if run_seen else None,
                                      "run_name": (row.get("run__name") or "") if run_seen else "",
                                      "subject_url": _subject_url(kind.name, row) if subject_seen else "",

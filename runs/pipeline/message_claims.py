@@ -29,8 +29,9 @@ from runs.fleet.models import Worker
 from runs.fleet.selectors import heartbeat_seconds
 from runs.pipeline.models import PendingEnqueue
 from runs.pipeline.stage_record import StageStatus
-from runs.pipeline.queue import (EVALUATION_TASK, JOB_TASK, STAGE_TASK, evaluation_enqueue, job_enqueue,
-                                 pipeline_enqueue, run_next_stage)
+from runs.pipeline.queue import (EVALUATION_TASK, JOB_TASK, SHARD_TASK, STAGE_TASK, evaluation_enqueue,
+                                 job_enqueue, pipeline_enqueue, run_next_stage, shard_enqueue)
+from runs.pipeline.shard_models import StageShard
 from runs.pipeline.stages import JOBS, STAGES, STAGES_BY_NAME, StageKind
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,9 @@ def _claimable_rows(task_name: str, args: list | tuple):
         if task_name == JOB_TASK:
             job_name, record_id = args
             return STAGES_BY_NAME[job_name].model.objects.filter(pk=int(record_id))
+        if task_name == SHARD_TASK:  # one shard of a stage (runs.pipeline.shard_services)
+            stage_name, record_id, index = args
+            return StageShard.objects.filter(stage=str(stage_name), record_id=int(record_id), index=int(index))
         if task_name == EVALUATION_TASK:
             (evaluation_id,) = args
             return STAGES_BY_NAME["evaluate"].model.objects.filter(pk=int(evaluation_id))
@@ -81,7 +85,7 @@ def message_claim_drop(*, task_name: str, args: list | tuple, worker: str) -> No
         rows.filter(status=StageStatus.QUEUED, worker=worker[:200]).update(worker="", lease_expires_at=None)
 
 
-def _claimer_alive(name: str, claimed_at: datetime, now: datetime) -> bool:
+def claimer_alive(name: str, claimed_at: datetime, now: datetime) -> bool:
     """The worker that claimed at `claimed_at` still runs: it heartbeats, it did not say it stopped,
     and it has not started again since (a restarted worker keeps its name and forgets its messages).
     A heartbeat a few seconds late counts as a death: sending a message twice costs nothing."""
@@ -120,7 +124,7 @@ def claims_reconcile() -> list[str]:
                 if row is None:
                     continue
                 claimed_at = row.lease_expires_at - timedelta(seconds=CLAIM_SECONDS)
-                if _claimer_alive(row.worker, claimed_at, now):
+                if claimer_alive(row.worker, claimed_at, now):
                     kind.model.objects.filter(pk=pk).update(lease_expires_at=now + timedelta(seconds=CLAIM_SECONDS))
                     continue
                 line = (f"worker {row.worker} took this {'job' if kind.is_job else 'stage'}'s message and was lost "
@@ -156,6 +160,10 @@ def _messages_owed() -> list[tuple[str, object]]:
         for run_id in _outside_outbox(queued, PendingEnqueue.Kind.PIPELINE, "run_id").values_list("run_id", flat=True):
             if run_next_stage(run_id=run_id) == kind.name:
                 owed.append((f"{kind.name} of run {run_id}", lambda run_id=run_id: pipeline_enqueue(run_id=run_id)))
+    # A sharded stage's queued shards, while the stage runs (a failed or cancelled one's wait for Retry).
+    for shard in _outside_outbox(StageShard.objects.filter(status=StageStatus.QUEUED), PendingEnqueue.Kind.SHARD):
+        if STAGES_BY_NAME[shard.stage].model.objects.filter(pk=shard.record_id, status=StageStatus.RUNNING).exists():
+            owed.append((str(shard), lambda pk=shard.pk: shard_enqueue(shard_id=pk)))
     return owed
 
 

@@ -85,9 +85,10 @@ class PendingEnqueue(models.Model):
         VERIFY = "verify", "extraction verification"
         SERVE_CHECK = "serve_check", "vLLM serve check"
         DEMO_BUILD = "demo_build", "demo target build"
+        SHARD = "shard", "stage shard"  # object_id: the StageShard's
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
-    object_id = models.PositiveIntegerField(help_text="the run's, the evaluation's or the job's id")
+    object_id = models.PositiveIntegerField(help_text="the run's, the evaluation's, the job's or the shard's id")
     created_at = models.DateTimeField(auto_now_add=True)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)

@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 STAGE_TASK = "eagle3web.stage"  # workers.tasks.stage_task
 EVALUATION_TASK = "eagle3web.evaluate_checkpoint"  # workers.tasks.evaluation_task
 JOB_TASK = "eagle3web.job"  # workers.tasks.job_task
+SHARD_TASK = "eagle3web.stage_shard"  # workers.shard_tasks.stage_shard_task
 # Rows younger than this are left to their own on-commit delivery.
 RETRY_AFTER = timedelta(seconds=5)
 # How long a delivery after commit rides out a locked or lost database, in the request that
@@ -47,6 +48,13 @@ def _send(kind: str, object_id: int) -> None:
             config = PipelineRun.objects.filter(pk=object_id).values_list("config", flat=True).first() or {}
             celery_app.send_task(STAGE_TASK, args=[stage_name, object_id],
                                  queue=stage_queue(stage_name=stage_name, config=config))
+    elif kind == PendingEnqueue.Kind.SHARD:
+        from runs.pipeline.shard_models import StageShard
+
+        shard = StageShard.objects.filter(pk=object_id).first()
+        if shard is not None and shard.status == StageStatus.QUEUED:
+            celery_app.send_task(SHARD_TASK, args=[shard.stage, shard.record_id, shard.index],
+                                 queue=stage_row_queue(stage_name=shard.stage, record_id=shard.record_id))
     elif kind in JOB_NAMES:
         celery_app.send_task(JOB_TASK, args=[kind, object_id], queue=job_queue(job_name=kind, record_id=object_id))
     else:
@@ -61,6 +69,17 @@ def run_next_stage(*, run_id: int) -> str | None:
         if status != StageStatus.SUCCEEDED:
             return stage.name if status == StageStatus.QUEUED else None
     return None
+
+
+def stage_row_queue(*, stage_name: str, record_id: int) -> str:
+    """The queue a stage row (of a run, or a job) is routed to; its shards go there too (issue 36)."""
+    if stage_name in JOB_NAMES:
+        return job_queue(job_name=stage_name, record_id=record_id)
+    run_id = STAGES_BY_NAME[stage_name].model.objects.filter(pk=record_id).values_list("run_id", flat=True).first()
+    if run_id is None:  # a checkpoint's own measurement
+        return STAGES_BY_NAME[stage_name].queue
+    config = PipelineRun.objects.filter(pk=run_id).values_list("config", flat=True).first() or {}
+    return stage_queue(stage_name=stage_name, config=config)
 
 
 def job_queue(*, job_name: str, record_id: int) -> str:
@@ -126,6 +145,11 @@ def evaluation_enqueue(*, evaluation_id: int) -> None:
 def job_enqueue(*, job_name: str, record_id: int) -> None:
     """After the caller's transaction commits, hand a job's row (runs.pipeline.stages.JOBS) to a worker."""
     _enqueue_after_commit(job_name, record_id)
+
+
+def shard_enqueue(*, shard_id: int) -> None:
+    """After the caller's transaction commits, hand one shard of a stage (runs.pipeline.shard_models) to a worker."""
+    _enqueue_after_commit(PendingEnqueue.Kind.SHARD, shard_id)
 
 
 def outbox_flush() -> int:

@@ -26,6 +26,7 @@ MIN_TOKENS_PER_STEP, MAX_TOKENS_PER_STEP = 16, 1_048_576
 MAX_SEED = 2**32 - 1
 MAX_EVAL_PROMPTS = 1000
 MAX_EVAL_NEW_TOKENS = 4096
+MAX_SHARDS = 1024  # workers one stage is split over (issue 36); a fleet, not a typo
 # Which checkpoint is a run's best (runs.pipeline.best): the highest τ measured on its held-out prompts,
 # or the lowest validation loss. The first is the default: τ is what a draft is deployed for.
 BEST_BY = ("tau", "val_loss")
@@ -44,7 +45,7 @@ RENAMED_SETTINGS = {"hidden_states_cache_gb": ("hidden_states_cache_gib", "it co
 
 INT_FIELDS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "seed",
               "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus",
-              "capture_servers", "stop_when_tau_flat")
+              "capture_servers", "stop_when_tau_flat", "shards")
 FLOAT_FIELDS = ("lr", "val_fraction", "hidden_states_cache_gib")
 
 
@@ -211,6 +212,9 @@ class RunConfig:
     capture_urls: list[str] = field(default_factory=list)
     capture_servers: int = 1
     hidden_states_cache_gib: float = DEFAULT_CACHE_GIB
+    # How many workers one stage is split over (issue 36; workers.shard_tasks): None decides when the stage
+    # starts, one shard per live worker that takes its queue, at most one per 64 rows.
+    shards: int | None = None
 
     def __post_init__(self) -> None:
         for name, known in (("extraction_backend", EXTRACTION_BACKENDS), ("training_backend", TRAINING_BACKENDS)):
@@ -260,6 +264,8 @@ class RunConfig:
              f"eval_max_new_tokens must be between 1 and 4096, got {self.eval_max_new_tokens}"),
             ("tensor_parallel_size", 1 <= self.tensor_parallel_size <= MAX_GPUS,
              f"tensor_parallel_size must be between 1 and {MAX_GPUS}, got {self.tensor_parallel_size}"),
+            ("shards", self.shards is None or 1 <= self.shards <= MAX_SHARDS,
+             f"shards must be a whole number from 1 to {MAX_SHARDS} (or left out), got {self.shards}"),
             ("train_gpus", 1 <= self.train_gpus <= MAX_GPUS,
              f"train_gpus must be between 1 and {MAX_GPUS}, got {self.train_gpus}"),
             ("stop_when_tau_flat", self.stop_when_tau_flat is None or 1 <= self.stop_when_tau_flat <= MAX_TAU_PATIENCE,

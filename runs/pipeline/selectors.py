@@ -18,6 +18,7 @@ from runs.pipeline.online import is_online, online_note, supply_dict
 from runs.checkpoints.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
 from runs.checkpoints.k_selectors import k_summary, newest_k_measurement
 from runs.pipeline.upstream_commands import run_speculators_train_command, with_serve_commands
+from runs.pipeline.shard_selectors import run_shards
 from runs.pipeline.stages import STAGES
 from runs.projects import access
 
@@ -189,7 +190,7 @@ def run_is_finished(run: PipelineRun) -> bool:
     return all(record.is_finished for _, _, record in run_stages(run))
 
 
-def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
+def _stage_dict(name: str, label: str, record: StageRecord, shards: list[dict] | None = None) -> dict:
     entry = {
         "name": name,
         "label": label,
@@ -207,6 +208,8 @@ def _stage_dict(name: str, label: str, record: StageRecord) -> dict:
         "log_tail": record.log_shown,
         "out_dir": record.out_dir,
         "warnings": stage_warnings(name, record),
+        # A stage split over many workers (runs.pipeline.shard_selectors); [] for one that ran whole.
+        "shards": shards or [],
     }
     if name == "prepare":
         entry.update({key: getattr(record, key) for key in (
@@ -269,6 +272,7 @@ def run_summary(run: PipelineRun) -> dict:
     shown = best.best_measurement(evaluation, choice)
     evaluated = next((c for c in checkpoints if shown and c.pk == shown.checkpoint_id), None)
     policy = run_data_policy(run=run) if run.dataset_id and run.target_id else None
+    shards = run_shards(run_id=run.pk)
     summary = {
         "run_id": run.pk,
         "name": str(run),
@@ -300,7 +304,7 @@ def run_summary(run: PipelineRun) -> dict:
         "ids": {"preparation": prep.pk, "extract_stage": extract.pk,
                 "extraction": extraction.pk if extraction else None, "vocab_mapping": vocab.pk,
                 "training_run": training.pk, "evaluation": evaluation.pk if evaluation else None},
-        "stages": [_stage_dict(name, label, record) for name, label, record in run_stages(run)],
+        "stages": [_stage_dict(name, label, record, shards.get(name)) for name, label, record in run_stages(run)],
         "tokens": {
             "conversations": prep.num_conversations,
             "rows": prep.num_rows,

@@ -24,6 +24,7 @@ from runs.pipeline.failure_selectors import run_failure
 from runs.pipeline.dataset_launch_check import HEAD_BYTES, HEAD_CONVERSATIONS, dataset_head, dataset_launch_check
 from runs.pipeline.online import online_refusal
 from runs.pipeline.queue import pipeline_enqueue
+from runs.pipeline.shard_models import StageShard
 from runs.pipeline.preflight import launch_preflight
 from runs.projects.services import launch_project
 from runs.roles import require, require_on_run
@@ -225,6 +226,8 @@ def run_cancel(*, run: PipelineRun, user: AbstractBaseUser) -> int:
         cancelled += stage.model.objects.filter(run=run).exclude(status__in=FINISHED_STATUSES).update(
             status=StageStatus.CANCELLED, finished_at=now, error=f"cancelled by {user.get_username()}"
         )
+    StageShard.objects.filter(run=run, status__in=[StageStatus.QUEUED, StageStatus.RUNNING]).update(
+        status=StageStatus.CANCELLED, finished_at=now, lease_expires_at=None)  # their workers stop at their next report
     signals.run_over.send(sender=PipelineRun, run_id=run.pk)  # its sweep's next run, if it had one waiting
     return cancelled
 

@@ -21,6 +21,7 @@ from runs.pipeline.stage_record import StageRecord, StageStatus
 from runs.tracking.services import metrics_truncate
 from runs.pipeline.changes import training_changed
 from runs.pipeline.online import run_id_is_online
+from runs.pipeline.shard_rows import shards_cancel, stages_with_live_shards
 from runs.pipeline.stages import JOBS, STAGES, STAGES_BY_NAME
 from workers.contract.failures import Failure, failure_details, failure_from_text
 
@@ -161,6 +162,8 @@ def stages_reconcile() -> list[str]:
         rows = kind.model.objects.filter(lapsed, status=StageStatus.RUNNING)
         if kind.related_name:  # a run trained elsewhere holds no lease: its client, not a worker, runs it
             rows = rows.exclude(run__external=True)
+        # A stage split into shards lives while a shard is queued or running: shards_reconcile cares for those.
+        rows = rows.exclude(pk__in=stages_with_live_shards(kind.name))
         for pk in rows.values_list("pk", flat=True):
             with transaction.atomic():
                 row = kind.model.objects.select_for_update(skip_locked=True).filter(
@@ -241,6 +244,8 @@ def stage_fail(*, stage_name: str, record_id: int, error: str, log_tail: str, ca
     )
     _attempt_close(stage_name=stage_name, record_id=record_id, outcome=status, log_tail=log_tail, error=error[-20000:],
                    started_at=started_at)
+    if updated and cancelled:  # a failure leaves its other shards to finish, so that Retry has less to do
+        shards_cancel(stage_name=stage_name, record_id=record_id)
     if started_at is not None and not updated and not _stage_qs(stage_name, record_id, started_at).exists():
         return  # the row went on without this attempt (queued again, retried): later stages are not its to cancel
     if STAGES_BY_NAME[stage_name].is_job:

@@ -18,6 +18,7 @@ from runs.pipeline.run_config import (
     MAX_EVAL_PROMPTS,
     MAX_NAME_CHARS,
     MAX_SAMPLES,
+    MAX_SHARDS,
     MAX_SEED,
     MAX_SEQ_LEN,
     MAX_TOKENS_PER_STEP,
@@ -90,6 +91,10 @@ class LaunchForm(forms.Form):
     epochs = forms.IntegerField(min_value=1, max_value=MAX_EPOCHS, initial=2)
     lr = forms.FloatField(min_value=1e-7, max_value=0.5, initial=3e-4, label="Learning rate")
     ttt_steps = forms.IntegerField(min_value=1, max_value=MAX_TTT_STEPS, initial=3, label="TTT steps")
+    shards = forms.IntegerField(
+        min_value=1, max_value=MAX_SHARDS, required=False, label="Shards per stage",
+        help_text="Workers a stage that splits (the extraction) is shared by at once; its outputs are what one "
+                  "worker makes. Empty: one per live worker that takes the stage's queue, at most one per 64 rows.")
     max_tokens_per_step = forms.IntegerField(
         min_value=MIN_TOKENS_PER_STEP, max_value=MAX_TOKENS_PER_STEP, required=False, label="Tokens per training step",
         help_text="Rows are packed up to this many tokens per step. Never shorter than the longest "
@@ -170,7 +175,8 @@ class LaunchForm(forms.Form):
     # Folded under "Advanced settings" (open when one of them has an error), and the sweep box.
     ADVANCED = ("max_tokens_per_step", "val_fraction", "seed", "eval_prompts", "eval_max_new_tokens",
                 "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "serve_check", "best_by",
-                "live_tau", "stop_when_tau_flat", "hidden_states", "capture_servers", "capture_urls", "hidden_states_cache_gib")
+                "live_tau", "stop_when_tau_flat", "hidden_states", "capture_servers", "capture_urls", "hidden_states_cache_gib",
+                "shards")
     SWEEP = ("vary", "sweep_mode", "parallel")
     WIDE = ("name", "target_path", "dataset_path", "notes", "vary")  # the whole width of the form
 
@@ -289,6 +295,7 @@ class LaunchForm(forms.Form):
             capture_urls=data.get("capture_urls") or [],
             capture_servers=defaults.capture_servers if data.get("capture_servers") is None else data["capture_servers"],
             hidden_states_cache_gib=data.get("hidden_states_cache_gib") or defaults.hidden_states_cache_gib,
+            shards=data.get("shards"),
         )
 
 

@@ -20,7 +20,7 @@ from workers.contract.errors import InputError
 
 # The flags of the settings whose errors are worded in flag words here (RunConfigError.field -> flag).
 FLAGS = {"hidden_states": "--hidden-states", "capture_urls": "--capture-url", "capture_servers": "--capture-servers",
-         "hidden_states_cache_gib": "--hidden-states-cache-gib"}
+         "hidden_states_cache_gib": "--hidden-states-cache-gib", "shards": "--shards"}
 
 
 def in_flag_words(exc: RunConfigError) -> str:
@@ -66,6 +66,7 @@ def _run_config_from(opts: dict) -> RunConfig:
         capture_urls=check_capture_urls(opts["capture_urls"], named="--capture-url {}"),
         capture_servers=opts["capture_servers"],
         hidden_states_cache_gib=opts["hidden_states_cache_gib"],
+        shards=opts.get("shards"),
     )
 
 
@@ -126,6 +127,9 @@ class Command(BaseCommand):
                             help="online: the most the run's hidden-state cache keeps on disk, in GiB (2**30 "
                             "bytes; default %(default)s)")
         parser.add_argument("--hidden-states-cache-gb", type=float, help=argparse.SUPPRESS)  # renamed: refused
+        parser.add_argument("--shards", type=int, default=None, metavar="N",
+                            help="split each stage that can (extraction) over N workers at once; default: one "
+                            "shard per live worker taking the stage's queue, at most one per 64 rows")
         parser.add_argument("--name", default="")
         parser.add_argument("--user", default="", help="owner's username (default: the 'cli' account)")
         mode = parser.add_mutually_exclusive_group()

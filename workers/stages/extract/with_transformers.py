@@ -76,6 +76,7 @@ from workers.stages.extract.resume import (  # noqa: E402
     extraction_fingerprint,
     resume_or_start,
 )
+from workers.stages.extract.shards import ExtractionShard, shard_fingerprint  # noqa: E402
 from workers.contract.progress import ProgressFn  # noqa: E402
 from workers.contract.target import read_target_config, validate_layer_ids  # noqa: E402
 from workers.stages.torch_internals import release_pinned_host_cache  # noqa: E402
@@ -168,18 +169,20 @@ def open_prepared(prepared_dir: Path) -> tuple[Dataset, list[int]]:
 
 def _forward_batches(model, data, lengths: list[int], batch_tokens: int, layer_ids: list[int],
                      device: torch.device, only: list[int] | None = None, *,
-                     capture: bool = True) -> Iterator[ForwardedBatch]:
-    """Every row (or the rows in `only`) through the base model, batch by batch in
-    plan_forward_batches' order; with `capture`, each batch's requested layers stacked [B, T, L, H]
-    in STORE_DTYPE, left on the device (the caller copies them when and how it likes)."""
+                     capture: bool = True, batches: list[list[int]] | None = None) -> Iterator[ForwardedBatch]:
+    """Every row (or the rows in `only`, or exactly `batches`: lists of row indices) through the base model,
+    batch by batch in plan_forward_batches' order; with `capture`, each batch's requested layers stacked
+    [B, T, L, H] in STORE_DTYPE, left on the device (the caller copies them when and how it likes)."""
     base, _, _ = decoder_parts(model)
     pad_id = model.config.pad_token_id if isinstance(model.config.pad_token_id, int) else 0
     input_ids = data.data.table.column("input_ids")
     hooks = LayerCapture(model, layer_ids) if capture else None
     todo = list(range(len(lengths))) if only is None else only
+    if batches is None:
+        batches = [[todo[j] for j in planned] for planned in plan_forward_batches([lengths[i] for i in todo],
+                                                                                   batch_tokens)]
     try:
-        for planned in plan_forward_batches([lengths[i] for i in todo], batch_tokens):
-            batch = [todo[j] for j in planned]
+        for batch in batches:
             # One arrow gather per batch: data[i] per row would build a dict of every column.
             rows = input_ids.take(batch).to_pylist()
             ids, mask = _pad(rows, pad_id, device)
@@ -262,7 +265,8 @@ def extract(
     batch_tokens: int | None = None,
     on_progress: ProgressFn | None = None,
     overlap: bool | None = None,
-) -> ExtractionResult:
+    rows: range | None = None,
+) -> ExtractionResult | ExtractionShard:
     """Run the target over every prepared row and write hidden states plus data_config.json.
 
     num_gpus > 1 spreads the target over that many GPUs (load_target); `device` is then ignored.
@@ -272,7 +276,12 @@ def extract(
     None: overlapped on CUDA, synchronous on the CPU (see files._writer). The files are the same.
 
     out_dir must be absent, empty, or an earlier attempt of this same extraction (see
-    workers.stages.extract.resume): then the samples it wrote whole are kept, not extracted again."""
+    workers.stages.extract.resume): then the samples it wrote whole are kept, not extracted again.
+
+    rows: one shard of a split extraction (workers.stages.extract.shards): positions in the order one
+    worker extracts the rows (the batch plan's); only their files are written, in the very batches one
+    worker would run, into out_dir (the shard's folder), and no manifest (extract_merge writes it).
+    Returns an ExtractionShard then."""
     import pyarrow.compute as pc
 
     started = time.perf_counter()
@@ -291,22 +300,35 @@ def extract(
     store_dtype = str(STORE_DTYPE).removeprefix("torch.")
     fingerprint = extraction_fingerprint(target_dir=target_dir, prepared_dir=prepared_dir, layer_ids=layer_ids,
                                          dtype=store_dtype, num_rows=num_rows)
+    dev, where = place_target(num_gpus, device)
+    budget = batch_token_budget(dev, batch_tokens)
+    wanted, shard_plan = range(num_rows), None
+    if rows is not None:
+        shard_plan = plan_forward_batches(lengths, budget)
+        if not 0 <= rows.start < rows.stop <= num_rows:
+            raise ValueError(f"rows {rows.start}..{rows.stop} are not a span of the {num_rows} prepared rows")
+        wanted = [i for batch in shard_plan for i in batch][rows.start:rows.stop]
+        fingerprint = shard_fingerprint(fingerprint, rows)
     hs_dir, reused, resumable = resume_or_start(
         out_dir=out_dir, fingerprint=fingerprint, hs_dirname=HIDDEN_STATES_DIRNAME, manifest_name=MANIFEST_NAME,
         input_ids=input_ids, num_layers=len(layer_ids), hidden_size=target.hidden_size)
     kept = set(reused.indices)
-    todo = [i for i in range(num_rows) if i not in kept]
+    todo = [i for i in wanted if i not in kept]
+    total = len(wanted)
+    batches = None
+    if shard_plan is not None:  # the batches one worker runs, less the rows of other shards and those kept
+        left = set(todo)
+        batches = [kept_rows for batch in shard_plan if (kept_rows := [i for i in batch if i in left])]
     if resumable:
         log.info("resuming %s: %d of %d samples already written whole are kept, %d incomplete redone",
                  out_dir, len(kept), num_rows, reused.redone)
 
-    dev, where = place_target(num_gpus, device)
     threaded = dev.type == "cuda" if overlap is None else bool(overlap)
     split = dict.fromkeys(("model_load", "forward_loop", "forward", "copies", "writes", "write_wait", "drain"), 0.0)
     bytes_on_disk, extracted_tokens, done = reused.nbytes, 0, len(kept)
-    step = max(1, num_rows // 100)
+    step = max(1, total // 100)
     if on_progress is not None and done:
-        on_progress(done, num_rows)
+        on_progress(done, total)
 
     pending: deque = deque()  # (rows, future of (bytes, seconds writing)) per batch handed to the writer, in order
 
@@ -320,8 +342,8 @@ def extract(
             split["writes"] += seconds
             extracted_tokens += sum(len(row) for row in rows)
             prev, done = done, done + len(rows)
-            if on_progress is not None and (done // step != prev // step or done == num_rows):
-                on_progress(done, num_rows)
+            if on_progress is not None and (done // step != prev // step or done == total):
+                on_progress(done, total)
 
     if todo:  # a resumed extraction with nothing left to do never loads the model
         t0 = time.perf_counter()
@@ -330,9 +352,10 @@ def extract(
         _, layers, _ = decoder_parts(model)
         if len(layers) != target.num_layers:
             raise ValueError(f"{target_dir}: config says {target.num_layers} layers, model has {len(layers)}")
-        budget = batch_token_budget(dev, batch_tokens)
         if threaded and dev.type == "cuda":
-            capacity = _largest_batch_tokens(lengths, todo, budget) * len(layer_ids) * target.hidden_size
+            largest = (_largest_batch_tokens(lengths, todo, budget) if batches is None else
+                       max(len(b) * max(lengths[i] for i in b) for b in batches))
+            capacity = largest * len(layer_ids) * target.hidden_size
             copies = PinnedCopies(dev, capacity, WRITES_IN_FLIGHT, STORE_DTYPE)
         else:
             copies = BlockingCopies(dev)
@@ -340,11 +363,12 @@ def extract(
         # closing(): whatever stops the loop takes the hooks off the model; the writer's `with` cancels
         # what is queued and joins its thread, so that no file is written after extract() returned.
         with (
-            closing(_forward_batches(model, data, lengths, budget, layer_ids, dev, only=todo)) as batches,
+            closing(_forward_batches(model, data, lengths, budget, layer_ids, dev, only=todo,
+                                     batches=batches)) as forwarded_batches,
             _writer(threaded) as writer,
         ):
             loop_started = time.perf_counter()
-            for forwarded in batches:
+            for forwarded in forwarded_batches:
                 if forward_times is not None:
                     forward_times.add(*forwarded.events)
                 else:
@@ -376,6 +400,14 @@ def extract(
             # stage (a training, say) may want that memory. Private in torch 2.x: see torch_internals.
             release_pinned_host_cache()
 
+    if rows is not None:
+        log.info("shard rows %d..%d: extracted %d rows (%d kept from an earlier attempt), %d tokens",
+                 rows.start, rows.stop, len(todo), len(kept), extracted_tokens)
+        return ExtractionShard(
+            row_start=rows.start, row_stop=rows.stop, out_dir=str(out_dir), num_samples=total,
+            samples_reused=len(kept), tokens_reused=reused.tokens, tokens_extracted=extracted_tokens,
+            bytes_on_disk=bytes_on_disk, model_load_seconds=split["model_load"], forward_seconds=split["forward_loop"],
+            total_seconds=time.perf_counter() - started, device=where, time_split_s=split)
     result = write_manifest(
         out_dir=out_dir, hs_dir=hs_dir, target_dir=target_dir, prepared_dir=prepared_dir, lengths=lengths,
         layer_ids=layer_ids, hidden_size=target.hidden_size, dtype=store_dtype, tp_size=1, started=started,

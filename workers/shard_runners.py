@@ -1,0 +1,106 @@
+"""The stages that split into shards (issue 36) and, for each, what the shard framework (workers.shard_tasks)
+asks of it. The seam, for a stage joining SHARDABLE:
+
+- `rows(record) -> int`: how many rows the stage will do, counted cheaply (no model load); the
+  planner splits them (with the run's `shards`, or workers.stages.shards.shards_default).
+- `spans(record, shards) -> list[range]`: the shards' spans; workers.stages.shards.spans_split unless
+  the stage needs its own edges (Transformers extraction: its forward batches').
+- `run(record, reporter, index, rows) -> dict`: do one shard's rows (a range of those row numbers) into
+  the shard's folder (workers.stages.shards.shard_dir of the stage's folder), with `reporter.progress`
+  and `reporter.cancelled` as any stage's callbacks; return a JSON-able dict (the shard row's `result`).
+- `merge(record, shards, reporter) -> result`: given every shard row (all succeeded, in index order, each
+  with its `result`), put the parts together and return what the stage's recorder takes
+  (workers.stage_runners.RECORDERS), exactly as one worker's run would have returned it.
+- `applies(record) -> bool`: False where this run's stage cannot split (an online run's extraction).
+
+Each runner turns the row into plain paths and calls Django-free stage functions, as workers.stage_runners do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from django.conf import settings
+
+from runs.pipeline import online as online_run
+from workers.stage_runners import _backend, _target_dir
+from workers.stages.shards import shard_dir, spans_split
+
+
+@dataclass(frozen=True)
+class Shardable:
+    rows: Callable[[object], int]
+    run: Callable[[object, object, int, range], dict]
+    merge: Callable[[object, list, object], object]
+    spans: Callable[[object, int], list[range]] | None = None
+    applies: Callable[[object], bool] = lambda record: True
+
+    def spans_for(self, record, shards: int) -> list[range]:
+        return self.spans(record, shards) if self.spans else spans_split(self.rows(record), shards)
+
+
+def _extraction_dir(record) -> Path:
+    return Path(record.run.output_dir) / "extraction"
+
+
+def _extract_paths(record) -> dict:
+    run = record.run
+    return dict(target_dir=_target_dir(run), prepared_dir=Path(run.preparation.out_dir), layer_ids=record.layer_ids)
+
+
+def _extract_batch_tokens() -> int | None:
+    return settings.EAGLE3WEB_EXTRACT_BATCH_TOKENS or None
+
+
+def _extract_spans(record, shards: int) -> list[range]:
+    """Transformers: edges at the forward batches' edges in the order one worker runs them; vLLM: even spans."""
+    backend, gpus = _backend(record.run, "extract")
+    if backend == "vllm":
+        return spans_split(record.run.preparation.num_rows, shards)
+    from workers.stages.extract.shards import batch_spans
+    from workers.stages.extract.with_transformers import (batch_token_budget, open_prepared,
+                                                          plan_forward_batches, place_target)
+
+    _, lengths = open_prepared(Path(record.run.preparation.out_dir))
+    dev, _ = place_target(gpus, "auto")
+    return batch_spans(plan_forward_batches(lengths, batch_token_budget(dev, _extract_batch_tokens())), shards)
+
+
+def _extract_shard(record, reporter, index: int, rows: range) -> dict:
+    backend, gpus = _backend(record.run, "extract")
+    common = dict(**_extract_paths(record), out_dir=shard_dir(_extraction_dir(record), index), rows=rows,
+                  on_progress=reporter.progress)
+    if backend == "vllm":
+        from workers.contract.backends import vllm_executable
+        from workers.stages.extract.with_vllm import extract_with_vllm
+
+        shard = extract_with_vllm(**common, tensor_parallel_size=gpus, vllm_executable=vllm_executable(),
+                                  should_stop=reporter.cancelled)
+    else:
+        from workers.stages.extract.with_transformers import extract
+
+        shard = extract(**common, num_gpus=gpus, batch_tokens=_extract_batch_tokens())
+    return shard.as_dict()
+
+
+def _extract_merge(record, shards: list, reporter):
+    from workers.contract.target import read_target_config
+    from workers.stages.extract.shards import extract_merge
+    from workers.stages.extract.with_transformers import STORE_DTYPE, open_prepared
+
+    backend, gpus = _backend(record.run, "extract")
+    paths = _extract_paths(record)
+    _, lengths = open_prepared(paths["prepared_dir"])
+    vllm = backend == "vllm"
+    return extract_merge(**paths, out_dir=_extraction_dir(record),
+                         hidden_size=read_target_config(paths["target_dir"]).hidden_size, lengths=lengths,
+                         dtype=str(STORE_DTYPE).removeprefix("torch."), shards=[s.result for s in shards],
+                         tp_size=gpus if vllm else 1, extra={"extraction_backend": "vllm"} if vllm else None)
+
+
+SHARDABLE: dict[str, Shardable] = {
+    "extract": Shardable(rows=lambda record: record.run.preparation.num_rows or 0, run=_extract_shard,
+                         merge=_extract_merge, spans=_extract_spans,
+                         applies=lambda record: not online_run.is_online(record.run.config)),
+}
