@@ -59,6 +59,7 @@ from workers.stages.extract.resume import (
     extraction_fingerprint,
     resume_or_start,
 )
+from workers.stages.extract.shards import ExtractionShard, shard_fingerprint
 from workers.contract.progress import ProgressFn
 from workers.contract.target import read_target_config, read_target_json, validate_layer_ids
 from workers.contract.vllm_env import hidden_states_connector, kvcache_gib, server_environment, vllm_install_at
@@ -217,11 +218,16 @@ def extract_with_vllm(
     concurrency: int = DEFAULT_CONCURRENCY,
     on_progress: ProgressFn | None = None,
     should_stop: Callable[[], bool] | None = None,
-) -> ExtractionResult:
+    rows: range | None = None,
+) -> ExtractionResult | ExtractionShard:
     """Hidden states for every prepared row from `vllm serve`, in extract()'s layout and manifest.
 
     out_dir must be absent, empty, or an earlier attempt of this same extraction (by either
-    backend): the samples it holds whole are kept and never sent to vLLM again."""
+    backend): the samples it holds whole are kept and never sent to vLLM again.
+
+    rows: one shard of a split extraction (workers.stages.extract.shards): these prepared rows only (a
+    request is one row, so the prepared order is the order), into out_dir (the shard's folder), and no
+    manifest (extract_merge writes it). Returns an ExtractionShard then."""
     started = time.perf_counter()
     target_dir, prepared_dir, out_dir = Path(target_dir), Path(prepared_dir), Path(out_dir)
     if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
@@ -237,12 +243,18 @@ def extract_with_vllm(
 
     fingerprint = extraction_fingerprint(target_dir=target_dir, prepared_dir=prepared_dir, layer_ids=layer_ids,
                                          dtype=STORE_DTYPE, num_rows=num_rows)
+    wanted = range(num_rows)
+    if rows is not None:
+        if not 0 <= rows.start < rows.stop <= num_rows:
+            raise ValueError(f"rows {rows.start}..{rows.stop} are not a span of the {num_rows} prepared rows")
+        wanted, fingerprint = rows, shard_fingerprint(fingerprint, rows)
     hs_dir, reused, resumable = resume_or_start(
         out_dir=out_dir, fingerprint=fingerprint, hs_dirname=HIDDEN_STATES_DIRNAME, manifest_name=MANIFEST_NAME,
         input_ids=input_ids, num_layers=len(layer_ids), hidden_size=target.hidden_size)
     num_layers, hidden_size = len(layer_ids), target.hidden_size
     kept = set(reused.indices)
-    todo = [i for i in range(num_rows) if i not in kept]
+    todo = [i for i in wanted if i not in kept]
+    total = len(wanted)
     staging = out_dir / STAGING_DIRNAME
     leftovers = _clear_staging(staging)
     if resumable:
@@ -250,13 +262,13 @@ def extract_with_vllm(
                  out_dir, len(kept), num_rows, reused.redone, leftovers)
 
     done, tokens_extracted, nbytes = len(kept), 0, reused.nbytes
-    step = max(1, num_rows // 100)
+    step = max(1, total // 100)
     startup_seconds = generate_seconds = 0.0
     if on_progress is not None and done:
-        on_progress(done, num_rows)
+        on_progress(done, total)
 
     def stopped() -> ExtractionStopped:
-        return ExtractionStopped(f"extraction stopped on request with {done} of {num_rows} samples written; "
+        return ExtractionStopped(f"extraction stopped on request with {done} of {total} samples written; "
                                  "a retry keeps them")
 
     if todo:  # a resumed extraction with nothing left to do never starts a server
@@ -284,10 +296,18 @@ def extract_with_vllm(
                     prev, done = done, done + 1
                     tokens_extracted += finished.tokens
                     nbytes += finished.nbytes
-                    if on_progress is not None and (done // step != prev // step or done == num_rows):
-                        on_progress(done, num_rows)
+                    if on_progress is not None and (done // step != prev // step or done == total):
+                        on_progress(done, total)
             generate_seconds = time.perf_counter() - t0
     shutil.rmtree(staging, ignore_errors=True)
+    if rows is not None:
+        log.info("vLLM shard rows %d..%d: extracted %d rows (%d kept from an earlier attempt), %d tokens",
+                 rows.start, rows.stop, len(todo), len(kept), tokens_extracted)
+        return ExtractionShard(
+            row_start=rows.start, row_stop=rows.stop, out_dir=str(out_dir), num_samples=total,
+            samples_reused=len(kept), tokens_reused=reused.tokens, tokens_extracted=tokens_extracted,
+            bytes_on_disk=nbytes, model_load_seconds=startup_seconds, forward_seconds=generate_seconds,
+            total_seconds=time.perf_counter() - started, device=f"vllm (tensor parallel {tensor_parallel_size})")
 
     result = write_manifest(
         out_dir=out_dir, hs_dir=hs_dir, target_dir=target_dir, prepared_dir=prepared_dir, lengths=lengths,
