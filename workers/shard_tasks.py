@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import traceback
 
 from celery import shared_task
 from django.conf import settings
@@ -33,8 +32,9 @@ from runs.pipeline.stage_services import HAND_OVER_NEXT, StageCancelled, stage_f
 from runs.pipeline.stages import STAGES_BY_NAME
 from runs.models import StageAttempt, StageStatus
 from workers.contract.errors import StopRequested
+from workers.contract.failures import failure_explain, trace_for_developers
 from workers.shard_runners import SHARDABLE
-from workers.stage_runners import RECORDERS, StageReporter
+from workers.stage_runners import RECORDERS, StageReporter, failure_context
 from workers.stages.shards import shards_default
 
 logger = logging.getLogger(__name__)
@@ -151,8 +151,8 @@ def shard_execute(*, stage_name: str, record_id: int, index: int, worker: str) -
 
     torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
     watched = _attach(reporter)
+    kind, record = STAGES_BY_NAME[stage_name], None
     try:
-        kind = STAGES_BY_NAME[stage_name]
         related = () if kind.is_job else ("run__target", "run__dataset")
         record = db_retry("load", kind.model.objects.select_related(*related).get, pk=record_id)
         logger.info("shard %d (%s) of %s %s started on %s", index, shard.span_label, stage_name, record_id, worker)
@@ -167,9 +167,10 @@ def shard_execute(*, stage_name: str, record_id: int, index: int, worker: str) -
         return False
     except Exception as exc:  # noqa: BLE001 - every failure must reach the page
         logger.exception("shard %d of %s %s failed", index, stage_name, record_id)
-        error = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
+        failure = failure_explain(exc, stage_name=stage_name, context=failure_context(record, kind))
         db_retry("shard failure", shard_fail, stage_name=stage_name, record_id=record_id, index=index,
-                 started_at=fence, error=error, log_tail=reporter.shard_tail)
+                 started_at=fence, error=failure.sentence, failure=failure, trace=trace_for_developers(exc),
+                 log_tail=reporter.shard_tail)
         return False
     finally:
         heartbeat.stopped.set()
@@ -206,9 +207,10 @@ def stage_merge(*, stage_name: str, record_id: int, worker: str) -> bool:
         return False
     except Exception as exc:  # noqa: BLE001 - every failure must reach the page
         logger.exception("merging the shards of %s %s failed", stage_name, record_id)
-        error = f"merging the shards failed on {worker}: {type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
-        db_retry("failure", stage_fail, stage_name=stage_name, record_id=record_id, error=error,
-                 log_tail=f"{record.log_tail}\n{reporter.tail}", started_at=fence)
+        failure = failure_explain(exc, stage_name=stage_name, context=failure_context(record, kind))
+        db_retry("failure", stage_fail, stage_name=stage_name, record_id=record_id,
+                 error=f"merging its {len(shards)} shards failed on {worker}: {failure.sentence}", failure=failure,
+                 trace=trace_for_developers(exc), log_tail=f"{record.log_tail}\n{reporter.tail}", started_at=fence)
         return False
     finally:
         HAND_OVER_NEXT.reset(handing_over)

@@ -315,3 +315,13 @@ STAGE_BODIES: dict[str, Callable[[StageRecord, StageReporter], object]] = {
 # What each stage's (and job's) worker records once it succeeded. The regeneration's recorder lives with
 # its service (runs.data.regeneration), which itself records through runs.pipeline.stage_services.
 RECORDERS = {**STAGE_RECORDERS, "regenerate": regeneration_record}
+
+
+def failure_context(record, kind) -> dict:
+    """What a failure's sentence may name: the run's target and dataset paths and its packing budget.
+    Empty for a job, or when the row could not even be loaded (record None)."""
+    run = getattr(record, "run", None) if record is not None and not kind.is_job else None
+    if run is None:
+        return {}
+    return {"target": run.target.path, "dataset": run.dataset.path,
+            "max_tokens_per_step": (run.config or {}).get("max_tokens_per_step")}

@@ -40,7 +40,7 @@ from workers.shard_tasks import stage_shards_start  # also: registers the shards
 from runs.pipeline.shard_reconcile import shards_reconcile
 from workers.contract.errors import StopRequested
 from workers.contract.failures import failure_explain, trace_for_developers
-from workers.stage_runners import RECORDERS, STAGE_BODIES, StageReporter
+from workers.stage_runners import RECORDERS, STAGE_BODIES, StageReporter, failure_context
 from workers.system_metrics import StageSampler
 
 logger = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str, may_shard: bo
         return False
     except Exception as exc:  # noqa: BLE001 - every failure must reach the page
         logger.exception("%s %s failed", stage_name, record_id)  # the worker's own log keeps the whole traceback
-        failure = failure_explain(exc, stage_name=stage_name, context=_failure_context(record, kind))
+        failure = failure_explain(exc, stage_name=stage_name, context=failure_context(record, kind))
         db_retry("failure", stage_fail, stage_name=stage_name, record_id=record_id, error=failure.sentence,
                  failure=failure, trace=trace_for_developers(exc), log_tail=reporter.tail, started_at=fence)
         return False
@@ -130,16 +130,6 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str, may_shard: bo
             sampler.stop()
         for log in watched:
             log.removeHandler(reporter)
-
-
-def _failure_context(record, kind) -> dict:
-    """What a failure's sentence may name: the run's target and dataset paths and its packing budget.
-    Empty for a job, or when the row could not even be loaded (record None)."""
-    run = getattr(record, "run", None) if record is not None and not kind.is_job else None
-    if run is None:
-        return {}
-    return {"target": run.target.path, "dataset": run.dataset.path,
-            "max_tokens_per_step": (run.config or {}).get("max_tokens_per_step")}
 
 
 @shared_task(bind=True, name="eagle3web.stage", acks_late=True)

@@ -179,23 +179,23 @@ def shard_succeed(*, stage_name: str, record_id: int, index: int, started_at: da
 
 
 def shard_fail(*, stage_name: str, record_id: int, index: int, started_at: datetime, error: str, log_tail: str,
-               cancelled: bool = False) -> None:
+               cancelled: bool = False, failure=None, trace: str = "") -> None:
     """Record the shard's end; a failure (not a cancel) fails its stage, naming the shard, its rows and
-    its worker."""
+    its worker, before `error` (the sentence of workers.contract.failures' `failure`; `trace` for developers)."""
     with transaction.atomic():
         shard = _running(stage_name, record_id, index, started_at).select_for_update().first()
         if shard is None:
             return  # sent again or cancelled meanwhile: this attempt's end is nobody's news
         status = StageStatus.CANCELLED if cancelled else StageStatus.FAILED
+        shown = f"{error}\n\n{trace}" if trace else error
         StageShard.objects.filter(pk=shard.pk).update(status=status, finished_at=timezone.now(),
-                                                      lease_expires_at=None, error=error[-LOG_CHARS:],
+                                                      lease_expires_at=None, error=shown[-LOG_CHARS:],
                                                       log_tail=log_tail[-LOG_CHARS:])
         runs_changed(run_ids=[shard.run_id])
         if cancelled:
             return
         stage = _stage_rows(stage_name, record_id).first()
-        first_line = error.strip().splitlines()[0] if error.strip() else "failed"
         stage_fail(stage_name=stage_name, record_id=record_id,
-                   error=f"shard {index} ({shard.span_label}) failed on worker {shard.worker}: {first_line}\n\n{error}",
-                   log_tail=log_appended(stage.log_tail if stage else "",
+                   error=f"shard {index} ({shard.span_label}) failed on worker {shard.worker}: {error}",
+                   failure=failure, trace=trace, log_tail=log_appended(stage.log_tail if stage else "",
                                       f"shard {index} ({shard.span_label}) failed on {shard.worker}")[-LOG_CHARS:])

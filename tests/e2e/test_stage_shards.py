@@ -145,7 +145,8 @@ def test_a_failed_shard_fails_the_stage_naming_it_and_retry_runs_only_that_shard
         stage = ExtractStage.objects.get(run=run)
         assert failed.status == StageStatus.FAILED and failed.worker
         assert stage.error.startswith(f"shard 1 (rows {failed.row_start}–{failed.row_stop - 1}) failed on worker "
-                                      f"{failed.worker}: NotADirectoryError")
+                                      f"{failed.worker}: ")
+        assert "NotADirectoryError" in failed.error and str(blocker) in failed.error  # its cause, for developers
         kept = shard_files(shard_dir(out, 0) / "hidden_states")
         assert len(kept) == StageShard.objects.get(run=run, index=0).rows
         blocker.unlink()
