@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0025_failure_kinds'),
+        ('runs', '0026_training_stopped_early'),
     ]
 
     operations = [
