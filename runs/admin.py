@@ -15,6 +15,7 @@ from runs.data.models import (
     CurationAction,
     Dataset,
     DatasetSample,
+    EvalSuite,
     Extraction,
     Manifest,
     TargetModel,
@@ -47,6 +48,16 @@ class TargetModelAdmin(NoAddAdmin):
 class DatasetAdmin(NoAddAdmin):
     list_display = ("name", "path", "size_bytes", "created_at")
     search_fields = ("name", "path", "notes")
+
+
+@admin.register(EvalSuite)
+class EvalSuiteAdmin(NoAddAdmin):
+    """Registered by the launch that first names it with a path (runs.data.suites checks the file there); curated
+    here: its notes, and `retired` to refuse it to new runs. Its name and path stay: runs measured on them say so."""
+    list_display = ("name", "path", "size_bytes", "retired", "created_by", "created_at")
+    list_filter = ("retired",)
+    search_fields = ("name", "path", "notes")
+    readonly_fields = ("name", "path", "size_bytes", "created_by", "created_at")
 
 
 class StageInline(admin.StackedInline):

@@ -13,6 +13,7 @@ from runs.data.models import (  # noqa: F401
     CurationAction,
     Dataset,
     DatasetSample,
+    EvalSuite,
     Extraction,
     Manifest,
     TargetModel,

@@ -227,23 +227,38 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
         if num_gpus != 1:
             _backend(record.run, "evaluate")  # refused here, naming why, on a worker that cannot spread it
     plan = evaluation_plan(evaluation=record)
-    common = dict(target_dir=plan.target_dir, prompts=prompts_load(plan.prompts), prompt_source=plan.prompt_source,
-                  max_new_tokens=record.max_new_tokens, num_speculative_tokens=record.num_speculative_tokens,
-                  num_gpus=num_gpus, should_stop=reporter.cancelled, k_beyond=settings.EAGLE3WEB_K_BEYOND_TRAINED)
-    # One progress over every checkpoint measured (prompts x checkpoints), said from the start: the page showed
+    settings_ = dict(target_dir=plan.target_dir, max_new_tokens=record.max_new_tokens,
+                     num_speculative_tokens=record.num_speculative_tokens, num_gpus=num_gpus,
+                     should_stop=reporter.cancelled, k_beyond=settings.EAGLE3WEB_K_BEYOND_TRAINED)
+    held_out = prompts_load(plan.prompts)
+    # The run's evaluation suites first, on every checkpoint, then its held-out prompts: the stage's own row,
+    # recorded last, decides the best (runs.pipeline.best) once every measurement it compares is in.
+    suites = {name: (str(source.path), prompts_load(source)) for name, source in plan.suites.items()}
+    checkpoints = [*plan.also, (plan.checkpoint_id, plan.checkpoint_dir)]
+    # One progress over every measurement (prompts x checkpoints x suites), said from the start: the page showed
     # "–" until the last checkpoint began, then counted that one's prompts alone.
-    per = max(1, len(common["prompts"]))
-    total = per * (len(plan.also) + 1)
+    total = len(checkpoints) * (len(held_out) + sum(len(p) for _, p in suites.values()))
+    done = 0
     reporter.progress(0, total)
 
-    def progress_of(index: int):
-        return lambda done, _of: reporter.progress(index * per + done, total)
+    def measured(checkpoint_dir: Path, prompts: list[list[int]], source: str):
+        nonlocal done
+        start = done
+        result = evaluate(checkpoint_dir=checkpoint_dir, prompts=prompts, prompt_source=source,
+                          on_progress=lambda n, _of: reporter.progress(start + n, total), **settings_)
+        done = start + len(prompts)
+        return result
 
     # Recorded with this measurement's settings: a serve check of one of them derives its prompts from them.
-    for index, (checkpoint_id, path) in enumerate(plan.also):
+    for name, (path, prompts) in suites.items():
+        for checkpoint_id, checkpoint_dir in checkpoints:
+            db_retry("evaluation", measured_alongside_record, measured=record, checkpoint_id=checkpoint_id,
+                     result=measured(checkpoint_dir, prompts, f"evaluation suite {name} ({path})"),
+                     prompts_path=path, suite=name)
+    for checkpoint_id, checkpoint_dir in plan.also:
         db_retry("evaluation", measured_alongside_record, measured=record, checkpoint_id=checkpoint_id,
-                 result=evaluate(checkpoint_dir=path, on_progress=progress_of(index), **common))
-    return evaluate(checkpoint_dir=plan.checkpoint_dir, on_progress=progress_of(len(plan.also)), **common)
+                 result=measured(checkpoint_dir, held_out, plan.prompt_source))
+    return measured(plan.checkpoint_dir, held_out, plan.prompt_source)
 
 
 def _catalogue(record, reporter: StageReporter):

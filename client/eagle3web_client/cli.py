@@ -29,7 +29,8 @@ LAUNCH_INTS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_
                "stop_when_tau_flat", "shards")
 LAUNCH_FLOATS = ("lr", "val_fraction", "hidden_states_cache_gib")
 # --project NAME: the project the run goes into (one you edit); without it, Default (docs/runs/comparing.md).
-LAUNCH_TEXTS = ("name", "project", "notes", "extraction_backend", "training_backend", "best_by", "hidden_states")
+LAUNCH_TEXTS = ("name", "project", "notes", "extraction_backend", "training_backend", "best_by", "hidden_states",
+                "best_suite")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,6 +61,11 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument("--live-tau", action=argparse.BooleanOptionalAction, default=None)
     launch.add_argument("--capture-url", dest="capture_urls", action="append", metavar="URL",
                         help="online: a running capture server's base URL; once per server")
+    launch.add_argument("--eval-suite", dest="eval_suites", action="append", metavar="NAME=PATH",
+                        help="an evaluation suite measured on every checkpoint: a chat file on the server, or NAME "
+                        "alone for a registered suite; once per suite")
+    launch.add_argument("--best-suite-weight", dest="best_suite_weights", action="append", metavar="NAME=WEIGHT",
+                        help="choose the best by a mix of suites' τ: once per suite, the weights summing to 1")
 
     for name, helptext in (("status", "one run"), ("cancel", "cancel a run's unfinished stages")):
         runs.add_parser(name, help=helptext).add_argument("run_id", type=int)
@@ -95,6 +101,19 @@ def _launch_options(args: argparse.Namespace) -> dict:
         value = getattr(args, name)
         if value is not None:
             options[name] = value
+    if args.eval_suites:  # NAME=PATH, or NAME alone: {"code": "/data/code.jsonl", "chat": ""}
+        options["eval_suites"] = {name.strip(): path.strip() for name, _, path in
+                                  (item.partition("=") for item in args.eval_suites)}
+    if args.best_suite_weights:
+        weights = {}
+        for item in args.best_suite_weights:
+            name, _, weight = item.partition("=")
+            try:
+                weights[name.strip()] = float(weight)
+            except ValueError:
+                raise ApiError(f"--best-suite-weight {item!r} must be NAME=WEIGHT",
+                               fields={"best_suite_weights": "NAME=WEIGHT"}) from None
+        options["best_suite_weights"] = weights
     return options
 
 

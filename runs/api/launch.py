@@ -28,6 +28,19 @@ def form_data(body: dict, *, base: dict | None = None) -> dict:
         if any(not url.strip() or any(c.isspace() for c in url.strip()) for url in urls):
             raise ValidationError({"capture_urls": ["each of capture_urls must be one URL, without spaces"]})
         data["capture_urls"] = "\n".join(url.strip() for url in urls)
+    # The form's boxes hold a suite a line (NAME=PATH) and the weights as NAME=WEIGHT separated by commas.
+    for key, joiner in (("eval_suites", "\n"), ("best_suite_weights", ", ")):
+        value = data.get(key)
+        if isinstance(value, dict):
+            if not all(isinstance(name, str) and "=" not in name and "," not in name and "\n" not in name
+                       for name in value):
+                raise ValidationError({key: [f"{key} must map suite names to values"]})
+            if key == "eval_suites" and not all(isinstance(path, str) and "\n" not in path for path in value.values()):
+                raise ValidationError({key: ["eval_suites must map each suite name to a path (text, or \"\" for a "
+                                             "registered suite)"]})
+            data[key] = joiner.join(f"{name}={v}" if v != "" else name for name, v in value.items())
+        elif value not in (None, ""):
+            raise ValidationError({key: [f"{key} must be an object mapping suite names to values"]})
     # The form reads an empty value as "not given", as a browser sends it.
     return {key: "" if value is None else value for key, value in data.items()}
 

@@ -47,6 +47,12 @@ class LaunchSerializer(serializers.Serializer):
                               null=True)
     best_by = serializers.CharField(required=False, help_text=f"{D.best_by} (default: the highest measured τ) or "
                                     "val_loss (the lowest validation loss): which checkpoint is the run's best")
+    eval_suites = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, help_text=(
+        "evaluation suites measured on every checkpoint besides the held-out prompts: {name: chat JSONL under the "
+        "data roots}, \"\" for a registered suite"))
+    best_suite = serializers.CharField(required=False, help_text="the suite whose τ chooses the best (default held_out)")
+    best_suite_weights = serializers.DictField(child=serializers.FloatField(), required=False, help_text=(
+        "or a mix: {suite: weight}, the weights summing to 1"))
     hidden_states = serializers.CharField(required=False, help_text=(
         f"{D.hidden_states} (default: extract, then train) or online (capture servers produce them while training)"))
     capture_urls = serializers.ListField(child=serializers.CharField(), required=False, help_text=(

@@ -32,6 +32,9 @@ class EvaluationPlan:
     # The pipeline's stage also measures the run's other checkpoints on the same prompts, so that
     # every checkpoint a run registers shows a measured tau.
     also: list[tuple[int, Path]] = field(default_factory=list)
+    checkpoint_id: int | None = None
+    # The run's evaluation suites, {name: chat file} (runs.data.suites), each measured on every checkpoint too.
+    suites: dict[str, PromptSource] = field(default_factory=dict)
 
 
 def _trained_here(checkpoint: Checkpoint) -> bool:
@@ -75,7 +78,8 @@ def evaluation_plan(*, evaluation: Evaluation, limit: int | None = None) -> Eval
     if evaluation.prompts_path:
         path = Path(evaluation.prompts_path)
         return EvaluationPlan(Path(checkpoint.path), target_dir, str(path),
-                              PromptSource(kind="file", path=path, limit=limit, tokenizer_dir=target_dir))
+                              PromptSource(kind="file", path=path, limit=limit, tokenizer_dir=target_dir),
+                              checkpoint_id=checkpoint.pk)
     if not _trained_here(checkpoint):
         raise EvaluationRequestError(
             f"checkpoint {checkpoint.pk} was not trained here, so it has no validation conversations; give a prompts file")
@@ -83,8 +87,13 @@ def evaluation_plan(*, evaluation: Evaluation, limit: int | None = None) -> Eval
     prepared = Path(run.preparation.out_dir)
     rows = validation_rows(Path(checkpoint.path).parent)
     source = f"validation conversations of {run} ({prepared})"
+    # Confined again at the stage: a suite's file linked out of the data roots since the launch is refused.
+    suites = {name: PromptSource(kind="file", path=check_under_data_roots(path, kind=f"eval suite {name}'s file"),
+                                 limit=limit, tokenizer_dir=target_dir)
+              for name, path in ((run.config or {}).get("eval_suites") or {}).items()} if evaluation.run_id else {}
     return EvaluationPlan(Path(checkpoint.path), target_dir, source,
-                          PromptSource(kind="prepared", path=prepared, limit=limit, row_indices=tuple(rows)), also)
+                          PromptSource(kind="prepared", path=prepared, limit=limit, row_indices=tuple(rows)), also,
+                          checkpoint_id=checkpoint.pk, suites=suites)
 
 
 @transaction.atomic

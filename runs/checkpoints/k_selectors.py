@@ -39,6 +39,10 @@ def checkpoint_recommended_k(checkpoint: Checkpoint) -> int | None:
     return newest.recommended_k if newest else None
 
 
-def k_summary(evaluation: Evaluation | None) -> dict:
-    """The run summary's keys for a checkpoint: `tau_by_k` ({k: τ}) and `recommended_k` of `evaluation`."""
-    return {"tau_by_k": tau_by_k(evaluation), "recommended_k": evaluation.recommended_k if evaluation else None}
+def checkpoint_deploy_keys(*, checkpoint: Checkpoint, score) -> dict:
+    """The run summary's keys for choosing what to deploy, per checkpoint: `tau_by_suite` ({suite: τ},
+    runs.pipeline.best's CheckpointScore), and `tau_by_k` ({k: τ}) and `recommended_k` of the measurement the
+    serve command's k comes from: the newest with a k table (newest_k_measurement), so that they agree."""
+    evaluation = newest_k_measurement(checkpoint)
+    return {"tau_by_suite": dict(score.tau_by_suite) if score is not None else {},
+            "tau_by_k": tau_by_k(evaluation), "recommended_k": evaluation.recommended_k if evaluation else None}

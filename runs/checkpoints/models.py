@@ -77,6 +77,9 @@ class Evaluation(StageRecord):
     RUN_LOOKUPS = ("run_id", "checkpoint__training_run__run_id")
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     prompts_path = models.CharField(max_length=1000, blank=True, help_text="empty: the run's validation conversations")
+    # The evaluation suite these prompts are (runs.data.suites): empty for the held-out conversations and for a
+    # file asked for by hand.
+    suite = models.CharField(max_length=40, blank=True)
     max_prompts = models.PositiveIntegerField(default=32)
     max_new_tokens = models.PositiveIntegerField(default=64)
     num_speculative_tokens = models.PositiveIntegerField(null=True, blank=True, help_text="empty: the checkpoint's own")

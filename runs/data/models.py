@@ -54,6 +54,26 @@ class Dataset(models.Model):
         return reverse("runs:dataset_detail", args=[self.pk])
 
 
+class EvalSuite(models.Model):
+    """A named prompt set (code, chat, math, a team's own traffic): a chat file under the data roots that runs
+    measure every checkpoint on besides their held-out prompts (runs.data.suites). Registered by the first run
+    that names it with a path; curated in the admin (its notes, whether launches may still name it)."""
+
+    name = models.CharField(max_length=40, unique=True)
+    path = models.CharField(max_length=1000)
+    size_bytes = models.BigIntegerField(default=0)
+    notes = models.TextField(blank=True)
+    retired = models.BooleanField(default=False, help_text="refused to new runs; measurements already made stay")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class DatasetSample(models.Model):
     """One conversation of a dataset, for curation: excluded ones are skipped by later preparations."""
 

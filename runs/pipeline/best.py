@@ -20,11 +20,17 @@ check landing moves nothing.
 Only measurements comparable with the run's own count: the evaluate stage's prompts (the held-out
 conversations), its number of prompts, new tokens and proposal length. A measurement someone asked for
 with other prompts or settings measures something else and is left out of the choice (it still shows on
-the checkpoint's page). Runs trained elsewhere report their own checkpoints and have no choice of ours."""
+the checkpoint's page). Runs trained elsewhere report their own checkpoints and have no choice of ours.
+
+Evaluation suites (runs.data.suites): the stage measures every checkpoint on each of the run's suites too,
+with the same new tokens, proposal length and number of prompts; `tau_by_suite` holds each ({name: τ}, the
+held-out prompts under HELD_OUT). Under "tau" a run's `best_suite` (default HELD_OUT) chooses, or its
+`best_suite_weights`, a mix Σ w·τ_suite over the suites it names (a checkpoint missing one of them has no
+mix and is not chosen); that figure is the score's `chosen_tau`, the held-out τ stays its `tau`."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.db import transaction
 from django.db.models import Prefetch
@@ -34,7 +40,7 @@ from runs.pipeline.job_models import ServeCheck
 from runs.pipeline.models import PipelineRun, TrainingRun
 from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.changes import training_changed
-from runs.pipeline.run_config import BEST_BY
+from runs.pipeline.run_config import BEST_BY, HELD_OUT
 
 TAU, VAL_LOSS = BEST_BY
 # Two τ equal to this many decimals are a tie, as between the runs of a sweep (runs.sweeps.selectors).
@@ -55,6 +61,8 @@ class CheckpointScore:
     tau_standard_error: float | None  # of `tau`, over its prompts (None: not kept, or one prompt)
     vllm_tau: float | None  # vLLM's emitted-token τ on the same prompts, where a serve check succeeded: shown
     evaluation: Evaluation | None = field(default=None, compare=False, repr=False)  # where `tau` comes from
+    tau_by_suite: dict[str, float] = field(default_factory=dict)  # {suite: τ}, HELD_OUT's being `tau`
+    chosen_tau: float | None = None  # what the choice compares: the run's best_suite's τ, or its weighted mix
 
     @property
     def noise(self) -> float | None:
@@ -83,8 +91,8 @@ def lowest_val_loss(scores: list[CheckpointScore]) -> CheckpointScore | None:
 def highest_tau(scores: list[CheckpointScore]) -> CheckpointScore | None:
     """The highest τ; on a tie to TAU_DECIMALS the lower validation loss, then the earlier epoch. None
     while no checkpoint is measured."""
-    measured = [s for s in scores if s.tau is not None]
-    return min(measured, key=lambda s: (-round(s.tau, TAU_DECIMALS), _loss(s), s.epoch), default=None)
+    measured = [s for s in scores if s.chosen_tau is not None]
+    return min(measured, key=lambda s: (-round(s.chosen_tau, TAU_DECIMALS), _loss(s), s.epoch), default=None)
 
 
 def run_best_by(run: PipelineRun) -> str | None:
@@ -93,6 +101,31 @@ def run_best_by(run: PipelineRun) -> str | None:
     if run.external:
         return None
     return (run.config or {}).get("best_by", VAL_LOSS)
+
+
+def run_best_suite(run: PipelineRun) -> tuple[str, dict[str, float]]:
+    """(the suite whose τ chooses, the weights of a mix: empty unless the run stated one)."""
+    config = run.config or {}
+    return config.get("best_suite") or HELD_OUT, dict(config.get("best_suite_weights") or {})
+
+
+def _chosen_tau(tau_by_suite: dict[str, float], suite: str, weights: dict[str, float]) -> float | None:
+    if not weights:
+        return tau_by_suite.get(suite)
+    if any(name not in tau_by_suite for name in weights):
+        return None
+    return sum(weight * tau_by_suite[name] for name, weight in weights.items())
+
+
+def _on_suites(measured: list[Evaluation], names: list[str], stage: Evaluation) -> dict[str, float]:
+    """{suite: τ} of a checkpoint's latest measurement on each suite made as the stage measures (its new
+    tokens, proposal length and number of prompts asked)."""
+    taus: dict[str, float] = {}
+    for e in measured:  # newest first
+        if (e.suite in names and e.suite not in taus and e.tau is not None and e.max_new_tokens == stage.max_new_tokens
+                and e.num_speculative_tokens == stage.num_speculative_tokens and e.max_prompts == stage.max_prompts):
+            taus[e.suite] = e.tau
+    return taus
 
 
 def _measured_alike(evaluation: Evaluation) -> dict:
@@ -150,14 +183,20 @@ def checkpoint_scores(*, run: PipelineRun, checkpoints: list[Checkpoint] | None 
                                            **{k: v for k, v in alike.items() if k != "prompts_path"})
         for checkpoint_id, tau in checks.order_by("-id").values_list("checkpoint_id", "vllm_tau_emitted"):
             vllm.setdefault(checkpoint_id, tau)  # the latest
+    suite, weights = run_best_suite(run)
+    names = list((run.config or {}).get("eval_suites") or {})
     scores = []
     for c in sorted(checkpoints, key=lambda c: c.epoch):
-        ours = next((e for e in c.measured if decided and e.tau is not None
+        ours = next((e for e in c.measured if decided and e.tau is not None and not e.suite
                      and all(getattr(e, k) == v for k, v in alike.items())), None)  # the latest alike
+        by_suite = {HELD_OUT: ours.tau} if ours else {}
+        if decided and names:
+            by_suite.update(_on_suites(c.measured, names, stage))
         scores.append(CheckpointScore(checkpoint_id=c.pk, epoch=c.epoch, val_loss=c.val_loss,
                                       tau=ours.tau if ours else None,
                                       tau_standard_error=ours.tau_standard_error if ours else None,
-                                      vllm_tau=vllm.get(c.pk), evaluation=ours))
+                                      vllm_tau=vllm.get(c.pk), evaluation=ours, tau_by_suite=by_suite,
+                                      chosen_tau=_chosen_tau(by_suite, suite, weights)))
     return scores
 
 
@@ -167,6 +206,8 @@ class BestChoice:
     by_tau: CheckpointScore | None  # the choice of each rule, whichever the run follows
     by_val_loss: CheckpointScore | None
     provisional: bool  # under "tau" before every checkpoint is measured: the lowest loss stands in
+    scores: list[CheckpointScore] = field(default_factory=list, repr=False)
+    on: str = HELD_OUT  # what τ chooses, in words: a suite's name, or the mix ("0.5 held_out + 0.5 code")
 
     @property
     def best(self) -> CheckpointScore | None:
@@ -179,8 +220,10 @@ class BestChoice:
 def best_choice(*, run: PipelineRun, scores: list[CheckpointScore]) -> BestChoice:
     by = run_best_by(run)
     by_tau = highest_tau(scores)
+    suite, weights = run_best_suite(run)
+    on = " + ".join(f"{w:g} {name}" for name, w in weights.items()) if weights else suite
     return BestChoice(by=by, by_tau=by_tau, by_val_loss=lowest_val_loss(scores),
-                      provisional=by == TAU and bool(scores) and by_tau is None)
+                      provisional=by == TAU and bool(scores) and by_tau is None, scores=scores, on=on)
 
 
 def best_measurement(evaluation: Evaluation | None, choice: BestChoice) -> Evaluation | None:
@@ -228,6 +271,13 @@ def best_text(choice: BestChoice) -> str:
         return (f"best so far (provisional): {_described(lowest)}, the lowest validation loss; the best is the "
                 "checkpoint with the highest τ, chosen once the evaluate stage has measured every checkpoint.")
     by_tau = choice.by_tau
+    if choice.by == TAU and choice.on != HELD_OUT:
+        chosen = (f"best by τ on {choice.on}: epoch {by_tau.epoch + 1} (τ {by_tau.chosen_tau:.2f} on {choice.on}"
+                  + ("" if by_tau.tau is None else f"; held-out τ {by_tau.tau:.2f}") + ")")
+        by_held_out = highest_tau([replace(s, chosen_tau=s.tau) for s in choice.scores])
+        if by_held_out is not None and by_held_out.checkpoint_id != by_tau.checkpoint_id:
+            chosen += f"; by held-out τ alone: {_described(by_held_out)}"
+        return chosen + "."
     if choice.by == TAU:
         if by_tau.checkpoint_id == lowest.checkpoint_id:
             return f"best by τ: {_described(by_tau)}, also the lowest validation loss."
@@ -242,16 +292,18 @@ def _score_dict(score: CheckpointScore | None) -> dict | None:
     if score is None:
         return None
     return {"checkpoint_id": score.checkpoint_id, "epoch": score.epoch, "val_loss": score.val_loss,
-            "tau": score.tau, "tau_standard_error": score.tau_standard_error, "vllm_tau": score.vllm_tau}
+            "tau": score.tau, "tau_standard_error": score.tau_standard_error, "vllm_tau": score.vllm_tau,
+            "chosen_tau": score.chosen_tau, "tau_by_suite": score.tau_by_suite}
 
 
 def best_dict(choice: BestChoice) -> dict:
     """The summary's `best`: the rule, the checkpoint it picks (our τ, its standard error, vLLM's τ where
     served), whether that is provisional, each rule's choice, the sentence, and whether vLLM's τ of the
     best disagrees with ours beyond the prompts' noise (`vllm_disagrees`, `noise`, `vllm_note`)."""
-    none = dict.fromkeys(("checkpoint_id", "epoch", "val_loss", "tau", "tau_standard_error", "vllm_tau"))
+    none = dict.fromkeys(("checkpoint_id", "epoch", "val_loss", "tau", "tau_standard_error", "vllm_tau", "chosen_tau",
+                          "tau_by_suite"))
     chosen = None if choice.provisional else choice.best
-    return {"by": choice.by, **(_score_dict(choice.best) or none),
+    return {"by": choice.by, "on": choice.on, **(_score_dict(choice.best) or none),
             "noise": chosen.noise if chosen else None,
             "vllm_disagrees": chosen.vllm_disagrees if chosen else None, "vllm_note": vllm_note(choice),
             "provisional": choice.provisional, "by_tau": _score_dict(choice.by_tau),

@@ -141,14 +141,17 @@ def _best_serve_check(*, run_id: int | None, best: Checkpoint | None) -> None:
         serve_check_request(checkpoint=best, user=None, evaluation=stage)
 
 
-def measured_alongside_record(*, measured: Evaluation, checkpoint_id: int, result: EvaluationResult) -> Evaluation:
+def measured_alongside_record(*, measured: Evaluation, checkpoint_id: int, result: EvaluationResult,
+                              prompts_path: str | None = None, suite: str = "") -> Evaluation:
     """A measurement the pipeline's evaluate stage made of one of the run's other checkpoints, beside
     `measured` (the run's own) and on its prompts: it records the settings it was made with, so that
     a serve check starting from it (runs.checkpoints.serve_check_services) derives the same prompt
-    list, not the first max_prompts' default of them."""
+    list, not the first max_prompts' default of them. On one of the run's evaluation suites: `prompts_path`
+    its file, `suite` its name."""
     with transaction.atomic():
         evaluation = Evaluation.objects.create(checkpoint_id=checkpoint_id, status=StageStatus.SUCCEEDED,
-                                               finished_at=timezone.now(), prompts_path=measured.prompts_path,
+                                               finished_at=timezone.now(), suite=suite,
+                                               prompts_path=measured.prompts_path if prompts_path is None else prompts_path,
                                                max_prompts=measured.max_prompts, **result_columns(Evaluation, result))
         generations_record(evaluation=evaluation, generations=result.generations)
     return evaluation

@@ -43,6 +43,14 @@ DEFAULT_CACHE_GIB = 20.0
 # refused, naming the new one, rather than taken in a unit it never counted in.
 RENAMED_SETTINGS = {"hidden_states_cache_gb": ("hidden_states_cache_gib", "it counts GiB (2**30 bytes), not GB")}
 
+# Evaluation suites (issue 39, runs.data.suites): named prompt sets every checkpoint is measured on besides
+# the held-out prompts, which are always among them under HELD_OUT; the best is chosen by one of them
+# (best_suite) or by a weighted mix (best_suite_weights, summing to 1 within WEIGHTS_TOLERANCE).
+HELD_OUT = "held_out"
+MAX_EVAL_SUITES = 8
+SUITE_NAME_CHARS = 40
+WEIGHTS_TOLERANCE = 1e-3
+
 INT_FIELDS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "seed",
               "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus",
               "capture_servers", "stop_when_tau_flat", "shards")
@@ -215,6 +223,11 @@ class RunConfig:
     # How many workers one stage is split over (issue 36; workers.shard_tasks): None decides when the stage
     # starts, one shard per live worker that takes its queue, at most one per 64 rows.
     shards: int | None = None
+    # {name: chat file}: measured on every checkpoint besides the held-out prompts (HELD_OUT); a name given
+    # with an empty path is a suite registered before (runs.data.suites.eval_suites_register resolves both).
+    eval_suites: dict[str, str] = field(default_factory=dict)
+    best_suite: str = HELD_OUT  # the suite whose τ chooses the best under best_by "tau"
+    best_suite_weights: dict[str, float] = field(default_factory=dict)  # or a mix of suites' τ, summing to 1
 
     def __post_init__(self) -> None:
         for name, known in (("extraction_backend", EXTRACTION_BACKENDS), ("training_backend", TRAINING_BACKENDS)):
@@ -243,6 +256,7 @@ class RunConfig:
                 raise RunConfigError(f"{name} is required", field=name)
         object.__setattr__(self, "layer_ids", check_layer_ids(self.layer_ids))
         self._check_hidden_states()
+        self._check_suites()
         checks = [
             ("max_seq_len", MIN_SEQ_LEN <= self.max_seq_len <= MAX_SEQ_LEN,
              f"max_seq_len must be between {MIN_SEQ_LEN} and {MAX_SEQ_LEN}, got {self.max_seq_len}"),
@@ -302,6 +316,51 @@ class RunConfig:
             raise RunConfigError("capture_servers 0 starts no capture server: give capture_urls of running ones, or "
                                  "start at least 1", field="capture_servers")
 
+    def _check_suites(self) -> None:
+        suites = self.eval_suites
+        if not isinstance(suites, dict):
+            raise RunConfigError(f"eval_suites must map suite names to chat files, got {type(suites).__name__}",
+                                 field="eval_suites")
+        if len(suites) > MAX_EVAL_SUITES:
+            raise RunConfigError(f"eval_suites lists {len(suites)} suites; at most {MAX_EVAL_SUITES} besides "
+                                 f"{HELD_OUT}", field="eval_suites")
+        for name, path in suites.items():
+            check_suite_name(name)
+            if name == HELD_OUT:
+                raise RunConfigError(f"{HELD_OUT} is the run's held-out prompts, always measured: give your suite "
+                                     "another name", field="eval_suites")
+            if not isinstance(path, str) or len(path) > 1000:
+                raise RunConfigError(f"eval_suites[{name}] must be a path of at most 1000 characters",
+                                     field="eval_suites")
+        known = [HELD_OUT, *suites]
+        if not isinstance(self.best_suite, str) or self.best_suite not in known:
+            raise RunConfigError(f"best_suite {str(self.best_suite)[:40]!r} is not one of the run's suites "
+                                 f"({', '.join(known)})", field="best_suite")
+        weights = self.best_suite_weights
+        if not isinstance(weights, dict):
+            raise RunConfigError(f"best_suite_weights must map suite names to weights, got {type(weights).__name__}",
+                                 field="best_suite_weights")
+        chooses = bool(weights) or self.best_suite != HELD_OUT
+        if chooses and self.best_by != "tau":
+            raise RunConfigError(f"best_suite and best_suite_weights choose by τ: they need best_by tau, not "
+                                 f"{self.best_by}", field="best_suite" if not weights else "best_suite_weights")
+        if not weights:
+            return
+        if self.best_suite != HELD_OUT:
+            raise RunConfigError("give best_suite or best_suite_weights, not both", field="best_suite_weights")
+        for name, weight in weights.items():
+            if name not in known:
+                raise RunConfigError(f"best_suite_weights names {str(name)[:40]!r}, not one of the run's suites "
+                                     f"({', '.join(known)})", field="best_suite_weights")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                    or weight < 0:
+                raise RunConfigError(f"best_suite_weights[{name}] must be a number of at least 0, got "
+                                     f"{str(weight)[:40]!r}", field="best_suite_weights")
+        total = sum(weights.values())
+        if abs(total - 1.0) > WEIGHTS_TOLERANCE:
+            raise RunConfigError(f"best_suite_weights must sum to 1, got {total:g} ({', '.join(f'{n}={w:g}' for n, w in weights.items())})",
+                                 field="best_suite_weights")
+
     @property
     def online(self) -> bool:
         return self.hidden_states == "online"
@@ -328,3 +387,40 @@ def parse_layer_ids(text: str) -> list[int]:
     if ids is None or len(ids) != len(parts):
         raise RunConfigError(f"layer ids must be integers separated by commas, got {text[:100]!r}") from None
     return check_layer_ids(ids)
+
+
+def check_suite_name(name: object) -> str:
+    """A suite's name: 1 to SUITE_NAME_CHARS lowercase letters, digits, '-' or '_', starting with a letter or digit."""
+    ok = (isinstance(name, str) and 0 < len(name) <= SUITE_NAME_CHARS and name[0].isascii() and name[0].isalnum()
+          and all(c.isascii() and (c.islower() or c.isdigit() or c in "-_") for c in name))
+    if not ok:
+        raise RunConfigError(f"suite name {str(name)[:60]!r} must be 1 to {SUITE_NAME_CHARS} lowercase letters, digits, "
+                             "'-' or '_' (e.g. code, chat, math)", field="eval_suites")
+    return name
+
+
+def parse_pairs(items: list[str], *, field_name: str, named: str) -> dict[str, str]:
+    """["code=/data/code.jsonl", "chat"] -> {"code": "/data/code.jsonl", "chat": ""}: NAME=VALUE each (the value may
+    be empty only where `field_name` is eval_suites: a suite registered before); a name twice is refused."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        name, _, value = str(item).partition("=")
+        name, value = name.strip(), value.strip()
+        if field_name != "eval_suites" and not value:
+            raise RunConfigError(f"{named} {str(item)[:60]!r} must be NAME=WEIGHT", field=field_name)
+        if name in pairs:
+            raise RunConfigError(f"{named} names {name[:40]!r} twice", field=field_name)
+        pairs[name] = value
+    return pairs
+
+
+def parse_weights(items: list[str], *, named: str = "best_suite_weights") -> dict[str, float]:
+    """["held_out=0.5", "code=0.5"] -> {"held_out": 0.5, "code": 0.5}; RunConfig checks names and the sum."""
+    weights = {}
+    for name, value in parse_pairs(items, field_name="best_suite_weights", named=named).items():
+        try:
+            weights[name] = float(value)
+        except ValueError:
+            raise RunConfigError(f"{named} {name}={value[:40]!r}: the weight must be a number",
+                                 field="best_suite_weights") from None
+    return weights

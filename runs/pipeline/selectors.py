@@ -16,7 +16,7 @@ from runs.pipeline.failure_selectors import failure_of, run_failure
 from runs.pipeline.glance import run_glance
 from runs.pipeline.online import is_online, online_note, supply_dict
 from runs.checkpoints.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
-from runs.checkpoints.k_selectors import k_summary, newest_k_measurement
+from runs.checkpoints.k_selectors import checkpoint_deploy_keys
 from runs.pipeline.upstream_commands import run_speculators_train_command, with_serve_commands
 from runs.pipeline.shard_selectors import run_shards
 from runs.pipeline.stages import STAGES
@@ -350,9 +350,8 @@ def run_summary(run: PipelineRun) -> dict:
              "vllm_tau": by_id[c.pk].vllm_tau if c.pk in by_id else None,
              "tau_for_best": by_id[c.pk].tau if c.pk in by_id else None, "serve_command": c.serve_command,
              "usable": not c.unusable_why, "unusable_why": c.unusable_why,
-             # From the measurement the serve command's k comes from: the newest with a k table (the one the
-             # best is chosen by gave a k that disagreed with the command beside it once measured again).
-             **k_summary(newest_k_measurement(c))}
+             # tau_by_suite; tau_by_k and recommended_k of the measurement the serve command's k comes from.
+             **checkpoint_deploy_keys(checkpoint=c, score=by_id.get(c.pk))}
             for c in checkpoints
         ],
     }

@@ -21,6 +21,7 @@ from runs.fleet.selectors import launch_refusals, stage_refusals, workers_live
 from runs.data.demo import demo_build_refusal
 from runs.data.paths import check_under_data_roots
 from runs.pipeline.failure_selectors import run_failure
+from runs.data.suites import eval_suites_register
 from runs.pipeline.dataset_launch_check import HEAD_BYTES, HEAD_CONVERSATIONS, dataset_head, dataset_launch_check
 from runs.pipeline.online import online_refusal
 from runs.pipeline.queue import pipeline_enqueue
@@ -196,7 +197,9 @@ def _run_create(*, user: AbstractBaseUser, target_path: str | Path, dataset_path
     if checked is None:
         checked = launch_preflight(target_dir=Path(target.path), vocab_size=target.vocab_size, layer_ids=layer_ids,
                                    config=config)
-    config = replace(config, layer_ids=layer_ids)
+    # Each suite's chat file confined, checked and registered (or the registered one's): refused naming it.
+    suites = eval_suites_register(suites=config.eval_suites, user=user) if config.eval_suites else {}
+    config = replace(config, layer_ids=layer_ids, eval_suites=suites)
     run = PipelineRun.objects.create(
         owner=user, name=name, target=target, dataset=dataset, config={**config.as_dict(), **checked},
         project=project, notes=notes,

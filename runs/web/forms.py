@@ -24,12 +24,15 @@ from runs.pipeline.run_config import (
     MAX_TOKENS_PER_STEP,
     MAX_TTT_STEPS,
     MIN_SEQ_LEN,
+    SUITE_NAME_CHARS,
     MIN_TOKENS_PER_STEP,
     RunConfig,
     RunConfigError,
     check_run_name,
     parse_capture_urls,
     parse_layer_ids,
+    parse_pairs,
+    parse_weights,
 )
 from runs.sweeps.services import MAX_PARALLEL
 from runs.sweeps.spec import ITEM_SEPARATOR, MODES, SweepError, Varied, parse_vary_lines
@@ -137,6 +140,18 @@ class LaunchForm(forms.Form):
         help_text="Highest τ: the checkpoint that decodes the held-out prompts fastest (vLLM's τ where the serve "
         "check ran), the lower validation loss on a tie; chosen once every checkpoint is measured, until then "
         "the lowest validation loss stands in. Lowest validation loss: the trainer's choice.")
+    eval_suites = forms.CharField(
+        required=False, max_length=20_000, label="Evaluation suites",
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+        help_text="Prompt sets every checkpoint is measured on besides the held-out prompts (held_out), one per "
+        "line: NAME=PATH to a chat JSONL under the data roots (registered under NAME), or NAME alone for a "
+        "registered one: code=/data/code.jsonl")
+    best_suite = forms.CharField(
+        required=False, max_length=SUITE_NAME_CHARS, label="Best by τ on suite",
+        help_text="The suite whose τ chooses the best checkpoint (empty: held_out).")
+    best_suite_weights = forms.CharField(
+        required=False, max_length=2000, label="Or by a mix of suites",
+        help_text="NAME=WEIGHT separated by commas, summing to 1: held_out=0.5, code=0.5 (instead of one suite).")
     hidden_states = forms.ChoiceField(
         choices=list(zip(HIDDEN_STATES, ("offline: extract them all to disk, then train",
                                          "online: capture servers produce them while training"), strict=True)),
@@ -175,8 +190,8 @@ class LaunchForm(forms.Form):
     # Folded under "Advanced settings" (open when one of them has an error), and the sweep box.
     ADVANCED = ("max_tokens_per_step", "val_fraction", "seed", "eval_prompts", "eval_max_new_tokens",
                 "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "serve_check", "best_by",
-                "live_tau", "stop_when_tau_flat", "hidden_states", "capture_servers", "capture_urls", "hidden_states_cache_gib",
-                "shards")
+                "live_tau", "stop_when_tau_flat", "eval_suites", "best_suite", "best_suite_weights", "hidden_states",
+                "capture_servers", "capture_urls", "hidden_states_cache_gib", "shards")
     SWEEP = ("vary", "sweep_mode", "parallel")
     WIDE = ("name", "target_path", "dataset_path", "notes", "vary")  # the whole width of the form
 
@@ -264,6 +279,20 @@ class LaunchForm(forms.Form):
         except RunConfigError as exc:
             raise forms.ValidationError(str(exc)) from None
 
+    def clean_eval_suites(self) -> dict[str, str]:
+        lines = [line.strip() for line in (self.cleaned_data.get("eval_suites") or "").splitlines() if line.strip()]
+        try:
+            return parse_pairs(lines, field_name="eval_suites", named="suite")
+        except RunConfigError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_best_suite_weights(self) -> dict[str, float]:
+        text = self.cleaned_data.get("best_suite_weights") or ""
+        try:
+            return parse_weights([part.strip() for part in text.split(",") if part.strip()], named="weight")
+        except RunConfigError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
     def run_config(self) -> RunConfig:
         """The form's values; a field left empty takes RunConfig's default."""
         data = {k: v for k, v in self.cleaned_data.items() if v is not None and k not in self.SWEEP}
@@ -295,7 +324,8 @@ class LaunchForm(forms.Form):
             capture_urls=data.get("capture_urls") or [],
             capture_servers=defaults.capture_servers if data.get("capture_servers") is None else data["capture_servers"],
             hidden_states_cache_gib=data.get("hidden_states_cache_gib") or defaults.hidden_states_cache_gib,
-            shards=data.get("shards"),
+                "live_tau", "stop_when_tau_flat", "eval_suites", "best_suite", "best_suite_weights", "hidden_states",
+                "capture_servers", "capture_urls", "hidden_states_cache_gib", "shards")
         )
 
 

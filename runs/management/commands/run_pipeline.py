@@ -12,15 +12,17 @@ from runs.pipeline import selectors, services
 from runs.management.command_user import command_user
 from runs.pipeline.models import PipelineRun
 from runs.pipeline.stage_record import StageStatus
-from runs.pipeline.run_config import (BEST_BY, HIDDEN_STATES, MAX_CAPTURE_SERVERS, RENAMED_SETTINGS, RunConfig,
-                                      RunConfigError, check_capture_urls, parse_layer_ids, renamed_setting)
+from runs.pipeline.run_config import (BEST_BY, HELD_OUT, HIDDEN_STATES, MAX_CAPTURE_SERVERS, RENAMED_SETTINGS,
+                                      RunConfig, RunConfigError, check_capture_urls, parse_layer_ids, parse_pairs,
+                                      parse_weights, renamed_setting)
 from workers.contract.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
 from workers.contract.errors import InputError
 
 
 # The flags of the settings whose errors are worded in flag words here (RunConfigError.field -> flag).
 FLAGS = {"hidden_states": "--hidden-states", "capture_urls": "--capture-url", "capture_servers": "--capture-servers",
-         "hidden_states_cache_gib": "--hidden-states-cache-gib", "shards": "--shards"}
+         "hidden_states_cache_gib": "--hidden-states-cache-gib", "shards": "--shards", "eval_suites": "--eval-suite",
+         "best_suite": "--best-suite", "best_suite_weights": "--best-suite-weight"}
 
 
 def in_flag_words(exc: RunConfigError) -> str:
@@ -67,6 +69,9 @@ def _run_config_from(opts: dict) -> RunConfig:
         capture_servers=opts["capture_servers"],
         hidden_states_cache_gib=opts["hidden_states_cache_gib"],
         shards=opts.get("shards"),
+        eval_suites=parse_pairs(opts.get("eval_suites") or [], field_name="eval_suites", named="--eval-suite"),
+        best_suite=opts.get("best_suite") or HELD_OUT,
+        best_suite_weights=parse_weights(opts.get("best_suite_weights") or [], named="--best-suite-weight"),
     )
 
 
@@ -114,6 +119,15 @@ class Command(BaseCommand):
                             help=f"{' or '.join(BEST_BY)} (default %(default)s): the run's best checkpoint is the one "
                             "with the highest τ our evaluate stage measured on the held-out prompts, "
                             "or the one with the lowest validation loss")
+        parser.add_argument("--eval-suite", dest="eval_suites", action="append", default=[], metavar="NAME=PATH",
+                            help="an evaluation suite every checkpoint is measured on besides the held-out prompts: "
+                            "a chat JSONL under EAGLE3WEB_DATA_ROOTS (registered under NAME), or NAME alone for a "
+                            "registered one; repeat for each")
+        parser.add_argument("--best-suite", default=HELD_OUT,
+                            help="the suite whose τ chooses the best checkpoint (default %(default)s)")
+        parser.add_argument("--best-suite-weight", dest="best_suite_weights", action="append", default=[],
+                            metavar="NAME=WEIGHT", help="or choose by a weighted mix of suites' τ: once per suite, "
+                            "the weights summing to 1 (e.g. held_out=0.5 code=0.5)")
         parser.add_argument("--hidden-states", default=RunConfig.hidden_states,
                             help=f"{' or '.join(HIDDEN_STATES)} (default %(default)s): online writes no extraction; "
                             "training asks vLLM capture servers for each sample and keeps a bounded cache")

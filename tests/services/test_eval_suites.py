@@ -1,0 +1,135 @@
+"""Evaluation suites (runs.data.suites, runs.pipeline.best): a run names the prompt sets every checkpoint is
+measured on besides its held-out prompts, and its best is chosen by one of them or by a weighted mix.
+
+The evaluate stage is played as a worker plays it (as in test_best_by_tau.py): every checkpoint measured on
+each suite (measured_alongside_record with the suite's file), the others on the held-out prompts, then the
+stage's own row. Three checkpoints whose τ disagree by suite:
+    held_out: epoch 0 2.00, epoch 1 2.30, epoch 2 2.41  -> epoch 2
+    code:     epoch 0 2.60, epoch 1 2.50, epoch 2 1.90  -> epoch 0
+    0.5 held_out + 0.5 code: 2.30, 2.40, 2.155           -> epoch 1"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from runs.models import EvalSuite, Evaluation, PipelineRun
+from runs.pipeline.result_records import evaluation_record, measured_alongside_record
+from runs.pipeline.run_config import RunConfigError
+from runs.pipeline.stage_services import stage_start
+from tests.services.test_best_by_tau import TAUS, _launch, _result, _summary, _trained
+
+pytestmark = pytest.mark.django_db
+
+CODE = {0: 2.60, 1: 2.50, 2: 1.90}
+CHAT = '{"messages": [{"role": "user", "content": "def f(x):"}, {"role": "assistant", "content": "return x"}]}\n'
+
+
+@pytest.fixture
+def code_file(roots):
+    path = roots / "suites" / "code.jsonl"
+    path.parent.mkdir()
+    path.write_text(CHAT)
+    return path
+
+
+def _evaluated(run, checkpoints, suites: dict[str, dict[int, float]]) -> None:
+    marked = next(c for c in checkpoints.values() if c.is_best)
+    Evaluation.objects.filter(pk=run.evaluation.pk).update(checkpoint=marked)
+    stage = Evaluation.objects.get(pk=run.evaluation.pk)
+    for name, taus in suites.items():
+        for epoch, checkpoint in checkpoints.items():
+            result = dataclasses.replace(_result(checkpoint, taus[epoch]), prompt_source=f"suite {name}")
+            measured_alongside_record(measured=stage, checkpoint_id=checkpoint.pk, result=result,
+                                      prompts_path=run.config["eval_suites"][name], suite=name)
+    for epoch, checkpoint in checkpoints.items():
+        if checkpoint != marked:
+            measured_alongside_record(measured=stage, checkpoint_id=checkpoint.pk, result=_result(checkpoint, TAUS[epoch]))
+    started = stage_start(stage_name="evaluate", record_id=stage.pk, worker="test").started_at
+    evaluation_record(record_id=stage.pk, result=_result(marked, TAUS[marked.epoch]), log_tail="", started_at=started)
+
+
+def _best_epoch(user, roots, code_file, **config) -> tuple[int, dict]:
+    run = _launch(user, roots, eval_suites={"code": str(code_file)}, **config)
+    checkpoints = _trained(run)
+    _evaluated(run, checkpoints, {"code": CODE})
+    summary = _summary(run)
+    return summary["best"]["epoch"], summary
+
+
+def test_best_by_a_suite_picks_otherwise_than_best_by_the_held_out_prompts(user, roots, code_file):
+    by_held_out, summary = _best_epoch(user, roots, code_file)
+    assert by_held_out == 2
+    by_code, summary = _best_epoch(user, roots, code_file, best_suite="code")
+    assert by_code == 0
+    assert summary["best"]["on"] == "code" and summary["best"]["chosen_tau"] == 2.60
+    assert summary["best"]["text"].startswith("best by τ on code: epoch 1 (τ 2.60 on code; held-out τ 2.00)")
+    assert "by held-out τ alone: epoch 3" in summary["best"]["text"]
+    marked = [c["epoch"] for c in summary["checkpoints"] if c["is_best"]]
+    assert marked == [0]
+
+
+def test_a_weighted_mix_picks_the_checkpoint_best_on_both(user, roots, code_file):
+    epoch, summary = _best_epoch(user, roots, code_file, best_suite_weights={"held_out": 0.5, "code": 0.5})
+    assert epoch == 1 and summary["best"]["chosen_tau"] == pytest.approx(2.40)
+
+
+def test_the_summary_carries_each_checkpoints_tau_by_suite(user, roots, code_file):
+    _, summary = _best_epoch(user, roots, code_file)
+    assert {c["epoch"]: c["tau_by_suite"] for c in summary["checkpoints"]} == {
+        e: {"held_out": TAUS[e], "code": CODE[e]} for e in (0, 1, 2)}
+
+
+def test_a_suite_is_registered_once_and_named_again_by_name_alone(user, roots, code_file):
+    run = _launch(user, roots, eval_suites={"code": str(code_file)})
+    suite = EvalSuite.objects.get(name="code")
+    assert suite.path == str(code_file.resolve()) and suite.created_by == user
+    again = _launch(user, roots, eval_suites={"code": ""})
+    assert again.config["eval_suites"] == {"code": str(code_file.resolve())} == run.config["eval_suites"]
+
+
+@pytest.mark.parametrize("config, field, words", [
+    ({"eval_suites": {"code": ""}}, "eval_suites", "unknown suite"),
+    ({"eval_suites": {"code": "/etc/passwd"}}, "eval_suites", "eval_suites[code]"),
+    ({"eval_suites": {"code": "EMPTY"}}, "eval_suites", "empty"),
+    ({"eval_suites": {"code": "CODE"}, "best_suite": "math"}, "best_suite", "'math' is not one of the run's suites"),
+    ({"eval_suites": {"code": "CODE"}, "best_suite_weights": {"held_out": 0.5, "code": 0.4}},
+     "best_suite_weights", "must sum to 1, got 0.9"),
+    ({"eval_suites": {"code": "CODE"}, "best_suite_weights": {"held_out": 0.5, "math": 0.5}},
+     "best_suite_weights", "names 'math'"),
+    ({"eval_suites": {"code": "CODE"}, "best_suite_weights": {"held_out": 1.5, "code": -0.5}},
+     "best_suite_weights", "at least 0"),
+    ({"eval_suites": {"held_out": "CODE"}}, "eval_suites", "always measured"),
+    ({"eval_suites": {"Code Suite": "CODE"}}, "eval_suites", "lowercase"),
+    ({"eval_suites": {"code": "CODE"}, "best_suite": "code", "best_by": "val_loss"}, "best_suite", "best_by tau"),
+])
+def test_bad_suites_are_refused_naming_the_field_and_nothing_is_stored(user, roots, code_file, config, field, words):
+    (roots / "empty.jsonl").write_text("")
+    files = {"CODE": str(code_file), "EMPTY": str(roots / "empty.jsonl")}
+    config = {**config, "eval_suites": {n: files.get(p, p) for n, p in config["eval_suites"].items()}}
+    runs, suites = PipelineRun.objects.count(), EvalSuite.objects.count()
+    with pytest.raises(RunConfigError, match=words.replace("[", r"\[").replace("]", r"\]")) as refused:
+        _launch(user, roots, **config)
+    assert refused.value.field == field
+    assert (PipelineRun.objects.count(), EvalSuite.objects.count()) == (runs, suites)
+
+
+def test_a_registered_name_with_another_path_is_refused(user, roots, code_file):
+    _launch(user, roots, eval_suites={"code": str(code_file)})
+    other = roots / "other.jsonl"
+    other.write_text(CHAT)
+    with pytest.raises(RunConfigError, match="registered as") as refused:
+        _launch(user, roots, eval_suites={"code": str(other)})
+    assert refused.value.field == "eval_suites"
+
+
+def test_run_pipeline_takes_eval_suite_flags_and_names_the_flag_when_refused(user, roots, code_file, capsys):
+    base = ["--target", str(roots / "target"), "--dataset", str(roots / "chats.jsonl"), "--draft-vocab-size", "64",
+            "--json"]
+    with pytest.raises(CommandError, match="--best-suite-weight: best_suite_weights must sum to 1"):
+        call_command("run_pipeline", *base, "--eval-suite", f"code={code_file}", "--best-suite-weight", "code=0.7")
+    assert not EvalSuite.objects.exists()
+    call_command("run_pipeline", *base, "--eval-suite", f"code={code_file}", "--best-suite", "code")
+    run = PipelineRun.objects.get()
+    assert run.config["eval_suites"] == {"code": str(code_file.resolve())} and run.config["best_suite"] == "code"
