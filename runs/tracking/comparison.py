@@ -11,6 +11,7 @@ from django.db.models import Prefetch
 from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.pipeline.stage_record import StageStatus
 from runs.pipeline import best, selectors
+from runs.pipeline.run_config import HELD_OUT
 from runs.projects.access import runs_visible
 from runs.tracking import curves
 from workers.contract.errors import InputError
@@ -126,7 +127,8 @@ def _marked_checkpoints(runs) -> dict[int, Checkpoint]:
                  if not run.external and getattr(run, "training_run", None) is not None}
     measured = (Evaluation.objects.filter(status=StageStatus.SUCCEEDED, tau__isnull=False).order_by("-id")
                 .only("id", "checkpoint_id", "status", "tau", "acceptance_per_position", "prompts_path",
-                      "max_new_tokens", "num_speculative_tokens", "num_prompts"))
+                      "max_new_tokens", "num_speculative_tokens", "num_prompts", "suite", "max_prompts",
+                      "recommended_k"))
     marked = (Checkpoint.objects.filter(training_run_id__in=list(trainings), is_best=True)
               .only("id", "epoch", "training_run_id")
               .prefetch_related(Prefetch("evaluations", queryset=measured, to_attr="measured")))
@@ -170,7 +172,8 @@ def _unmeasured_why(run) -> str:
     return f"not measured yet: its evaluate stage is {status or 'missing'}"
 
 
-def acceptance_side_by_side(runs, *, baseline_id: int | None = None, fall_back: bool = False) -> dict:
+def acceptance_side_by_side(runs, *, baseline_id: int | None = None, fall_back: bool = False,
+                            marked: dict[int, Checkpoint] | None = None) -> dict:
     """Each run's acceptance per draft position (its best checkpoint's measurement, `_shown_measurement`)
     and every cell's delta against one baseline run, with its text and colour.
 
@@ -181,7 +184,7 @@ def acceptance_side_by_side(runs, *, baseline_id: int | None = None, fall_back: 
     with `fall_back` (a page opened from a saved link) replaced by the first measured run, `refused` saying why.
     Another baseline's cells are another call (the page's select asks GET /api/v1/compare/acceptance/):
     every baseline's at once would be N² cells, most never looked at."""
-    marked = _marked_checkpoints(runs)
+    marked = _marked_checkpoints(runs) if marked is None else marked
     rows = []
     for run in runs:
         shown, checkpoint = _shown_measurement(run, marked.get(run.pk))
@@ -228,6 +231,36 @@ def acceptance_side_by_side(runs, *, baseline_id: int | None = None, fall_back: 
             "baseline": base["run_id"] if base else None, "baseline_name": base["name"] if base else None}
 
 
+def suites_side_by_side(runs, marked: dict[int, Checkpoint] | None = None) -> dict:
+    """Runs × evaluation suites: each run's best checkpoint's τ on every suite any of them measured (held_out
+    first), as runs.pipeline.best keeps them (`_on_suites`: the latest measurement made as the stage measures).
+    `suites`: the columns; `rows`: per run, `cells` ({suite, tau, chooses: whether the run's best is chosen by
+    it}), `on` (what chooses its best, in words), `epoch`, `recommended_k` of its held-out measurement, `why`
+    where nothing is measured yet. No query beyond _marked_checkpoints' two."""
+    marked = _marked_checkpoints(runs) if marked is None else marked
+    rows = []
+    for run in runs:
+        checkpoint = marked.get(run.pk)
+        shown, measured_checkpoint = _shown_measurement(run, checkpoint)
+        taus: dict[str, float] = {}
+        if shown is not None and measured_checkpoint is not None:
+            taus[HELD_OUT] = shown.tau
+            names = list((run.config or {}).get("eval_suites") or {})
+            taus.update(best._on_suites(checkpoint.measured, names, run.evaluation))
+        suite, weights = best.run_best_suite(run)
+        rows.append({"run_id": run.pk, "name": str(run), "url": run.get_absolute_url(), "taus": taus,
+                     "choosing": set(weights) if weights else {suite},
+                     "on": " + ".join(f"{w:g} {n}" for n, w in weights.items()) if weights else suite,
+                     "epoch": measured_checkpoint.epoch if taus else None,
+                     "recommended_k": shown.recommended_k if taus else None,
+                     "why": None if taus else _unmeasured_why(run)})
+    names = [HELD_OUT, *sorted({n for row in rows for n in row["taus"]} - {HELD_OUT})]
+    for row in rows:
+        choosing = row.pop("choosing")
+        row["cells"] = [{"suite": n, "tau": row["taus"].get(n), "chooses": n in choosing} for n in names]
+    return {"suites": names, "rows": rows}
+
+
 def _compared_runs(*, run_ids: list[int], user=None) -> list:
     """The runs of `run_ids` in their order, with their stages and dataset's regeneration; `user`: only
     runs of the projects they see, another's refused as if it did not exist."""
@@ -264,6 +297,7 @@ def run_comparison(*, run_ids: list[int], user=None, baseline_id: int | None = N
         values = [s.get(name) for s in settings]
         (same if all(v == values[0] for v in values) else differ).append({"name": name, "values": values})
     training_ids = [run.training_run.pk for run in runs]
+    marked = _marked_checkpoints(runs)  # the best checkpoints and their measurements, for both tables
     summaries = curves.run_series_summaries(training_run_ids=training_ids)
     series_names = sorted({(s["split"], s["key"]) for rows in summaries.values() for s in rows},
                           key=lambda sk: (sk[1], sk[0]))
@@ -277,5 +311,6 @@ def run_comparison(*, run_ids: list[int], user=None, baseline_id: int | None = N
         "differ": differ,
         "same": same,
         "metrics": metrics,
-        "acceptance": acceptance_side_by_side(runs, baseline_id=baseline_id, fall_back=True),
+        "acceptance": acceptance_side_by_side(runs, baseline_id=baseline_id, fall_back=True, marked=marked),
+        "suites": suites_side_by_side(runs, marked),
     }
