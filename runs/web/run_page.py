@@ -20,6 +20,7 @@ from runs.checkpoints import serve_check_selectors
 from runs.fleet import selectors as fleet_selectors
 from runs.pipeline import changes, queue, selectors, upstream_commands
 from runs.pipeline.failure_selectors import run_failure
+from runs.pipeline.run_config import HELD_OUT
 from runs.pipeline.stage_record import StageStatus
 from runs.tracking import comparison
 from runs.web import live
@@ -31,6 +32,12 @@ def _shared(*, run_id: int) -> tuple[dict, int]:
     extraction = selectors.run_extraction(run)
     manifest = getattr(extraction, "manifest", None)
     running = any(record.status == StageStatus.RUNNING for _, _, record in selectors.run_stages(run))
+    checkpoints = serve_check_selectors.with_usability(upstream_commands.with_serve_commands(
+        selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
+        verifier=run.target.path if run.target_id else ""))
+    by_suite = {row["id"]: row["tau_by_suite"] for row in summary["checkpoints"]}
+    for checkpoint in checkpoints:  # its τ on the run's evaluation suites, beside the held-out τ
+        checkpoint.tau_by_suite = {k: v for k, v in by_suite.get(checkpoint.pk, {}).items() if k != HELD_OUT}
     return {
         "run": run,
         "summary": summary,
@@ -42,9 +49,7 @@ def _shared(*, run_id: int) -> tuple[dict, int]:
         "layers": selectors.target_layers(target=run.target, layer_ids=summary["extraction"]["layer_ids"])
         if run.target_id and not run.external else [],
         "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,
-        "checkpoints": serve_check_selectors.with_usability(upstream_commands.with_serve_commands(
-            selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
-            verifier=run.target.path if run.target_id else "")),
+        "checkpoints": checkpoints,
         "attempts": list(run.attempts.all()),
         "settings": sorted(comparison.run_settings(run).items()),
     }, live.RUNNING_SECONDS if running else live.SETTLED_SECONDS

@@ -133,3 +133,13 @@ def test_run_pipeline_takes_eval_suite_flags_and_names_the_flag_when_refused(use
     call_command("run_pipeline", *base, "--eval-suite", f"code={code_file}", "--best-suite", "code")
     run = PipelineRun.objects.get()
     assert run.config["eval_suites"] == {"code": str(code_file.resolve())} and run.config["best_suite"] == "code"
+
+
+def test_the_run_page_shows_each_checkpoints_tau_on_the_suite(user, roots, code_file, client):
+    run = _launch(user, roots, eval_suites={"code": str(code_file)}, best_suite="code")
+    _evaluated(run, _trained(run), {"code": CODE})
+    client.force_login(user)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert [f'data-suite="code" title="τ on the evaluation suite code">code {CODE[e]:.2f}</span>' in page
+            for e in (0, 1, 2)] == [True] * 3
+    assert "best by τ on code: epoch 1" in page
