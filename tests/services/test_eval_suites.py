@@ -143,3 +143,29 @@ def test_the_run_page_shows_each_checkpoints_tau_on_the_suite(user, roots, code_
     assert [f'data-suite="code" title="τ on the evaluation suite code">code {CODE[e]:.2f}</span>' in page
             for e in (0, 1, 2)] == [True] * 3
     assert "best by τ on code: epoch 1" in page
+
+
+def test_suites_are_set_the_same_through_the_form_and_the_api_and_refused_naming_the_field(client, user, roots,
+                                                                                           code_file):
+    from runs.api import tokens
+    from tests.api.conftest import ApiClient
+
+    api = ApiClient(tokens.token_create(user=user, name="tests")[1])
+    base = {"target": str(roots / "target"), "dataset": str(roots / "chats.jsonl"), "draft_vocab_size": 64}
+    refused = api.post("/api/v1/runs/", {**base, "eval_suites": {"code": str(code_file)},
+                                         "best_suite_weights": {"held_out": 0.5, "code": 0.6}})
+    assert refused.status_code == 400 and list(refused.json()["fields"]) == ["best_suite_weights"], refused.content
+    outside = api.post("/api/v1/runs/", {**base, "eval_suites": {"code": "/etc/hostname"}})
+    assert outside.status_code == 400 and list(outside.json()["fields"]) == ["eval_suites"], outside.content
+    assert not PipelineRun.objects.exists() and not EvalSuite.objects.exists()
+    made = api.post("/api/v1/runs/", {**base, "eval_suites": {"code": str(code_file)},
+                                      "best_suite_weights": {"held_out": 0.5, "code": 0.5}})
+    assert made.status_code == 201, made.content
+    assert made.json()["config"]["best_suite_weights"] == {"held_out": 0.5, "code": 0.5}
+    client.force_login(user)
+    form = {"target_path": str(roots / "target"), "dataset_path": str(roots / "chats.jsonl"), "max_seq_len": 512,
+            "draft_vocab_size": 64, "epochs": 1, "lr": 3e-4, "ttt_steps": 1}
+    page = client.post("/runs/new/", {**form, "eval_suites": "code", "best_suite": "math"})
+    assert page.status_code == 400 and "&#x27;math&#x27; is not one of the run&#x27;s suites" in page.content.decode()
+    assert client.post("/runs/new/", {**form, "eval_suites": "code", "best_suite": "code"}).status_code == 302
+    assert PipelineRun.objects.order_by("-id").first().config["eval_suites"] == {"code": str(code_file.resolve())}
