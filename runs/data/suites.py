@@ -9,7 +9,7 @@ from pathlib import Path
 from django.contrib.auth.models import AbstractBaseUser
 
 from runs.data.paths import PathNotAllowed, check_under_data_roots
-from runs.models import EvalSuite
+from runs.data.models import EvalSuite
 from runs.pipeline.run_config import RunConfigError
 from workers.contract.chats import read_conversations
 from workers.contract.errors import InputError
