@@ -234,10 +234,10 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
     # The run's evaluation suites first, on every checkpoint, then its held-out prompts: the stage's own row,
     # recorded last, decides the best (runs.pipeline.best) once every measurement it compares is in.
     suites = {name: (str(source.path), prompts_load(source)) for name, source in plan.suites.items()}
-    checkpoints = [*plan.also, (plan.checkpoint_id, plan.checkpoint_dir)]
     # One progress over every measurement (prompts x checkpoints x suites), said from the start: the page showed
     # "–" until the last checkpoint began, then counted that one's prompts alone.
-    total = len(checkpoints) * (len(held_out) + sum(len(p) for _, p in suites.values()))
+    total = ((len(plan.also) + 1) * len(held_out)
+             + len(plan.suite_checkpoints) * sum(len(p) for _, p in suites.values()))
     done = 0
     reporter.progress(0, total)
 
@@ -251,7 +251,7 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
 
     # Recorded with this measurement's settings: a serve check of one of them derives its prompts from them.
     for name, (path, prompts) in suites.items():
-        for checkpoint_id, checkpoint_dir in checkpoints:
+        for checkpoint_id, checkpoint_dir in plan.suite_checkpoints:
             db_retry("evaluation", measured_alongside_record, measured=record, checkpoint_id=checkpoint_id,
                      result=measured(checkpoint_dir, prompts, f"evaluation suite {name} ({path})"),
                      prompts_path=path, suite=name)

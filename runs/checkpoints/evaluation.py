@@ -35,6 +35,9 @@ class EvaluationPlan:
     checkpoint_id: int | None = None
     # The run's evaluation suites, {name: chat file} (runs.data.suites), each measured on every checkpoint too.
     suites: dict[str, PromptSource] = field(default_factory=dict)
+    # Every checkpoint of the run, measured on each suite (`also` leaves out those live τ already measured on
+    # the held-out prompts; no live measurement covers a suite).
+    suite_checkpoints: list[tuple[int, Path]] = field(default_factory=list)
 
 
 def _trained_here(checkpoint: Checkpoint) -> bool:
@@ -93,7 +96,9 @@ def evaluation_plan(*, evaluation: Evaluation, limit: int | None = None) -> Eval
               for name, path in ((run.config or {}).get("eval_suites") or {}).items()} if evaluation.run_id else {}
     return EvaluationPlan(Path(checkpoint.path), target_dir, source,
                           PromptSource(kind="prepared", path=prepared, limit=limit, row_indices=tuple(rows)), also,
-                          checkpoint_id=checkpoint.pk, suites=suites)
+                          checkpoint_id=checkpoint.pk, suites=suites,
+                          suite_checkpoints=[(c.pk, Path(c.path)) for c in Checkpoint.objects.filter(
+                              training_run__run_id=evaluation.run_id).order_by("epoch")] if suites else [])
 
 
 @transaction.atomic
