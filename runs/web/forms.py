@@ -324,8 +324,10 @@ class LaunchForm(forms.Form):
             capture_urls=data.get("capture_urls") or [],
             capture_servers=defaults.capture_servers if data.get("capture_servers") is None else data["capture_servers"],
             hidden_states_cache_gib=data.get("hidden_states_cache_gib") or defaults.hidden_states_cache_gib,
-                "live_tau", "stop_when_tau_flat", "eval_suites", "best_suite", "best_suite_weights", "hidden_states",
-                "capture_servers", "capture_urls", "hidden_states_cache_gib", "shards")
+            shards=data.get("shards"),
+            eval_suites=data.get("eval_suites") or {},
+            best_suite=(data.get("best_suite") or "").strip() or defaults.best_suite,
+            best_suite_weights=data.get("best_suite_weights") or {},
         )
 
 
