@@ -15,7 +15,9 @@ from django.utils import timezone
 
 from runs.checkpoints.k_selectors import tau_by_k
 from runs.data.regeneration_selectors import dataset_provenance
-from runs.models import Checkpoint, CurationAction, DatasetSample, StageStatus
+from runs.checkpoints.models import Checkpoint
+from runs.data.models import CurationAction, DatasetSample
+from runs.pipeline.stage_record import StageStatus
 from workers.contract.errors import InputError
 from workers.contract.jsonfile import read_json_object
 from workers.contract.serving import DEFAULT_SPECULATIVE_TOKENS, vllm_serve_command

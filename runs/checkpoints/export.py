@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from runs.checkpoints.card_facts import checkpoint_card_facts
 from runs.data.paths import check_under_data_roots
-from runs.models import Checkpoint
+from runs.checkpoints.models import Checkpoint
 from runs.roles import require
 from workers.contract.checkpoint_export import ExportError, export_folder
 from workers.contract.errors import InputError

@@ -17,7 +17,8 @@ import time
 from django.db import transaction
 
 from eagle3web.db import db_retry
-from runs.models import Checkpoint, Evaluation, StageStatus
+from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.queue import evaluation_enqueue
 
 log = logging.getLogger(__name__)

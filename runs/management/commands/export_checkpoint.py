@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runs.checkpoints.export import checkpoint_export
 from runs.management.command_user import command_user
-from runs.models import Checkpoint
+from runs.checkpoints.models import Checkpoint
 from workers.contract.errors import InputError
 
 
