@@ -25,8 +25,8 @@ from eagle3web_client.client import ApiError, Client, WaitTimeout
 EXIT_API_ERROR, EXIT_TIMEOUT, EXIT_RUN_NOT_SUCCEEDED = 1, 3, 4
 # Options of POST /api/v1/runs/ (docs/api/index.md, "Launching") that take a number or a flag on the command line.
 LAUNCH_INTS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "max_tokens_per_step",
-               "seed", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus", "capture_servers",
-               "stop_when_tau_flat", "shards")
+               "seed", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus", "train_nodes",
+               "capture_servers", "stop_when_tau_flat", "shards")
 LAUNCH_FLOATS = ("lr", "val_fraction", "hidden_states_cache_gib")
 # --project NAME: the project the run goes into (one you edit); without it, Default (docs/runs/comparing.md).
 LAUNCH_TEXTS = ("name", "project", "notes", "extraction_backend", "training_backend", "best_by", "hidden_states",

@@ -41,6 +41,7 @@ class LaunchSerializer(serializers.Serializer):
     tensor_parallel_size = _int(f"GPUs for extraction (default {D.tensor_parallel_size})")
     training_backend = serializers.CharField(required=False, help_text=f"default {D.training_backend}")
     train_gpus = _int(f"GPUs for training (default {D.train_gpus})")
+    train_nodes = _int(f"worker hosts the training spans, one torchrun rank each (default {D.train_nodes})")
     serve_check = serializers.BooleanField(required=False, help_text="serve the best checkpoint with vLLM after")
     live_tau = serializers.BooleanField(required=False, help_text="measure each checkpoint while training runs")
     stop_when_tau_flat = _int("patience in checkpoints: stop training when τ stops rising (implies live_tau)",

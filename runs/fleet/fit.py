@@ -220,6 +220,23 @@ def routed_refusal(*, stage_name: str, config: dict, options: dict[str, BackendO
     return gpus_key, f"{gpus_key} {gpus}: {needs + ': ' if needs else ''}{reason}"
 
 
+def nodes_refusal(*, config: dict, live: list[Worker]) -> tuple[str, str] | None:
+    """("train_nodes", why) when fewer live workers take the training's queue and can run it than the
+    run's train_nodes (each worker holds one rank: workers.stages.train.nodes); None when enough do."""
+    nodes = int(config.get("train_nodes") or 1)
+    if nodes <= 1:
+        return None
+    backend, gpus = stage_backend(stage_name="train", config=config)
+    able = sorted(w.name for w in live if worker_unfit(w, backend=backend, gpus=gpus) is None)
+    if len(able) >= nodes:
+        return None
+    known = BACKENDS_BY_NAME.get(backend)
+    return "train_nodes", (f"train_nodes {nodes}: each rank needs its own live worker taking "
+                           f"{stage_queue(backend=backend, gpus=gpus)} that runs {known.label if known else backend} "
+                           f"on {gpus_text(gpus)}, and {len(able)} {'does' if len(able) == 1 else 'do'}"
+                           f"{' (' + ', '.join(able) + ')' if able else ''}: start more workers or ask for fewer nodes")
+
+
 def host_refusals(*, config: RunConfig, weight_bytes: int | None = None) -> list[tuple[str, str]]:
     """(field, why) for each backend choice of `config` this host cannot run, by its own probe
     (workers.contract.backends.backend_require, as a stage does at start); empty when it can run them.

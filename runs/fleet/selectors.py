@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from runs.fleet.fit import BackendOption, gpus_text, queues_text, routed_refusal, said_already, stage_needs, takes, worker_unfit
+from runs.fleet.fit import BackendOption, gpus_text, nodes_refusal, queues_text, routed_refusal, said_already, stage_needs, takes, worker_unfit
 from runs.fleet.models import Worker
 from runs.pipeline.models import PipelineRun
 from runs.pipeline.stage_record import StageStatus
@@ -117,6 +117,8 @@ def stage_refusals(*, config: dict, stage_names: list[str], live: list[Worker] |
             refusal = routed_refusal(stage_name=stage_name, config=config, options=options, live=live,
                                      weight_bytes=weight_bytes)
             if refusal and not said_already(refusals, stage_name=stage_name, field=refusal[0]):
+                refusals.append(refusal)
+            if stage_name == "train" and not refusal and (refusal := nodes_refusal(config=config, live=live)):
                 refusals.append(refusal)
             continue
         queue = stage_queue(stage_name=stage_name, config=config)

@@ -53,7 +53,8 @@ WEIGHTS_TOLERANCE = 1e-3
 
 INT_FIELDS = ("max_seq_len", "max_samples", "draft_vocab_size", "epochs", "ttt_steps", "seed",
               "max_tokens_per_step", "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus",
-              "capture_servers", "stop_when_tau_flat", "shards")
+              "train_nodes", "capture_servers", "stop_when_tau_flat", "shards")
+MAX_TRAIN_NODES = 64  # worker hosts one training spans (torchrun --nnodes)
 FLOAT_FIELDS = ("lr", "val_fraction", "hidden_states_cache_gib")
 
 
@@ -206,6 +207,9 @@ class RunConfig:
     training_backend: str = "eagle3web"  # our loop (workers/stages/train/loop.py), or "speculators" under torchrun
     tensor_parallel_size: int = 1  # GPUs for extraction: vLLM's TP size, or transformers' device_map spread
     train_gpus: int = 1  # GPUs for training: torchrun --nproc-per-node for speculators; our loop uses one
+    # Worker hosts the training spans: each takes one rank's message and starts torchrun --nnodes train_nodes
+    # (workers.stages.train.nodes); refused at launch beyond the live workers that take the training's queue.
+    train_nodes: int = 1
     # After measuring acceptance, vLLM itself serves the best checkpoint and counts it (runs.pipeline.job_models.ServeCheck).
     serve_check: bool = False
     best_by: str = BEST_BY[0]  # "tau" or "val_loss" (runs.pipeline.best)
@@ -251,7 +255,7 @@ class RunConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise RunConfigError(f"{name} must be a finite number, got {str(value)[:40]!r}", field=name)
         for name in ("max_seq_len", "draft_vocab_size", "epochs", "lr", "ttt_steps", "val_fraction", "seed",
-                     "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus", "capture_servers"):
+                     "eval_prompts", "eval_max_new_tokens", "tensor_parallel_size", "train_gpus", "train_nodes", "capture_servers"):
             if getattr(self, name) is None:
                 raise RunConfigError(f"{name} is required", field=name)
         object.__setattr__(self, "layer_ids", check_layer_ids(self.layer_ids))
@@ -291,6 +295,11 @@ class RunConfig:
             ("train_gpus", self.training_backend != "eagle3web" or self.train_gpus == 1,
              f"train_gpus must be 1 with training_backend eagle3web ({BACKENDS_BY_NAME['eagle3web'].label} "
              f"trains on one device); choose speculators to train on {self.train_gpus} GPUs"),
+            ("train_nodes", 1 <= self.train_nodes <= MAX_TRAIN_NODES,
+             f"train_nodes must be between 1 and {MAX_TRAIN_NODES}, got {self.train_nodes}"),
+            ("train_nodes", self.train_nodes == 1 or self.hidden_states == "offline",
+             f"train_nodes must be 1 with online hidden states (each capture server answers one trainer); "
+             f"extract the hidden states first (hidden_states offline) to train on {self.train_nodes} nodes"),
         ]
         for name, ok, message in checks:
             if not ok:

@@ -22,6 +22,7 @@ from runs.pipeline.run_config import (
     MAX_SEED,
     MAX_SEQ_LEN,
     MAX_TOKENS_PER_STEP,
+    MAX_TRAIN_NODES,
     MAX_TTT_STEPS,
     MIN_SEQ_LEN,
     SUITE_NAME_CHARS,
@@ -122,6 +123,10 @@ class LaunchForm(forms.Form):
                                          label="Training backend", widget=BackendSelect)
     train_gpus = forms.IntegerField(min_value=1, max_value=MAX_GPUS, initial=1, required=False, label="Training GPUs",
                                     help_text="torchrun processes for speculators' trainer; eagle3web's loop uses one.")
+    train_nodes = forms.IntegerField(
+        min_value=1, max_value=MAX_TRAIN_NODES, initial=1, required=False, label="Training nodes",
+        help_text="Worker hosts the training spans (torchrun --nnodes): each live worker taking the training's queue "
+        "holds one rank; the global batch is split over them.")
     serve_check = forms.BooleanField(
         required=False, label="Check with vLLM",
         help_text="After measuring acceptance, vLLM itself serves the best checkpoint on the same prompts and counts "
@@ -189,9 +194,9 @@ class LaunchForm(forms.Form):
 
     # Folded under "Advanced settings" (open when one of them has an error), and the sweep box.
     ADVANCED = ("max_tokens_per_step", "val_fraction", "seed", "eval_prompts", "eval_max_new_tokens",
-                "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "serve_check", "best_by",
-                "live_tau", "stop_when_tau_flat", "eval_suites", "best_suite", "best_suite_weights", "hidden_states",
-                "capture_servers", "capture_urls", "hidden_states_cache_gib", "shards")
+                "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "train_nodes", "serve_check",
+                "best_by", "live_tau", "stop_when_tau_flat", "eval_suites", "best_suite", "best_suite_weights",
+                "hidden_states", "capture_servers", "capture_urls", "hidden_states_cache_gib", "shards")
     SWEEP = ("vary", "sweep_mode", "parallel")
     WIDE = ("name", "target_path", "dataset_path", "notes", "vary")  # the whole width of the form
 
@@ -316,6 +321,7 @@ class LaunchForm(forms.Form):
             tensor_parallel_size=data.get("tensor_parallel_size") or defaults.tensor_parallel_size,
             training_backend=data.get("training_backend") or defaults.training_backend,
             train_gpus=data.get("train_gpus") or defaults.train_gpus,
+            train_nodes=data.get("train_nodes") or defaults.train_nodes,
             serve_check=bool(data.get("serve_check")),
             best_by=data.get("best_by") or defaults.best_by,
             live_tau=bool(data.get("live_tau")),

@@ -60,6 +60,7 @@ def _run_config_from(opts: dict) -> RunConfig:
         tensor_parallel_size=opts["tensor_parallel_size"],
         training_backend=opts["training_backend"],
         train_gpus=opts["train_gpus"],
+        train_nodes=opts["train_nodes"],
         serve_check=opts["serve_check"],
         best_by=opts["best_by"],
         live_tau=opts["live_tau"],
@@ -107,6 +108,8 @@ class Command(BaseCommand):
                             help=f"{' or '.join(TRAINING_BACKENDS)} (default %(default)s)")
         parser.add_argument("--train-gpus", type=int, default=RunConfig.train_gpus,
                             help="GPUs for training (torchrun processes for speculators; eagle3web uses one)")
+        parser.add_argument("--train-nodes", type=int, default=RunConfig.train_nodes,
+                            help="worker hosts the training spans, one torchrun rank each (default %(default)s)")
         parser.add_argument("--serve-check", action="store_true",
                             help="after measuring acceptance, serve the best checkpoint with vLLM on the same prompts")
         parser.add_argument("--live-tau", action="store_true",
