@@ -200,6 +200,9 @@ EAGLE3WEB_TORCH_THREADS = env_int("EAGLE3WEB_TORCH_THREADS", os.cpu_count() or 1
 # A running stage's worker renews its lease every third of this; a stage whose lease lapsed lost its
 # worker and is queued again (at most 3 attempts) by the reconciler every worker runs.
 EAGLE3WEB_STAGE_LEASE_SECONDS = env_int("EAGLE3WEB_STAGE_LEASE_SECONDS", 60)
+# A training across nodes (train_nodes > 1) waits this long for every rank's worker to join, holding no GPU
+# meanwhile; then it fails naming the missing ranks. torchrun's own rendezvous gets the same join_timeout.
+EAGLE3WEB_TRAIN_GANG_TIMEOUT_SECONDS = env_int("EAGLE3WEB_TRAIN_GANG_TIMEOUT_SECONDS", 300)
 # How long a launch waits for vLLM's own config classes to accept the run's speculative config, where vLLM is
 # installed beside the web process (runs.pipeline.preflight); 0 turns the check off.
 EAGLE3WEB_VLLM_PREFLIGHT_SECONDS = env_int("EAGLE3WEB_VLLM_PREFLIGHT_SECONDS", 60)

@@ -12,6 +12,7 @@ from runs.pipeline.shard_models import StageShard
 from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, DemoBuild, ServeCheck, VerificationRequest
 from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.data.models import (
+from runs.pipeline.node_models import TrainingNode
     CurationAction,
     Dataset,
     DatasetSample,
@@ -353,3 +354,12 @@ class WorkerAdmin(NoAddAdmin):
 
     list_display = ("name", "hostname", "last_seen", "stopped_at", "started_at")
     search_fields = ("name", "hostname")
+
+
+@admin.register(TrainingNode)
+class TrainingNodeAdmin(InternalAdmin):
+    """Who held which rank of a training across nodes (runs.pipeline.node_services): internal, read-only."""
+
+    list_display = ("id", "training", "attempt", "rank", "worker", "status", "started_at", "finished_at")
+    list_filter = ("status",)
+    readonly_fields = ("log_tail", "error")

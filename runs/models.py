@@ -27,6 +27,7 @@ from runs.pipeline.job_models import (  # noqa: F401
     ServeCheck,
     VerificationRequest,
 )
+from runs.pipeline.node_models import TrainingNode  # noqa: F401
 from runs.pipeline.models import (  # noqa: F401
     ExtractStage,
     PendingEnqueue,

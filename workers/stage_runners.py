@@ -171,23 +171,14 @@ def _vocab(record, reporter: StageReporter):
     return result
 
 
-def _train(record, reporter: StageReporter):
+def train_arguments(record) -> dict:
+    """The training's plain arguments (paths and settings), the same on every node of a training across nodes."""
     run = record.run
-    backend, gpus = _backend(run, "train")
-    options = dict(val_fraction=run.config.get("val_fraction", 0.1),
-                   max_tokens_per_step=run.config.get("max_tokens_per_step"))
-    if (online := _online_source(run)) is not None:
-        options["online"] = online  # the loop reads the cache and asks the capture servers for the rest
-    if run.config.get("stop_when_tau_flat"):  # asked after every step; the database read at most every 2 s
-        options["stop_early"] = tau_flat_check(training_run_id=record.pk, patience=int(run.config["stop_when_tau_flat"]))
-    if backend == "speculators":
-        from workers.stages.train.with_speculators.trainer import train_with_speculators as trainer
-
-        options.update(num_gpus=gpus, extra_args=settings.EAGLE3WEB_SPECULATORS_ARGS)
-    else:  # in a process of its own: torch's compile state and CUDA memory end with the training
-        from workers.stages.train.in_child import train_in_child as trainer
-    return trainer(
-        **options,
+    online = _online_source(run)
+    return dict(
+        val_fraction=run.config.get("val_fraction", 0.1),
+        max_tokens_per_step=run.config.get("max_tokens_per_step"),
+        **({"online": online} if online is not None else {}),  # the loop reads the cache, asks the servers the rest
         target_dir=_target_dir(run),
         prepared_dir=Path(run.preparation.out_dir),
         hidden_states_dir=_hidden_states_dir(run),
@@ -201,6 +192,14 @@ def _train(record, reporter: StageReporter):
         ttt_steps=record.ttt_steps,
         draft_vocab_size=run.vocab_mapping.draft_vocab_size,
         seed=run.config.get("seed", 0),
+    )
+
+
+def _train(record, reporter: StageReporter):
+    run = record.run
+    backend, gpus = _backend(run, "train")
+    arguments = dict(
+        train_arguments(record),
         on_progress=reporter.progress,
         on_metrics=lambda points: db_retry("metrics", metrics_record, training_run_id=record.pk, points=points),
         should_stop=reporter.cancelled,
@@ -212,6 +211,20 @@ def _train(record, reporter: StageReporter):
         on_resume=lambda step, epochs_done: db_retry("resume", training_resume, training_run_id=record.pk, step=step,
                                                      epochs_done=epochs_done, started_at=reporter.started_at),
     )
+    if run.config.get("stop_when_tau_flat"):  # asked after every step; the database read at most every 2 s
+        arguments["stop_early"] = tau_flat_check(training_run_id=record.pk, patience=int(run.config["stop_when_tau_flat"]))
+    if (nodes := int(run.config.get("train_nodes") or 1)) > 1:
+        from workers.node_runner import training_lead
+
+        return training_lead(record=record, worker=record.worker, started_at=reporter.started_at, nodes=nodes,
+                             backend=backend, gpus=gpus, arguments=arguments)
+    if backend == "speculators":
+        from workers.stages.train.with_speculators.trainer import train_with_speculators as trainer
+
+        arguments.update(num_gpus=gpus, extra_args=settings.EAGLE3WEB_SPECULATORS_ARGS)
+    else:  # in a process of its own: torch's compile state and CUDA memory end with the training
+        from workers.stages.train.in_child import train_in_child as trainer
+    return trainer(**arguments)
 
 
 def _evaluate(record: Evaluation, reporter: StageReporter):

@@ -162,6 +162,17 @@ def stage_task(self, stage_name: str, run_id: int) -> bool:
         HAND_OVER_NEXT.reset(handing_over)
 
 
+@shared_task(bind=True, name="eagle3web.train_rank", acks_late=True)
+def train_rank_task(self, node_id: int) -> bool:
+    """One rank (not 0) of a training across nodes (workers.node_runner); its lease is its row's."""
+    import torch
+
+    from workers.node_runner import rank_execute
+
+    torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
+    return rank_execute(node_id=node_id, worker=self.request.hostname or "celery")
+
+
 @shared_task(bind=True, name="eagle3web.evaluate_checkpoint", acks_late=True)
 def evaluation_task(self, evaluation_id: int) -> bool:
     return stage_execute(stage_name="evaluate", record_id=evaluation_id, worker=self.request.hostname or "celery",

@@ -16,6 +16,7 @@ from runs.fleet.models import Worker
 from runs.fleet.selectors import offline_after, workers_live
 from runs.pipeline.models import PendingEnqueue, PipelineRun
 from runs.pipeline.stage_record import FINISHED_STATUSES, StageStatus
+from runs.pipeline.node_selectors import worker_ranks
 from runs.pipeline.launch_order import launch_times
 from runs.pipeline.shard_models import StageShard
 from runs.pipeline.routing import stage_problem, stage_queue
@@ -155,6 +156,14 @@ def _running_by_worker(names: list[str], user=None) -> dict[str, list[dict]]:
                              "progress_done": shard.rows_done, "progress_total": shard.rows, "run_id": shard.run_id,
                              "run__name": shard.run.name if shard.run else "",
                              "shard": f"shard {shard.index} ({shard.span_label})"}))
+    # A training across nodes: its rank 0 is the stage's worker; the other ranks' workers hold no stage row.
+    ranks = worker_ranks(worker_names=names)
+    train = STAGES_BY_NAME["train"]
+    for name, held in ranks.items():
+        if held["rank"]:
+            found.append((train, {"pk": held["training_id"], "worker": name, "started_at": held["since"],
+                                  "progress_done": 0, "progress_total": 0, "run_id": held["run_id"],
+                                  "run__name": held["run_name"]}))
     # (A job's shard names no subject here: its job's page is reached from the job.)
     seen = _seen(user, [("run", row["run_id"]) if row.get("run_id") is not None else
                         ("shard", None) if row.get("shard") else _job_subject(kind.name, row) for kind, row in found])
@@ -163,7 +172,9 @@ def _running_by_worker(names: list[str], user=None) -> dict[str, list[dict]]:
         run_seen = ("run", row.get("run_id")) in seen
         subject_seen = (row.get("run_id") is None and kind.name in JOB_SUBJECTS and not row.get("shard")
                         and _job_subject(kind.name, row) in seen)
-        label = f"{kind.label}, {row['shard']}" if row.get("shard") else kind.label
+        held = ranks.get(row["worker"]) if kind is train and not row.get("shard") else None
+        label = (f"{kind.label}, {row['shard']}" if row.get("shard") else
+                 f"{kind.label}, rank {held['rank']} of {held['nodes']}" if held else kind.label)
         doing[row["worker"]].append({"stage": kind.name, "label": label, "record_id": row["pk"],
                                      "run_id": row.get("run_id") if run_seen else None,
                                      "run_name": (row.get("run__name") or "") if run_seen else "",

@@ -300,6 +300,9 @@ class RunConfig:
             ("train_nodes", self.train_nodes == 1 or self.hidden_states == "offline",
              f"train_nodes must be 1 with online hidden states (each capture server answers one trainer); "
              f"extract the hidden states first (hidden_states offline) to train on {self.train_nodes} nodes"),
+            ("train_nodes", self.train_nodes == 1 or self.stop_when_tau_flat is None,
+             f"train_nodes must be 1 with stop_when_tau_flat: a stop asked of the writer's node alone would leave "
+             f"the other ranks waiting; train on {self.train_nodes} nodes without it"),
         ]
         for name, ok, message in checks:
             if not ok:

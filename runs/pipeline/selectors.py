@@ -9,6 +9,7 @@ from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.data.models import Extraction
 from runs.pipeline.models import ExtractStage, PipelineRun, Preparation, StageAttempt, VocabMapping
 from runs.pipeline.stage_record import StageRecord, StageStatus
+from runs.pipeline.node_selectors import training_nodes
 from runs.fleet.selectors import run_backends
 from runs.data.regeneration_selectors import regeneration_dict, run_data_policy
 from runs.pipeline import best
@@ -331,7 +332,9 @@ def run_summary(run: PipelineRun) -> dict:
                      "best_epoch": training.best_epoch, "split": training.split,
                      "stopped_early": training.stopped_early or None,
                      "loss_tokens_available": training.loss_tokens_available,
-                     "loss_tokens_trained": training.loss_tokens_trained},
+                     "loss_tokens_trained": training.loss_tokens_trained,
+                     # a training across nodes: each rank's worker (runs.pipeline.node_selectors)
+                     "nodes": training_nodes(training_id=training.pk)},
         "attempts": [attempt_dict(a) for a in run.attempts.all()],
         # Where the training's hidden states came from and how fast (issue 27): offline or online, the
         # trainer's wait for data, the capture servers' tokens/s, supply- or compute-bound, the advice.

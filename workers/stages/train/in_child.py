@@ -75,12 +75,16 @@ def train_in_child(**arguments):
             stop_group(proc, STOP_GRACE_SECONDS)
 
 
-def _serve(conn: Connection, proc: subprocess.Popen, callbacks: dict):
+def _serve(conn: Connection, proc: subprocess.Popen, callbacks: dict, watch=None):
+    """Answers the child's calls until it hands back its result; `watch()`, called while it is quiet,
+    raises to end it (a training across nodes whose gang broke: workers.stages.train.nodes)."""
     raised: BaseException | None = None
     while True:
         if not conn.poll(POLL_SECONDS):
             if proc.poll() is not None and not conn.poll(0):
                 raise raised or _died(proc)
+            if watch is not None:
+                watch()
             continue
         try:
             message = conn.recv()
@@ -108,7 +112,8 @@ def _serve(conn: Connection, proc: subprocess.Popen, callbacks: dict):
             if target.isEnabledFor(record.levelno):
                 target.handle(record)
         elif kind == "done":
-            proc.wait()
+            if watch is None:  # a node's torchrun may wait at its exit barrier: its caller waits for it
+                proc.wait()
             return message[1]
         elif kind == "failed":
             proc.wait()
@@ -181,7 +186,13 @@ def _plain(value) -> bool:
 
 
 def main(fd: int) -> int:
-    channel = _Channel(Connection(fd))
+    return serve_training(Connection(fd))
+
+
+def serve_training(conn: Connection, ranks=None) -> int:
+    """The child's side: the arguments come over `conn`, the callbacks go back over it. `ranks`: one
+    process of a training across nodes (workers.stages.train.in_rank)."""
+    channel = _Channel(conn)
     arguments, callback_names, settings = channel.conn.recv()
     root = logging.getLogger()
     root.handlers[:] = [_ToWorker(channel)]
@@ -193,6 +204,8 @@ def main(fd: int) -> int:
             torch.set_num_threads(settings["torch_threads"])
         from workers.stages.train.loop import train
 
+        if ranks is not None:
+            arguments["ranks"] = ranks
         result = train(**arguments, **{name: channel.caller(name) for name in callback_names})
     except BaseException as exc:  # noqa: BLE001 - every ending is told to the worker
         try:

@@ -51,6 +51,7 @@ from transformers import get_linear_schedule_with_warmup  # noqa: E402
 
 from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
 from workers.stages.train.steps import DraftStepper, prefetch  # noqa: E402
+from workers.stages.train.ddp import Ranks, rank_plan, reduce_metrics, step_weights  # noqa: E402
 from workers.contract.errors import StopRequested  # noqa: E402
 from workers.stages.train.split import SplitError, SplitInfo, split_record, split_train_val, write_split  # noqa: E402,F401
 from workers.stages.train.prompt_keys import prompt_context_keys  # noqa: E402
@@ -270,7 +271,7 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
           resume_every_steps: int | None = None,
           resume_every_seconds: float | None = RESUME_SAVE_SECONDS,
           attention: str = "auto", loss_implementation: str = "auto",
-          supply_of: Callable[[float, int], dict] | None = None) -> TrainResult:
+          supply_of: Callable[[float, int], dict] | None = None, ranks: Ranks | None = None) -> TrainResult:
     """Train the draft; `on_checkpoint` hears of each epoch's checkpoint as soon as it is on disk
     (is_best False until the end, when the returned result marks the best). The split (by
     conversation, held out by prompt content, see workers.stages.train.split) is written to out_dir/split.json
@@ -283,7 +284,10 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
     reported past that point can be dropped.
 
     `stop_early()` is asked after every step and epoch: a non-empty answer (why) ends training there, as if
-    its epochs were done, with the checkpoints saved so far; the epoch under way is dropped."""
+    its epochs were done, with the checkpoints saved so far; the epoch under way is dropped.
+
+    `ranks`: this process is one of several under torchrun (workers.stages.train.ddp): it trains its share
+    of each step's rows under DistributedDataParallel, and only the writer saves files and reports."""
     started = time.monotonic()
     if epochs < 1 or ttt_steps < 1 or lr <= 0:
         raise ValueError(f"need epochs >= 1, ttt_steps >= 1, lr > 0; got {epochs}, {ttt_steps}, {lr}")
@@ -314,17 +318,24 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
         hyper={"layer_ids": list(layer_ids), "epochs": epochs, "lr": lr, "ttt_steps": ttt_steps, "seed": seed,
                "draft_vocab_size": draft_vocab_size, "val_fraction": val_fraction, "tokens_per_step": budget})
     state = load_state(out_dir, fingerprint=fingerprint)
+    writer = ranks is None or ranks.writer
     if state is None:
-        discard_state(out_dir)
         progress = Progress()
     else:
         progress = restore(state, model=model, optimizer=optimizer, scheduler=scheduler)
         del state
+    if ranks is not None:
+        torch.distributed.barrier()  # every rank has read the resume state before the writer replaces it
+        stepper.distribute()
     resumed_from = progress.global_step
-    _clear_previous_run(out_dir, keep_epochs=progress.epoch)
+    if writer:
+        if not resumed_from and not progress.epoch:
+            discard_state(out_dir)
+        _clear_previous_run(out_dir, keep_epochs=progress.epoch)
     if on_resume is not None:
         on_resume(progress.global_step, progress.epoch)
-    write_split(out_dir, split_record(train_idx, val_idx, split, samples.source_ids))
+    if writer:
+        write_split(out_dir, split_record(train_idx, val_idx, split, samples.source_ids))
     if on_split is not None:  # the page shows the split while training runs, not only at its end
         on_split(split.as_dict())
     checkpointer = SingleGPUCheckpointer(out_dir)
@@ -341,6 +352,8 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
 
     def save_resume() -> None:
         sink.flush()  # every metric up to this state's step is handed on before the state says so
+        if not writer:
+            return
         if should_stop is not None and should_stop():  # a replaced attempt must not overwrite its successor's state
             raise TrainingStopped(progress.global_step)
         save_state(out_dir, fingerprint=fingerprint, model=model, optimizer=optimizer, scheduler=scheduler,
@@ -354,19 +367,30 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
         for epoch in range(progress.epoch, epochs):
             plan = plans[epoch]
             todo = remaining_plan(plan, samples.lengths, progress.local_step)
+            counts = [True] * len(todo)
+            if ranks is not None:
+                todo, counts = rank_plan(todo, samples.lengths, ranks)
             samples.expect([row for rows in todo for row in rows])  # an online dataset fetches ahead
             batches = stepper.timed(prefetch(
                 iter_batches(samples, todo, max_tokens=budget, dtype=batch_dtype(run_on),
                              pad_to=lambda n: stepper.step_length(n, budget)),
                 device=run_on))
             t0 = time.perf_counter()
-            for local_step, batch in enumerate(batches, progress.local_step + 1):
+            for (local_step, batch), real in zip(enumerate(batches, progress.local_step + 1), counts, strict=True):
                 if should_stop is not None and should_stop():
                     raise TrainingStopped(step)
                 lr_now = optimizer.param_groups[0]["lr"]
                 tokens = int((batch["document_ids"] != -1).sum())
-                progress.loss_tokens += int(batch["loss_mask"].sum())
-                loss, raw = stepper.train_step(batch, optimizer, scheduler)
+                loss_tokens = int(batch["loss_mask"].sum())
+                if ranks is None:
+                    loss, raw = stepper.train_step(batch, optimizer, scheduler)
+                else:
+                    weights = step_weights(batch["loss_mask"], ttt_steps=ttt_steps, real=real, world=ranks.world)
+                    loss, raw = stepper.train_step(batch, optimizer, scheduler, step_weights=weights)
+                    raw = reduce_metrics({**raw, "n_tokens": tokens, "n_loss_tokens": loss_tokens},
+                                         weights=weights, world=ranks.world, real=real)
+                    tokens, loss_tokens = int(raw.pop("n_tokens")), int(raw.pop("n_loss_tokens"))
+                progress.loss_tokens += loss_tokens
                 t1 = time.perf_counter()
                 step, attempt_tokens, attempt_seconds = step + 1, attempt_tokens + tokens, attempt_seconds + (t1 - t0)
                 progress.global_step, progress.local_step = step, local_step
@@ -391,6 +415,9 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
                 break
             loss_tokens = progress.loss_tokens
             progress.loss_tokens_per_epoch.append(loss_tokens)
+            if not writer:  # the writer validates and saves; the others wait for it at the next step
+                progress.epoch, progress.local_step, progress.losses, progress.loss_tokens = epoch + 1, 0, [], 0
+                continue
             if loss_tokens != available:
                 logger.warning("epoch %d: %d of %d supervised tokens reached the loss", epoch, loss_tokens, available)
             samples.expect([row for rows in val_plan for row in rows], validation=True)
@@ -418,6 +445,10 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
         logger.info("training stopped on request after %d steps", step)
         raise
 
+    if ranks is not None:
+        torch.distributed.barrier()  # the writer's last checkpoint is on disk before any rank ends
+        if not writer:
+            return None  # a rank that does not write has no checkpoints to hand back
     epoch_rows = [(e, Path(p), tl, v) for e, p, tl, v in progress.epoch_rows]
     best_epoch = lowest_val_loss_epoch({e: v.get("loss", math.inf) for e, _p, _tl, v in epoch_rows})
     checkpointer.update_best_symlink(best_epoch)

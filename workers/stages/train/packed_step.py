@@ -101,6 +101,18 @@ def kl_loss_config(device: torch.device, implementation: str = "auto") -> tuple[
     raise ValueError(f"loss implementation must be auto, fused, chunked or eager, got {implementation!r}")
 
 
+class DraftForward(torch.nn.Module):
+    """draft_forward as a module's forward, for DistributedDataParallel to wrap: DDP readies its
+    gradient all-reduce in its own forward, which draft_forward alone would bypass."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **arguments):
+        return draft_forward(self.model, **arguments)
+
+
 def use_packed_attention(model) -> None:
     """Point the draft's layers at ATTENTION_IMPLEMENTATION (not saved: transformers drops
     _attn_implementation from the config it writes)."""
@@ -121,9 +133,11 @@ def _masks(model, document_ids: torch.Tensor, attention: str):
 
 def draft_forward(model, *, hidden_states, input_ids, document_ids, loss_mask, position_ids,
                   verifier_last_hidden_states, ttt_steps: int, loss_config: dict, attention: str,
-                  compute_dtype: torch.dtype = torch.float32, ttt_step_loss_decay: float = 1.0):
+                  compute_dtype: torch.dtype = torch.float32, ttt_step_loss_decay: float = 1.0,
+                  step_weights: list[float] | None = None):
     """(draft_tokens, loss, metrics) as Eagle3DraftModel.forward returns them; `attention` is
-    "flex" (a BlockMask, compiled) or "document" (the twin)."""
+    "flex" (a BlockMask, compiled) or "document" (the twin). `step_weights`: each TTT step's loss weight
+    on one rank of several (workers.stages.train.ddp); the metrics keep the unweighted step losses."""
     device = hidden_states.device
     total_seq_len = hidden_states.shape[1]
     past_key_values = DynamicCache()
@@ -162,7 +176,7 @@ def draft_forward(model, *, hidden_states, input_ids, document_ids, loss_mask, p
             logits = model.lm_head(model.norm(hidden_states))
         s_loss, s_metrics = compute_metrics(logits, targets, loss_mask, prev_correct, ttt_step,
                                            ttt_step_loss_decay, loss_config=loss_config)
-        loss = loss + s_loss
+        loss = loss + (s_loss if step_weights is None else s_loss * step_weights[ttt_step])
         metrics.update(s_metrics)
         draft_tokens.append(torch.argmax(logits, dim=-1).detach())
         # Teacher forcing, as speculators: the true next tokens, shifted by 1 + ttt_step.

@@ -10,6 +10,7 @@ on a thread (bounded queue) into pinned memory, so the GPU does not wait on file
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 import time
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 import torch
 
 from workers.stages.torch_internals import compiled_graph_count
-from workers.stages.train.packed_step import draft_forward, kl_loss_config, padded_length, use_packed_attention
+from workers.stages.train.packed_step import DraftForward, draft_forward, kl_loss_config, padded_length, use_packed_attention
 
 PHASES = ("data", "copies", "forward", "backward", "optimizer")
 
@@ -78,6 +79,15 @@ class DraftStepper:
         self.times = StepTimes(device)
         self._graphs_at_start = compiled_graphs()
         self.shapes: set[tuple[int, bool]] = set()  # (step length, grad enabled) of every forward
+        self.ddp = None  # DistributedDataParallel over the model, on one rank of several
+
+    def distribute(self) -> None:
+        """Train under DistributedDataParallel (the process group is up: workers.stages.train.ddp); it
+        broadcasts rank 0's weights first. Validation and checkpoints keep using the plain model."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.ddp = DistributedDataParallel(DraftForward(self.model),
+                                           device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     def describe(self) -> str:
         return (f"attention {self.attention}, loss {self.loss_implementation}, "
@@ -101,24 +111,27 @@ class DraftStepper:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _forward(self, batch: dict, *, timed: bool):
+    def _forward(self, batch: dict, *, timed: bool, step_weights: list[float] | None = None):
         self.shapes.add((int(batch["input_ids"].shape[1]), torch.is_grad_enabled()))
         batch = {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
                  for k, v in batch.items()}
         if timed:  # validation records no phases: a mark per batch would pile up CUDA events
             self.times.mark()
+        forward = (functools.partial(self.ddp, step_weights=step_weights) if self.ddp is not None and timed
+                   else functools.partial(draft_forward, self.model))
         with self._autocast():
-            return draft_forward(self.model, hidden_states=batch["hidden_states"], input_ids=batch["input_ids"],
-                                 document_ids=batch["document_ids"], loss_mask=batch["loss_mask"],
-                                 position_ids=batch["position_ids"],
-                                 verifier_last_hidden_states=batch["verifier_last_hidden_states"],
-                                 ttt_steps=self.ttt_steps, loss_config=self.loss_config, attention=self.attention,
-                                 compute_dtype=self.compute_dtype)
+            return forward(hidden_states=batch["hidden_states"], input_ids=batch["input_ids"],
+                           document_ids=batch["document_ids"], loss_mask=batch["loss_mask"],
+                           position_ids=batch["position_ids"],
+                           verifier_last_hidden_states=batch["verifier_last_hidden_states"],
+                           ttt_steps=self.ttt_steps, loss_config=self.loss_config, attention=self.attention,
+                           compute_dtype=self.compute_dtype)
 
-    def train_step(self, batch: dict, optimizer, scheduler) -> tuple[torch.Tensor, dict]:
+    def train_step(self, batch: dict, optimizer, scheduler, step_weights: list[float] | None = None
+                   ) -> tuple[torch.Tensor, dict]:
         """Trainer.train_epoch's step: forward (autocast on CUDA), backward, clip at 1.0, step, schedule."""
         self.times.start()
-        _tokens, loss, metrics = self._forward(batch, timed=True)
+        _tokens, loss, metrics = self._forward(batch, timed=True, step_weights=step_weights)
         self.times.mark()
         optimizer.zero_grad()
         loss.backward()

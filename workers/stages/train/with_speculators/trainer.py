@@ -101,9 +101,11 @@ def speculators_command(*, torchrun: str, num_gpus: int, fsdp: bool, target_dir:
                         out_dir: Path, aux_layer_ids: Sequence[int], draft_vocab_size: int, epochs: int, lr: float,
                         ttt_steps: int, seed: int, total_seq_len: int, train_data_ratio: float,
                         hidden_states_backend: str = "file", extra_args: Sequence[str] = (),
-                        online_flags: Sequence[str] = ()) -> list[str]:
-    """`online_flags` (with_speculators/online.py endpoint_flags) replace `--on-missing raise`."""
-    command = [torchrun, "--standalone", "--nproc-per-node", str(num_gpus), "-m", ENTRY_MODULE,
+                        online_flags: Sequence[str] = (), node_args: Sequence[str] = ()) -> list[str]:
+    """`online_flags` (with_speculators/online.py endpoint_flags) replace `--on-missing raise`. `node_args`
+    (workers.stages.train.nodes.torchrun_args): one node of several, in place of --standalone on one."""
+    placement = list(node_args) or ["--standalone", "--nproc-per-node", str(num_gpus)]
+    command = [torchrun, *placement, "-m", ENTRY_MODULE,
                "--verifier-name-or-path", str(target_dir), "--data-path", str(data_dir), "--save-path", str(out_dir),
                "--target-layer-ids", *[str(i) for i in aux_layer_ids], "--draft-vocab-size", str(draft_vocab_size),
                "--epochs", str(epochs), "--lr", repr(float(lr)), "--ttt-steps", str(ttt_steps), "--seed", str(seed),
@@ -165,7 +167,8 @@ def train_with_speculators(
         on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
         on_resume: Callable[[int, int], None] | None = None,
         on_split: Callable[[dict], None] | None = None,
-        torchrun_executable: str | None = None, online: OnlineSource | None = None) -> TrainResult:
+        torchrun_executable: str | None = None, online: OnlineSource | None = None,
+        node_args: Sequence[str] = ()) -> TrainResult:
     """Train the draft with speculators' Trainer; same callbacks and result as workers.stages.train.loop.train.
 
     `data_dir` (default: beside out_dir, `speculators_data`) is (re)written as links to the run's
@@ -238,7 +241,7 @@ def train_with_speculators(
             target_dir=target_dir, data_dir=ordered, out_dir=out_dir, aux_layer_ids=layer_ids[:-1],
             draft_vocab_size=draft_vocab_size, epochs=epochs, lr=lr, ttt_steps=ttt_steps, seed=seed,
             total_seq_len=total_seq_len, train_data_ratio=split.train_data_ratio,
-            hidden_states_backend=backend, extra_args=[*loss_args, *extra_args])
+            hidden_states_backend=backend, extra_args=[*loss_args, *extra_args], node_args=node_args)
         run = functools.partial(_run, capture=capture, out_dir=out_dir, env=env, should_stop=should_stop,
                                 stop_grace_seconds=stop_grace_seconds)
         if online is None:
