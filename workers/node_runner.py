@@ -117,6 +117,16 @@ def _run_node(*, place, backend: str, gpus: int, watch, arguments: dict):
                                   node_args=torchrun_args(place, nproc_per_node=gpus), should_stop=should_stop)
 
 
+def _other_rank_failed(node_id: int, *, within: float = 15.0) -> str | None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        reason = db_retry("gang", gang_broken, node_id=node_id)
+        if reason and reason.startswith("rank ") and "GangBroken" not in reason:  # its own cause, not ours
+            return reason
+        time.sleep(WAIT_POLL_SECONDS)
+    return None
+
+
 def node_train(*, node_id: int, arguments: dict, backend: str, gpus: int, lead: bool = False):
     """Run this worker's rank: wait for the gang, then its torchrun; the training's result on rank 0's
     node (None elsewhere). The row ends succeeded or failed, with the node's log tail."""
@@ -141,6 +151,11 @@ def node_train(*, node_id: int, arguments: dict, backend: str, gpus: int, lead: 
     except BaseException as exc:
         db_retry("rank", node_mark, node_id=node_id, status=Status.FAILED, log_tail="\n".join(lines.lines),
                  error=f"{type(exc).__name__}: {exc}")
+        if lead and isinstance(exc, Exception) and not isinstance(exc, (GangBroken, GangIncomplete)):
+            # A rank that died shows here first as this rank's collective failing: name the rank that
+            # died, as soon as its worker has said so.
+            if reason := _other_rank_failed(node_id):
+                raise GangBroken(f"{reason}; this rank's training then ended: {type(exc).__name__}: {exc}") from exc
         raise
     finally:
         heartbeat.stopped.set()

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from tests.stages.test_train import write_training_inputs
-from workers.stages.train.in_child import TrainingProcessDied
 from workers.stages.train.nodes import NodePlace, free_port, train_on_node
 from workers.stages.train.loop import train
 

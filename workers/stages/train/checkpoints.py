@@ -22,16 +22,19 @@ def _clear_previous_run(out_dir: Path, *, keep_epochs: int = 0) -> None:
 
 
 def save_epoch_checkpoint(checkpointer: SingleGPUCheckpointer, model, optimizer, scheduler, *, epoch: int,
-                          global_step: int, val_metrics: dict[str, float]) -> Path:
-    """Trainer.maybe_save_checkpoint + _save_training_state + save_val_metrics for one epoch."""
+                          global_step: int, val_metrics: dict[str, float], write_own: bool = True) -> Path:
+    """Trainer.maybe_save_checkpoint + _save_training_state + save_val_metrics for one epoch. Under
+    torch.distributed every rank calls it: speculators' checkpointer writes on global rank 0 and waits for
+    all at a barrier; `write_own` (global rank 0 alone) writes our own files beside them."""
     checkpointer.save_checkpoint(model, [optimizer], epoch)
     checkpointer.save_scheduler_state_dict([scheduler], epoch)
     epoch_dir = checkpointer.path / str(epoch)
-    (epoch_dir / "training_state.json").write_text(
-        json.dumps({"epoch": epoch, "local_step": 0, "global_step": global_step}))
-    link = checkpointer.path / f"epoch{epoch}_end"
-    if link.is_symlink():
-        link.unlink()
-    link.symlink_to(Path(str(epoch)))
+    if write_own:
+        (epoch_dir / "training_state.json").write_text(
+            json.dumps({"epoch": epoch, "local_step": 0, "global_step": global_step}))
+        link = checkpointer.path / f"epoch{epoch}_end"
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(Path(str(epoch)))
     checkpointer.save_val_metrics(epoch, {f"{k}_epoch": v for k, v in val_metrics.items()})
     return epoch_dir

@@ -33,6 +33,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import itertools  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
@@ -367,7 +368,7 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
         for epoch in range(progress.epoch, epochs):
             plan = plans[epoch]
             todo = remaining_plan(plan, samples.lengths, progress.local_step)
-            counts = [True] * len(todo)
+            counts = itertools.repeat(True)  # on several ranks: whether this rank's rows of each step count
             if ranks is not None:
                 todo, counts = rank_plan(todo, samples.lengths, ranks)
             samples.expect([row for rows in todo for row in rows])  # an online dataset fetches ahead
@@ -376,7 +377,7 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
                              pad_to=lambda n: stepper.step_length(n, budget)),
                 device=run_on))
             t0 = time.perf_counter()
-            for (local_step, batch), real in zip(enumerate(batches, progress.local_step + 1), counts, strict=True):
+            for (local_step, batch), real in zip(enumerate(batches, progress.local_step + 1), counts):
                 if should_stop is not None and should_stop():
                     raise TrainingStopped(step)
                 lr_now = optimizer.param_groups[0]["lr"]
@@ -415,9 +416,6 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
                 break
             loss_tokens = progress.loss_tokens
             progress.loss_tokens_per_epoch.append(loss_tokens)
-            if not writer:  # the writer validates and saves; the others wait for it at the next step
-                progress.epoch, progress.local_step, progress.losses, progress.loss_tokens = epoch + 1, 0, [], 0
-                continue
             if loss_tokens != available:
                 logger.warning("epoch %d: %d of %d supervised tokens reached the loss", epoch, loss_tokens, available)
             samples.expect([row for rows in val_plan for row in rows], validation=True)
@@ -425,8 +423,10 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
             val_public = {k: float(v) for k, v in val.items() if _METRIC_KEY.match(k)}
             sink.add(step, epoch + 1.0, "val", val_public)
             sink.flush()
+            # On several ranks every rank validates and calls the checkpointer: speculators' checkpointer writes
+            # on torch's global rank 0 (whichever node c10d made it) and then waits for all ranks at a barrier.
             path = save_epoch_checkpoint(checkpointer, model, optimizer, scheduler, epoch=epoch, global_step=step,
-                                         val_metrics=val)
+                                         val_metrics=val, write_own=ranks is None or ranks.rank == 0)
             train_loss = float(np.mean(progress.losses)) if progress.losses else math.nan
             progress.epoch_rows.append([epoch, str(path), train_loss, val_public])
             logger.info("epoch %d: train loss %.4f, val loss %.4f, %d of %d supervised tokens trained, checkpoint %s",
@@ -445,13 +445,11 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
         logger.info("training stopped on request after %d steps", step)
         raise
 
-    if ranks is not None:
-        torch.distributed.barrier()  # the writer's last checkpoint is on disk before any rank ends
-        if not writer:
-            return None  # a rank that does not write has no checkpoints to hand back
     epoch_rows = [(e, Path(p), tl, v) for e, p, tl, v in progress.epoch_rows]
     best_epoch = lowest_val_loss_epoch({e: v.get("loss", math.inf) for e, _p, _tl, v in epoch_rows})
-    checkpointer.update_best_symlink(best_epoch)
+    checkpointer.update_best_symlink(best_epoch)  # on several ranks: global rank 0 links, all wait for it
+    if not writer:
+        return None  # the writer's node hands the result back
     checkpoints = [CheckpointInfo(epoch=e, path=p, train_loss=tl, val_loss=v.get("loss", math.nan), val_metrics=v,
                                   is_best=e == best_epoch) for e, p, tl, v in epoch_rows]
     tokens_per_second = (attempt_tokens / max(attempt_seconds, 1e-9) if attempt_tokens
