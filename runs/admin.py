@@ -11,8 +11,8 @@ from runs.fleet.models import Worker
 from runs.pipeline.shard_models import StageShard
 from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, DemoBuild, ServeCheck, VerificationRequest
 from runs.checkpoints.models import Checkpoint, Evaluation
-from runs.data.models import (
 from runs.pipeline.node_models import TrainingNode
+from runs.data.models import (
     CurationAction,
     Dataset,
     DatasetSample,

@@ -174,15 +174,14 @@ def training_lead(*, record, worker: str, started_at, nodes: int, backend: str, 
     return node_train(node_id=node_id, arguments=arguments, backend=backend, gpus=gpus, lead=True)
 
 
-def rank_execute(*, node_id: int, worker: str) -> bool:
+def rank_execute(*, node_id: int, worker: str, plan) -> bool:
     """A rank's message (workers.tasks.train_rank_task): join the gang unless this worker holds a rank of
     the attempt already (the message goes back for another worker) or the attempt is over; then run it.
-    True when this rank trained to the end; a failure is on its row, and ends the attempt for all ranks."""
+    True when this rank trained to the end; a failure is on its row, and ends the attempt for all ranks.
+    `plan(training_id)`: the training's (arguments, backend, GPUs), as its stage's runner makes them."""
     import socket
 
-    from runs.models import TrainingRun
     from runs.pipeline.node_services import node_join
-    from workers.stage_runners import _backend, train_arguments
 
     joined = db_retry("rank", node_join, node_id=node_id, worker=worker, host=socket.getfqdn())
     if joined != "joined":
@@ -195,9 +194,7 @@ def rank_execute(*, node_id: int, worker: str) -> bool:
         from runs.pipeline.node_models import TrainingNode
 
         training_id = TrainingNode.objects.values_list("training_id", flat=True).get(pk=node_id)
-        record = TrainingRun.objects.select_related("run__target", "run__dataset").get(pk=training_id)
-        backend, gpus = _backend(record.run, "train")
-        arguments = train_arguments(record)
+        arguments, backend, gpus = plan(training_id)
     except Exception as exc:
         db_retry("rank", node_mark, node_id=node_id, status=Status.FAILED, error=f"{type(exc).__name__}: {exc}")
         raise

@@ -25,6 +25,7 @@ from runs.tracking.services import metrics_record
 from runs.models import Evaluation, StageRecord
 from runs.data.regeneration import regeneration_record
 from runs.pipeline.live_tau import tau_flat_check
+from runs.pipeline.models import TrainingRun
 from runs.pipeline.result_records import STAGE_RECORDERS, checkpoints_register, measured_alongside_record
 from runs.pipeline.stage_services import (
     StageCancelled,
@@ -193,6 +194,13 @@ def train_arguments(record) -> dict:
         draft_vocab_size=run.vocab_mapping.draft_vocab_size,
         seed=run.config.get("seed", 0),
     )
+
+
+def train_plan(training_id: int) -> tuple[dict, str, int]:
+    """A rank's view of a training across nodes (workers.node_runner): its arguments, backend and GPU count."""
+    record = TrainingRun.objects.select_related("run__target", "run__dataset").get(pk=training_id)
+    backend, gpus = _backend(record.run, "train")
+    return train_arguments(record), backend, gpus
 
 
 def _train(record, reporter: StageReporter):

@@ -168,9 +168,10 @@ def train_rank_task(self, node_id: int) -> bool:
     import torch
 
     from workers.node_runner import rank_execute
+    from workers.stage_runners import train_plan
 
     torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
-    return rank_execute(node_id=node_id, worker=self.request.hostname or "celery")
+    return rank_execute(node_id=node_id, worker=self.request.hostname or "celery", plan=train_plan)
 
 
 @shared_task(bind=True, name="eagle3web.evaluate_checkpoint", acks_late=True)

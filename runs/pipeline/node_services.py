@@ -16,7 +16,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from runs.models import StageAttempt, StageStatus, TrainingRun
+from runs.pipeline.models import StageAttempt, TrainingRun
+from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.node_models import TrainingNode
 from runs.pipeline.routing import stage_queue
 

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0022_demo_build'),
+        ('runs', '0024_runs_list_indexes'),
     ]
 
     operations = [
