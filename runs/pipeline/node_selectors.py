@@ -1,6 +1,8 @@
 """Reads about a training across nodes: who holds which rank (runs.pipeline.node_services writes them)."""
 from __future__ import annotations
 
+from django.db.models import Count
+
 from runs.pipeline.node_models import TrainingNode
 
 
@@ -15,11 +17,13 @@ def training_nodes(*, training_id: int | None) -> list[dict]:
 
 
 def worker_ranks(*, worker_names: list[str]) -> dict[str, dict]:
-    """For each of these workers holding a rank of a running training now: its rank, run and training."""
-    held = (TrainingNode.objects.filter(worker__in=worker_names, status__in=[TrainingNode.Status.JOINED,
-                                                                             TrainingNode.Status.RUNNING])
-            .select_related("training__run").order_by("started_at"))
+    """For each of these workers holding a rank of a running training now: its rank, run and training
+    (two queries, whatever the number of workers)."""
+    held = list(TrainingNode.objects.filter(worker__in=worker_names, status__in=[TrainingNode.Status.JOINED,
+                                                                                  TrainingNode.Status.RUNNING])
+                .select_related("training__run").order_by("started_at"))
+    sizes = {(row["training_id"], row["attempt"]): row["size"] for row in TrainingNode.objects.filter(
+        training_id__in={n.training_id for n in held}).values("training_id", "attempt").annotate(size=Count("id"))}
     return {n.worker: {"rank": n.rank, "run_id": n.training.run_id, "run_name": n.training.run.name,
                        "training_id": n.training_id, "since": n.started_at,
-                       "nodes": TrainingNode.objects.filter(training_id=n.training_id, attempt=n.attempt).count()}
-            for n in held}
+                       "nodes": sizes.get((n.training_id, n.attempt), 0)} for n in held}
