@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0024_runs_list_indexes'),
+        ('runs', '0026_training_stopped_early'),
     ]
 
     operations = [
