@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0026_training_stopped_early'),
+        ('runs', '0027_stage_shards'),
     ]
 
     operations = [
