@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0027_stage_shards'),
+        ('runs', '0028_eval_suites'),
     ]
 
     operations = [
