@@ -23,16 +23,17 @@ EPOCHS = 60
 
 def test_a_checkpoints_tau_shows_while_training_runs_and_flat_tau_stops_training(tiny_target, data_root, tmp_path,
                                                                                    user):
-    run = services.run_launch(user=user, target_path=tiny_target.target_dir, dataset_path=tiny_target.chats_path,
-                              config=RunConfig(max_samples=40, max_seq_len=256, draft_vocab_size=256, epochs=EPOCHS,
-                                               lr=1e-12, ttt_steps=2, eval_prompts=2, eval_max_new_tokens=8,
-                                               stop_when_tau_flat=1))
     page = Client()
     page.force_login(user)
     seen_while_training = None
     with celery_worker(data_root=data_root, log_path=tmp_path / "trainer.log", name="trainer"), \
             celery_worker(data_root=data_root, log_path=tmp_path / "evaluator.log", name="evaluator", queues="gpu",
                           purge=False):
+        # Launched once both workers listen: the first worker's start purges its queues, messages included.
+        run = services.run_launch(user=user, target_path=tiny_target.target_dir, dataset_path=tiny_target.chats_path,
+                                  config=RunConfig(max_samples=40, max_seq_len=256, draft_vocab_size=256, epochs=EPOCHS,
+                                                   lr=1e-12, ttt_steps=2, eval_prompts=2, eval_max_new_tokens=8,
+                                                   stop_when_tau_flat=1))
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             training = TrainingRun.objects.get(run=run)
