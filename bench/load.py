@@ -4,9 +4,9 @@
     .venv/bin/python bench/load.py --viewers 100 --seconds 60 --json
 
 What each side does:
-- Database: creates the PostgreSQL database `bench_load` (dropped at the end), migrates it, adds a
-  user per client or viewer, one more and --runs runs (services.run_launch). All but one are
-  finished: stage rows and attempts succeeded with 2 kB logs, a 100-step curve and two checkpoints (the workers' metrics_record and
+- Database: creates the PostgreSQL database `bench_load_<its pid>` (dropped at the end; a name of its own,
+  as two runs at once would drop each other's), migrates it, adds a user per client or viewer, one more
+  and --runs runs (services.run_launch). All but one are finished: stage rows and attempts succeeded with 2 kB logs, a 100-step curve and two checkpoints (the workers' metrics_record and
   checkpoints_register), an approval.
 - The training run: --trainer worker (default) starts a real Celery worker (redis db 5) that
   prepares, extracts and trains the demo target (300 chats, built once into data/bench-load-assets)
@@ -30,7 +30,8 @@ What each side does:
   page open, polling at the page's own intervals with If-None-Match as its scripts send it and
   reloading the page every minute (bench/viewers.py); --warmup seconds to open the pages, not counted.
 Prints latency percentiles over every request, per endpoint too; `errors` counts anything but a 200
-(or a 304 to a request that sent If-None-Match), `not_modified` the 304s; `server_ms` the same
+(or a 304 to a request that sent If-None-Match; viewers: `error_statuses` counts them by status and
+`error_bodies` gives the start of one body of each), `not_modified` the 304s; `server_ms` the same
 percentiles as gunicorn timed each request (its access log: without the wait for a free worker and
 the client's share), `cpu_cores` the cores each side used while measuring (gunicorn, the trainer,
 this benchmark's PostgreSQL backends and clients; "others" is everyone else's work on the machine,
@@ -49,6 +50,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -86,7 +88,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--conn-max-age", type=int, default=60,
                    help="DATABASE_CONN_MAX_AGE for gunicorn (docker-compose.yml's default; 0: a connection per request)")
     p.add_argument("--port", type=int, default=8781)
-    p.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/bench_load")
+    # A name of its own per run: a second benchmark at the same time drops and recreates its database.
+    p.add_argument("--database-url", default=f"postgres://postgres@127.0.0.1:5432/bench_load_{os.getpid()}")
     p.add_argument("--broker-url", default="redis://127.0.0.1:6379/5")
     p.add_argument("--json", action="store_true")
     return p.parse_args()
@@ -274,6 +277,9 @@ def main() -> None:
             writer.start()
             cleanup.callback(writer.join, 10)
             cleanup.callback(writer.stop.set)
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", args.port), timeout=2):
+            # Another server (someone else's benchmark) would answer our clients and hide our gunicorn's failure.
+            raise SystemExit(f"port {args.port} is already in use: pass --port with a free one")
         access = tmp / "access.log"  # each request's path, status and milliseconds, as gunicorn timed it
         gunicorn = start([sys.executable, "-m", "gunicorn", "eagle3web.wsgi", "--bind", f"127.0.0.1:{args.port}",
                           "--workers", str(args.gunicorn_workers), "--threads", str(args.gunicorn_threads), "--no-control-socket", "--access-logfile",
@@ -299,10 +305,16 @@ def main() -> None:
         load_before, began = os.getloadavg()[0], time.monotonic()
         if args.viewers:
             # Marked while the client processes run (a process that ended takes its CPU time with it).
-            threading.Timer(1.0 + args.warmup, mark, args=("start",)).start()
-            threading.Timer(1.0 + args.warmup + args.seconds - 0.5, mark, args=("end",)).start()
+            timers = [threading.Timer(1.0 + args.warmup, mark, args=("start",)),
+                      threading.Timer(1.0 + args.warmup + args.seconds - 0.5, mark, args=("end",))]
+            for timer in timers:
+                timer.start()
             began = viewers.run_viewers(port=args.port, sessions=sessions, run_id=run.pk, warmup=args.warmup,
                                         seconds=args.seconds, samples=samples, processes=args.client_processes)
+            # A viewer stops at its last request due before the deadline, so with few viewers they can all
+            # be done before the "end" mark: wait for it rather than read a mark not yet taken.
+            for timer in timers:
+                timer.join()
         else:
             mark("start")
             run_all([lambda c=cookies: client(args.port, c, run.pk, began + args.seconds, samples) for cookies in sessions])

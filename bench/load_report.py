@@ -6,6 +6,7 @@ import contextlib
 import math
 import os
 import re
+from collections import Counter
 from pathlib import Path
 
 
@@ -31,6 +32,10 @@ def summarize(samples: list, seconds: float) -> dict:
                                   "mean_bytes": round(sum(s[3] for s in mine) / len(mine))}
         if len(mine[0]) > 4:
             out["endpoints"][name]["not_modified"] = sum(1 for s in mine if s[4] == 304)
+            failed = [s for s in mine if not s[2]]
+            if failed:  # what the server answered: each status (or exception) counted, and one body of each
+                out["endpoints"][name]["error_statuses"] = dict(Counter(str(s[4]) for s in failed))
+                out["endpoints"][name]["error_bodies"] = {str(s[4]): s[6] for s in reversed(failed) if len(s) > 6}
     if samples and len(samples[0]) > 4:
         out["not_modified"] = sum(1 for s in samples if s[4] == 304)
     return out

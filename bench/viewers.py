@@ -57,7 +57,8 @@ def page_timings() -> dict[str, float]:
 
 
 class Viewer:
-    """One open run page; appends (name, ms, ok, bytes, http status, started) to `samples`."""
+    """One open run page; appends (name, ms, ok, bytes, http status, started, error body's start or None)
+    to `samples`."""
 
     def __init__(self, *, port: int, cookies: dict, run_id: int, timings: dict, begin: float, warmup: float,
                  deadline: float, samples: list, seed: int):
@@ -82,7 +83,8 @@ class Viewer:
         ms = (time.monotonic() - started) * 1000
         ok = status == 200 or (status == 304 and "If-None-Match" in headers)
         if started >= self.begin + self.warmup:
-            self.samples.append((name, ms, ok, len(body), status, started))
+            # A failure keeps the start of its body, so the report can say what the server answered.
+            self.samples.append((name, ms, ok, len(body), status, started, None if ok else body[:300].decode(errors="replace")))
         if status == 200 and loop and answer.get("ETag"):
             self.etags[loop] = (path, answer["ETag"])
         return status, body
