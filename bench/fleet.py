@@ -1,7 +1,7 @@
 """Benchmark (not a test): one run's extraction on 1 and on 2 real Celery workers (issue 36), through the framework.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/h_fleetbench CELERY_BROKER_URL=redis://127.0.0.1:6379/10 \\
-        .venv/bin/python bench/fleet.py --json [--conversations 600] [--repeats 1]
+        .venv/bin/python bench/fleet.py --json [--conversations 160] [--times 10] [--repeats 1]
 
 Each side is a real run: services.run_launch on PostgreSQL and Redis (the database is created and migrated
 if missing), its stages done by `celery worker` processes with distinct -n names (tests.worker.celery_worker),
@@ -16,7 +16,7 @@ shards with their model loads, the merge). From the shard rows' own started/fini
   outside_share     the rest: planning and splitting, messages waiting to be taken, the merge;
   merge_share       the last shard's finished_at to the stage's finished_at (the merge and its recording).
 ratio = two_workers rows/s / one_worker rows/s. Training across nodes has its own bench (bench/fleet_train.py);
-`--with-train` runs it (imported, not copied) and adds its figures under "train".
+`--with-train` then runs its main (imported, not copied), which prints its own JSON line.
 """
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=160)
     parser.add_argument("--times", type=int, default=10, help="copies of the demo's chats (distinct ids)")
     parser.add_argument("--repeats", type=int, default=1, help="one_worker/two_workers pairs, alternating")
-    parser.add_argument("--with-train", action="store_true", help="also run bench/fleet_train.py's measurement")
+    parser.add_argument("--with-train", action="store_true", help="then run bench/fleet_train.py --json")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="eagle3web-fleet-"))).resolve()
@@ -170,13 +170,14 @@ def main() -> None:
                                 "load_average": load_average()})
     result["regeneration"] = ("not measured: regenerate(rows=...) exists as a stage function, but the shard "
                               "framework (workers.shard_runners.SHARDABLE) splits only the extraction so far")
-    if args.with_train:
+    result["load_average_end"] = load_average()
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    if args.with_train:  # its own JSON line, from its own main (imported, not copied)
         sys.path.insert(0, str(ROOT / "bench"))
         import fleet_train
 
-        result["train"] = fleet_train.measure() if hasattr(fleet_train, "measure") else "see bench/fleet_train.py"
-    result["load_average_end"] = load_average()
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+        sys.argv = [sys.argv[0], "--json"]
+        fleet_train.main()
 
 
 if __name__ == "__main__":
