@@ -236,6 +236,7 @@ def _train(record, reporter: StageReporter):
 
 
 def _evaluate(record: Evaluation, reporter: StageReporter):
+    from workers.contract.acceptance import evaluation_phases
     from workers.stages.evaluate.measure import evaluate
     from workers.stages.evaluate.prompts import prompts_load
 
@@ -255,10 +256,12 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
     # The run's evaluation suites first, on every checkpoint, then its held-out prompts: the stage's own row,
     # recorded last, decides the best (runs.pipeline.best) once every measurement it compares is in.
     suites = {name: (str(source.path), prompts_load(source)) for name, source in plan.suites.items()}
-    # One progress over every measurement (prompts x checkpoints x suites), said from the start: the page showed
-    # "–" until the last checkpoint began, then counted that one's prompts alone.
-    total = ((len(plan.also) + 1) * len(held_out)
-             + len(plan.suite_checkpoints) * sum(len(p) for _, p in suites.values()))
+    # One progress over every pass the stage makes (prompts x checkpoints x suites x passes: the measurement, then
+    # the k table's probes, as long again), said from the start: the page showed "–" until the last checkpoint
+    # began, then counted that one's prompts alone, and said done while the k table still ran.
+    passes = evaluation_phases(settings.EAGLE3WEB_K_BEYOND_TRAINED)
+    total = passes * ((len(plan.also) + 1) * len(held_out)
+                      + len(plan.suite_checkpoints) * sum(len(p) for _, p in suites.values()))
     done = 0
     reporter.progress(0, total)
 
@@ -267,7 +270,7 @@ def _evaluate(record: Evaluation, reporter: StageReporter):
         start = done
         result = evaluate(checkpoint_dir=checkpoint_dir, prompts=prompts, prompt_source=source,
                           on_progress=lambda n, _of: reporter.progress(start + n, total), **settings_)
-        done = start + len(prompts)
+        done = start + len(prompts) * passes
         return result
 
     # Recorded with this measurement's settings: a serve check of one of them derives its prompts from them.

@@ -7,9 +7,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from django.conf import settings
+
 from runs.checkpoints.models import Evaluation
 from runs.pipeline.stage_record import StageStatus
 from runs.tracking.models import MetricSeries
+from workers.contract.acceptance import evaluation_phases
 
 # The curves the header shows per TTT step: the step's index is the key's suffix (loss_0, full_acc_1, ...).
 HEADLINE = ("loss", "full_acc")
@@ -45,11 +48,14 @@ class StageEstimate:
 
 
 def evaluate_estimate(*, run) -> StageEstimate | None:
-    """The measure-acceptance stage of `run` before it starts: its prompts times its checkpoints (the run's
-    eval_prompts and epochs: a checkpoint per epoch), at the seconds per prompt and checkpoint that the latest
-    measured run of the same target took (its stage's progress counts prompts x checkpoints). None without one."""
+    """The measure-acceptance stage of `run` before it starts, counted as its progress counts (workers.stage_runners
+    _evaluate): its prompts (eval_prompts; a suite's file may hold fewer) x its checkpoints (epochs: one each)
+    x its prompt sets (the held-out prompts and each of eval_suites) x the passes over each (the measurement, then
+    the k table's probes: workers.contract.acceptance.evaluation_phases), at the seconds per unit that the latest
+    measured run of the same target took. None without one."""
     config = run.config or {}
-    units = int(config.get("eval_prompts") or 0) * int(config.get("epochs") or 0)
+    units = (int(config.get("eval_prompts") or 0) * int(config.get("epochs") or 0)
+             * (1 + len(config.get("eval_suites") or {})) * evaluation_phases(settings.EAGLE3WEB_K_BEYOND_TRAINED))
     if run.external or not units or run.target_id is None:
         return None
     latest = Evaluation.objects.filter(
@@ -86,7 +92,7 @@ def run_eta(stages: list[dict], *, estimates: dict[str, StageEstimate] | None = 
             assumed.append(f"{stage['label']} keeps the rate it has kept so far")
         elif (estimate := estimates.get(stage.get("name"))) is not None:
             total += estimate.units * estimate.seconds_per_unit
-            assumed.append(f"{stage['label']}: {estimate.units:,} prompts x checkpoints at "
+            assumed.append(f"{stage['label']}: {estimate.units:,} prompts x checkpoints x prompt sets x passes at "
                            f"{estimate.seconds_per_unit:.2f} s each, as {estimate.basis} measured them")
         else:
             return None, f"{stage['label']} has not started: its length is unknown until it reports progress"

@@ -49,12 +49,20 @@ def test_a_failed_run_and_an_ended_run_have_no_end_to_wait_for():
 
 
 @pytest.mark.django_db
-def test_a_training_run_ends_after_its_measurement_at_the_rate_the_same_targets_last_one_took(user, roots):
-    """Run A measured 40 prompt-checkpoints in 100 s (2.5 s each); run B, on the same target, trains (100 of 400
-    steps in 50 s: 150 s left) and will measure 12 prompts x 2 checkpoints: 60 s. It ends in 210 s."""
+@pytest.mark.parametrize("suites, units, ends", [(0, 48, 270.0), (1, 96, 390.0)])
+def test_a_training_run_ends_after_its_measurement_at_the_rate_the_same_targets_last_one_took(user, roots, suites,
+                                                                                              units, ends):
+    """Run A's evaluate stage counted 40 units in 100 s (2.5 s each); run B, on the same target, trains (100 of 400
+    steps in 50 s: 150 s left) and will measure 12 prompts x 2 checkpoints x (1 + its suites) prompt sets x 2
+    passes (the measurement, then the k table's probes, EAGLE3WEB_K_BEYOND_TRAINED=2), as its progress will
+    count them: 48 units (120 s, ending in 270 s), or 96 with one suite (240 s, ending in 390 s)."""
     launch = lambda config: services.run_launch(user=user, target_path=roots / "target",  # noqa: E731
                                                 dataset_path=roots / "chats.jsonl", config=config, enqueue=False)
-    a, b = launch(RunConfig()), launch(RunConfig(eval_prompts=12, epochs=2))
+    suite = roots / "code.jsonl"
+    suite.write_text('{"messages": [{"role": "user", "content": "def f(x):"}, '
+                     '{"role": "assistant", "content": "return x"}]}\n')
+    a = launch(RunConfig())
+    b = launch(RunConfig(eval_prompts=12, epochs=2, eval_suites={"code": str(suite)} if suites else {}))
     now = timezone.now()
     Evaluation.objects.filter(run=a).update(status=StageStatus.SUCCEEDED, started_at=now - timedelta(seconds=300),
                                             finished_at=now - timedelta(seconds=200), progress_done=40, progress_total=40)
@@ -64,7 +72,8 @@ def test_a_training_run_ends_after_its_measurement_at_the_rate_the_same_targets_
                                              progress_done=100, progress_total=400,
                                              lease_expires_at=now + timedelta(hours=1))
     glance = selectors.run_summary(selectors.run_get(pk=b.pk))["glance"]
-    assert glance["run_eta_seconds"] == pytest.approx(210.0, abs=1.0)
+    assert glance["run_eta_seconds"] == pytest.approx(ends, abs=1.0)
     assert glance["eta_seconds"] == pytest.approx(150.0, abs=1.0)  # the stage's own, as before
-    assert glance["run_eta_note"] == (f"assumes Train draft keeps the rate it has kept so far; Measure acceptance: 24 "
-                                      f"prompts x checkpoints at 2.50 s each, as run {a.pk} on the same target measured them")
+    assert glance["run_eta_note"] == (f"assumes Train draft keeps the rate it has kept so far; Measure acceptance: "
+                                      f"{units} prompts x checkpoints x prompt sets x passes at 2.50 s each, as run "
+                                      f"{a.pk} on the same target measured them")

@@ -152,6 +152,18 @@ def test_a_stop_asked_while_the_k_table_is_measured_ends_the_evaluation(tiny_tar
     assert done == [1, 2]  # the measurement proper finished; the stop came in the k table's first prompt
 
 
+def test_progress_counts_the_k_tables_probes_after_the_measurement(tiny_target, trained_checkpoint, prompts):
+    """Progress reaches its total only when the k table is done (it said 2/2 while the probes ran as long again),
+    says that total from its first call and never goes back; without a k table it counts the measurement alone."""
+    reported, alone = [], []
+    evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=trained_checkpoint, prompts=prompts[:2],
+             prompt_source="held-out conversations", max_new_tokens=8, on_progress=lambda n, of: reported.append((n, of)))
+    assert reported == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=trained_checkpoint, prompts=prompts[:2], k_beyond=-1,
+             prompt_source="held-out conversations", max_new_tokens=8, on_progress=lambda n, of: alone.append((n, of)))
+    assert alone == [(1, 2), (2, 2)]
+
+
 def test_k_can_be_set_below_the_checkpoints_own(tiny_target, trained_checkpoint, prompts):
     result = evaluate(target_dir=tiny_target.target_dir, checkpoint_dir=trained_checkpoint, prompts=prompts[:2],
                       prompt_source="held-out conversations", max_new_tokens=20, num_speculative_tokens=1)

@@ -50,3 +50,10 @@ def tau_standard_error(accepted_per_prompt: list[list[int]]) -> float | None:
     tau = sum(emitted) / sum(forwards)
     spread = sum((t - tau * f) ** 2 for t, f in zip(emitted, forwards)) * n / (n - 1)
     return spread ** 0.5 / sum(forwards)
+
+
+def evaluation_phases(k_beyond: int) -> int:
+    """Passes over the prompts an evaluation makes: the measurement, then the k table's probes (none when
+    k_beyond < 0, EAGLE3WEB_K_BEYOND_TRAINED). Its progress counts prompts x passes, so a page does not say
+    done while the probes run, and the ETA of a stage to come counts its units the same way."""
+    return 2 if k_beyond >= 0 else 1

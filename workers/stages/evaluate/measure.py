@@ -48,7 +48,7 @@ from workers.stages.evaluate.speculative import (  # noqa: E402,F401
     measure,
 )
 from workers.stages.evaluate.k_table import KTable, draft_cost_ratio, k_limit, k_probes, k_table_of  # noqa: E402
-from workers.contract.acceptance import tau_standard_error  # noqa: E402
+from workers.contract.acceptance import evaluation_phases, tau_standard_error  # noqa: E402
 from workers.contract.target import read_target_config  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -241,6 +241,14 @@ def _generations(target_dir: Path, prompts: list[list[int]], results: list[Promp
     return generation_table(prompts, results, k=k, tokenizer=tokenizer)
 
 
+def _phase(on_progress: Callable[[int, int], None] | None, index: int, phases: int):
+    """Pass `index` of `phases` over the same prompts, reported as one count: the page does not say done
+    while the k table's probes, as long again as the measurement, still run."""
+    if on_progress is None:
+        return None
+    return lambda done, of: on_progress(index * of + done, phases * of)
+
+
 def evaluate(
     *,
     target_dir: Path,
@@ -263,6 +271,9 @@ def evaluate(
 
     num_gpus > 1 spreads the target over that many GPUs as the extraction does (load_target,
     device_map); `device` is then ignored, and the draft and the inputs go to cuda:0.
+
+    `on_progress(done, total)` counts every pass over the prompts: the measurement, then the k table's
+    probes (workers.contract.acceptance.evaluation_phases), so total is prompts x passes from its first call.
 
     `rows`: one shard's part (issue 36): only prompts[rows] are decoded (the prompts are the rows, in
     their order), their results written to `part_dir` (the shard's folder), and an EvaluationPart
@@ -298,6 +309,7 @@ def evaluate(
     if not 1 <= k <= 16:
         raise EvaluationInputError(f"num_speculative_tokens must be between 1 and 16, got {k}")
     k_max = k_limit(k, k_beyond) if k_beyond >= 0 else k
+    phases = evaluation_phases(k_beyond)
     max_len = getattr(model.config, "max_position_embeddings", None)
     too_long = [i for i, p in enumerate(prompts) if max_len and len(p) + max_new_tokens + max(k, k_max) > max_len]
     if too_long:
@@ -309,12 +321,12 @@ def evaluate(
         # draft is bound as a default, not a closure: it is deleted below
         measured = measure(model, shard, aux_layer_ids=aux_ids, new_proposer=lambda _, d=draft: Eagle3Proposer(d),
                            k=k, max_new_tokens=max_new_tokens, eos=eos_ids(model), device=dev,
-                           on_progress=on_progress, should_stop=should_stop)
+                           on_progress=_phase(on_progress, 0, phases), should_stop=should_stop)
         probes, draft_cost = None, draft_cost_ratio(draft, model)
         if k_beyond >= 0:
             probes = k_probes(model, shard, aux_layer_ids=aux_ids, new_proposer=lambda _, d=draft: Eagle3Proposer(d),
                               k_max=k_max, max_new_tokens=max_new_tokens, eos=eos_ids(model), device=dev,
-                              should_stop=should_stop)
+                              on_progress=_phase(on_progress, 1, phases), should_stop=should_stop)
     finally:
         # A target spread by accelerate holds itself in a reference cycle (its wrapped forwards), so it
         # is freed only by the collector; a run's stage then loads it again for its next checkpoint.
