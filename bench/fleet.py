@@ -77,7 +77,7 @@ def shard_timing(stage, shards: list) -> dict:
         elif stop > end:
             inside += (stop - end).total_seconds()
             end = stop
-    merge = (stage.finished_at - spans[-1][1]).total_seconds() if spans else 0.0
+    merge = (stage.finished_at - max(stop for _, stop in spans)).total_seconds() if spans else 0.0
     return {"wall_s": round(wall, 3), "in_shards_share": round(inside / wall, 4) if spans else None,
             "outside_share": round(1 - inside / wall, 4) if spans else None,
             "merge_s": round(merge, 3), "merge_share": round(merge / wall, 4) if spans else None,
