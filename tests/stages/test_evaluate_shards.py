@@ -10,7 +10,7 @@ import pytest
 from tests.long_chats import write_long_chats
 from tests.stages.test_evaluate import inputs, prompts, trained_checkpoint  # noqa: F401 - fixtures
 from workers.stages.evaluate.measure import EvaluationInputError, evaluate, prompts_from_file
-from workers.stages.evaluate.parts import evaluate_merge
+from workers.stages.evaluate.merge import evaluate_merge
 from workers.stages.shards import shard_dir, spans_split
 
 MAX_NEW = 24

@@ -17,7 +17,7 @@ from tests.long_chats import long_chat_rows
 from workers.contract.chats import parse_row
 from workers.stages import prepare as prepare_module
 from workers.stages.prepare import prepare
-from workers.stages.prepare_merge import PrepareMergeError, prepare_count_rows, prepare_merge
+from workers.stages.prepare_merge import PrepareMergeError, prepare_count_rows, prepare_merge, prepare_shard
 from workers.stages.shards import shard_dir, spans_split
 
 MAX_SEQ_LEN = 384  # the long chats run to hundreds of tokens a row: several are truncated here
@@ -63,7 +63,7 @@ def _one_and_sharded(tiny_target, source, tmp_path, shards: int, **options):
     spans = spans_split(total, shards)
     parts = []
     for index in reversed(range(len(spans))):  # the shards run in any order, on any worker
-        parts.append(prepare(out_dir=shard_dir(tmp_path / "stage", index), rows=spans[index], **common))
+        parts.append(prepare_shard(out_dir=shard_dir(tmp_path / "stage", index), rows=spans[index], **common))
     merged = prepare_merge(part_dirs=[shard_dir(tmp_path / "stage", i) for i in range(len(spans))],
                            out_dir=tmp_path / "merged", total_rows=total,
                            **{k: v for k, v in common.items() if k in ("dataset_path", "max_seq_len")},
@@ -102,13 +102,13 @@ def test_max_samples_cuts_where_one_worker_stops_reading(tiny_target, source, tm
 def test_a_missing_or_misplaced_part_is_refused_naming_it(tiny_target, source, tmp_path):
     common = dict(tokenizer_dir=tiny_target.target_dir, dataset_path=source, max_seq_len=MAX_SEQ_LEN)
     spans = spans_split(prepare_count_rows(source), 2)
-    prepare(out_dir=shard_dir(tmp_path, 1), rows=spans[1], **common)
+    prepare_shard(out_dir=shard_dir(tmp_path, 1), rows=spans[1], **common)
     merge = dict(dataset_path=source, max_seq_len=MAX_SEQ_LEN, out_dir=tmp_path / "merged")
     with pytest.raises(PrepareMergeError, match=r"00000: a shard's part is missing"):
         prepare_merge(part_dirs=[shard_dir(tmp_path, 0), shard_dir(tmp_path, 1)], **merge)
     with pytest.raises(PrepareMergeError, match=r"but the parts before it end at 0"):
         prepare_merge(part_dirs=[shard_dir(tmp_path, 1)], **merge)
-    prepare(out_dir=shard_dir(tmp_path, 0), rows=spans[0], **common)
+    prepare_shard(out_dir=shard_dir(tmp_path, 0), rows=spans[0], **common)
     with pytest.raises(PrepareMergeError, match=r"cover conversations 0\.\.14, not the 15"):
         prepare_merge(part_dirs=[shard_dir(tmp_path, 0), shard_dir(tmp_path, 1)], total_rows=15, **merge)
     assert not (tmp_path / "merged").exists()

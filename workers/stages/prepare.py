@@ -229,7 +229,6 @@ def prepare(
     exclude_hashes: frozenset[str] = frozenset(),
     exclude_own_ids: frozenset[str] = frozenset(),
     on_progress: ProgressFn | None = None,
-    rows: range | None = None,
 ):
     """Tokenize a chat JSONL into speculators' prepared layout under out_dir.
 
@@ -239,18 +238,11 @@ def prepare(
     before content hashes were kept), `exclude_hashes` skip rows without an "id" by content,
     `exclude_own_ids` skip rows carrying that "id" of their own.
 
-    `rows`: one shard's part (issue 36): only these conversations (numbered 0.. in file order, as
-    prepare_count_rows counts them) are rendered, into out_dir (the shard's folder) as a part that
-    workers.stages.prepare_merge.prepare_merge puts together with the others; returns its PreparePart.
+    One shard's part of a preparation (issue 36) is workers.stages.prepare_merge.prepare_shard's.
     """
     dataset_path, out_dir = _checked(dataset_path, out_dir, max_seq_len, max_samples)
     renderer = ChatRenderer(load_tokenizer(Path(tokenizer_dir)))
     exclusions = dict(ids=exclude_ids, hashes=exclude_hashes, own_ids=exclude_own_ids)
-    if rows is not None:
-        from workers.stages.prepare_merge import prepare_part
-
-        return prepare_part(renderer=renderer, dataset_path=dataset_path, out_dir=out_dir, max_seq_len=max_seq_len,
-                            max_samples=max_samples, exclusions=exclusions, rows=rows, on_progress=on_progress)
     total_lines = _count_lines(dataset_path)
     report = _Throttle(on_progress, total_lines)
 

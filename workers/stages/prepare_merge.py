@@ -32,6 +32,7 @@ from workers.stages.prepare import (
     Row,
     _checked,
     _features,
+    load_tokenizer,
     outcome_of,
     prepared_write,
 )
@@ -64,9 +65,23 @@ def prepare_count_rows(dataset_path: Path) -> int:
     return sum(1 for _ in read_conversations(Path(dataset_path)))
 
 
+def prepare_shard(*, tokenizer_dir: Path, dataset_path: Path, out_dir: Path, max_seq_len: int,
+                  max_samples: int | None = None, exclude_ids: frozenset[str] = frozenset(),
+                  exclude_hashes: frozenset[str] = frozenset(), exclude_own_ids: frozenset[str] = frozenset(),
+                  on_progress: ProgressFn | None = None, rows: range) -> PreparePart:
+    """One shard's part of prepare() (issue 36): only conversations `rows` (numbered 0.. in file order, as
+    prepare_count_rows counts them) are rendered, into out_dir (the shard's folder), as a part that
+    prepare_merge puts together with the others. Here, not in prepare.py, so that the imports go one way."""
+    dataset_path, out_dir = _checked(dataset_path, out_dir, max_seq_len, max_samples)
+    renderer = ChatRenderer(load_tokenizer(Path(tokenizer_dir)))
+    exclusions = dict(ids=exclude_ids, hashes=exclude_hashes, own_ids=exclude_own_ids)
+    return prepare_part(renderer=renderer, dataset_path=dataset_path, out_dir=out_dir, max_seq_len=max_seq_len,
+                        max_samples=max_samples, exclusions=exclusions, rows=rows, on_progress=on_progress)
+
+
 def prepare_part(*, renderer: ChatRenderer, dataset_path: Path, out_dir: Path, max_seq_len: int,
                  max_samples: int | None, exclusions: dict, rows: range, on_progress: ProgressFn | None) -> PreparePart:
-    """prepare(rows=...): render conversations rows.start..rows.stop into the part in out_dir."""
+    """prepare_shard's work: render conversations rows.start..rows.stop into the part in out_dir."""
     from datasets.arrow_writer import ArrowWriter
 
     if rows.step != 1 or rows.start < 0 or rows.start >= rows.stop:

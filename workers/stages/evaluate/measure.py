@@ -50,6 +50,7 @@ from workers.stages.evaluate.speculative import (  # noqa: E402,F401
 from workers.stages.evaluate.k_table import KTable, draft_cost_ratio, k_limit, k_probes, k_table_of  # noqa: E402
 from workers.contract.acceptance import evaluation_phases, tau_standard_error  # noqa: E402
 from workers.contract.target import read_target_config  # noqa: E402
+from workers.stages.evaluate.parts import evaluation_part_write  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +278,7 @@ def evaluate(
 
     `rows`: one shard's part (issue 36): only prompts[rows] are decoded (the prompts are the rows, in
     their order), their results written to `part_dir` (the shard's folder), and an EvaluationPart
-    returned; workers.stages.evaluate.parts.evaluate_merge computes the result from the parts. Greedy
+    returned; workers.stages.evaluate.merge.evaluate_merge computes the result from the parts. Greedy
     decoding has no randomness, so a prompt's result is the same in whichever shard it is."""
     from workers.stages.extract.with_transformers import load_target, place_target
 
@@ -335,8 +336,6 @@ def evaluate(
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     if rows is not None:
-        from workers.stages.evaluate.parts import evaluation_part_write
-
         return evaluation_part_write(part_dir=Path(part_dir), rows=rows, k=k, max_new_tokens=max_new_tokens,
                                      checkpoint_dir=checkpoint_dir, measured=measured, device=where,
                                      seconds=time.monotonic() - started,

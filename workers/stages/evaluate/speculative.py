@@ -223,7 +223,7 @@ def measure(model, prompts: list[list[int]], *, aux_layer_ids: list[int], new_pr
 
 def measurement_of(results: list[PromptResult], *, k: int, spec_seconds: float, greedy_seconds: float) -> Measurement:
     """τ, acceptance and the rest over every prompt's result, in prompt order: one worker's measure(), or
-    a sharded evaluation's parts put together (workers/stages/evaluate/parts.py), the same sums either way."""
+    a sharded evaluation's parts put together (workers/stages/evaluate/merge.py), the same sums either way."""
     accepted_all = [a for r in results for a in r.accepted]
     tau, per_position = tau_from_accepted(accepted_all, k)
     return Measurement(prompts=results, tau=tau, acceptance_per_position=per_position,
