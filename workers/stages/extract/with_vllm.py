@@ -30,7 +30,8 @@ kernels, which is how speculators itself generates EAGLE-3 data. What upstream d
 So this stage starts that server (own process group, a free port on 127.0.0.1, its log in
 out_dir/vllm_server.log) with the connector writing to out_dir/vllm_staging, waits for health,
 sends the rows the resume record (workers.stages.extract.resume) does not already hold, checks
-each file (keys, int64 token ids equal to the row, bf16 [T, L, H], finite) before moving it to
+each file (keys, int64 token ids equal to the row, bf16 [T, L, H], finite), sorts its header's metadata
+keys (workers.stages.extract.stable_header: safetensors writes them in a random order) and moves it to
 hidden_states/hs_{i}.safetensors, stops the server on every way out, and writes data_config.json
 as extract() does. `--dtype bfloat16` makes vLLM compute and store bf16 whatever the config says;
 `--max-model-len` is the longest row plus the one token each request generates.
@@ -60,6 +61,7 @@ from workers.stages.extract.resume import (
     resume_or_start,
 )
 from workers.stages.extract.shards import ExtractionShard, shard_fingerprint
+from workers.stages.extract.stable_header import sort_header_metadata
 from workers.contract.progress import ProgressFn
 from workers.contract.target import read_target_config, read_target_json, validate_layer_ids
 from workers.contract.vllm_env import hidden_states_connector, kvcache_gib, server_environment, vllm_install_at
@@ -178,6 +180,10 @@ def _fetch_sample(*, client, model_id: str, index: int, token_ids: list[int], st
             raise VllmOutputError(f"sample {index}: vLLM did not finish writing {written} within "
                                   f"{LOCK_TIMEOUT_S:.0f} s (its lock file is still held)") from None
     check_sample(written, index=index, token_ids=token_ids, num_layers=num_layers, hidden_size=hidden_size)
+    try:  # the connector's header stamp comes out in a random key order: one order, so one sample is one byte string
+        sort_header_metadata(written)
+    except ValueError as exc:
+        raise VllmOutputError(f"sample {index}: {exc}") from None
     target = hs_dir / f"hs_{index}.safetensors"
     os.replace(written, target)  # same filesystem (both under out_dir): a sample is whole or absent
     return _Done(index=index, tokens=len(token_ids), nbytes=target.stat().st_size)
