@@ -153,3 +153,51 @@ def test_the_lists_sql_status_agrees_with_run_status_for_every_mix_of_stage_stat
             assert in_sql == in_python, (present, in_sql, in_python)
             seen.add(in_python)
     assert seen == set(statuses)
+
+
+def test_the_newest_first_fast_path_gives_the_general_querys_pages_and_counts(user, roots, monkeypatch):
+    """The default page and a project filter take the index path (run_table._page_ids, newest=True); every page of
+    it, and its count, must be what the one windowed query answers on the same filters, and what the runs are
+    (newest first, ties by id), with runs of a project the viewer cannot see in neither."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs.models import PipelineRun, Project
+    from runs.tracking import run_table as table
+
+    a, b = Project.objects.create(name="pa"), Project.objects.create(name="pb")
+    now = timezone.now()
+    runs = [launch(roots, user, name=f"r{i}") for i in range(9)]
+    for i, run in enumerate(runs):  # two runs share each instant but the last: the id breaks the tie
+        PipelineRun.objects.filter(pk=run.pk).update(project=a if i % 3 else b, archived=i in (2, 5),
+                                                      created_at=now - timedelta(minutes=i // 2))
+    rows = PipelineRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("pk", "project_id", "archived", "created_at")
+    monkeypatch.setattr(table, "PAGE_SIZE", 3)
+    answered = []
+    real = table._page_ids
+
+    def both(ordered, number, *, newest):
+        got = real(ordered, number, newest=newest)
+        answered.append((newest, got, real(ordered, number, newest=False)))
+        return got
+
+    monkeypatch.setattr(table, "_page_ids", both)
+    for visible in (None, [a.pk]):
+        for project in ("", "pa", "pb"):
+            for archived in ("", "only", "with"):
+                expected = sorted(((created, pk) for pk, proj, arch, created in rows
+                                   if (visible is None or proj in visible) and (not project or proj == (a if project == "pa" else b).pk)
+                                   and (archived == "with" or arch == (archived == "only"))), reverse=True)
+                expected = [pk for _, pk in expected]
+                for number in (1, 2, 3, 9):
+                    answered.clear()
+                    page, count = table.run_table(filters=table.RunFilters(project=project, archived=archived, page=number),
+                                                  visible=visible)
+                    # a page past the last asks again for the last: each answer, both ways, must agree
+                    assert answered[0][0] and all(fast == general for _, fast, general in answered), \
+                        (visible, project, archived, number, answered)
+                    last = max(1, -(-len(expected) // 3))
+                    shown = min(number, last)
+                    assert count == len(expected) and [r.pk for r in page.object_list] == expected[(shown - 1) * 3:shown * 3]
+    assert not table.run_table(filters=table.RunFilters(project="pb"), visible=[a.pk])[1]  # b's runs hidden
