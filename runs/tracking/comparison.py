@@ -52,8 +52,10 @@ def compare_ids(values: list[str]) -> list[int]:
 def _flat(config: dict, prefix: str = "") -> dict[str, object]:
     out: dict[str, object] = {}
     for key, value in config.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and value:
             out.update(_flat(value, f"{prefix}{key}."))
+        elif isinstance(value, dict):  # none set (no evaluation suite, no weights): listed, as unset settings are
+            out[f"{prefix}{key}"] = None
         else:
             out[f"{prefix}{key}"] = value
     return out
