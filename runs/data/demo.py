@@ -1,5 +1,6 @@
 """Where the demo's target and chats are (built by a DemoBuild job, runs.pipeline.job_services.demo_build_request),
-so forms can offer them, and how far their build is, so a launch naming them before they exist says so."""
+so forms can offer them, how far their build is, so a launch naming them before they exist says so, and
+whether the newest build failed, so the launch page can say why and offer to build it again."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,6 +32,19 @@ def demo_build_progress(build: DemoBuild) -> str:
     if not build.progress_total:
         return "the demo target is still being built: starting"
     return f"the demo target is still being built: step {build.progress_done} of {build.progress_total}"
+
+
+def demo_build_failed() -> DemoBuild | None:
+    """The newest demo build when it failed and no demo is built or being built: the launch page then shows
+    its sentence and a button that builds it again (runs.pipeline.job_services.demo_build_again). A failed
+    build superseded by a later one, or by assets built by hand, is history for the admin."""
+    newest = DemoBuild.objects.first()
+    if newest is None or newest.status != StageStatus.FAILED or demo_paths():
+        return None
+    target, chats = _paths(Path(newest.out_dir))
+    if newest.out_dir and (target / "config.json").exists() and chats.exists():
+        return None
+    return newest
 
 
 def demo_paths() -> dict[str, str]:

@@ -79,3 +79,21 @@ def demo_build_request(*, out_dir: Path, num_conversations: int, train_steps: in
         job_name="demo_build",
         create=lambda: DemoBuild.objects.create(out_dir=str(out_dir), num_conversations=num_conversations,
                                                 train_steps=train_steps, seed=seed))
+
+
+@transaction.atomic
+def demo_build_again() -> tuple[DemoBuild | None, DemoBuild | None]:
+    """Queue the newest failed demo build again, with its own folder and settings: (the failed build, the
+    build queued or already under way), (None, None) when no failed build is left to redo (a later one is
+    queued, running or built), (failed, None) when its folder turns out to be built after all.
+
+    Any signed-in user may ask: nothing they send picks the folder, which `make demo` (or an admin's
+    build_demo_assets) chose, and demo_build_request's lock keeps it to one build at a time."""
+    from runs.data.demo import demo_build_failed
+
+    DemoBuild.objects.select_for_update().filter(status=StageStatus.FAILED).first()  # two clicks: one build
+    failed = demo_build_failed()
+    if failed is None:
+        return None, None
+    return failed, demo_build_request(out_dir=Path(failed.out_dir), num_conversations=failed.num_conversations,
+                                      train_steps=failed.train_steps, seed=failed.seed)

@@ -6,12 +6,13 @@ from runs.projects import views as project_views
 from runs.saved_views import views as saved_view_views
 from runs.reports import views as report_views
 from runs.sweeps import views as sweep_views
-from runs.web import views
+from runs.web import demo_views, views
 
 app_name = "runs"
 urlpatterns = [
     path("", views.run_list, name="run_list"),
     path("runs/new/", views.run_launch, name="run_launch"),
+    path("demo/build/", demo_views.demo_build_again, name="demo_build_again"),
     path("runs/compare/", views.run_compare, name="run_compare"),
     path("runs/bulk/", saved_view_views.runs_bulk, name="runs_bulk"),
     path("views/", saved_view_views.saved_view_save, name="saved_view_save"),

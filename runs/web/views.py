@@ -16,13 +16,13 @@ from runs.checkpoints import evaluation as evaluation_services
 from runs.checkpoints import generation_selectors, k_selectors, serve_check_selectors
 from runs.checkpoints.evaluation import EvaluationRequestError
 from runs.data import extractions as extraction_services
-from runs.data.demo import demo_build_progress, demo_build_unfinished, demo_paths
+from runs.data.demo import demo_build_failed, demo_build_progress, demo_build_unfinished, demo_paths
 from runs.data import regeneration_selectors
 from runs.data import selectors as data_selectors
 from runs.data.regeneration_selectors import dataset_options
 from runs.fleet import selectors as fleet_selectors
 from runs.fleet import work_selectors
-from runs.pipeline.failure_selectors import run_failure_by_id
+from runs.pipeline.failure_selectors import failure_of, run_failure_by_id
 from runs.pipeline import job_selectors, job_services, queue, selectors, services, upstream_commands
 from runs.projects import selectors as project_selectors
 from runs.review import reviews
@@ -87,8 +87,10 @@ def run_launch(request: HttpRequest) -> HttpResponse:
     # A refused launch is the user's to fix: 400, with the form and its messages.
     status = 400 if request.method == "POST" else 200
     building = demo_build_unfinished()  # `make demo`'s target, while a worker builds it
+    failed = None if building else demo_build_failed()  # or why its build stopped, with a button to build it again
     return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets,
                                                     "demo_build": building and demo_build_progress(building),
+                                                    "demo_failed": failed and failure_of(failed),
                                                     **change},
                   status=status)
 

@@ -15,6 +15,9 @@ PAGES = {
                      post=by_role(LOGIN, LOGIN, LOGIN, LOGIN, LOGIN)),
     "": Entry("/", get=READ),
     "runs/new/": Entry("/runs/new/", get=LAUNCHERS_PAGE, post=LAUNCHERS, data="launch_form"),
+    # Building a failed demo again: anyone signed in (it writes only the demo's own folder). The world has no
+    # failed build: the POST is answered with a message and queues nothing.
+    "demo/build/": Entry("/demo/build/", get=POST_ONLY, post=by_role(LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT)),
     "runs/<int:pk>/": Entry("/runs/{run}/", get=READ),
     "runs/<int:pk>/cancel/": Entry("/runs/{run}/cancel/", get=POST_ONLY, post=OWNERS),
     "runs/<int:pk>/retry/": Entry("/runs/{run}/retry/", get=POST_ONLY, post=OWNERS),

@@ -52,6 +52,7 @@ WALL = {
     "logout/": page("/logout/"),
     "": page("/?q=wall"),
     "runs/new/": page("/runs/new/?copy={id}", "run", "copy") + page("/runs/new/?copy={id}&more_data=1", "run", "copy"),
+    "demo/build/": page("/demo/build/"),
     "runs/<int:pk>/": page("/runs/{id}/", "run"),
     "runs/<int:pk>/cancel/": page("/runs/{id}/cancel/", **RUN_POST),
     "runs/<int:pk>/retry/": page("/runs/{id}/retry/", **RUN_POST),

@@ -21,11 +21,13 @@ def build_params(*, num_conversations: int, train_steps: int, seed: int) -> dict
 
 def finished_build_info(out_dir: Path, params: dict) -> dict | None:
     """demo-build.json's contents when out_dir holds a finished build made with `params`, else None.
-    That file is written last, so a build interrupted half-way has none and is built again."""
+    That file is written last, so a build interrupted half-way has none and is built again. An unreadable
+    one (a folder in the way is a file, no permission, not JSON) is not a finished build either: the build
+    then fails saying why, on the launch page, rather than this check failing the request for it."""
     out_dir = Path(out_dir)
     try:
         info = json.loads((out_dir / BUILD_INFO_FILENAME).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
     if not isinstance(info, dict) or info.get("params") != params:
         return None

@@ -151,6 +151,11 @@ RULES: tuple[Rule, ...] = (
     Rule(("BackendUnavailable",), r"", TRANSIENT, "", _backend),
     Rule(_DB, r"", TRANSIENT, "", _quoted("The database was out of reach (", "). Retry once it answers.")),
     Rule(_NETWORK, r"", TRANSIENT, "", _quoted("A server did not answer (", "). Retry once it is up.")),
+    # The demo's folder (`make demo`'s data/demo) unwritable or its disk full: fixed on the host, then the
+    # launch page's "Build the demo target again" (runs.web.demo_views) redoes it.
+    Rule(("OSError",), r"", UNKNOWN, "",
+         _quoted("The demo target build could not write its files (", "). Make the folder writable or free "
+                 "disk space, then build the demo target again."), ("demo_build",)),
     Rule((), r"Couldn't instantiate the backend tokenizer|Can't load tokenizer|tokenizer\.json", INPUTS,
          "target_path", _tokenizer, ("prepare", "extract", "evaluate", "train", "regenerate")),
     Rule(("InputError",), r"no training rows: (?P<why>.*)", INPUTS, "dataset_path", _no_rows),
