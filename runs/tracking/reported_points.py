@@ -22,7 +22,7 @@ from runs.tracking.models import MetricChunk, MetricSeries
 from runs.pipeline.changes import curves_changed
 from runs.tracking.chunks import CHUNK_POINTS, Points, split_chunks, unpack
 from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
-from runs.tracking.services import _append, _chunk_fields, _columns, _points_of, _summary_rebuild, _summary_update
+from runs.tracking.services import _append, _chunk_fields, _chunks_write, _columns, _points_of, _summary_rebuild, _summary_update
 from workers.contract.errors import InputError
 
 MAX_POINTS = 10_000
@@ -152,7 +152,9 @@ def points_report(*, training_run_id: int, points: list[dict]) -> PointCounts:
         series = MetricSeries.objects.select_for_update().get(training_run_id=training_run_id, split=split, key=key)
         new = _points_of(rows, now)  # points_check let no step twice into a batch
         if series.last_step is None or int(new.steps[0]) > series.last_step:
-            _append(series, new)
+            created, merging = [], {}  # one series at a time here: its chunks are written before the next is read
+            _append(series, new, created=created, merging=merging)
+            _chunks_write(created=created, merging=merging)
             _summary_update(series, new)
             series.save()
             accepted += len(new)

@@ -129,7 +129,7 @@ def test_the_openapi_document_describes_every_endpoint_and_its_body(api):
         # What the pages poll with their session (the cookie-only /api/runs/... they read before is gone).
         "/api/v1/runs/{id}/status/", "/api/v1/targets/inspect/", "/api/v1/sweeps/{id}/",
         # A measurement's replies, projects and their members, saved views, reports and alert rules.
-        "/api/v1/checkpoints/{id}/generations/", "/api/v1/projects/", "/api/v1/projects/{id}/members/",
+        "/api/v1/checkpoints/{id}/generations/", "/api/v1/checkpoints/{id}/export/", "/api/v1/projects/", "/api/v1/projects/{id}/members/",
         "/api/v1/projects/{id}/members/{username}/", "/api/v1/saved-views/", "/api/v1/reports/",
         "/api/v1/reports/{id}/", "/api/v1/alert-rules/", "/api/v1/alert-rules/{id}/", "/api/v1/alerts/",
         "/api/v1/alerts/read/",

@@ -39,6 +39,7 @@ ACTING = {
     "launch_sweep": ({"viewer": REFUSED, "launcher": ALLOWED, "reviewer": REFUSED, "admin": ALLOWED}, "sweep"),
     "regenerate_dataset": ({"viewer": REFUSED, "launcher": ALLOWED, "reviewer": REFUSED, "admin": ALLOWED},
                            "regenerate"),
+    "export_checkpoint": ({"viewer": REFUSED, "launcher": ALLOWED, "reviewer": REFUSED, "admin": ALLOWED}, "export"),
 }
 # An operator's commands: whoever has a shell on the server runs them; they act for nobody.
 # create_api_token makes a token for the user it names (an operator's act, like createsuperuser).
@@ -89,6 +90,11 @@ class Setup:
 
     def verify(self) -> list[str]:
         return [str(self.extraction.pk), "--json"]
+
+    def export(self) -> list[str]:
+        # Past the role check it fails on the checkpoint's folder, which this test never writes: nothing exported.
+        self.n += 1
+        return [str(self.checkpoint.pk), str(self.root / f"cmd-export-{self.n}"), "--json"]
 
     def evaluate(self) -> list[str]:
         # Refused for its value, after the role check: no decoding runs in this test.
