@@ -54,7 +54,7 @@ from workers.stages.vocab import build_vocab  # noqa: E402
 def bare_extract_seconds(model, data, lengths: list[int], layer_ids: list[int], device: torch.device) -> float:
     """The stage's batches, forwards and CPU copies, with nothing checked or written."""
     start = time.perf_counter()
-    for _ in iter_hidden_states(model, data, lengths, batch_token_budget(device), layer_ids, device):
+    for _ in iter_hidden_states(model, data, lengths, batch_token_budget(device.type), layer_ids, device):
         pass
     return time.perf_counter() - start
 

@@ -53,6 +53,12 @@ def _probe_host_and_add_queues(sender, instance, **_kwargs) -> None:
     logger.info("worker %s: %d GPU(s), consumes %s", sender, len(capabilities.get("gpus") or []), ", ".join(consumed))
 
 
+def node_capabilities() -> dict | None:
+    """What this worker's host can run (its GPUs, as torch found them in the probe's child process), as
+    probed at the worker's start; a forked pool process inherits it. None outside a started worker."""
+    return _node.get("capabilities")
+
+
 class WorkerHeartbeat(threading.Thread):
     """Says every heartbeat_seconds() that this worker is alive and what it can run; a database
     away for a while only delays it."""

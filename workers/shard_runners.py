@@ -53,18 +53,34 @@ def _extract_batch_tokens() -> int | None:
     return settings.EAGLE3WEB_EXTRACT_BATCH_TOKENS or None
 
 
+def _extract_device_type() -> str:
+    """The device type a Transformers shard on this host extracts on (place_target's "auto": CUDA where
+    torch finds a GPU), from the GPUs the worker's start-up probe found, so that planning imports no torch;
+    outside a started worker (no probe), torch's own answer."""
+    from workers.fleet import node_capabilities
+
+    capabilities = node_capabilities()
+    if capabilities is None:
+        from workers.contract.backends import detect_gpus
+
+        return "cuda" if detect_gpus() else "cpu"
+    return "cuda" if capabilities.get("gpus") else "cpu"
+
+
 def _extract_spans(record, shards: int) -> list[range]:
-    """Transformers: edges at the forward batches' edges in the order one worker runs them; vLLM: even spans."""
-    backend, gpus = _backend(record.run, "extract")
+    """Transformers: edges at the forward batches' edges in the order one worker runs them; vLLM: even spans.
+    Torch-free (workers.stages.extract.batch_plan): the stage's queue already routed it to a worker able to
+    run it, and each shard checks its backend (_backend) before it extracts."""
+    from runs.pipeline.routing import stage_backend
+    from workers.stages.extract.batch_plan import batch_token_budget, plan_forward_batches, prepared_lengths
+    from workers.stages.extract.shards import batch_spans
+
+    backend, _ = stage_backend(stage_name="extract", config=record.run.config or {})
     if backend == "vllm":
         return spans_split(record.run.preparation.num_rows, shards)
-    from workers.stages.extract.shards import batch_spans
-    from workers.stages.extract.with_transformers import (batch_token_budget, open_prepared,
-                                                          plan_forward_batches, place_target)
-
-    _, lengths = open_prepared(Path(record.run.preparation.out_dir))
-    dev, _ = place_target(gpus, "auto")
-    return batch_spans(plan_forward_batches(lengths, batch_token_budget(dev, _extract_batch_tokens())), shards)
+    lengths = prepared_lengths(Path(record.run.preparation.out_dir))
+    budget = batch_token_budget(_extract_device_type(), _extract_batch_tokens())
+    return batch_spans(plan_forward_batches(lengths, budget), shards)
 
 
 def _extract_shard(record, reporter, index: int, rows: range) -> dict:
@@ -87,7 +103,8 @@ def _extract_shard(record, reporter, index: int, rows: range) -> dict:
 def _extract_merge(record, shards: list, reporter):
     from workers.contract.target import read_target_config
     from workers.stages.extract.shards import extract_merge
-    from workers.stages.extract.with_transformers import STORE_DTYPE, open_prepared
+    from workers.stages.extract.batch_plan import open_prepared
+    from workers.stages.extract.with_transformers import STORE_DTYPE
 
     backend, gpus = _backend(record.run, "extract")
     paths = _extract_paths(record)

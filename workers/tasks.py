@@ -93,10 +93,6 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str, may_shard: bo
     sampler = None if kind.is_job else StageSampler(stage_name=stage_name, record_id=record_id)
     if sampler:
         sampler.start()
-    if not kind.is_job:  # a cpu worker runs the jobs without torch
-        import torch
-
-        torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
     watched = [logging.getLogger("workers"), logging.getLogger("speculators")]
     for log in watched:
         log.addHandler(reporter)
@@ -107,6 +103,12 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str, may_shard: bo
         record = db_retry("load", kind.model.objects.select_related(*related).get, pk=record_id)
         if may_shard and (sharded := stage_shards_start(stage_name=stage_name, record=record, worker=worker)) is not None:
             return sharded  # its shards run it, on any worker of its queue; this slot is free again
+        # After the split: planning one needs no torch (workers.stages.extract.batch_plan), and importing it
+        # took a fresh pool process seconds. A cpu worker runs the jobs without torch.
+        if not kind.is_job:
+            import torch
+
+            torch.set_num_threads(settings.EAGLE3WEB_TORCH_THREADS)
         logger.info("%s %s started on %s", stage_name, record_id, worker)
         result = STAGE_BODIES[stage_name](record, reporter)
         logger.info("%s %s finished", stage_name, record_id)

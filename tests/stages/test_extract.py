@@ -198,7 +198,7 @@ def test_iter_hidden_states_yields_exactly_what_extract_writes(extracted, prepar
     data, lengths = open_prepared(prepared.out_dir)
     device = torch.device("cpu")
     model = load_target(tiny_target.target_dir, device)
-    budget = batch_token_budget(device)
+    budget = batch_token_budget(device.type)
     seen = []
     for batch in iter_hidden_states(model, data, lengths, budget, layer_ids, device):
         assert batch.hidden.dtype == torch.bfloat16 and batch.hidden.device.type == "cpu"

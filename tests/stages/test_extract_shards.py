@@ -3,13 +3,17 @@ sample file byte for byte, the same resume record, and one manifest that differs
 (timings, the time it was written). With the CPU's default batch budget, so that rows share forwards and
 the shards must run the very batches one worker runs."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from workers.contract.target import default_layer_ids, read_target_config
 from workers.stages.extract.shards import batch_spans, extract_merge
-from workers.stages.extract.with_transformers import (
-    DEFAULT_BATCH_TOKENS, extract, open_prepared, plan_forward_batches)
+from workers.stages.extract.batch_plan import DEFAULT_BATCH_TOKENS, open_prepared, plan_forward_batches
+from workers.stages.extract.with_transformers import extract
 from workers.stages.prepare import prepare
 from workers.stages.shards import shard_dir
 
@@ -78,3 +82,35 @@ def test_a_shard_refuses_rows_outside_the_prepared_rows(tiny_target, prepared, t
         extract(target_dir=tiny_target.target_dir, prepared_dir=prepared.out_dir, out_dir=tmp_path / "s",
                 layer_ids=default_layer_ids(tiny_target.num_layers), device="cpu",
                 rows=range(0, prepared.num_rows + 1))
+
+
+# What a worker's pool process does to plan a split extraction, in a fresh Python: its start-up probe (in a
+# child, as workers.fleet does), then the extraction's spans for 2 shards.
+PLAN_IN_A_FRESH_PROCESS = """
+import json, sys, types
+import django
+django.setup()
+from workers import fleet
+from workers.contract.backends import host_capabilities_isolated
+from workers.shard_runners import SHARDABLE
+fleet._node.update(capabilities=host_capabilities_isolated())
+run = types.SimpleNamespace(config={}, preparation=types.SimpleNamespace(out_dir=sys.argv[1], num_rows=int(sys.argv[2])))
+spans = SHARDABLE["extract"].spans_for(types.SimpleNamespace(run=run), 2)
+print(json.dumps({"spans": [[s.start, s.stop] for s in spans],
+                  "imported": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+"""
+
+
+def test_planning_a_split_imports_neither_torch_nor_transformers(prepared):
+    """The planning worker finds the forward batches' edges without torch (it cost a fresh pool process
+    3.6-7.1 s), and finds the very edges the shards' batches have on this (CPU) host."""
+    env = {**{k: v for k, v in os.environ.items() if k != "EAGLE3WEB_EXTRACT_BATCH_TOKENS"},
+           "DJANGO_SETTINGS_MODULE": "eagle3web.settings", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", PLAN_IN_A_FRESH_PROCESS, str(prepared.out_dir), str(prepared.num_rows)],
+                          capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    planned = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert planned["imported"] == []
+    _, lengths = open_prepared(prepared.out_dir)
+    expected = batch_spans(plan_forward_batches(lengths, DEFAULT_BATCH_TOKENS["cpu"]), 2)
+    assert planned["spans"] == [[s.start, s.stop] for s in expected] and len(expected) == 2

@@ -3,7 +3,7 @@ returns, and the merge that makes the one extraction a single worker would have 
 no Django).
 
 A shard `rows` is a span of positions in the order one worker extracts the rows: for Transformers the
-forward batches' order (workers.stages.extract.with_transformers.plan_forward_batches, longest rows
+forward batches' order (workers.stages.extract.batch_plan.plan_forward_batches, longest rows
 first), with span edges moved to batch edges (`batch_spans`), so that every batch one worker would run is
 run whole by one shard: a row's hidden states depend on the rows padded beside it, and only the same
 batches give the same bytes. For vLLM, whose requests are one row each, the prepared rows' order.

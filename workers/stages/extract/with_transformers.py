@@ -37,13 +37,18 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
 from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
+# The batches one worker runs, planned without torch (a split extraction's planner uses them too).
+from workers.stages.extract.batch_plan import (  # noqa: E402
+    batch_token_budget,
+    open_prepared,
+    plan_forward_batches,
+)
 from workers.stages.extract.files import (  # noqa: E402,F401
     WRITES_IN_FLIGHT,
     HiddenBatch,
@@ -81,38 +86,10 @@ from workers.contract.progress import ProgressFn  # noqa: E402
 from workers.contract.target import read_target_config, validate_layer_ids  # noqa: E402
 from workers.stages.torch_internals import release_pinned_host_cache  # noqa: E402
 
-if TYPE_CHECKING:
-    from datasets import Dataset
-
 log = logging.getLogger(__name__)
 
 
 STORE_DTYPE = torch.bfloat16
-# Padded tokens per forward. Measured on the shared 2-core CPU box, demo target, 260 rows:
-# one row per forward took 94 s, 512-8192 padded tokens 9-15 s (per-call overhead dominates
-# small rows). GPUs take wider batches; rows are length-sorted so padding stays small.
-DEFAULT_BATCH_TOKENS = {"cpu": 2048, "cuda": 16384}
-MAX_BATCH_ROWS = 64
-
-
-def plan_forward_batches(lengths: list[int], batch_tokens: int, max_rows: int = MAX_BATCH_ROWS) -> list[list[int]]:
-    """Row indices grouped by similar length so padded size B * max_len stays <= batch_tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches, current = [], []
-    for i in order:
-        width = lengths[current[0]] if current else lengths[i]
-        if current and ((len(current) + 1) * width > batch_tokens or len(current) >= max_rows):
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def batch_token_budget(device: torch.device, batch_tokens: int | None = None) -> int:
-    """Padded tokens per forward: the caller's choice, else the measured default for the device."""
-    return batch_tokens or DEFAULT_BATCH_TOKENS.get(device.type, 2048)
 
 
 def _largest_batch_tokens(lengths: list[int], todo: list[int], batch_tokens: int) -> int:
@@ -133,38 +110,6 @@ def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torc
         # loop goes on and launches this forward while the previous one still runs.
         return ids.pin_memory().to(device, non_blocking=True), mask.pin_memory().to(device, non_blocking=True)
     return ids.to(device), mask.to(device)
-
-
-def open_prepared(prepared_dir: Path) -> tuple[Dataset, list[int]]:
-    """(the prepared dataset, each row's token count), refusing empty rows and rows whose
-    `seq_len` disagrees with their `input_ids` before any model is loaded."""
-    import numpy as np
-    import pyarrow.compute as pc
-    from datasets import load_from_disk
-
-    prepared_dir = Path(prepared_dir)
-    try:
-        data = load_from_disk(str(prepared_dir)).with_format(None)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{prepared_dir}: no prepared dataset (run the prepare stage first)") from None
-    if "input_ids" not in data.column_names:
-        raise ValueError(f"{prepared_dir}: prepared dataset has no input_ids column ({data.column_names})")
-    if len(data) == 0:
-        raise ValueError(f"{prepared_dir}: prepared dataset has no rows")
-    # save_to_disk flattens any indices mapping, so arrow row i is dataset row i; reading the
-    # memory-mapped columns with pyarrow builds no Python lists.
-    table = data.data.table
-    lengths = pc.list_value_length(table.column("input_ids")).to_numpy(zero_copy_only=False)
-    declared = (np.asarray(table.column("seq_len").to_numpy(zero_copy_only=False))
-                if "seq_len" in data.column_names else lengths)
-    bad = np.flatnonzero((lengths == 0) | (lengths != declared))
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(
-            f"{prepared_dir}: row {i} has seq_len {int(declared[i])} and {int(lengths[i])} input_ids; "
-            "rows must be non-empty and agree (re-run the prepare stage)"
-        )
-    return data, lengths.tolist()
 
 
 def _forward_batches(model, data, lengths: list[int], batch_tokens: int, layer_ids: list[int],
@@ -235,7 +180,7 @@ def bare_forward(*, target_dir: Path, prepared_dir: Path, layer_ids: list[int], 
     t0 = time.perf_counter()
     model = load_target(target_dir, dev, num_gpus)
     model_load_seconds = time.perf_counter() - t0
-    budget = batch_token_budget(dev, batch_tokens)
+    budget = batch_token_budget(dev.type, batch_tokens)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     batches = 0
@@ -301,7 +246,7 @@ def extract(
     fingerprint = extraction_fingerprint(target_dir=target_dir, prepared_dir=prepared_dir, layer_ids=layer_ids,
                                          dtype=store_dtype, num_rows=num_rows)
     dev, where = place_target(num_gpus, device)
-    budget = batch_token_budget(dev, batch_tokens)
+    budget = batch_token_budget(dev.type, batch_tokens)
     wanted, shard_plan = range(num_rows), None
     if rows is not None:
         shard_plan = plan_forward_batches(lengths, budget)
