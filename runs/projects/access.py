@@ -193,7 +193,7 @@ ACTIONS = {
     ("run", "read"): (None, False), ("run", "act"): ("cancel", True), ("run", "copy"): ("launch", False),
     ("run", "review"): (None, False),  # a comment is anyone's; approving needs the review role
     ("checkpoint", "read"): (None, False), ("checkpoint", "evaluate"): ("launch", False),
-    ("checkpoint", "review"): (None, False),
+    ("checkpoint", "review"): (None, False), ("checkpoint", "export"): ("launch", False),
     ("extraction", "read"): (None, False), ("extraction", "verify"): ("verify", False),
     ("extraction", "override"): ("review", False), ("extraction", "review"): (None, False),
     ("sweep", "read"): (None, False), ("sweep", "act"): ("cancel", True),

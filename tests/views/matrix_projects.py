@@ -79,6 +79,7 @@ WALL = {
     "checkpoints/<int:pk>/": page("/checkpoints/{id}/", "checkpoint"),
     "checkpoints/<int:pk>/evaluate/": page("/checkpoints/{id}/evaluate/", "checkpoint", "evaluate", "POST", "evaluate"),
     "checkpoints/<int:pk>/serve-check/": page("/checkpoints/{id}/serve-check/", "checkpoint", "evaluate", "POST"),
+    "checkpoints/<int:pk>/export/": page("/checkpoints/{id}/export/", "checkpoint", "export", "POST"),
     # A project's page answers its members (tests/views/test_project_members.py); read here for names.
     "projects/<int:pk>/": page("/projects/1/"),
     "projects/": page("/projects/"),
@@ -122,6 +123,8 @@ WALL = {
     "api/v1/runs/<int:pk>/metrics/export/": api("/api/v1/runs/{id}/metrics/export/?key=loss&split=train", "run"),
     "api/v1/checkpoints/<int:pk>/": api("/api/v1/checkpoints/{id}/", "checkpoint"),
     "api/v1/checkpoints/<int:pk>/generations/": api("/api/v1/checkpoints/{id}/generations/", "checkpoint"),
+    "api/v1/checkpoints/<int:pk>/export/": api("/api/v1/checkpoints/{id}/export/", "checkpoint", "export", "POST",
+                                               "empty"),
     "api/v1/checkpoints/<int:pk>/evaluate/": api("/api/v1/checkpoints/{id}/evaluate/", "checkpoint", "evaluate", "POST",
                                                  "evaluate"),
     "api/v1/extractions/": api("/api/v1/extractions/"),

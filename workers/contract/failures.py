@@ -156,6 +156,10 @@ RULES: tuple[Rule, ...] = (
     Rule(("OSError",), r"", UNKNOWN, "",
          _quoted("The demo target build could not write its files (", "). Make the folder writable or free "
                  "disk space, then build the demo target again."), ("demo_build",)),
+    # A file of the run's folders linked out of the data roots since the launch (runs.data.paths): its own
+    # words name the file (before the tokenizer's rule, which would blame a missing tokenizer.json instead).
+    Rule((), r"is a symlink leading outside the allowed data roots", INPUTS, "",
+         _quoted("", ". Replace the link with the file itself, or copy the run with another target or dataset.")),
     Rule((), r"Couldn't instantiate the backend tokenizer|Can't load tokenizer|tokenizer\.json", INPUTS,
          "target_path", _tokenizer, ("prepare", "extract", "evaluate", "train", "regenerate")),
     Rule(("InputError",), r"no training rows: (?P<why>.*)", INPUTS, "dataset_path", _no_rows),
@@ -184,6 +188,7 @@ INPUT_ERROR_NAMES = frozenset({
     "SplitError", "CacheIncomplete", "TrainInputError", "SplitDataError", "ChatTemplateError",
     "SpeculatorsLayoutError", "PreparedDatasetError", "EvaluationInputError", "TargetCannotChat",
     "CheckpointConfigError", "LayoutError", "ManifestError", "RegenerationRequestError", "RunConfigError",
+    "ExportError", "PrepareMergeError",
 })
 
 
