@@ -62,8 +62,8 @@ class LaunchSerializer(serializers.Serializer):
     hidden_states_cache_gib = serializers.FloatField(required=False, help_text=(
         "online: the most the run's hidden-state cache keeps on disk, in GiB: 2**30 bytes "
         f"(default {D.hidden_states_cache_gib:g})"))
-    shards = _int("workers a stage that splits (extraction) is shared by at once, 1 to 1024; null or omitted: one "
-                  "per live worker taking the stage's queue, at most one per 64 rows", null=True)
+    shards = _int("workers a stage that splits (prepare, extraction, evaluation) is shared by at once, 1 to 1024; "
+                  "null or omitted: one per live worker taking the stage's queue, at most one per 64 rows", null=True)
 
 
 class CopySerializer(LaunchSerializer):
@@ -119,6 +119,9 @@ class RegenerateSerializer(serializers.Serializer):
     seed = serializers.IntegerField(required=False, help_text="default 0")
     max_samples = serializers.IntegerField(required=False, allow_null=True,
                                            help_text="the first N conversations not excluded; null: all")
+    shards = serializers.IntegerField(required=False, allow_null=True, help_text=(
+        "workers its conversations are split over at once, 1 to 1024; null or omitted: one per live worker "
+        "taking its queue, at most one per 64 conversations"))
 
 
 class ExternalRunSerializer(serializers.Serializer):

@@ -189,7 +189,8 @@ class DatasetRegenerate(ApiView):
         body = self.body()
         require(request.user, "launch")
         dataset = data_selectors.dataset_get(pk=pk, user=request.user)
-        defaults = {"backend": "auto", "max_new_tokens": 512, "temperature": 0.0, "seed": 0, "max_samples": None}
+        defaults = {"backend": "auto", "max_new_tokens": 512, "temperature": 0.0, "seed": 0, "max_samples": None,
+                    "shards": None}
         data = {**defaults, **body}
         form = RegenerateForm(data={k: "" if v is None else v for k, v in data.items()})
         if not form.is_valid():

@@ -25,6 +25,7 @@ from runs.data.models import Dataset, TargetModel
 from runs.pipeline.stage_record import FINISHED_STATUSES, StageStatus
 from runs.pipeline.job_models import DatasetRegeneration
 from runs.pipeline.queue import job_enqueue, pending_enqueue
+from runs.pipeline.run_config import MAX_SHARDS
 from runs.projects import access
 from runs.roles import require
 from workers.contract.errors import InputError
@@ -53,6 +54,7 @@ class RegenerationSettings:
     seed: int = 0
     max_samples: int | None = None
     tensor_parallel_size: int = 1
+    shards: int | None = None  # how many workers share it (issue 36): not part of what it makes
 
     def check(self) -> None:
         if self.backend not in BACKEND_CHOICES:
@@ -68,6 +70,10 @@ class RegenerationSettings:
                                              or self.max_samples < 1):
             raise RegenerationRequestError(f"max_samples must be a whole number of at least 1 (or empty for all), got "
                                            f"{str(self.max_samples)[:40]!r}", field="max_samples")
+        if self.shards is not None and (isinstance(self.shards, bool) or not isinstance(self.shards, int)
+                                        or not 1 <= self.shards <= MAX_SHARDS):
+            raise RegenerationRequestError(f"shards must be a whole number from 1 to {MAX_SHARDS} (or empty: one per "
+                                           f"live worker), got {str(self.shards)[:40]!r}", field="shards")
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= MAX_TEMPERATURE:
             raise RegenerationRequestError(f"temperature must be a number from 0 (greedy) to {MAX_TEMPERATURE:g}, got "
@@ -133,17 +139,21 @@ def dataset_regenerate_request(*, dataset: Dataset, target: TargetModel, setting
     exclusions = dataset_exclusions(dataset=dataset)
     excluded = {"ids": sorted(exclusions.ids), "hashes": sorted(exclusions.hashes), "own_ids": sorted(exclusions.own_ids)}
     size, mtime_ns = _source_state(source)
-    chosen = {**asdict(settings), "backend": backend}
+    # The shards change who writes the file, not what it holds: the same job, whichever split is asked.
+    chosen = {**{k: v for k, v in asdict(settings).items() if k != "shards"}, "backend": backend}
     key = hashlib.sha256(json.dumps({"source": [str(source), size, mtime_ns], "target": target.path, **chosen,
                                      "exclusions": excluded}, sort_keys=True).encode()).hexdigest()
     job = DatasetRegeneration.objects.filter(settings_key=key).order_by("-id").first()
     if job is not None:
+        if job.shards != settings.shards:  # read when it (re)starts: its first attempt decides the split
+            DatasetRegeneration.objects.filter(pk=job.pk).update(shards=settings.shards)
+            job.shards = settings.shards
         return job, _again(job, enqueue=enqueue)
     job = DatasetRegeneration.objects.create(
         source=dataset, source_path=str(source), source_size_bytes=size, target=target, backend=backend,
         tensor_parallel_size=settings.tensor_parallel_size, max_new_tokens=settings.max_new_tokens,
         temperature=float(settings.temperature), seed=settings.seed, max_samples=settings.max_samples,
-        exclusions=excluded, settings_key=key, requested_by=user)
+        shards=settings.shards, exclusions=excluded, settings_key=key, requested_by=user)
     # Named for people: the source, the target, how it sampled and the job's number (its page), not a hash.
     sampling = "greedy" if settings.temperature == 0 else f"t{float(settings.temperature):g}"
     job.output_path = str(source.parent / OUTPUT_FOLDER / (f"{_slug(source.stem)}.{_slug(target.name)}.{sampling}"

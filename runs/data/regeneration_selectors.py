@@ -48,6 +48,7 @@ def regeneration_dict(job: DatasetRegeneration) -> dict:
         "temperature": job.temperature,
         "seed": job.seed,
         "max_samples": job.max_samples,
+        "shards": job.shards,
         "excluded_by_curation": job.excluded_count,
         "requested_by": job.requested_by.get_username() if job.requested_by_id else None,
         "queued_at": job.queued_at.isoformat() if job.queued_at else None,

@@ -124,6 +124,9 @@ class DatasetRegeneration(StageRecord):
     backend = models.CharField(max_length=20, help_text="vllm or transformers")
     backend_version = models.CharField(max_length=50, blank=True)
     tensor_parallel_size = models.PositiveIntegerField(default=1)
+    shards = models.PositiveIntegerField(null=True, blank=True, help_text=(
+        "workers its conversations are split over at once (issue 36); empty: one per live worker taking its queue, "
+        "at most one per 64 conversations"))
     max_new_tokens = models.PositiveIntegerField()
     temperature = models.FloatField(default=0.0)
     seed = models.BigIntegerField(default=0)

@@ -97,8 +97,9 @@ class LaunchForm(forms.Form):
     ttt_steps = forms.IntegerField(min_value=1, max_value=MAX_TTT_STEPS, initial=3, label="TTT steps")
     shards = forms.IntegerField(
         min_value=1, max_value=MAX_SHARDS, required=False, label="Shards per stage",
-        help_text="Workers a stage that splits (the extraction) is shared by at once; its outputs are what one "
-                  "worker makes. Empty: one per live worker that takes the stage's queue, at most one per 64 rows.")
+        help_text="Workers a stage that splits (prepare, the extraction, the evaluation) is shared by at once; its "
+                  "outputs are what one worker makes. Empty: one per live worker that takes the stage's queue, at "
+                  "most one per 64 rows.")
     max_tokens_per_step = forms.IntegerField(
         min_value=MIN_TOKENS_PER_STEP, max_value=MAX_TOKENS_PER_STEP, required=False, label="Tokens per training step",
         help_text="Rows are packed up to this many tokens per step. Never shorter than the longest "
@@ -353,9 +354,12 @@ class RegenerateForm(forms.Form):
     max_samples = forms.IntegerField(min_value=1, required=False, label="Max conversations",
                                      help_text="The first N conversations not excluded by curation (whole "
                                                "conversations: every reply of each); empty for all.")
+    shards = forms.IntegerField(min_value=1, max_value=MAX_SHARDS, required=False, label="Shards",
+                                help_text="Workers that share its conversations at once; empty: one per live worker "
+                                          "taking its queue, at most one per 64 conversations.")
 
     def regeneration_settings(self) -> RegenerationSettings:
         data = self.cleaned_data
         return RegenerationSettings(backend=data["backend"], max_new_tokens=data["max_new_tokens"],
                                     temperature=float(data["temperature"]), seed=data["seed"],
-                                    max_samples=data["max_samples"])
+                                    max_samples=data["max_samples"], shards=data["shards"])

@@ -99,6 +99,8 @@ def test_datasets_imported_listed_read_catalogued_and_regenerated(api, chats, co
     refused = api("launcher").post(f"/api/v1/datasets/{dataset.pk}/regenerate/", {"target": target.pk,
                                                                                   "temperature": -1})
     assert refused.status_code == 400 and list(refused.json()["fields"]) == ["temperature"]
+    refused = api("launcher").post(f"/api/v1/datasets/{dataset.pk}/regenerate/", {"target": target.pk, "shards": 0})
+    assert refused.status_code == 400 and list(refused.json()["fields"]) == ["shards"]
     assert counts() == before and DatasetRegeneration.objects.count() == 0
 
 

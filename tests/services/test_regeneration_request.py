@@ -76,6 +76,19 @@ def test_the_same_settings_return_the_same_job_and_other_settings_another(world,
     assert curated.excluded_count == 1
 
 
+def test_shards_split_the_same_job_and_the_last_asked_applies(world, user):
+    """Shards say who writes the file, not what it holds (issue 36): the same job and file, its split updated."""
+    target, dataset = world
+    settings = RegenerationSettings(backend="transformers", max_new_tokens=64)
+    first, _ = dataset_regenerate_request(dataset=dataset, target=target, settings=settings, user=user)
+    assert first.shards is None
+    split, _ = dataset_regenerate_request(dataset=dataset, target=target, user=user,
+                                          settings=RegenerationSettings(backend="transformers", max_new_tokens=64,
+                                                                        shards=3))
+    assert split.pk == first.pk and split.output_path == first.output_path
+    assert DatasetRegeneration.objects.get(pk=first.pk).shards == 3
+
+
 def test_a_failed_or_cancelled_job_is_queued_again_on_its_own_file(world, user):
     target, dataset = world
     settings = RegenerationSettings(backend="transformers", max_new_tokens=32)
@@ -101,6 +114,9 @@ def test_a_failed_or_cancelled_job_is_queued_again_on_its_own_file(world, user):
     ("max_samples", 0, "max_samples must be a whole number of at least 1"),
     ("seed", -1, "seed must be a whole number from 0"),
     ("backend", "tgi", "backend must be one of auto, vllm, transformers"),
+    ("shards", 0, "shards must be a whole number from 1 to 1024"),
+    ("shards", -2, "shards must be a whole number from 1 to 1024"),
+    ("shards", 1025, "shards must be a whole number from 1 to 1024"),
 ])
 def test_bad_settings_are_refused_naming_the_field_and_nothing_is_stored(world, user, field, value, words):
     target, dataset = world

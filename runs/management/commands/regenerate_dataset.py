@@ -32,6 +32,8 @@ class Command(BaseCommand):
         parser.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                             help="vllm (its chat endpoint), transformers (generate), or auto: vLLM where it runs")
         parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs vLLM spreads the target over")
+        parser.add_argument("--shards", type=int, default=None,
+                            help="workers that share its conversations at once (default: one per live worker)")
         parser.add_argument("--user", default="", help="act as this user (default: the 'cli' launcher account)")
         mode = parser.add_mutually_exclusive_group()
         mode.add_argument("--inline", action="store_true", help="regenerate in this process")
@@ -55,7 +57,8 @@ class Command(BaseCommand):
                 dataset = services.dataset_register(path=opts["dataset"])
             settings = RegenerationSettings(
                 backend=opts["backend"], max_new_tokens=opts["max_new_tokens"], temperature=opts["temperature"],
-                seed=opts["seed"], max_samples=opts["max_samples"], tensor_parallel_size=opts["tensor_parallel_size"])
+                seed=opts["seed"], max_samples=opts["max_samples"], tensor_parallel_size=opts["tensor_parallel_size"],
+                shards=opts["shards"])
             job, _ = dataset_regenerate_request(dataset=dataset, target=target, settings=settings, user=user,
                                                 where="this_host" if opts["inline"] else "fleet",
                                                 enqueue=not opts["inline"])
