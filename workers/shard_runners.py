@@ -13,6 +13,7 @@ asks of it. The seam, for a stage joining SHARDABLE:
   (workers.stage_runners.RECORDERS), exactly as one worker's run would have returned it.
 - `applies(record) -> bool`: False where this run's stage cannot split (an online run's extraction).
 
+prepare, regenerate (a job: its row's `shards`) and evaluate are in workers.shard_stage_runners.
 Each runner turns the row into plain paths and calls Django-free stage functions, as workers.stage_runners do.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Callable
 from django.conf import settings
 
 from runs.pipeline import online as online_run
+from workers import shard_stage_runners as stage_runners
 from workers.stage_runners import _backend, _target_dir
 from workers.stages.shards import shard_dir, spans_split
 
@@ -117,7 +119,13 @@ def _extract_merge(record, shards: list, reporter):
 
 
 SHARDABLE: dict[str, Shardable] = {
+    "prepare": Shardable(rows=stage_runners.prepare_rows, run=stage_runners.prepare_shard,
+                         merge=stage_runners.prepare_merge_shards),
     "extract": Shardable(rows=lambda record: record.run.preparation.num_rows or 0, run=_extract_shard,
                          merge=_extract_merge, spans=_extract_spans,
                          applies=lambda record: not online_run.is_online(record.run.config)),
+    "regenerate": Shardable(rows=stage_runners.regenerate_rows, run=stage_runners.regenerate_shard,
+                            merge=stage_runners.regenerate_merge_shards),
+    "evaluate": Shardable(rows=stage_runners.evaluate_rows, run=stage_runners.evaluate_shard,
+                          merge=stage_runners.evaluate_merge_shards),
 }

@@ -1,6 +1,6 @@
 """A stage split into shards (issue 36) over two real Celery workers with different names (standing for two
-hosts), on PostgreSQL and Redis: the extraction is made by both, its files are byte for byte one worker's,
-a worker SIGKILLed in the middle of a shard costs that shard one more attempt, and a failed shard fails
+hosts), on PostgreSQL and Redis: a run's prepare, extraction and evaluation, and a regeneration, are made by
+both, their outputs one worker's (files byte for byte, the same τ), a worker SIGKILLed in the middle of a shard costs that shard one more attempt, and a failed shard fails
 the stage, naming it, while Retry runs only that shard."""
 import json
 import time
@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from runs.models import ExtractStage, Preparation, StageShard, StageStatus, VocabMapping
+from runs.models import Evaluation, ExtractStage, Preparation, StageShard, StageStatus
 from runs.pipeline import services
 from runs.pipeline.run_config import RunConfig
+from runs.pipeline.stage_record import FINISHED_STATUSES
 from tests.worker import celery_worker, kill_worker_hard, wait_for_run
+from workers.stages.prepare_merge import prepare_count_rows
 from workers.stages.shards import shard_dir
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -81,23 +83,98 @@ def shard_files(hs_dir: Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_mtime_ns, p.stat().st_ino) for p in hs_dir.glob("hs_*.safetensors")}
 
 
-def test_an_extraction_in_two_shards_is_made_by_both_workers_and_equals_one_workers(
-        tiny_target, data_root, tmp_path, user):
-    with two_workers(data_root, tmp_path, ENV) as procs:
+def one_worker_preparation(tiny_target, run, out_dir):
+    from workers.stages.prepare import prepare
+
+    return prepare(tokenizer_dir=tiny_target.target_dir, dataset_path=tiny_target.chats_path, out_dir=out_dir,
+                   max_seq_len=run.config["max_seq_len"], max_samples=run.config.get("max_samples"))
+
+
+def one_worker_evaluation(evaluation):
+    from django.conf import settings
+
+    from runs.checkpoints.evaluation import evaluation_plan
+    from workers.stages.evaluate.measure import evaluate
+    from workers.stages.evaluate.prompts import prompts_load
+
+    plan = evaluation_plan(evaluation=evaluation)
+    return evaluate(target_dir=plan.target_dir, checkpoint_dir=plan.checkpoint_dir, prompts=prompts_load(plan.prompts),
+                    prompt_source=plan.prompt_source, max_new_tokens=evaluation.max_new_tokens,
+                    num_speculative_tokens=evaluation.num_speculative_tokens, device="cpu",
+                    k_beyond=settings.EAGLE3WEB_K_BEYOND_TRAINED)
+
+
+def by_both(run, stage: str, record_id: int | None = None) -> list:
+    rows = StageShard.objects.filter(stage=stage, **({"run": run} if run else {"record_id": record_id}))
+    shards = list(rows.order_by("index"))
+    assert [s.status for s in shards] == [StageStatus.SUCCEEDED] * 2, stage
+    assert {s.worker.split("-")[0] for s in shards} == {"a", "b"}, stage  # a and b each ran one
+    assert shards[0].row_start == 0 and shards[0].row_stop == shards[1].row_start and [s.attempts for s in shards] == [1, 1]
+    return shards
+
+
+def test_a_run_in_two_shards_is_made_by_both_workers_and_equals_one_workers(tiny_target, data_root, tmp_path, user):
+    """One run, every stage that splits split in two: the prepared folder and the extraction byte for byte one
+    worker's, the evaluation's τ, counts and k table one worker's (tests/stages/ compares them on more shapes)."""
+    with two_workers(data_root, tmp_path, ENV):
         run = launch(user, tiny_target, max_samples=80)
-        logs = [tmp_path / "a.log", tmp_path / "b.log"]
-        # The merged stage hands the run over as a whole one does: its vocabulary follows.
-        wait_until(lambda: status_of(VocabMapping, run) in (StageStatus.SUCCEEDED, StageStatus.FAILED),
-                   timeout=300, what="the vocabulary after the split extraction", logs=logs)
-        services.run_cancel(run=run, user=user)
-    assert status_of(ExtractStage, run) == StageStatus.SUCCEEDED
-    shards = list(StageShard.objects.filter(run=run, stage="extract").order_by("index"))
-    assert [s.status for s in shards] == [StageStatus.SUCCEEDED] * 2
-    assert {s.worker.split("-")[0] for s in shards} == set(procs)  # a and b each ran one
-    assert shards[0].row_start == 0 and shards[0].row_stop == shards[1].row_start
-    assert shards[1].row_stop == Preparation.objects.get(run=run).num_rows and [s.attempts for s in shards] == [1, 1]
-    single = one_worker_extraction(tiny_target, run, tmp_path / "one")
-    assert_same_extraction(Path(run.output_dir) / "extraction", single.out_dir)
+        summary = wait_for_run(run.pk, timeout=600, log_path=tmp_path / "a.log")
+    assert [s["status"] for s in summary["stages"]] == [StageStatus.SUCCEEDED] * 5, [s.get("error") for s in summary["stages"]]
+    preparation = Preparation.objects.get(run=run)
+    assert by_both(run, "prepare")[1].row_stop == prepare_count_rows(tiny_target.chats_path)
+    one = one_worker_preparation(tiny_target, run, tmp_path / "one-prepared")
+    for name in ("data-00000-of-00001.arrow", "state.json", "dataset_info.json", "token_freq.pt"):
+        assert (Path(preparation.out_dir) / name).read_bytes() == (one.out_dir / name).read_bytes(), name
+    assert preparation.num_rows == one.num_rows
+    assert by_both(run, "extract")[1].row_stop == preparation.num_rows
+    assert_same_extraction(Path(run.output_dir) / "extraction", one_worker_extraction(tiny_target, run, tmp_path / "one").out_dir)
+    evaluation = Evaluation.objects.get(run=run)
+    assert by_both(run, "evaluate")[1].row_stop == evaluation.num_prompts == CONFIG["eval_prompts"]
+    single = one_worker_evaluation(evaluation)
+    for name in ("tau", "acceptance_per_position", "new_tokens", "verify_forwards", "num_prompts",
+                 "mismatched_prompts", "output_matches_greedy", "k_table", "recommended_k"):
+        assert getattr(evaluation, name) == getattr(single, name), name
+
+
+def test_a_regeneration_in_two_shards_is_made_by_both_workers_and_equals_one_workers(
+        tiny_target, data_root, tmp_path, user):
+    from runs.data.regeneration import RegenerationSettings, dataset_regenerate_request
+    from runs.pipeline.job_models import DatasetRegeneration
+    from workers.stages.regenerate import RegenerateSettings, regenerate
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(tiny_target.chats_path.read_text(encoding="utf-8").splitlines(keepends=True)[:6]))
+    target, source = services.target_register(path=tiny_target.target_dir), services.dataset_register(path=chats)
+    with two_workers(data_root, tmp_path, ENV):
+        # Seeded sampling, not greedy: a reply's seed must not depend on the shard it falls in.
+        asked = RegenerationSettings(backend="transformers", max_new_tokens=6, temperature=0.8, seed=7, shards=2)
+        wait_until(lambda: _regeneration_asked(dataset_regenerate_request, source, target, asked, user), timeout=60,
+                   what="a live worker to take the regeneration's queue")
+        job = DatasetRegeneration.objects.get(source=source)
+        wait_until(lambda: DatasetRegeneration.objects.get(pk=job.pk).status in FINISHED_STATUSES, timeout=300,
+                   what="the regeneration", logs=[tmp_path / "a.log", tmp_path / "b.log"])
+    job.refresh_from_db()
+    assert job.status == StageStatus.SUCCEEDED and job.shards == 2, job.error
+    assert by_both(None, "regenerate", job.pk)[1].row_stop == job.conversations == 6
+    one = regenerate(target_dir=tiny_target.target_dir, source_path=chats, out_path=tmp_path / "one.jsonl",
+                     backend="transformers", device="cpu",
+                     settings=RegenerateSettings(max_new_tokens=6, temperature=0.8, seed=7))
+    assert Path(job.output_path).read_bytes() == Path(one.out_path).read_bytes()
+    assert (job.turns_regenerated, job.replies_cut, job.failures) == (one.turns_regenerated, one.replies_cut, 0)
+
+
+def _regeneration_asked(request, source, target, asked, user) -> bool:
+    """The request is refused until a live worker takes the backend's queue (runs.data.regeneration)."""
+    from django.db import transaction
+
+    from workers.contract.errors import InputError
+
+    try:
+        with transaction.atomic():
+            request(dataset=source, target=target, settings=asked, user=user)
+        return True
+    except InputError:
+        return False
 
 
 def test_a_worker_killed_in_a_shard_costs_that_shard_one_more_attempt_and_the_run_succeeds(
@@ -139,22 +216,22 @@ def test_a_failed_shard_fails_the_stage_naming_it_and_retry_runs_only_that_shard
         blocker.write_text("in the way")
         logs = [tmp_path / "a.log", tmp_path / "b.log"]
         wait_until(lambda: status_of(ExtractStage, run) == StageStatus.FAILED and StageShard.objects.filter(
-            run=run, index=0, status=StageStatus.SUCCEEDED).exists(), timeout=300,
+            run=run, stage="extract", index=0, status=StageStatus.SUCCEEDED).exists(), timeout=300,
             what="shard 1 to fail the stage and shard 0 to finish", logs=logs)
-        failed = StageShard.objects.get(run=run, index=1)
+        failed = StageShard.objects.get(run=run, stage="extract", index=1)
         stage = ExtractStage.objects.get(run=run)
         assert failed.status == StageStatus.FAILED and failed.worker
         assert stage.error.startswith(f"shard 1 (rows {failed.row_start}–{failed.row_stop - 1}) failed on worker "
                                       f"{failed.worker}: ")
         assert "NotADirectoryError" in failed.error and str(blocker) in failed.error  # its cause, for developers
         kept = shard_files(shard_dir(out, 0) / "hidden_states")
-        assert len(kept) == StageShard.objects.get(run=run, index=0).rows
+        assert len(kept) == StageShard.objects.get(run=run, stage="extract", index=0).rows
         blocker.unlink()
         services.run_retry(run=run, user=user)
         wait_until(lambda: status_of(ExtractStage, run) == StageStatus.SUCCEEDED, timeout=300,
                    what="the retried extraction", logs=logs)
         services.run_cancel(run=run, user=user)
-    shards = list(StageShard.objects.filter(run=run).order_by("index"))
+    shards = list(StageShard.objects.filter(run=run, stage="extract").order_by("index"))
     assert [s.attempts for s in shards] == [1, 2] and [s.status for s in shards] == [StageStatus.SUCCEEDED] * 2
     merged = shard_files(out / "hidden_states")
     assert all(merged[name] == stat for name, stat in kept.items())  # the same files, moved, never rewritten
