@@ -88,7 +88,7 @@ WRITTEN_BY_LAUNCHES = {"runs.launchidempotencykey"}
 # and the API likewise.
 WRITTEN_BY_SERVICES = {"runs.targetmodel", "runs.dataset", "runs.datasetsample", "runs.pipelinerun", "runs.sweep",
                        "runs.extraction", "runs.checkpoint", "runs.verificationoverride", "runs.worker",
-                       "runs.report", "runs.savedview"}
+                       "runs.report", "runs.savedview", "runs.evalsuite"}
 # Rows only workers and services write, read-only in the admin: the bookkeeping off its index (stage
 # records, attempts, jobs, metrics, manifests, a sweep's runs: runs/admin.py's InternalAdmin), the
 # outbox and alert rules (listed, so that staff can delete a row; a rule's webhook was checked when made), what a
@@ -97,7 +97,8 @@ READ_ONLY = {"runs.preparation", "runs.extractstage", "runs.vocabmapping", "runs
              "runs.datasetcatalogue", "runs.demobuild", "runs.verificationrequest", "runs.servecheck", "runs.datasetregeneration",
              "runs.evaluation", "runs.metricseries", "runs.metricchunk", "runs.manifest", "runs.sweeprun",
              "runs.pendingenqueue", "runs.verification", "runs.checkpointgenerations", "runs.alertrule",
-             "runs.alert", "runs.alertnotice", "runs.alertdelivery", "runs.stagewatch", "runs.reportversion"}
+             "runs.alert", "runs.alertnotice", "runs.alertdelivery", "runs.stagewatch", "runs.reportversion",
+             "runs.stageshard", "runs.trainingnode"}
 # The sign-in throttle's records (django-axes): written by failed sign-ins only; the admin reads and
 # deletes them (deleting an attempt lifts its lockout) but adds none.
 WRITTEN_BY_SIGN_INS = {"axes.accessattempt", "axes.accesslog", "axes.accessfailurelog"}
