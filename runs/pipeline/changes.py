@@ -61,12 +61,16 @@ class CounterBump:
 
 def _bump(counters: tuple[str, ...], **run_filter) -> None:
     """Once per transaction: a request that writes a run's curves many times (a batch per series, system
-    samples, then progress) moves each counter once. A bump already pending is as durable as this one
-    would be: it was registered in this transaction's savepoints or in ones that enclose it."""
+    samples, then progress) moves each counter once. Only a bump pending under the very savepoints open
+    now stands for this one: it runs exactly when this one would (one registered in a savepoint since
+    released may belong to work an enclosing block still rolls back, or to a test's transaction that
+    never commits while the test runs its own callbacks)."""
     bump = CounterBump(run_filter=tuple(sorted(run_filter.items())), counters=counters)
     conn = transaction.get_connection()
-    if conn.in_atomic_block and any(entry[1] == bump for entry in conn.run_on_commit):
-        return
+    if conn.in_atomic_block:
+        open_now = set(conn.savepoint_ids)
+        if any(sids == open_now and func == bump for sids, func, *_ in conn.run_on_commit):
+            return
     transaction.on_commit(bump, robust=True)
 
 

@@ -17,7 +17,7 @@ CURATED = {
     "runs.pipelinerun", "runs.sweep", "runs.checkpoint", "runs.extraction", "runs.verification",
     "runs.verificationoverride", "runs.review", "runs.runtag", "runs.apitoken", "runs.accountsettings",
     "runs.worker", "runs.pendingenqueue", "runs.apiauditentry", "runs.launchidempotencykey",
-    "runs.alertrule", "runs.report", "runs.project", "runs.projectmember", "runs.savedview",
+    "runs.alertrule", "runs.report", "runs.project", "runs.projectmember", "runs.savedview", "runs.evalsuite",
 }
 # Rows only workers and services write: off the index, read-only, still open by URL (and deletable).
 INTERNAL = {
@@ -25,7 +25,7 @@ INTERNAL = {
     "runs.datasetcatalogue", "runs.demobuild", "runs.verificationrequest", "runs.servecheck", "runs.datasetregeneration",
     "runs.evaluation", "runs.metricseries", "runs.metricchunk", "runs.manifest", "runs.sweeprun",
     "runs.checkpointgenerations", "runs.alert", "runs.alertnotice", "runs.alertdelivery", "runs.stagewatch",
-    "runs.reportversion",
+    "runs.reportversion", "runs.stageshard", "runs.trainingnode",
 }
 # Listed, with an Add link: what a person makes by hand without breaking anything. Projects and their
 # members are where staff manage membership and roles (a project's name is checked as the API checks it).
