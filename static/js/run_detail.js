@@ -73,7 +73,7 @@
       setToken("tokens_per_step", fmt.format(train.tokens_per_step));
     }
     renderTimeline(summary.stages);
-    renderCheckpoints(summary.checkpoints);
+    renderCheckpoints(summary.checkpoints, summary.best, window.location.pathname);
     renderAcceptance(summary.acceptance);
     renderAttempts(summary.attempts);
     renderGlance(summary.glance);
@@ -176,17 +176,28 @@
       {displaylogo: false, responsive: true});
   }
 
-  function renderCheckpoints(checkpoints) {
+  function renderCheckpoints(checkpoints, best, runUrl) {
+    // The same columns as the page's own table (templates/runs/_checkpoints.html): a poll's rendering replaces it.
     if (!checkpoints.length) return;
     const num = (v, digits) => (v == null ? "–" : v.toFixed(digits));
+    const provisional = best && best.provisional ? " (provisional)" : "";
     const rows = checkpoints.map((c) => el("tr", {class: c.is_best ? "best" : ""},
-      el("td", {}, String(c.epoch + 1), c.is_best ? [" ", el("span", {class: "badge"}, "best")] : null),
-      el("td", {}, num(c.val_loss, 4)), el("td", {}, num(c.train_loss, 4)), el("td", {}, num(c.tau, 2)),
+      el("td", {}, String(c.epoch + 1), c.is_best ? [" ", el("span", {class: "badge"}, "best" + provisional)] : null,
+        c.unusable_why ? el("div", {class: "field-error unusable"}, el("strong", {}, "Do not deploy:"), " " + c.unusable_why) : null),
+      el("td", {}, num(c.val_loss, 4)), el("td", {}, num(c.train_loss, 4)),
+      el("td", {}, num(c.tau, 2), Object.entries(c.tau_by_suite || {}).filter(([name]) => name !== "held_out").flatMap(([name, tau]) => [el("br", {}),
+        el("span", {class: "hint suite-tau", "data-suite": name, title: "τ on the evaluation suite " + name},
+          name + " " + num(tau, 2))])),
       el("td", {}, num(c.simulated_tau, 2)),
       el("td", {}, el("code", {}, c.path), " ", el("a", {href: c.url}, "details, review, measure")),
-      el("td", {}, el("code", {class: "copy"}, c.serve_command))));
+      el("td", {class: "recommended-k"}, c.recommended_k == null ? "–" : String(c.recommended_k)),
+      el("td", {}, el("code", {class: "copy"}, c.serve_command)),
+      // No token of its own, as on the page's table: static/js/checkpoint_export.js adds the page's on submit.
+      el("td", {}, c.path ? el("form", {method: "post", class: "export-checkpoint", action: `/checkpoints/${c.id}/export/`},
+        el("input", {type: "hidden", name: "next", value: runUrl}),
+        el("button", {type: "submit", title: "a new folder under the runs folder's exports/ with config.json, the weights and a README.md model card"}, "Export")) : null)));
     document.getElementById("checkpoints").replaceChildren(el("table", {class: "list", id: "checkpoint-table"},
-      headRow(["Epoch", "Val loss", "Train loss", "τ measured", "τ simulated", "Path", "Serve with vLLM"]),
+      headRow(["Epoch", "Val loss", "Train loss", "τ measured", "τ simulated", "Path", "k to serve", "Serve with vLLM", "Deploy"]),
       el("tbody", {}, rows)));
   }
 
