@@ -91,7 +91,8 @@ def test_a_failed_run_says_where_and_why_and_an_unnamed_one_is_its_id(live_serve
     ExtractStage.objects.filter(run=run).update(status=StageStatus.FAILED,
                                                 error="CUDA out of memory\nTraceback (most recent call last): ...")
     code, out, _ = run_cli(capsys, live_server.url, launcher_token, "runs", "status", str(run.pk))
-    assert (code, out) == (0, f"run {run.pk}: failed, extract failed: CUDA out of memory\n")
+    assert (code, out) == (0, f"run {run.pk}: failed, extract failed: The GPU ran out of memory during extraction: "
+                           "retry when the GPU is less busy, or use a GPU with more memory.\n")
     _clean(out.strip())
 
 

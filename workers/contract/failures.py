@@ -96,9 +96,9 @@ def _stage(stage_name: str) -> str:
 def _oom(match: re.Match, stage_name: str, context: dict) -> str:
     budget = context.get("max_tokens_per_step")
     at = f" at a batch of {budget:,} tokens" if isinstance(budget, int) else ""
-    change = ("lower max_tokens_per_step" if stage_name == "train" else
-              "retry once the GPU is less busy, or use a GPU with more memory")
-    return f"The GPU ran out of memory during {_stage(stage_name)}{at}: {change}, or retry when the GPU is less busy."
+    change = ("lower max_tokens_per_step, or retry when the GPU is less busy" if stage_name == "train" else
+              "retry when the GPU is less busy, or use a GPU with more memory")
+    return f"The GPU ran out of memory during {_stage(stage_name)}{at}: {change}."
 
 
 def _tokenizer(match: re.Match, stage_name: str, context: dict) -> str:
