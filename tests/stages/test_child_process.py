@@ -177,3 +177,48 @@ def test_a_worker_that_dies_while_the_guard_starts_still_takes_the_command_down(
     done = subprocess.run([sys.executable, GUARD, str(dead.pid), "--", sys.executable, "-c",
                            f"open({str(marker)!r}, 'w')"], start_new_session=True, timeout=60)
     assert done.returncode == 128 + signal.SIGTERM and not marker.exists()
+
+
+SLOW_FORK = '''\
+import os, subprocess, sys, time
+_init = subprocess.Popen.__init__
+def _slow_start(self, *args, **kwargs):
+    marker = os.environ.get("GUARD_STARTING_MARKER")
+    if marker and os.path.basename(sys.argv[0] or "") == "child_guard.py":
+        open(marker, "w").close()
+        time.sleep(1.0)  # a loaded host: the guard's handler is in place and its command not yet started
+    _init(self, *args, **kwargs)
+subprocess.Popen.__init__ = _slow_start
+'''
+
+
+def test_a_worker_killed_while_the_guard_starts_its_command_leaves_nothing_behind(tmp_path):
+    """The worker's death signal can come after the guard's handler is in place and before the command
+    runs. CI once left vllm serve running for good that way: the handler found nothing to stop, then
+    the guard started the command anyway. A sitecustomize slows the guard's start of its command by
+    1 s; the worker is SIGKILLed in that second."""
+    import subprocess
+
+    from workers.stages.child_guard import _group_alive
+
+    (tmp_path / "sitecustomize.py").write_text(SLOW_FORK)
+    marker = tmp_path / "starting"
+    starter = ("import subprocess, sys, time; from workers.stages.child_process import die_with_parent, guarded; "
+               "guard = subprocess.Popen(guarded(sys.argv[1:]), start_new_session=True, preexec_fn=die_with_parent()); "
+               "print(guard.pid, flush=True); time.sleep(120)")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "GUARD_STARTING_MARKER": str(marker)}
+    worker = subprocess.Popen([sys.executable, "-c", starter, *TREE], env=env, stdout=subprocess.PIPE, text=True)
+    guard = int(worker.stdout.readline())
+    deadline = time.monotonic() + 30
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the guard never came to start its command"
+        time.sleep(0.02)
+    worker.kill()
+    worker.wait()
+    deadline = time.monotonic() + 10  # the command starts, then SIGTERM and SIGKILL 3 s later
+    while _group_alive(guard, -1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _group_alive(guard, -1)
+    if left:
+        os.killpg(guard, signal.SIGKILL)
+    assert not left, "the command outlived its worker"

@@ -24,6 +24,11 @@ import time
 
 ORPHAN_GRACE_SECONDS = 3.0
 POLL_SECONDS = 0.2
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def _unblock_stop_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def _group_alive(pgid: int, me: int) -> bool:
@@ -72,10 +77,16 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop_group)
     signal.signal(signal.SIGINT, stop_group)
+    # A stop that came between here and `child` naming the command would find nothing to stop, and the
+    # command would start after it and run for good (vllm serve outlived a SIGKILLed worker in CI):
+    # the stop signals wait, blocked, until the command runs, and are handled then.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     if os.getppid() != parent:  # the worker died while this process started
         stop_group()
         return 128 + signal.SIGTERM
-    child = subprocess.Popen(command)  # same group; stdin, stdout and stderr inherited
+    # same group; stdin, stdout and stderr inherited; the command itself starts with nothing blocked
+    child = subprocess.Popen(command, preexec_fn=_unblock_stop_signals)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     while True:
         try:
             code = child.wait(timeout=POLL_SECONDS)
