@@ -52,7 +52,8 @@ class PipelineRun(models.Model):
                    # The runs list's default page, newest first, and its count of the projects a viewer sees
                    # from the index alone (runs.tracking.run_table._page_ids; issue 40).
                    models.Index(models.F("created_at").desc(), models.F("id").desc(), name="run_newest"),
-                   models.Index(fields=["project", "archived"], name="run_project_archived")]
+                   # With the id, search's count reads a viewer's runs from the index alone (migration 0033).
+                   models.Index(fields=["project", "archived", "id"], name="run_project_archived_id")]
 
     def __str__(self) -> str:
         return self.name or f"run {self.pk}"

@@ -10,7 +10,6 @@ import math
 
 from django.contrib.auth import get_user_model
 from django.core.paginator import Page, Paginator
-from django.db import connection
 from django.db.models import (Case, CharField, Count, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet,
                               Subquery, Value, When, Window)
 from django.db.models.functions import Coalesce, Now
@@ -23,6 +22,7 @@ from runs.projects.models import Project
 from runs.pipeline.run_config import (FLOAT_FIELDS, INT_FIELDS, RunConfig, RunConfigError, parse_layer_ids,
                                       renamed_setting)
 from runs.pipeline.stages import STAGES
+from runs.tracking.run_search import searched, setting_match, tagged_run_ids
 from runs.pipeline.selectors import (RUN_HELD, RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, RUN_STATUSES, run_rows,
                                      run_status, run_status_reason)
 from eagle3web.storable_text import shown, unstorable_reason
@@ -236,26 +236,6 @@ def _settings(params) -> tuple:
     return tuple(sorted(found, key=lambda pair: pair[0]))
 
 
-def search_vector():
-    """What full-text search matches on PostgreSQL: the run's name and notes, by word, in no language's
-    stemming (names are identifiers). The migration's GIN index (run_search) is built on this expression."""
-    from django.contrib.postgres.search import SearchVector
-
-    return SearchVector("name", "notes", config="simple")
-
-
-def _words_match(q: str) -> Q:
-    """Runs whose name or notes hold these words: PostgreSQL's full-text search over the GIN index, or on
-    SQLite (the demo's database) the text anywhere in either."""
-    if connection.vendor != "postgresql":
-        return Q(name__icontains=q) | Q(notes__icontains=q)
-    from django.contrib.postgres.search import SearchQuery
-
-    found = PipelineRun.objects.alias(words=search_vector()).filter(
-        words=SearchQuery(q, config="simple", search_type="websearch")).values("pk")
-    return Q(pk__in=found)
-
-
 def _any_stage(status: str) -> Q:
     q = Q()
     for stage in STAGES:
@@ -301,16 +281,9 @@ def with_columns(queryset: QuerySet[PipelineRun]) -> QuerySet[PipelineRun]:
             default=Value(RUN_STATUS_OTHERWISE.value), output_field=CharField()))
 
 
-def _tagged(**tag_filter):
-    """Ids of runs carrying a matching tag, as a subquery: joining the tags would repeat runs."""
-    # Through the runs' side of the tags relation (runs.review.models.RunTag.runs): tracking stands below review.
-    return PipelineRun.tags.through.objects.filter(**{f"runtag__{k}": v for k, v in tag_filter.items()}).values(
-        "pipelinerun_id")
-
-
 def _page_ids(ordered: QuerySet[PipelineRun], number: int, *, newest: bool) -> tuple[int, list[int], int]:
     """The page `number`'s run ids and how many runs match; past the last page, the last page's. Newest first
-    on the run's own columns: the page from the index run_newest and the count from run_project_archived
+    on the run's own columns: the page from the index run_newest and the count from run_project_archived_id
     (the window below read and sorted every matching row: ~190 ms against under 15 at 100,000 runs); else
     one query, `COUNT(*) OVER ()` beside each id (a count apart ran the filters' joins a second time)."""
     joined = [alias for alias in ordered.query.alias_map if ordered.query.alias_refcount[alias]]  # trimmed ones: 0
@@ -343,16 +316,7 @@ def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple
     if filters.status or filters.sort in ("status", "duration", "best_val_loss"):
         runs = with_columns(runs)
     if filters.q:
-        # Targets, datasets and owners are few: their matching ids as subqueries, not joins of every run to
-        # them (at 10,000 runs the joined OR took 15 ms of PostgreSQL's time, these 8.6).
-        match = (Q(name__icontains=filters.q) | _words_match(filters.q)
-                 | Q(target_id__in=TargetModel.objects.filter(name__icontains=filters.q).values("pk"))
-                 | Q(dataset_id__in=Dataset.objects.filter(name__icontains=filters.q).values("pk"))
-                 | Q(owner_id__in=get_user_model().objects.filter(username__icontains=filters.q).values("pk"))
-                 | Q(pk__in=_tagged(name__iexact=filters.q)))
-        if filters.q.isdigit() and len(filters.q) < 18:
-            match |= Q(pk=int(filters.q))
-        runs = runs.filter(match)
+        runs = searched(runs, filters.q)
     if filters.status:
         runs = runs.filter(status=filters.status)
     for field, value in (("target__name", filters.target), ("dataset__name", filters.dataset),
@@ -360,13 +324,13 @@ def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple
         if value:
             runs = runs.filter(**{field: value})
     if filters.tag:
-        runs = runs.filter(pk__in=_tagged(name=filters.tag))
+        runs = runs.filter(pk__in=tagged_run_ids(name=filters.tag))
     if filters.project:  # a subquery, not a join: the page and its count then read the run's own indexes
         runs = runs.filter(project_id__in=Project.objects.filter(name=filters.project).values("pk"))
     if filters.sweep is not None:
         runs = runs.filter(sweep_entry__sweep_id=filters.sweep)
     for name, value in filters.settings:
-        runs = runs.filter(**{f"config__{name}": value})
+        runs = runs.filter(setting_match(name, value))
     if filters.sort == "tau" or filters.tau_min is not None or filters.tau_max is not None:
         # The best checkpoint's, else the evaluate stage's (PipelineRun.shown_tau).
         runs = runs.annotate(tau=Coalesce("training_run__best_tau", "evaluation__tau"))
