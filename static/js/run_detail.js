@@ -8,9 +8,34 @@
 
   const el = window.dom.el;
 
+  function renderActions(summary) {
+    // The header's remedies as the run's failure asks (templates/runs/run_detail.html draws them on
+    // load): a run that fails while its page is open offers Retry or Copy with changes without a reload.
+    const retry = document.getElementById("retry-form");
+    const copy = document.getElementById("copy-with-changes");
+    if (!retry || !copy) return;  // a run trained elsewhere has neither
+    const ended = summary.status === "failed" || summary.status === "cancelled";
+    const failure = summary.failure;
+    retry.hidden = !ended || Boolean(failure && !failure.retryable);
+    copy.hidden = !ended || !failure || (failure.retryable && !failure.field);
+    copy.href = copy.dataset.copyUrl + (failure && failure.field ? "&change=" + encodeURIComponent(failure.field) : "");
+    const shown = document.getElementById("run-failure");
+    if (!failure) {
+      if (shown) shown.remove();
+      return;
+    }
+    const hint = failure.retryable ? ["Retry is offered: " + failure.why + "."]
+      : ["No Retry: " + failure.why, failure.field ? [" (change ", el("code", {}, failure.field), ")"] : [], "."];
+    const note = el("p", {class: "message error", id: "run-failure", "data-kind": failure.kind, "data-field": failure.field},
+      failure.error + " ", el("span", {class: "hint"}, hint));
+    if (shown) shown.replaceWith(note);
+    else document.querySelector(".header-row").after(note);
+  }
+
   function renderStages(summary) {
     const cancel = document.getElementById("cancel-form");
     if (cancel && summary.finished) cancel.remove();
+    renderActions(summary);
     renderHistogram(summary.tokens.length_histogram);
     document.getElementById("run-status").textContent = summary.status;
     document.getElementById("run-status").className = "status " + summary.status;

@@ -44,7 +44,7 @@ def test_a_target_without_tokenizer_fails_in_a_sentence_with_copy_with_changes_a
                 "Pick another target or add the file.")
     expect(page.locator("#run-failure")).to_contain_text(sentence)
     expect(page.locator('tr[data-stage-detail="prepare"] [data-field="error"]')).to_have_text(sentence)
-    expect(page.locator("#retry-form")).to_have_count(0)
+    expect(page.locator("#retry-form")).to_be_hidden()
     expect(page.locator("#copy-with-changes")).to_be_visible()
     assert BANNER not in page.content()
 
@@ -79,8 +79,38 @@ def test_a_lost_worker_offers_retry_and_retry_queues_the_run_again(roots, user, 
     expect(page.locator("#run-failure")).to_contain_text("The preparation lost its worker (worker gone2 stopped renewing "
                                                          "its lease")
     expect(page.locator("#run-failure")).to_contain_text("Retry is offered")
-    expect(page.locator("#copy-with-changes")).to_have_count(0)
+    expect(page.locator("#copy-with-changes")).to_be_hidden()
     page.click("#retry-form button")
     expect(page.locator("#run-failure")).to_have_count(0)
     assert Preparation.objects.get(pk=prep).status == StageStatus.QUEUED
     assert Preparation.objects.get(pk=prep).failure_kind == ""
+
+
+def test_a_run_that_fails_while_its_page_is_open_offers_its_remedy_without_a_reload(roots, user, live_server, page):
+    run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                              config=RunConfig(draft_vocab_size=64))
+    prep = stage_record_id(stage_name="prepare", run_id=run.pk)
+    for attempt in range(MAX_ATTEMPTS - 1):  # two workers took it and stopped renewing its lease
+        stage_start(stage_name="prepare", record_id=prep, worker=f"gone{attempt}")
+        Preparation.objects.filter(pk=prep).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+        stages_reconcile()
+    stage_start(stage_name="prepare", record_id=prep, worker="gone-last")
+
+    log_in(page, live_server, user)
+    page.goto(f"{live_server.url}/runs/{run.pk}/")
+    expect(page.locator("#run-status")).to_have_text("running")
+    expect(page.locator("#retry-form")).to_be_hidden()
+    expect(page.locator("#copy-with-changes")).to_be_hidden()
+    expect(page.locator("#run-failure")).to_have_count(0)
+
+    Preparation.objects.filter(pk=prep).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    stages_reconcile()  # the third lost lease fails the run while the page polls
+    expect(page.locator("#run-status")).to_have_text("failed", timeout=15_000)
+    expect(page.locator("#run-failure")).to_contain_text("The preparation lost its worker (worker gone-last stopped "
+                                                         "renewing its lease")
+    expect(page.locator("#run-failure")).to_contain_text("Retry is offered")
+    expect(page.locator("#retry-form")).to_be_visible()
+    expect(page.locator("#copy-with-changes")).to_be_hidden()
+    page.click("#retry-form button")
+    expect(page.locator("#run-failure")).to_have_count(0)
+    assert Preparation.objects.get(pk=prep).status == StageStatus.QUEUED

@@ -192,7 +192,7 @@ def test_retry_of_a_failure_the_runs_files_caused_is_refused_and_changes_nothing
     after = PipelineRun.objects.get(pk=run.pk).preparation
     assert (after.status, after.finished_at, after.error) == (StageStatus.FAILED, before.finished_at, before.error)
     page = client.get(run.get_absolute_url()).content.decode()
-    assert 'id="retry-form"' not in page and f"/runs/new/?copy={run.pk}&amp;change=dataset_path" in page
+    assert f'action="/runs/{run.pk}/retry/" hidden>' in page and f"/runs/new/?copy={run.pk}&amp;change=dataset_path" in page
 
 
 def test_a_retried_training_keeps_its_curves_and_checkpoints_up_to_where_it_resumes(
