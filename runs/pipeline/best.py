@@ -37,6 +37,7 @@ from django.db.models import Prefetch
 
 from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.pipeline.job_models import ServeCheck
+from runs.pipeline.list_tau import run_list_tau_refresh
 from runs.pipeline.models import PipelineRun, TrainingRun
 from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.changes import training_changed
@@ -341,4 +342,5 @@ def best_decide(*, run_id: int | None) -> Checkpoint | None:
     if training.best_epoch != best.epoch or training.best_tau != best.tau:
         # Counted by its manager; best_tau is what the lists, sweeps and compare show (PipelineRun.shown_tau).
         TrainingRun.objects.filter(pk=training.pk).update(best_epoch=best.epoch, best_tau=best.tau)
+        run_list_tau_refresh(run_id=run.pk)
     return Checkpoint.objects.get(pk=best.checkpoint_id)

@@ -38,6 +38,8 @@ class PipelineRun(models.Model):
     changes = models.BigIntegerField(default=0, editable=False)
     curve_changes = models.BigIntegerField(default=0, editable=False)
     state_changes = models.BigIntegerField(default=0, editable=False)
+    # The runs list's τ, kept from the training's and the evaluate stage's rows (runs.pipeline.list_tau).
+    list_tau = models.FloatField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]

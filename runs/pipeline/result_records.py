@@ -20,6 +20,7 @@ from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.data.models import Extraction, Manifest, Verification
 from runs.pipeline.job_models import ServeCheck
 from runs.pipeline.models import ExtractStage, PipelineRun, Preparation, TrainingRun, VocabMapping
+from runs.pipeline.list_tau import run_list_tau_refresh
 from runs.pipeline import signals
 from runs.pipeline.stage_record import StageStatus
 from runs.data.curation import CatalogueCounts
@@ -120,6 +121,7 @@ def evaluation_record(*, record_id: int, result: EvaluationResult, log_tail: str
         generations_record(evaluation=evaluation, generations=result.generations)
         best = best_decide(run_id=evaluation.run_id or checkpoint_run_id(evaluation.checkpoint_id))
         if evaluation.run_id is not None:
+            run_list_tau_refresh(run_id=evaluation.run_id)  # the stage's τ, where no best moved
             signals.tau_recorded.send(sender=PipelineRun, run_id=evaluation.run_id)
         _best_serve_check(run_id=evaluation.run_id or checkpoint_run_id(evaluation.checkpoint_id),
                           best=best or (evaluation.checkpoint if evaluation.run_id else None))
