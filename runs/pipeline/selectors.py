@@ -252,11 +252,19 @@ def evaluation_dict(evaluation: Evaluation | None, simulated_tau: float | None =
             "status": evaluation.status if evaluation else None, **values, "simulated_tau": simulated_tau}
 
 
-def run_summary(run: PipelineRun) -> dict:
+def run_checkpoints(run: PipelineRun) -> list[Checkpoint]:
+    """The training's checkpoints with their measurements, serve commands and whether each can serve."""
+    return with_usability(with_serve_commands(checkpoints_with_tau(run.training_run.checkpoints.all()),
+                                              verifier=run.target.path if run.target_id else ""))
+
+
+def run_summary(run: PipelineRun, *, checkpoints: list[Checkpoint] | None = None) -> dict:
     """What the CLI prints and the run page polls: ids, stage states, totals, paths.
 
     `run` should come from run_list(), which joins every stage in one query. A run trained elsewhere has
-    its training alone: the other stages' figures are None, as they are before a stage ran."""
+    its training alone: the other stages' figures are None, as they are before a stage ran. `checkpoints`:
+    the training's, as run_checkpoints reads them, where the caller shows them too (the run page), so that
+    they, their measurements and serve checks are read once."""
     records = {name: record for name, _, record in run_stages(run)}
     training = records["train"]
     # Unsaved rows stand for the stages an external run does not have: every figure None, no id.
@@ -265,8 +273,8 @@ def run_summary(run: PipelineRun) -> dict:
     evaluation = records.get("evaluate")
     extraction = run_extraction(run)
     manifest = getattr(extraction, "manifest", None)
-    checkpoints = with_usability(with_serve_commands(checkpoints_with_tau(training.checkpoints.all()),
-                                                     verifier=run.target.path if run.target_id else ""))
+    if checkpoints is None:
+        checkpoints = run_checkpoints(run)
     scores = best.checkpoint_scores(run=run, checkpoints=checkpoints)
     choice = best.best_choice(run=run, scores=scores)
     by_id = {score.checkpoint_id: score for score in scores}

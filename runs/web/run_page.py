@@ -16,9 +16,8 @@ from django.http import Http404
 from django.template.loader import render_to_string
 from django.utils.safestring import SafeString, mark_safe
 
-from runs.checkpoints import serve_check_selectors
 from runs.fleet import selectors as fleet_selectors
-from runs.pipeline import changes, queue, selectors, upstream_commands
+from runs.pipeline import changes, queue, selectors
 from runs.pipeline.failure_selectors import run_failure
 from runs.pipeline.run_config import HELD_OUT
 from runs.pipeline.stage_record import StageStatus
@@ -28,13 +27,13 @@ from runs.web import live
 
 def _shared(*, run_id: int) -> tuple[dict, int]:
     run = selectors.run_get(pk=run_id)
-    summary = selectors.run_summary(run)
+    prefetch_related_objects([run], "attempts")  # the summary's and the page's
+    # Read once for the page and its summary (each read them, and their measurements and serve checks).
+    checkpoints = selectors.run_checkpoints(run)
+    summary = selectors.run_summary(run, checkpoints=checkpoints)
     extraction = selectors.run_extraction(run)
     manifest = getattr(extraction, "manifest", None)
     running = any(record.status == StageStatus.RUNNING for _, _, record in selectors.run_stages(run))
-    checkpoints = serve_check_selectors.with_usability(upstream_commands.with_serve_commands(
-        selectors.checkpoints_with_tau(run.training_run.checkpoints.all()),
-        verifier=run.target.path if run.target_id else ""))
     by_suite = {row["id"]: row["tau_by_suite"] for row in summary["checkpoints"]}
     for checkpoint in checkpoints:  # its τ on the run's evaluation suites, beside the held-out τ
         checkpoint.tau_by_suite = {k: v for k, v in by_suite.get(checkpoint.pk, {}).items() if k != HELD_OUT}
