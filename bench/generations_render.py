@@ -17,11 +17,8 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +28,7 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 os.environ.setdefault("EAGLE3WEB_VLLM_PREFLIGHT_SECONDS", "0")  # the launch's vLLM check: no vLLM is served here
 
 from bench.metrics import drop_database, free_port, make_runs, recreate_database, setup_django, stats  # noqa: E402
+from bench.web_server import runserver  # noqa: E402
 
 DATABASE = "bench_generations"
 TARGET_MS = 200
@@ -105,7 +103,6 @@ def main() -> None:
     from django.db import connections
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-generations-"))
-    server = None
     try:
         run, checkpoints, decoded = measure_checkpoints(workdir, args)
         user = get_user_model().objects.get(username="bench")
@@ -114,21 +111,9 @@ def main() -> None:
         connections.close_all()
         port = free_port()
         env = {**os.environ, "DATABASE_URL": url, "EAGLE3WEB_DATA_ROOTS": str(workdir)}
-        server = subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-                                  cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  start_new_session=True)
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(base + "/login/", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
-        times = render_times(base, checkpoints, args)
+        with runserver(port=port, env=env) as base:
+            times = render_times(base, checkpoints, args)
     finally:
-        if server is not None:
-            os.killpg(server.pid, 15)
-            server.wait(timeout=30)
         connections.close_all()
         drop_database(DATABASE)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -219,19 +219,12 @@ def browser(args) -> dict:
     connections.close_all()
     port = free_port()
     env = {**os.environ, "DATABASE_URL": url, "EAGLE3WEB_DATA_ROOTS": str(workdir)}
-    server = subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"], cwd=ROOT,
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         from playwright.sync_api import sync_playwright
 
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(base + "/login/", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
-        with sync_playwright() as p:
+        from bench.web_server import runserver
+
+        with runserver(port=port, env=env) as base, sync_playwright() as p:
             chrome = p.chromium.launch(executable_path="/usr/bin/chromium",
                                        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
             page = chrome.new_page(viewport={"width": 1400, "height": 2000})
@@ -249,8 +242,6 @@ def browser(args) -> dict:
         return {"series": len(keys), "points": len(keys) * args.browser_points, "charts": charts,
                 "drawn_ms_median": statistics.median(drawn), "drawn_ms": drawn}
     finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
         from django.db import connections as conns
 
         conns.close_all()

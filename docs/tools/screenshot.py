@@ -15,12 +15,13 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bench.web_server import runserver  # noqa: E402
 
 
 def manage(*args: str) -> str:
@@ -42,32 +43,19 @@ def main() -> None:
     run_id = args.run or json.loads(manage("run_pipeline", "--target", str(args.assets / "demo-target"),
                                 "--dataset", str(args.assets / "demo-chats.jsonl"), "--user", "demo",
                                 "--name", "demo-first-run", "--epochs", "2", "--inline", "--json"))["run_id"]
-    server = subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"],
-                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{args.port}"
-        for _ in range(60):
-            try:
-                urllib.request.urlopen(url + "/login/", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.goto(url + "/login/")
-            page.fill("#id_username", "demo")
-            page.fill("#id_password", password)
-            page.click("button[type=submit]")
-            page.goto(f"{url}/runs/{run_id}/")
-            page.wait_for_load_state("networkidle")
-            time.sleep(2)  # the charts draw after their first poll
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(args.out))
-            browser.close()
-    finally:
-        server.terminate()
-        server.wait()
+    with runserver(port=args.port) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(url + "/login/")
+        page.fill("#id_username", "demo")
+        page.fill("#id_password", password)
+        page.click("button[type=submit]")
+        page.goto(f"{url}/runs/{run_id}/")
+        page.wait_for_load_state("networkidle")
+        time.sleep(2)  # the charts draw after their first poll
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(args.out))
+        browser.close()
     print(json.dumps({"run": run_id, "png": str(args.out)}))
 
 
