@@ -3,6 +3,7 @@ stage, workers.stages.evaluate.k_table, kept on each Evaluation as `k_table` and
 from __future__ import annotations
 
 from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.pipeline.run_config import HELD_OUT
 from runs.pipeline.stage_record import StageStatus
 
 
@@ -39,10 +40,25 @@ def checkpoint_recommended_k(checkpoint: Checkpoint) -> int | None:
     return newest.recommended_k if newest else None
 
 
+def live_tau_by_suite(checkpoint: Checkpoint) -> dict[str, float]:
+    """{suite: τ} of a checkpoint measured on named suites while training (runs.pipeline.live_tau), before the
+    evaluate stage decides the run's figures (runs.pipeline.best): the latest on each suite and on the
+    held-out prompts; {} where no named suite was measured. Reads the prefetched `measured` only."""
+    measured = getattr(checkpoint, "measured", None) or []
+    if not any(e.suite for e in measured):
+        return {}
+    taus: dict[str, float] = {}
+    for e in measured:  # newest first
+        if e.tau is not None and (e.suite or not e.prompts_path):
+            taus.setdefault(e.suite or HELD_OUT, e.tau)
+    return taus
+
+
 def checkpoint_deploy_keys(*, checkpoint: Checkpoint, score) -> dict:
     """The run summary's keys for choosing what to deploy, per checkpoint: `tau_by_suite` ({suite: τ},
     runs.pipeline.best's CheckpointScore), and `tau_by_k` ({k: τ}) and `recommended_k` of the measurement the
     serve command's k comes from: the newest with a k table (newest_k_measurement), so that they agree."""
     evaluation = newest_k_measurement(checkpoint)
-    return {"tau_by_suite": dict(score.tau_by_suite) if score is not None else {},
+    by_suite = dict(score.tau_by_suite) if score is not None and score.tau_by_suite else live_tau_by_suite(checkpoint)
+    return {"tau_by_suite": by_suite,
             "tau_by_k": tau_by_k(evaluation), "recommended_k": evaluation.recommended_k if evaluation else None}

@@ -7,8 +7,11 @@ One live measurement per run waits in the queue at a time: a checkpoint saved wh
 measurement still waits for a worker takes that queued row over (the older checkpoint is skipped, the
 newest is what the curve needs), so a trainer faster than its evaluator never piles up work that would
 run long after training ended. A measurement that started runs to its end. The measurements decode the
-run's held-out prompts with its eval_prompts and eval_max_new_tokens, as its evaluate stage does, and are
-shown on the run page like every measurement of its checkpoints (runs.pipeline.changes)."""
+run's held-out prompts with its eval_prompts and eval_max_new_tokens, as its evaluate stage does, and each
+of its evaluation suites (run_config.eval_suites) likewise, one row per suite (Evaluation.suite) that waits
+and is taken over the same way; they are shown on the run page like every measurement of its checkpoints
+(runs.pipeline.changes), τ per suite included. The stop rule reads τ on the suite that chooses the run's
+best (best_suite, or the mix of best_suite_weights once every suite in it is measured), held_out by default."""
 from __future__ import annotations
 
 import logging
@@ -18,6 +21,8 @@ from django.db import transaction
 
 from eagle3web.db import db_retry
 from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.pipeline.models import TrainingRun
+from runs.pipeline.run_config import HELD_OUT
 from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.queue import evaluation_enqueue
 
@@ -35,31 +40,54 @@ def live_tau_request(*, checkpoint: Checkpoint) -> Evaluation | None:
     config = run.config or {}
     if not _measures_live(config):
         return None
-    settings = dict(prompts_path="", max_prompts=int(config.get("eval_prompts") or 32),
-                    max_new_tokens=int(config.get("eval_max_new_tokens") or 64), num_speculative_tokens=None)
-    live = Evaluation.objects.filter(checkpoint__training_run_id=checkpoint.training_run_id, run__isnull=True,
-                                     requested_by__isnull=True, **settings)
-    # A conditional UPDATE: a worker that took the row meanwhile made it running, and then a new row is queued.
-    if live.filter(status=StageStatus.QUEUED).update(checkpoint=checkpoint):
-        log.info("live τ: the queued measurement of run %s now measures epoch %d", run.pk, checkpoint.epoch)
-        return live.filter(checkpoint=checkpoint, status=StageStatus.QUEUED).first()
-    evaluation = Evaluation.objects.create(checkpoint=checkpoint, **settings)
-    evaluation_enqueue(evaluation_id=evaluation.pk)
-    return evaluation
+    held_out = None
+    # The held-out prompts first, then each suite: a worker takes the queue in order.
+    for suite, path in [("", ""), *((config.get("eval_suites") or {}).items())]:
+        settings = dict(prompts_path=path, suite=suite, max_prompts=int(config.get("eval_prompts") or 32),
+                        max_new_tokens=int(config.get("eval_max_new_tokens") or 64), num_speculative_tokens=None)
+        live = Evaluation.objects.filter(checkpoint__training_run_id=checkpoint.training_run_id, run__isnull=True,
+                                         requested_by__isnull=True, **settings)
+        # A conditional UPDATE: a worker that took the row meanwhile made it running, and then a new row is queued.
+        if live.filter(status=StageStatus.QUEUED).update(checkpoint=checkpoint):
+            log.info("live τ: the queued measurement of run %s%s now measures epoch %d", run.pk,
+                     f" on suite {suite}" if suite else "", checkpoint.epoch)
+            evaluation = live.filter(checkpoint=checkpoint, status=StageStatus.QUEUED).first()
+        else:
+            evaluation = Evaluation.objects.create(checkpoint=checkpoint, **settings)
+            evaluation_enqueue(evaluation_id=evaluation.pk)
+        held_out = held_out or evaluation
+    return held_out
 
 
-def live_taus(*, training_run_id: int) -> list[tuple[int, float]]:
-    """(epoch, τ) of the run's measured checkpoints, in epoch order: each one's latest measurement."""
+def live_taus(*, training_run_id: int, with_name: bool = False):
+    """(epoch, τ) of the run's measured checkpoints, in epoch order, on the suite that chooses its best (the
+    held-out prompts unless best_suite or best_suite_weights say otherwise): each one's latest measurement;
+    under weights, the mix of the latest on each suite, for the checkpoints measured on all of them.
+    with_name: (those, the suite or mix in words)."""
+    config = (TrainingRun.objects.filter(pk=training_run_id).values_list("run__config", flat=True).first()) or {}
+    weights = config.get("best_suite_weights") or {}
+    chosen = config.get("best_suite") or HELD_OUT
+    names = list(weights) or [chosen]
     rows = (Evaluation.objects.filter(checkpoint__training_run_id=training_run_id, status=StageStatus.SUCCEEDED,
                                       tau__isnull=False).order_by("checkpoint__epoch", "-id")
-            .values_list("checkpoint__epoch", "tau"))
-    latest: dict[int, float] = {}
-    for epoch, tau in rows:
-        latest.setdefault(epoch, tau)
-    return sorted(latest.items())
+            .values_list("checkpoint__epoch", "suite", "prompts_path", "tau"))
+    latest: dict[int, dict[str, float]] = {}
+    for epoch, suite, prompts_path, tau in rows:
+        if not suite and prompts_path:
+            continue  # a measurement on a prompts file someone asked for: no suite of the run
+        latest.setdefault(epoch, {}).setdefault(suite or HELD_OUT, tau)
+    taus = []
+    for epoch, by_suite in sorted(latest.items()):
+        if all(name in by_suite for name in names):
+            taus.append((epoch, sum(w * by_suite[n] for n, w in weights.items()) if weights else by_suite[chosen]))
+    if not with_name:
+        return taus
+    return taus, " + ".join(f"{w:g} {n}" for n, w in weights.items()) if weights else chosen
 
 
-def tau_flat_reason(taus: list[tuple[int, float]], *, patience: int) -> str:
+
+
+def tau_flat_reason(taus: list[tuple[int, float]], *, patience: int, on: str = HELD_OUT) -> str:
     """Why training should stop (τ flat), or "": the last `patience` measured checkpoints each did not beat
     the best τ measured before them. Fewer than patience + 1 measured: too early to say."""
     if patience < 1 or len(taus) <= patience:
@@ -70,11 +98,12 @@ def tau_flat_reason(taus: list[tuple[int, float]], *, patience: int) -> str:
         return ""
     shown = ", ".join(f"epoch {e + 1}: {t:.3f}" for e, t in last)
     return (f"stopped early: τ stopped rising (stop_when_tau_flat={patience}): the last {patience} measured "
-            f"checkpoint(s) ({shown}) did not beat τ {best:.3f} of epoch {best_epoch + 1}")
+            f"checkpoint(s) ({shown}) did not beat τ {best:.3f} of epoch {best_epoch + 1}, τ on {on}")
 
 
 def training_tau_flat(*, training_run_id: int, patience: int) -> str:
-    return tau_flat_reason(live_taus(training_run_id=training_run_id), patience=patience)
+    taus, on = live_taus(training_run_id=training_run_id, with_name=True)
+    return tau_flat_reason(taus, patience=patience, on=on)
 
 
 CHECK_EVERY_SECONDS = 2.0  # how often the training's stop_early reads the database (it is asked every step)

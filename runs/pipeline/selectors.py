@@ -355,7 +355,8 @@ def run_summary(run: PipelineRun, *, checkpoints: list[Checkpoint] | None = None
             {"id": c.pk, "url": c.get_absolute_url(), "epoch": c.epoch, "path": c.path,
              "train_loss": c.train_loss, "val_loss": c.val_loss,
              "is_best": c.is_best, "val_metrics": c.val_metrics, "simulated_tau": c.simulated_tau,
-             "tau": c.measured[0].tau if c.measured else None,
+             # The latest measurement not on a named suite (those are in tau_by_suite).
+             "tau": next((e.tau for e in c.measured if not e.suite), None),
              # The τ the best is chosen by (runs.pipeline.best): ours, measured as the evaluate stage measured
              # every checkpoint; vLLM's on the same prompts beside it where a serve check ran (it chooses nothing).
              "vllm_tau": by_id[c.pk].vllm_tau if c.pk in by_id else None,
