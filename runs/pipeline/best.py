@@ -118,15 +118,20 @@ def _chosen_tau(tau_by_suite: dict[str, float], suite: str, weights: dict[str, f
     return sum(weight * tau_by_suite[name] for name, weight in weights.items())
 
 
-def _on_suites(measured: list[Evaluation], names: list[str], stage: Evaluation) -> dict[str, float]:
-    """{suite: τ} of a checkpoint's latest measurement on each suite made as the stage measures (its new
+def suite_measurements(measured: list[Evaluation], names: list[str], stage: Evaluation) -> dict[str, Evaluation]:
+    """{suite: measurement}: a checkpoint's latest measurement on each suite made as the stage measures (its new
     tokens, proposal length and number of prompts asked)."""
-    taus: dict[str, float] = {}
+    found: dict[str, Evaluation] = {}
     for e in measured:  # newest first
-        if (e.suite in names and e.suite not in taus and e.tau is not None and e.max_new_tokens == stage.max_new_tokens
+        if (e.suite in names and e.suite not in found and e.tau is not None and e.max_new_tokens == stage.max_new_tokens
                 and e.num_speculative_tokens == stage.num_speculative_tokens and e.max_prompts == stage.max_prompts):
-            taus[e.suite] = e.tau
-    return taus
+            found[e.suite] = e
+    return found
+
+
+def _on_suites(measured: list[Evaluation], names: list[str], stage: Evaluation) -> dict[str, float]:
+    """{suite: τ} of suite_measurements."""
+    return {name: e.tau for name, e in suite_measurements(measured, names, stage).items()}
 
 
 def _measured_alike(evaluation: Evaluation) -> dict:

@@ -237,7 +237,8 @@ def suites_side_by_side(runs, marked: dict[int, Checkpoint] | None = None) -> di
     """Runs × evaluation suites: each run's best checkpoint's τ on every suite any of them measured (held_out
     first), as runs.pipeline.best keeps them (`_on_suites`: the latest measurement made as the stage measures).
     `suites`: the columns; `rows`: per run, `cells` ({suite, tau, chooses: whether the run's best is chosen by
-    it}), `on` (what chooses its best, in words), `epoch`, `recommended_k` of its held-out measurement, `why`
+    it, k: the k that suite's measurement recommends}), `on` (what chooses its best, in words), `epoch`,
+    `recommended_k` of its held-out measurement (the "k to serve" column: held-out prompts only), `why`
     where nothing is measured yet. No query beyond _marked_checkpoints' two."""
     marked = _marked_checkpoints(runs) if marked is None else marked
     rows = []
@@ -245,12 +246,14 @@ def suites_side_by_side(runs, marked: dict[int, Checkpoint] | None = None) -> di
         checkpoint = marked.get(run.pk)
         shown, measured_checkpoint = _shown_measurement(run, checkpoint)
         taus: dict[str, float] = {}
+        ks: dict[str, int | None] = {}  # the k each suite's own measurement recommends, where its k table holds one
         if shown is not None and measured_checkpoint is not None:
-            taus[HELD_OUT] = shown.tau
+            taus[HELD_OUT], ks[HELD_OUT] = shown.tau, shown.recommended_k
             names = list((run.config or {}).get("eval_suites") or {})
-            taus.update(best._on_suites(checkpoint.measured, names, run.evaluation))
+            for name, e in best.suite_measurements(checkpoint.measured, names, run.evaluation).items():
+                taus[name], ks[name] = e.tau, e.recommended_k
         suite, weights = best.run_best_suite(run)
-        rows.append({"run_id": run.pk, "name": str(run), "url": run.get_absolute_url(), "taus": taus,
+        rows.append({"run_id": run.pk, "name": str(run), "url": run.get_absolute_url(), "taus": taus, "ks": ks,
                      "choosing": set(weights) if weights else {suite},
                      "on": " + ".join(f"{w:g} {n}" for n, w in weights.items()) if weights else suite,
                      "epoch": measured_checkpoint.epoch if taus else None,
@@ -258,8 +261,8 @@ def suites_side_by_side(runs, marked: dict[int, Checkpoint] | None = None) -> di
                      "why": None if taus else _unmeasured_why(run)})
     names = [HELD_OUT, *sorted({n for row in rows for n in row["taus"]} - {HELD_OUT})]
     for row in rows:
-        choosing = row.pop("choosing")
-        row["cells"] = [{"suite": n, "tau": row["taus"].get(n), "chooses": n in choosing} for n in names]
+        choosing, ks = row.pop("choosing"), row.pop("ks")
+        row["cells"] = [{"suite": n, "tau": row["taus"].get(n), "k": ks.get(n), "chooses": n in choosing} for n in names]
     return {"suites": names, "rows": rows}
 
 

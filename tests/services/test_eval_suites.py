@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 from django.core.management import CommandError, call_command
 
-from runs.models import EvalSuite, Evaluation, PipelineRun
+from runs.models import Checkpoint, EvalSuite, Evaluation, PipelineRun
 from runs.pipeline.result_records import evaluation_record, measured_alongside_record
 from runs.pipeline.run_config import RunConfigError
 from runs.pipeline.stage_services import stage_start
@@ -143,6 +143,31 @@ def test_the_run_page_shows_each_checkpoints_tau_on_the_suite(user, roots, code_
     assert [f'data-suite="code" title="τ on the evaluation suite code">code {CODE[e]:.2f}</span>' in page
             for e in (0, 1, 2)] == [True] * 3
     assert "best by τ on code: epoch 1" in page
+
+
+def test_compare_shows_the_k_each_suite_recommends_beside_the_held_out_k_to_serve(user, roots, code_file, client):
+    """Compare's "k to serve" is the held-out measurement's recommended k only; under each suite's τ, the k that
+    suite's own measurement recommends (here held_out 3, code 2), and none where the k table was not measured."""
+    from runs.tracking.comparison import suites_side_by_side
+
+    run = _launch(user, roots, eval_suites={"code": str(code_file)})
+    checkpoints = _trained(run)
+    _evaluated(run, checkpoints, {"code": CODE})
+    best = Checkpoint.objects.get(training_run__run=run, is_best=True)  # by τ on held_out: epoch 2
+    assert best.epoch == 2
+    Evaluation.objects.filter(checkpoint=best, suite="").update(recommended_k=3)
+    Evaluation.objects.filter(checkpoint=best, suite="code").update(recommended_k=2)
+    run = PipelineRun.objects.get(pk=run.pk)
+    row, = suites_side_by_side([run])["rows"]
+    assert row["recommended_k"] == 3
+    assert [(c["suite"], c["tau"], c["k"]) for c in row["cells"]] == [("held_out", 2.41, 3), ("code", CODE[2], 2)]
+    client.force_login(user)
+    other = _launch(user, roots)  # compare takes two runs at least; this one is not measured yet
+    page = client.get(f"/runs/compare/?ids={run.pk},{other.pk}").content.decode()
+    assert '<span class="hint suite-k" data-k="2">k 2</span>' in page and "held-out prompts only" in page
+    Evaluation.objects.filter(checkpoint=best, suite="code").update(recommended_k=None)
+    row, = suites_side_by_side([PipelineRun.objects.get(pk=run.pk)])["rows"]
+    assert [c["k"] for c in row["cells"]] == [3, None]
 
 
 def test_suites_are_set_the_same_through_the_form_and_the_api_and_refused_naming_the_field(client, user, roots,
