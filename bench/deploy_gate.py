@@ -12,7 +12,12 @@ measured checkpoint its τ, recommended k and the seconds its measurement took (
 The measuring process is a separate process on THIS host: on a small machine it competes with the training
 for the same cores, so the cost printed is an upper bound; the issue's target (at most 10%) is for an
 evaluate queue on another worker host, where the training only pays registering the checkpoint.
-The serve check's speed-up table at concurrency is not measured here (not landed)."""
+
+Then the serve check (workers.stages.evaluate.serve_check) serves the last checkpoint with real vLLM (`make
+vllm`) at the recommended k, with the draft and without, on 8 held-out prompts (32 new tokens) at each
+--serve-concurrency level (default 1,8,32): `serve_speedup_by_concurrency` is its table, a row per level
+(output tokens/s and time per output token with and without, the speed-up, the device: "cpu" rows are CPU
+figures, from vLLM's CPU build). Without vLLM here it is null and `serve_check_skipped` says why."""
 from __future__ import annotations
 
 import argparse
@@ -76,6 +81,32 @@ class LiveEvaluator:
         return [json.loads(p.read_text()) for p in self.outputs if p.exists()]
 
 
+def serve_table(*, target_dir: Path, prepared_dir: Path, checkpoints, measured: list[dict], concurrency: list[int],
+                work: Path) -> dict:
+    """The serve check's speed-up table of the last checkpoint, at the k its measurement recommended."""
+    from workers.contract.backends import vllm_executable
+    from workers.contract.vllm_env import vllm_install
+    from workers.stages.evaluate.prompts import prompts_from_prepared, validation_rows
+    from workers.stages.evaluate.serve_check import serve_check
+
+    install = vllm_install()
+    if isinstance(install, str):
+        return {"serve_speedup_by_concurrency": None, "serve_check_skipped": install}
+    last = Path(checkpoints[-1].path)
+    k = next((m["recommended_k"] for m in measured if Path(m["checkpoint"]) == last), None)
+    prompts = prompts_from_prepared(prepared_dir, validation_rows(last.parent), limit=8)
+    started = time.perf_counter()
+    served = serve_check(target_dir=target_dir, checkpoint_dir=last, prompts=prompts, max_new_tokens=32,
+                         out_dir=work / "serve_check", vllm_executable=vllm_executable(), num_speculative_tokens=k,
+                         concurrency=concurrency)
+    rows = [{key: round(v, 3) if isinstance(v, float) else v for key, v in row.items()}
+            for row in served.concurrency_results]
+    return {"serve_speedup_by_concurrency": rows, "serve_k": served.num_speculative_tokens,
+            "serve_prompts": len(prompts), "serve_max_new_tokens": 32, "serve_vllm": f"{served.vllm_version} "
+            f"({served.vllm_build} build)", "serve_tau_emitted": round(served.vllm_tau_emitted, 3),
+            "serve_seconds": round(time.perf_counter() - started, 1)}
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--evaluate-one":
         evaluate_one(*sys.argv[2:6], threads=int(sys.argv[6]))
@@ -84,6 +115,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the training and of the measuring")
     parser.add_argument("--work-dir", type=Path, default=None)
+    parser.add_argument("--serve-concurrency", default="1,8,32", help="the serve check's load levels")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -127,7 +159,8 @@ def main() -> None:
         "evaluator": "another process on this host (shares its cores)",
         "measured": [{"epoch": int(Path(m["checkpoint"]).name) + 1, "tau": round(m["tau"], 3),
                       "recommended_k": m["recommended_k"], "seconds": round(m["seconds"], 1)} for m in measured],
-        "serve_speedup_by_concurrency": None,
+        **serve_table(target_dir=assets.target_dir, prepared_dir=prep.out_dir, checkpoints=with_live.checkpoints,
+                      measured=measured, concurrency=[int(c) for c in args.serve_concurrency.split(",")], work=work),
     }
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 

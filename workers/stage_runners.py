@@ -305,6 +305,7 @@ def _serve_check(record, reporter: StageReporter):
                        prompts=plan.prompts_checked(prompts_load(plan.prompts)),
                        max_new_tokens=plan.max_new_tokens, num_speculative_tokens=plan.num_speculative_tokens,
                        tensor_parallel_size=record.tensor_parallel_size, vllm_executable=vllm_executable(),
+                       concurrency=plan.concurrency,
                        out_dir=Path(settings.EAGLE3WEB_RUNS_DIR) / "serve_checks" / str(record.pk),
                        on_progress=reporter.progress, should_stop=reporter.cancelled)
 

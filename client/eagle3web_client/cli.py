@@ -58,6 +58,8 @@ def parser() -> argparse.ArgumentParser:
     for name in LAUNCH_TEXTS:
         launch.add_argument(f"--{name.replace('_', '-')}")
     launch.add_argument("--serve-check", action=argparse.BooleanOptionalAction, default=None)
+    launch.add_argument("--serve-concurrency", metavar="N,N,...",
+                        help="the serve check's load: concurrent requests of each level, 1 to 256 (default 1,8,32)")
     launch.add_argument("--live-tau", action=argparse.BooleanOptionalAction, default=None)
     launch.add_argument("--capture-url", dest="capture_urls", action="append", metavar="URL",
                         help="online: a running capture server's base URL; once per server")
@@ -97,6 +99,12 @@ def _launch_options(args: argparse.Namespace) -> dict:
         except ValueError:
             raise ApiError(f"--layer-ids must be comma-separated integers, got {args.layer_ids!r}",
                            fields={"layer_ids": "comma-separated integers"}) from None
+    if args.serve_concurrency is not None:
+        try:
+            options["serve_concurrency"] = [int(part) for part in args.serve_concurrency.split(",") if part.strip()]
+        except ValueError:
+            raise ApiError(f"--serve-concurrency must be comma-separated whole numbers, got {args.serve_concurrency!r}",
+                           fields={"serve_concurrency": "comma-separated whole numbers, 1 to 256"}) from None
     for name in (*LAUNCH_INTS, *LAUNCH_FLOATS, *LAUNCH_TEXTS, "serve_check", "live_tau", "capture_urls"):
         value = getattr(args, name)
         if value is not None:

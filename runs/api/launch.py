@@ -28,6 +28,15 @@ def form_data(body: dict, *, base: dict | None = None) -> dict:
         if any(not url.strip() or any(c.isspace() for c in url.strip()) for url in urls):
             raise ValidationError({"capture_urls": ["each of capture_urls must be one URL, without spaces"]})
         data["capture_urls"] = "\n".join(url.strip() for url in urls)
+    concurrency = data.get("serve_concurrency")
+    if isinstance(concurrency, (list, tuple)):  # the form's box: numbers separated by commas
+        if not all(isinstance(c, int) and not isinstance(c, bool) for c in concurrency):
+            raise ValidationError({"serve_concurrency": ["serve_concurrency must be a list of whole numbers, 1 to 256"]})
+        if not concurrency:  # the form reads an empty box as the default; an empty list asks for no level
+            raise ValidationError({"serve_concurrency": ["serve_concurrency must list 1 to 8 concurrencies, got 0"]})
+        data["serve_concurrency"] = ", ".join(str(c) for c in concurrency)
+    elif "serve_concurrency" in body and concurrency not in (None, ""):  # a copied run's base holds the form's text
+        raise ValidationError({"serve_concurrency": ["serve_concurrency must be a list of whole numbers, 1 to 256"]})
     # The form's boxes hold a suite a line (NAME=PATH) and the weights as NAME=WEIGHT separated by commas.
     for key, joiner in (("eval_suites", "\n"), ("best_suite_weights", ", ")):
         value = data.get(key)

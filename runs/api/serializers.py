@@ -43,6 +43,8 @@ class LaunchSerializer(serializers.Serializer):
     train_gpus = _int(f"GPUs for training (default {D.train_gpus})")
     train_nodes = _int(f"worker hosts the training spans, one torchrun rank each (default {D.train_nodes})")
     serve_check = serializers.BooleanField(required=False, help_text="serve the best checkpoint with vLLM after")
+    serve_concurrency = serializers.ListField(child=serializers.IntegerField(), required=False, help_text=(
+        "the serve check's load: concurrent requests of each level, 1 to 256 (default [1, 8, 32])"))
     live_tau = serializers.BooleanField(required=False, help_text="measure each checkpoint while training runs")
     stop_when_tau_flat = _int("patience in checkpoints: stop training when τ stops rising (implies live_tau)",
                               null=True)

@@ -1,7 +1,7 @@
 """What a checkpoint's model card states (workers.contract.model_card renders it), read from the database.
 
 Every figure is a stored one: τ from the checkpoint's succeeded evaluations (the latest per prompt source
-and k), the speed-up from its succeeded serve checks, the lineage from its run's dataset, regeneration,
+and k), the speed-up at each concurrency from its latest succeeded serve check (ServeCheck.concurrency_results), the lineage from its run's dataset, regeneration,
 preparation and curation. Nothing measured is re-derived here.
 
 τ by k and the recommended k come from the newest measurement's k table (Evaluation.k_table,
@@ -43,12 +43,13 @@ def _tau_rows(checkpoint: Checkpoint) -> list[dict]:
 def _speed_rows(checkpoint: Checkpoint) -> list[dict]:
     rows = []
     for check in checkpoint.serve_checks.filter(status=StageStatus.SUCCEEDED).order_by("-id"):
-        levels = getattr(check, "concurrency_results", None) or []
-        if not levels:  # a check that served its prompts one at a time
+        levels = check.concurrency_results or []  # a row per concurrency (workers.stages.evaluate.serve_load)
+        if not levels:  # a check from before the load: its prompts served one at a time
             levels = [{"concurrency": 1, "tokens_per_s_with": check.vllm_tokens_per_s_with,
                        "tokens_per_s_without": check.vllm_tokens_per_s_without, "speedup": check.vllm_speedup}]
         for level in levels:
-            rows.append({"serve_check_id": check.pk, "k": check.num_speculative_tokens, "cpu": check.vllm_build == "cpu",
+            cpu = level["device"] == "cpu" if "device" in level else check.vllm_build == "cpu"
+            rows.append({"serve_check_id": check.pk, "k": check.num_speculative_tokens, "cpu": cpu,
                          "vllm_version": check.vllm_version, "vllm_build": check.vllm_build, **level})
         break  # the latest check's table; older ones are on the checkpoint's page
     return rows

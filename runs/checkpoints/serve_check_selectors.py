@@ -12,6 +12,7 @@ SERVE_CHECK_FIELDS = (  # the speed-up first: on a GPU it is what users buy a dr
     "vllm_drafts", "vllm_decode_steps", "vllm_accepted_tokens", "vllm_replies_cut", "num_prompts", "prompts_count",
     "prompts_sha256", "max_new_tokens", "num_speculative_tokens",
     "dtype", "tensor_parallel_size", "vllm_version", "vllm_build", "command", "error",
+    "concurrency", "concurrency_results",  # the speed-up at each concurrency (workers.stages.evaluate.serve_load)
 )
 
 
@@ -34,6 +35,11 @@ def serve_check_line(check: ServeCheck) -> str:
             f"{check.vllm_speedup:.2f}x the tokens/s of the target alone ({check.vllm_tokens_per_s_with:,.1f} against "
             f"{check.vllm_tokens_per_s_without:,.1f}); tau {check.vllm_tau_emitted:.3f} on emitted tokens (its counters: "
             f"{check.vllm_tau:.3f}), ours {ours}; {text}")
+    if check.concurrency_results:
+        levels = ", ".join(f"{r['concurrency']}: {r['speedup']:.2f}x ({r['tokens_per_s_with']:,.1f} against "
+                           f"{r['tokens_per_s_without']:,.1f} output tokens/s)" for r in check.concurrency_results)
+        where = "CPU figures" if check.concurrency_results[0].get("device") == "cpu" else "GPU figures"
+        line += f"; speed-up at concurrency {levels}, {where}"
     if check.disagrees:
         line += f"; vLLM's tau and ours differ by {check.tau_difference:+.3f}, more than 0.05"
     return line

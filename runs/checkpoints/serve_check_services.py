@@ -20,6 +20,7 @@ from django.db import transaction
 from runs.checkpoints.evaluation import evaluation_plan
 from runs.pipeline.job_models import ServeCheck
 from runs.checkpoints.models import Checkpoint, Evaluation
+from runs.pipeline.run_config import DEFAULT_SERVE_CONCURRENCY, check_serve_concurrency
 from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.queue import job_enqueue, pending_enqueue
 from runs.roles import require
@@ -44,9 +45,11 @@ def _compared_evaluation(checkpoint: Checkpoint) -> Evaluation:
 
 @transaction.atomic
 def serve_check_request(*, checkpoint: Checkpoint, user: AbstractBaseUser | None,
-                        evaluation: Evaluation | None = None, enqueue: bool = True) -> tuple[ServeCheck, bool]:
+                        evaluation: Evaluation | None = None, enqueue: bool = True,
+                        concurrency: list[int] | None = None) -> tuple[ServeCheck, bool]:
     """(the check, whether it is new): a pending check of the same checkpoint and evaluation is
-    returned (handed to the broker again unless it waits in the outbox), else one is queued."""
+    returned (handed to the broker again unless it waits in the outbox), else one is queued. Its load's
+    levels: `concurrency`, else the run's serve_concurrency, else the default (1, 8, 32)."""
     if user is not None:
         require(user, "launch")
     Checkpoint.objects.select_for_update().filter(pk=checkpoint.pk).first()  # one request at a time per checkpoint
@@ -61,7 +64,10 @@ def serve_check_request(*, checkpoint: Checkpoint, user: AbstractBaseUser | None
     config = (run.config or {}) if run is not None else {}
     # A target vLLM extracted from on n GPUs is served on n; otherwise on one device.
     gpus = int(config.get("tensor_parallel_size") or 1) if config.get("extraction_backend") == "vllm" else 1
+    levels = check_serve_concurrency(concurrency if concurrency is not None else
+                                     config.get("serve_concurrency") or list(DEFAULT_SERVE_CONCURRENCY))
     check = ServeCheck.objects.create(checkpoint=checkpoint, evaluation=evaluation, requested_by=user,
+                                      concurrency=levels,
                                       tensor_parallel_size=gpus, max_new_tokens=evaluation.max_new_tokens,
                                       num_speculative_tokens=evaluation.num_speculative_tokens)
     if enqueue:
@@ -80,6 +86,7 @@ class ServeCheckPlan:
     measured: int | None  # how many prompts the compared measurement decoded
     max_new_tokens: int
     num_speculative_tokens: int | None
+    concurrency: list[int]  # the load's levels (workers.stages.evaluate.serve_load)
 
     def prompts_checked(self, loaded: list[list[int]]) -> list[list[int]]:
         """The loaded prompts, refused when they are not as many as the measurement decoded."""
@@ -102,4 +109,5 @@ def serve_check_plan(*, check: ServeCheck) -> ServeCheckPlan:
                           checkpoint_dir=Path(check.checkpoint.path), prompts=plan.prompts,
                           prompt_source=plan.prompt_source, measured=measured,
                           max_new_tokens=evaluation.max_new_tokens,
-                          num_speculative_tokens=evaluation.num_speculative_tokens)
+                          num_speculative_tokens=evaluation.num_speculative_tokens,
+                          concurrency=list(check.concurrency or DEFAULT_SERVE_CONCURRENCY))

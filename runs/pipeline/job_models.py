@@ -91,6 +91,12 @@ class ServeCheck(StageRecord):
     vllm_tokens_per_s_with = models.FloatField(null=True, blank=True)
     vllm_tokens_per_s_without = models.FloatField(null=True, blank=True)
     vllm_speedup = models.FloatField(null=True, blank=True)
+    # The served speed-up at concurrency (issue 39; workers.stages.evaluate.serve_load): the levels asked
+    # (the run's serve_concurrency), then one row per level: output tokens/s and time per output token with
+    # the draft and without, the speed-up, and the device ("cpu": vLLM's CPU build, "gpu").
+    concurrency = models.JSONField(default=list, blank=True, help_text="concurrent requests of each load level")
+    concurrency_results = models.JSONField(default=list, blank=True,
+                                           help_text="a row per level: tokens/s and ms per token with and without")
 
     class Meta:
         ordering = ["-queued_at", "-id"]

@@ -43,6 +43,11 @@ DEFAULT_CACHE_GIB = 20.0
 # refused, naming the new one, rather than taken in a unit it never counted in.
 RENAMED_SETTINGS = {"hidden_states_cache_gb": ("hidden_states_cache_gib", "it counts GiB (2**30 bytes), not GB")}
 
+# The serve check's load (issue 39, workers.stages.evaluate.serve_load): concurrent requests of each level.
+DEFAULT_SERVE_CONCURRENCY = (1, 8, 32)
+MIN_SERVE_CONCURRENCY, MAX_SERVE_CONCURRENCY = 1, 256
+MAX_SERVE_LEVELS = 8
+
 # Evaluation suites (issue 39, runs.data.suites): named prompt sets every checkpoint is measured on besides
 # the held-out prompts, which are always among them under HELD_OUT; the best is chosen by one of them
 # (best_suite) or by a weighted mix (best_suite_weights, summing to 1 within WEIGHTS_TOLERANCE).
@@ -212,6 +217,8 @@ class RunConfig:
     train_nodes: int = 1
     # After measuring acceptance, vLLM itself serves the best checkpoint and counts it (runs.pipeline.job_models.ServeCheck).
     serve_check: bool = False
+    # The concurrencies the serve check measures vLLM's speed-up at (with the draft and without), each 1..256.
+    serve_concurrency: list[int] = field(default_factory=lambda: list(DEFAULT_SERVE_CONCURRENCY))
     best_by: str = BEST_BY[0]  # "tau" or "val_loss" (runs.pipeline.best)
     # τ while training (issue 39): each checkpoint is measured on the evaluate queue as soon as it is saved
     # (runs.pipeline.live_tau); with stop_when_tau_flat = P, training stops once the last P measured
@@ -259,6 +266,7 @@ class RunConfig:
             if getattr(self, name) is None:
                 raise RunConfigError(f"{name} is required", field=name)
         object.__setattr__(self, "layer_ids", check_layer_ids(self.layer_ids))
+        object.__setattr__(self, "serve_concurrency", check_serve_concurrency(self.serve_concurrency))
         self._check_hidden_states()
         self._check_suites()
         checks = [
@@ -383,6 +391,38 @@ class RunConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def check_serve_concurrency(values: object) -> list[int]:
+    """The serve check's levels: 1 to MAX_SERVE_LEVELS distinct whole numbers from 1 to 256, in rising order."""
+    if not isinstance(values, (list, tuple)):
+        raise RunConfigError(f"serve_concurrency must be a list of whole numbers, got {str(values)[:40]!r}",
+                             field="serve_concurrency")
+    if not 1 <= len(values) <= MAX_SERVE_LEVELS:
+        raise RunConfigError(f"serve_concurrency must list 1 to {MAX_SERVE_LEVELS} concurrencies, got {len(values)}",
+                             field="serve_concurrency")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RunConfigError(f"serve_concurrency must be whole numbers, got {str(value)[:40]!r}",
+                                 field="serve_concurrency")
+        if not MIN_SERVE_CONCURRENCY <= value <= MAX_SERVE_CONCURRENCY:
+            raise RunConfigError(f"serve_concurrency values must be between {MIN_SERVE_CONCURRENCY} and "
+                                 f"{MAX_SERVE_CONCURRENCY} concurrent requests, got {value}", field="serve_concurrency")
+    if len(set(values)) != len(values):
+        raise RunConfigError(f"serve_concurrency lists a concurrency twice: {', '.join(map(str, values))}",
+                             field="serve_concurrency")
+    return sorted(values)
+
+
+def parse_serve_concurrency(text: str) -> list[int]:
+    """'1, 8,32' -> [1, 8, 32]; empty text -> the default levels."""
+    parts = [p.strip() for p in text.replace(" ", ",").split(",") if p.strip()]
+    if not parts:
+        return list(DEFAULT_SERVE_CONCURRENCY)
+    if len(parts) > MAX_SERVE_LEVELS or not all(p.isdigit() and len(p) <= 6 for p in parts):
+        raise RunConfigError(f"serve_concurrency must be up to {MAX_SERVE_LEVELS} whole numbers separated by commas, "
+                             f"got {text[:60]!r}", field="serve_concurrency")
+    return check_serve_concurrency([int(p) for p in parts])
 
 
 def parse_layer_ids(text: str) -> list[int]:

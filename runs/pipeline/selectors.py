@@ -411,5 +411,7 @@ def launch_copy_initial(*, run_id: str, user) -> dict | None:
     initial = {key: value for key, value in config.items() if value is not None}
     initial["layer_ids"] = ", ".join(str(i) for i in config.get("layer_ids") or [])
     initial["capture_urls"] = "\n".join(config.get("capture_urls") or [])
+    if config.get("serve_concurrency"):
+        initial["serve_concurrency"] = ", ".join(str(c) for c in config["serve_concurrency"])
     initial.update(name=f"copy of {run}"[:200], target_path=run.target.path, dataset_path=run.dataset.path)
     return initial

@@ -31,6 +31,7 @@ from runs.pipeline.run_config import (
     RunConfigError,
     check_run_name,
     parse_capture_urls,
+    parse_serve_concurrency,
     parse_layer_ids,
     parse_pairs,
     parse_weights,
@@ -132,6 +133,10 @@ class LaunchForm(forms.Form):
         required=False, label="Check with vLLM",
         help_text="After measuring acceptance, vLLM itself serves the best checkpoint on the same prompts and counts "
         "what it accepts (needs a live worker with vLLM).")
+    serve_concurrency = forms.CharField(
+        required=False, max_length=200, initial="1, 8, 32", label="Serve check concurrencies",
+        help_text="Concurrent requests the serve check loads vLLM with, with the draft and without, 1 to 256 each, "
+        "separated by commas: output tokens/s, time per output token and the speed-up at each.")
     live_tau = forms.BooleanField(
         required=False, label="Measure τ while training",
         help_text="Each checkpoint is measured on the evaluate queue (another worker) as soon as it is saved, so the "
@@ -196,7 +201,7 @@ class LaunchForm(forms.Form):
     # Folded under "Advanced settings" (open when one of them has an error), and the sweep box.
     ADVANCED = ("max_tokens_per_step", "val_fraction", "seed", "eval_prompts", "eval_max_new_tokens",
                 "extraction_backend", "tensor_parallel_size", "training_backend", "train_gpus", "train_nodes", "serve_check",
-                "best_by", "live_tau", "stop_when_tau_flat", "eval_suites", "best_suite", "best_suite_weights",
+                "serve_concurrency", "best_by", "live_tau", "stop_when_tau_flat", "eval_suites", "best_suite", "best_suite_weights",
                 "hidden_states", "capture_servers", "capture_urls", "hidden_states_cache_gib", "shards")
     SWEEP = ("vary", "sweep_mode", "parallel")
     WIDE = ("name", "target_path", "dataset_path", "notes", "vary")  # the whole width of the form
@@ -279,6 +284,12 @@ class LaunchForm(forms.Form):
         except RunConfigError as exc:
             raise forms.ValidationError(str(exc)) from None
 
+    def clean_serve_concurrency(self) -> list[int]:
+        try:
+            return parse_serve_concurrency(self.cleaned_data.get("serve_concurrency") or "")
+        except RunConfigError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
     def clean_capture_urls(self) -> list[str]:
         try:
             return parse_capture_urls(self.cleaned_data.get("capture_urls") or "")
@@ -324,6 +335,7 @@ class LaunchForm(forms.Form):
             train_gpus=data.get("train_gpus") or defaults.train_gpus,
             train_nodes=data.get("train_nodes") or defaults.train_nodes,
             serve_check=bool(data.get("serve_check")),
+            serve_concurrency=data.get("serve_concurrency") or list(defaults.serve_concurrency),
             best_by=data.get("best_by") or defaults.best_by,
             live_tau=bool(data.get("live_tau")),
             stop_when_tau_flat=data.get("stop_when_tau_flat"),

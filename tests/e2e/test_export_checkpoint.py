@@ -65,7 +65,14 @@ def _served_row(checkpoint_id: int):
     evaluation = checkpoint.evaluations.get()
     return ServeCheck.objects.create(checkpoint=checkpoint, evaluation=evaluation, status=StageStatus.SUCCEEDED,
                                      num_speculative_tokens=3, vllm_version="0.32.0", vllm_build="cpu",
-                                     vllm_tokens_per_s_with=41.5, vllm_tokens_per_s_without=30.25, vllm_speedup=1.372)
+                                     vllm_tokens_per_s_with=41.5, vllm_tokens_per_s_without=30.25, vllm_speedup=1.372,
+                                     concurrency=[1, 8], concurrency_results=[
+                                         {"concurrency": 1, "requests": 6, "device": "cpu", "tokens_per_s_with": 41.5,
+                                          "tokens_per_s_without": 30.25, "tpot_ms_with": 22.75,
+                                          "tpot_ms_without": 31.5, "speedup": 1.372},
+                                         {"concurrency": 8, "requests": 8, "device": "cpu", "tokens_per_s_with": 120.0,
+                                          "tokens_per_s_without": 150.0, "tpot_ms_with": 60.25,
+                                          "tpot_ms_without": 48.0, "speedup": 0.8}])
 
 
 def test_export_writes_the_served_files_and_a_card_whose_figures_are_the_databases(run, tmp_path):
@@ -90,9 +97,15 @@ def test_export_writes_the_served_files_and_a_card_whose_figures_are_the_databas
         (evaluation.pk, evaluation.tau, evaluation.num_prompts, evaluation.acceptance_per_position)]
     assert evaluation.num_prompts > 0 and 1.0 <= evaluation.tau
     assert f"{evaluation.tau:,.3f}" in card_text
-    assert [(r["concurrency"], r["tokens_per_s_with"], r["tokens_per_s_without"], r["speedup"], r["cpu"])
-            for r in card["speedup"]] == [(1, 41.5, 30.25, 1.372, True)]
-    assert check.pk == card["speedup"][0]["serve_check_id"] and "| 1.37× |" in card_text and "CPU figures" in card_text
+    # The speed-up at each concurrency measured: the table is the serve check's stored rows, level for level.
+    columns = ("concurrency", "tokens_per_s_with", "tokens_per_s_without", "tpot_ms_with", "tpot_ms_without", "speedup")
+    check.refresh_from_db()
+    assert [tuple(r[c] for c in columns) for r in card["speedup"]] == [
+        tuple(r[c] for c in columns) for r in check.concurrency_results]
+    assert [r["cpu"] for r in card["speedup"]] == [True, True] and {r["serve_check_id"] for r in card["speedup"]} == {check.pk}
+    assert "| 1 | 3 | 41.5 | 30.2 | 22.8 | 31.5 | 1.37× |" in card_text, card_text
+    assert "| 8 | 3 | 120.0 | 150.0 | 60.2 | 48.0 | 0.80× |" in card_text
+    assert "CPU figures" in card_text
     # Target and layer ids: the run's extraction (HF hidden_states indices, the last layer appended) and the
     # draft's own config.
     assert card["draft"]["extracted_layer_ids"] == run["extraction"]["layer_ids"] == [2, 4, 5, 8]

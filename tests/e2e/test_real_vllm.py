@@ -36,6 +36,9 @@ MAX_PROMPTS = 12
 TALKER_MAX_NEW_TOKENS = 12
 TALKER_PROMPTS = 16  # fewer than its run holds out, so a row that forgets its count would serve more
 TALKER_CONVERSATIONS = 200
+# The serve check's load levels (not the default 1, 8, 32, so that the run's setting is seen to reach the check):
+# 16 requests each, the talker's prompts once, 16 of them in flight at once at the last level.
+TALKER_CONCURRENCY = (1, 4, 16)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,8 @@ def talker_run(talker_replies, django_db_setup, django_db_blocker, tmp_path_fact
         summary = _cli("run_pipeline", "--target", str(talker.target_dir), "--dataset", str(replies),
                        "--max-seq-len", "256", "--draft-vocab-size", "512", "--epochs", "2", "--lr", "0.003",
                        "--val-fraction", "0.2", "--eval-prompts", str(TALKER_PROMPTS), "--eval-max-new-tokens",
-                       str(TALKER_MAX_NEW_TOKENS), "--serve-check", "--inline")
+                       str(TALKER_MAX_NEW_TOKENS), "--serve-check", "--serve-concurrency",
+                       ",".join(map(str, TALKER_CONCURRENCY)), "--inline")
         yield summary
         _rows_removed()
 
@@ -253,3 +257,29 @@ def test_a_stop_request_mid_check_leaves_no_vllm_process(vllm_run, tiny_target, 
             break
         time.sleep(0.5)
     assert left == [], [p.info["cmdline"] for p in left]
+
+
+def test_the_serve_checks_speedup_table_has_a_row_per_concurrency_from_emitted_tokens(talker_run, admin_client):
+    """Issue 39's served speed-up at concurrency: one row per level the run asked for, both servers loaded with
+    the same requests; output tokens are what the replies emitted (the same greedy texts with the draft and
+    without, so the same count on both sides, and the measurement's own count for the prompts once each),
+    and the speed-up is the ratio of the stored tokens/s. The run page shows the table as CPU figures."""
+    check, ours = talker_run["serve_check"], talker_run["acceptance"]
+    assert check["status"] == "succeeded", check["error"]
+    rows = check["concurrency_results"]
+    print("speed-up by concurrency (CPU figures):", [(r["concurrency"], round(r["tokens_per_s_with"], 1),
+          round(r["tokens_per_s_without"], 1), r["tpot_ms_with"] and round(r["tpot_ms_with"], 2),
+          r["tpot_ms_without"] and round(r["tpot_ms_without"], 2), round(r["speedup"], 3)) for r in rows])
+    assert check["concurrency"] == list(TALKER_CONCURRENCY)
+    assert [r["concurrency"] for r in rows] == list(TALKER_CONCURRENCY)
+    for row in rows:
+        assert row["device"] == "cpu" and row["requests"] == max(row["concurrency"], TALKER_PROMPTS)
+        assert row["output_tokens_with"] == row["output_tokens_without"] == ours["new_tokens"], row
+        assert row["tokens_per_s_with"] > 0 and row["tokens_per_s_without"] > 0, row
+        assert row["tpot_ms_with"] > 0 and row["tpot_ms_without"] > 0, row
+        assert row["tokens_per_s_with"] == pytest.approx(row["output_tokens_with"] / row["seconds_with"], rel=1e-3)
+        assert row["speedup"] == pytest.approx(row["tokens_per_s_with"] / row["tokens_per_s_without"])
+    page = admin_client.get(f"/runs/{talker_run['id']}/").content.decode()
+    assert "CPU figures" in page and page.count('data-concurrency="') == len(TALKER_CONCURRENCY)
+    first = rows[0]
+    assert f'{first["speedup"]:.2f}×' in page

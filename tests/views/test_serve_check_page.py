@@ -47,6 +47,7 @@ def test_clicking_twice_queues_one_check_on_vllm_with_the_measurements_settings(
     assert f"Serve check {check.pk} queued on vllm.1" in first
     assert (check.evaluation, check.max_new_tokens, check.status, check.requested_by) == (
         evaluation, 48, StageStatus.QUEUED, user)
+    assert check.concurrency == [1, 8, 32]  # the run's serve_concurrency, its default here
     assert job_queue(job_name="serve_check", record_id=check.pk) == "vllm.1"
     second = client.post(f"/checkpoints/{checkpoint.pk}/serve-check/", follow=True).content.decode()
     assert f"Serve check {check.pk} of this measurement is already queued" in second
@@ -120,3 +121,21 @@ def test_the_api_gives_the_prompt_lists_count_and_hash(client, user, checkpoint)
     summary = client.get(f"/api/v1/runs/{run.pk}/status/").json()["serve_check"]
     assert (summary["prompts_count"], summary["prompts_sha256"]) == (12, digest)
     assert (summary["vllm_decode_steps"], summary["vllm_replies_cut"], summary["disagrees"]) == (40, 3, False)
+
+
+def test_the_page_shows_the_speedup_at_each_concurrency_as_cpu_figures(client, user, checkpoint):
+    """The serve check's table (issue 39): a row per concurrency as stored, labelled CPU figures on vLLM's CPU build."""
+    evaluation = _measured(checkpoint)
+    rows = [{"concurrency": c, "requests": max(c, 12), "device": "cpu", "tokens_per_s_with": w,
+             "tokens_per_s_without": o, "tpot_ms_with": 9.5, "tpot_ms_without": 12.4, "speedup": w / o}
+            for c, w, o in ((1, 40.0, 32.0), (8, 150.0, 160.0))]
+    ServeCheck.objects.create(checkpoint=checkpoint, evaluation=evaluation, status=StageStatus.SUCCEEDED, tau=2.5,
+                              vllm_tau=2.6, vllm_tau_emitted=2.5, tau_difference=0.0, vllm_output_matches_greedy=True,
+                              vllm_tokens_per_s_with=40.0, vllm_tokens_per_s_without=32.0, vllm_speedup=1.25,
+                              vllm_version="0.32.0", vllm_build="cpu", num_speculative_tokens=3,
+                              concurrency=[1, 8], concurrency_results=rows)
+    client.force_login(user)
+    page = client.get(checkpoint.get_absolute_url()).content.decode()
+    assert "<strong>CPU figures</strong>" in page and 'id="serve-speedup-cpu"' in page
+    assert '<tr data-concurrency="1"><td>1</td><td>12</td><td>40.0</td><td>32.0</td><td>9.5</td><td>12.4</td><td>1.25×</td>' in page
+    assert '<tr data-concurrency="8"><td>8</td><td>12</td><td>150.0</td><td>160.0</td>' in page and "0.94×" in page

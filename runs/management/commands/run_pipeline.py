@@ -14,7 +14,7 @@ from runs.pipeline.models import PipelineRun
 from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.run_config import (BEST_BY, HELD_OUT, HIDDEN_STATES, MAX_CAPTURE_SERVERS, RENAMED_SETTINGS,
                                       RunConfig, RunConfigError, check_capture_urls, parse_layer_ids, parse_pairs,
-                                      parse_weights, renamed_setting)
+                                      parse_serve_concurrency, parse_weights, renamed_setting)
 from workers.contract.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
 from workers.contract.errors import InputError
 
@@ -22,7 +22,8 @@ from workers.contract.errors import InputError
 # The flags of the settings whose errors are worded in flag words here (RunConfigError.field -> flag).
 FLAGS = {"hidden_states": "--hidden-states", "capture_urls": "--capture-url", "capture_servers": "--capture-servers",
          "hidden_states_cache_gib": "--hidden-states-cache-gib", "shards": "--shards", "eval_suites": "--eval-suite",
-         "best_suite": "--best-suite", "best_suite_weights": "--best-suite-weight"}
+         "best_suite": "--best-suite", "best_suite_weights": "--best-suite-weight",
+         "serve_concurrency": "--serve-concurrency"}
 
 
 def in_flag_words(exc: RunConfigError) -> str:
@@ -62,6 +63,7 @@ def _run_config_from(opts: dict) -> RunConfig:
         train_gpus=opts["train_gpus"],
         train_nodes=opts["train_nodes"],
         serve_check=opts["serve_check"],
+        serve_concurrency=parse_serve_concurrency(opts.get("serve_concurrency") or ""),
         best_by=opts["best_by"],
         live_tau=opts["live_tau"],
         stop_when_tau_flat=opts["stop_when_tau_flat"],
@@ -112,6 +114,9 @@ class Command(BaseCommand):
                             help="worker hosts the training spans, one torchrun rank each (default %(default)s)")
         parser.add_argument("--serve-check", action="store_true",
                             help="after measuring acceptance, serve the best checkpoint with vLLM on the same prompts")
+        parser.add_argument("--serve-concurrency", default="", metavar="N,N,...",
+                            help="the serve check's load: concurrent requests of each level, 1 to 256 "
+                            "(default 1,8,32); output tokens/s with the draft and without at each")
         parser.add_argument("--live-tau", action="store_true",
                             help="measure each checkpoint on the evaluate queue as soon as it is saved")
         parser.add_argument("--stop-when-tau-flat", type=int, default=None, metavar="PATIENCE",

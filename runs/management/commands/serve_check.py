@@ -11,6 +11,7 @@ from runs.pipeline.job_models import ServeCheck
 from runs.management.command_user import command_user
 from runs.management.commands.evaluate_checkpoint import checkpoint_from_ref
 from runs.checkpoints.models import Evaluation
+from runs.pipeline.run_config import parse_serve_concurrency
 from runs.pipeline.stage_record import StageStatus
 from runs.checkpoints.serve_check_selectors import serve_check_dict, serve_check_line
 from runs.checkpoints.serve_check_services import serve_check_request
@@ -28,6 +29,9 @@ class Command(BaseCommand):
                             help="chat JSONL (ShareGPT or OpenAI messages); default: the run's validation conversations")
         parser.add_argument("--max-new-tokens", type=int, default=64)
         parser.add_argument("--max-prompts", type=int, default=32)
+        parser.add_argument("--concurrency", default="", metavar="N,N,...",
+                            help="concurrent requests of each load level, 1 to 256 (default: the run's "
+                            "serve_concurrency, else 1,8,32): output tokens/s with the draft and without at each")
         parser.add_argument("--user", default="", help="act as this user (default: the 'cli' launcher account)")
         parser.add_argument("--json", dest="as_json", action="store_true")
 
@@ -35,6 +39,10 @@ class Command(BaseCommand):
         from workers.tasks import stage_execute
 
         account = command_user(user)
+        try:
+            concurrency = parse_serve_concurrency(opts["concurrency"]) if opts["concurrency"] else None
+        except InputError as exc:
+            raise CommandError(f"--concurrency: {exc}") from None
         try:
             ckpt = checkpoint_from_ref(checkpoint, account)
             evaluation, _ = evaluation_request(checkpoint=ckpt, user=account, prompts_path=opts["prompts"],
@@ -49,7 +57,8 @@ class Command(BaseCommand):
             raise CommandError(f"measuring our tau first: evaluation {evaluation.pk} {evaluation.status}: "
                                f"{evaluation.error.splitlines()[0] if evaluation.error else 'it is not finished'}")
         try:
-            check, _ = serve_check_request(checkpoint=ckpt, user=account, evaluation=evaluation, enqueue=False)
+            check, _ = serve_check_request(checkpoint=ckpt, user=account, evaluation=evaluation, enqueue=False,
+                                           concurrency=concurrency)
         except (InputError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         if check.status == StageStatus.RUNNING:

@@ -19,6 +19,11 @@ as our loop, which drafts at every step, has no such step. The per-position figu
 that footing from counters summed over all steps (the drafts a reply's end cuts lie in its last step,
 at positions that step's acceptance decides), so they are kept as vLLM's counters say, not beside ours.
 
+After the prompts one at a time (τ and the texts), each server takes the load of every concurrency level
+asked (workers.stages.evaluate.serve_load): output tokens/s and time per output token with the draft and
+without, and the speed-up, one row per level (`concurrency_results`), labelled with the device vLLM ran
+on (its CPU build: "cpu", figures that show the draft serves, not what a GPU gains).
+
 The prompts are hashed (prompts_digest) so that the record says which list both sides decoded.
 
 Like with like: the target runs in the dtype our evaluation loads it in (its config's), since vLLM
@@ -43,6 +48,7 @@ from workers.contract.errors import InputError, StopRequested
 from workers.contract.serving import checkpoint_speculative_tokens, vllm_serve_command
 from workers.contract.target import read_target_json, target_dtype  # noqa: F401 - target_dtype: its name here too
 from workers.contract.vllm_env import kvcache_gib, server_environment, vllm_install_at
+from workers.stages.evaluate.serve_load import LoadError, LoadFigures, load_measure, speedup_table
 from workers.stages.extract.vllm_server import HOST, VllmServer, VllmServerError, free_port, log_tail
 
 log = logging.getLogger(__name__)
@@ -102,6 +108,8 @@ class ServeCheckResult:
     vllm_speedup: float
     startup_seconds: float
     seconds: float
+    concurrency: list[int] = field(default_factory=list)  # the load's levels, as asked
+    concurrency_results: list[dict] = field(default_factory=list)  # serve_load.speedup_table: a row per level
     outputs_with: list[list[int]] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -204,6 +212,25 @@ def _complete_all(server: VllmServer, *, model: str, prompts: list[list[int]], m
     return outputs, reasons, seconds
 
 
+def _load_all(server: VllmServer, *, model: str, prompts: list[list[int]], max_new_tokens: int,
+              concurrency: list[int], request_timeout_s: float, tick: Callable[[int], None],
+              should_stop: Callable[[], bool] | None) -> list[LoadFigures]:
+    figures = []
+    for level in concurrency:
+        if should_stop is not None and should_stop():
+            raise ServeCheckStopped(f"serve check stopped on request before its load at concurrency {level}")
+        try:
+            figures.append(load_measure(base_url=server.base_url, model=model, prompts=prompts,
+                                        max_new_tokens=max_new_tokens, concurrency=level,
+                                        request_timeout_s=request_timeout_s))
+        except LoadError as exc:
+            why = server.died(grace_s=2.0)
+            detail = f"; {why}" if why else f"; last lines of {server.log_path}:\n{log_tail(server.log_path)}"
+            raise VllmServerError(f"{exc}{detail}") from None
+        tick(figures[-1].requests)
+    return figures
+
+
 def serve_check(
     *,
     target_dir: Path,
@@ -214,6 +241,7 @@ def serve_check(
     vllm_executable: str,
     num_speculative_tokens: int | None = None,
     tensor_parallel_size: int = 1,
+    concurrency: list[int] | tuple[int, ...] = (1,),
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     on_progress: Callable[[int, int], None] | None = None,
@@ -226,6 +254,9 @@ def serve_check(
         raise ServeCheckError("no prompts to serve")
     if max_new_tokens < 1:
         raise ServeCheckError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    concurrency = sorted(set(concurrency))
+    if not concurrency or not all(isinstance(c, int) and 1 <= c <= 256 for c in concurrency):
+        raise ServeCheckError(f"concurrency must be whole numbers between 1 and 256, got {concurrency}")
     install = vllm_install_at(vllm_executable)
     if isinstance(install, str):
         raise ServeCheckError(f"cannot check with vLLM on this worker: {install}")
@@ -245,13 +276,13 @@ def serve_check(
     dtype = target_dtype(target_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = server_environment(install, kvcache_space_gib=kvcache_gib(target_config=config, max_model_len=max_model_len,
-                                                                    concurrency=1))
-    total = 2 * len(prompts)
+                                                                    concurrency=max(concurrency)))
+    total = 2 * (len(prompts) + sum(max(c, len(prompts)) for c in concurrency))
     done = 0
 
-    def tick() -> None:
+    def tick(count: int = 1) -> None:
         nonlocal done
-        done += 1
+        done += count
         if on_progress is not None:
             on_progress(done, total)
 
@@ -269,6 +300,9 @@ def serve_check(
             server, model=str(target_dir), prompts=prompts, max_new_tokens=max_new_tokens,
             request_timeout_s=request_timeout_s, tick=tick, should_stop=should_stop)
         after = parse_spec_counters(_get_text(f"{server.base_url}/metrics"), k=k)
+        load_with = _load_all(server, model=str(target_dir), prompts=prompts, max_new_tokens=max_new_tokens,
+                              concurrency=concurrency, request_timeout_s=request_timeout_s, tick=tick,
+                              should_stop=should_stop)
     target_only[-1] = str(free_port())
     log.info("serving the target alone: %s", shlex.join(target_only))
     with VllmServer(command=target_only, log_path=out_dir / WITHOUT_LOG, port=int(target_only[-1]), env=env) as server:
@@ -276,6 +310,9 @@ def serve_check(
         outputs_without, _, seconds_without = _complete_all(
             server, model=str(target_dir), prompts=prompts, max_new_tokens=max_new_tokens,
             request_timeout_s=request_timeout_s, tick=tick, should_stop=should_stop)
+        load_without = _load_all(server, model=str(target_dir), prompts=prompts, max_new_tokens=max_new_tokens,
+                                 concurrency=concurrency, request_timeout_s=request_timeout_s, tick=tick,
+                                 should_stop=should_stop)
     drafts = after.drafts - before.drafts
     if drafts <= 0:
         raise VllmServerError(f"vLLM served {len(prompts)} prompts with the draft but counted no drafts in /metrics: "
@@ -302,7 +339,9 @@ def serve_check(
         vllm_tokens_per_s_with=new_tokens / seconds_with if seconds_with else 0.0,
         vllm_tokens_per_s_without=sum(len(o) for o in outputs_without) / seconds_without if seconds_without else 0.0,
         vllm_speedup=seconds_without / seconds_with if seconds_with else 0.0,
-        startup_seconds=startup, seconds=time.monotonic() - started, outputs_with=outputs_with)
+        startup_seconds=startup, seconds=time.monotonic() - started, outputs_with=outputs_with,
+        concurrency=concurrency, concurrency_results=speedup_table(
+            with_draft=load_with, without=load_without, device="cpu" if install.is_cpu else "gpu"))
     log.info("vLLM %s (%s build) served %s on %d prompts (sha256 %s): tau %.3f on emitted tokens (%d steps without "
              "drafts), its counters' %.3f, acceptance %s, %s output as the target alone",
              install.version, install.build, checkpoint_dir, count, digest[:12], tau_emitted, undrafted, result.vllm_tau,
