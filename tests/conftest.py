@@ -4,6 +4,11 @@ import os
 # Must precede any transformers / huggingface_hub import, which read these once.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
+# One torch thread in this process and in every process it starts (Celery workers, torchruns; vLLM binds its
+# own): on the suite's 2 shared cores a second OpenMP thread per process made the tiny models ~10x slower
+# (evaluate() of 4 prompts, 16 tokens: 15-39 s with one thread, 367 s with two, load 11-15). Before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("EAGLE3WEB_TORCH_THREADS", "1")
 
 import pytest  # noqa: E402
 
@@ -50,6 +55,19 @@ def vllm_launch_check_off(settings):
     """vLLM's launch check (runs.pipeline.preflight) costs seconds per new target wherever `make vllm` ran:
     off unless a test turns it on (tests/services/test_launch_preflight.py does)."""
     settings.EAGLE3WEB_VLLM_PREFLIGHT_SECONDS = 0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread_inline():
+    """Stages run inline set torch's threads from the setting (workers.tasks), which pytest-django read before
+    the environment above was set: the setting says one too, for the whole session (module fixtures that run a
+    pipeline included)."""
+    from django.conf import settings
+
+    before = settings.EAGLE3WEB_TORCH_THREADS
+    settings.EAGLE3WEB_TORCH_THREADS = 1
+    yield
+    settings.EAGLE3WEB_TORCH_THREADS = before
 
 
 @pytest.fixture(autouse=True)
