@@ -20,9 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.stages.test_train import write_training_inputs
 from workers.stages.train.in_child import TrainingProcessDied, train_in_child
 from workers.stages.train.loop import TrainingStopped, TrainInputError
 
@@ -30,19 +28,13 @@ DRAFT_VOCAB = 256
 REPO = Path(__file__).resolve().parents[2]
 
 
+# The child takes the worker's torch thread count, as a pool process set it (tests/stages/conftest.py).
+pytestmark = [pytest.mark.usefixtures("one_torch_thread")]
+
+
 @pytest.fixture(scope="module")
-def inputs(tiny_target, tmp_path_factory):
-    return write_training_inputs(tiny_target.target_dir, tiny_target.chats_path, tmp_path_factory.mktemp("child-in"),
-                                 num_rows=16, draft_vocab_size=DRAFT_VOCAB)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The child takes the worker's torch thread count, as a pool process set it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def inputs(training_inputs):
+    return training_inputs(num_rows=16, draft_vocab_size=DRAFT_VOCAB)
 
 
 def _arguments(inputs, out_dir: Path, **shape) -> dict:

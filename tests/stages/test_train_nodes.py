@@ -11,9 +11,7 @@ split gives (a rank's mean weighted 1/2 instead of by its tokens, or a missed al
 import threading
 
 import pytest
-import torch
 
-from tests.stages.test_train import write_training_inputs
 from workers.stages.train.nodes import NodePlace, free_port, train_on_node
 from workers.stages.train.loop import train
 
@@ -21,18 +19,12 @@ DRAFT_VOCAB = 256
 TOLERANCE = 1e-4
 
 
+pytestmark = [pytest.mark.usefixtures("one_torch_thread")]  # tests/stages/conftest.py
+
+
 @pytest.fixture(scope="module")
-def inputs(tiny_target, tmp_path_factory):
-    return write_training_inputs(tiny_target.target_dir, tiny_target.chats_path, tmp_path_factory.mktemp("nodes-in"),
-                                 num_rows=24, draft_vocab_size=DRAFT_VOCAB)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def inputs(training_inputs):
+    return training_inputs(num_rows=24, draft_vocab_size=DRAFT_VOCAB)
 
 
 def _arguments(inputs, out_dir, **shape) -> dict:
