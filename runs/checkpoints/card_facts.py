@@ -13,7 +13,7 @@ from pathlib import Path
 
 from django.utils import timezone
 
-from runs.checkpoints.k_selectors import tau_by_k
+from runs.checkpoints.k_selectors import newest_k_measurement, tau_by_k, tau_by_prompt_set
 from runs.data.regeneration_selectors import dataset_provenance
 from runs.checkpoints.models import Checkpoint
 from runs.data.models import CurationAction, DatasetSample
@@ -109,16 +109,15 @@ def _extracted_layer_ids(checkpoint: Checkpoint) -> list[int] | None:
 
 
 def _suite_figures(checkpoint: Checkpoint) -> dict:
-    """τ by k and the recommended k of the newest measurement with a k table (runs.checkpoints.k_selectors),
-    and τ by named suite where the measurement stores one (`tau_by_suite`, issue 39's suites work); empty
-    where none was measured."""
-    by_suite, by_k, recommended = {}, {}, None
-    for e in checkpoint.evaluations.filter(status=StageStatus.SUCCEEDED).order_by("-id"):
-        if not by_k and e.k_table:
-            by_k, recommended = {str(k): tau for k, tau in tau_by_k(e).items()}, e.recommended_k
-        if not by_suite and getattr(e, "tau_by_suite", None):
-            by_suite = dict(e.tau_by_suite)
-    return {"tau_by_suite": by_suite, "tau_by_k": by_k, "recommended_k": recommended}
+    """τ by k and the recommended k of the measurement the serve command's k comes from
+    (runs.checkpoints.k_selectors.newest_k_measurement, held-out prompts), and τ on each prompt set the
+    checkpoint was measured on: its newest measurement per named suite, and on the held-out prompts, as the
+    run summary's `tau_by_suite` gives them; empty where none was measured."""
+    measured = list(checkpoint.evaluations.filter(status=StageStatus.SUCCEEDED).order_by("-id"))
+    newest = newest_k_measurement(checkpoint, measured)
+    by_suite = tau_by_prompt_set(measured)
+    by_k = {str(k): tau for k, tau in tau_by_k(newest).items()}
+    return {"tau_by_suite": by_suite, "tau_by_k": by_k, "recommended_k": newest.recommended_k if newest else None}
 
 
 def checkpoint_card_facts(*, checkpoint: Checkpoint, out_dir: Path) -> dict:

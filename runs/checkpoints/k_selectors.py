@@ -23,15 +23,18 @@ def k_rows(evaluation: Evaluation | None) -> list[dict]:
             for k, row in sorted(rows.items(), key=lambda kv: int(kv[0]))]
 
 
-def newest_k_measurement(checkpoint: Checkpoint) -> Evaluation | None:
-    """The checkpoint's newest succeeded measurement with a k table: the one its serve command, the run
-    summary's `tau_by_k`/`recommended_k` and the checkpoints table's "k to serve" all read, so that they agree.
-    Reads `measured` where runs.pipeline.selectors.checkpoints_with_tau prefetched it, else one query."""
-    measured = getattr(checkpoint, "measured", None)
+def newest_k_measurement(checkpoint: Checkpoint, measured: list[Evaluation] | None = None) -> Evaluation | None:
+    """The checkpoint's newest succeeded measurement with a k table, on prompts of no named suite (the
+    held-out ones): the one its serve command, the run summary's `tau_by_k`/`recommended_k`, the checkpoints
+    table's "k to serve" and the model card all read, so that they agree. A suite's k is shown beside that
+    suite's τ only (compare): a code suite measured last must not set the k every request is served with.
+    Reads `measured` (its succeeded measurements, newest first) where given or where
+    runs.pipeline.selectors.checkpoints_with_tau prefetched it, else one query."""
+    measured = measured if measured is not None else getattr(checkpoint, "measured", None)
     if measured is None:
-        measured = Evaluation.objects.filter(checkpoint=checkpoint, status=StageStatus.SUCCEEDED,
+        measured = Evaluation.objects.filter(checkpoint=checkpoint, status=StageStatus.SUCCEEDED, suite="",
                                              recommended_k__isnull=False).order_by("-id")[:1]
-    return next((e for e in measured if e.recommended_k), None)
+    return next((e for e in measured if e.recommended_k and not e.suite), None)
 
 
 def checkpoint_recommended_k(checkpoint: Checkpoint) -> int | None:
@@ -45,10 +48,14 @@ def live_tau_by_suite(checkpoint: Checkpoint) -> dict[str, float]:
     evaluate stage decides the run's figures (runs.pipeline.best): the latest on each suite and on the
     held-out prompts; {} where no named suite was measured. Reads the prefetched `measured` only."""
     measured = getattr(checkpoint, "measured", None) or []
-    if not any(e.suite for e in measured):
-        return {}
+    return tau_by_prompt_set(measured) if any(e.suite for e in measured) else {}
+
+
+def tau_by_prompt_set(measured: list[Evaluation]) -> dict[str, float]:
+    """{suite: τ} of the newest of `measured` (succeeded, newest first) on each named suite and on the
+    held-out prompts (HELD_OUT); a measurement on other prompts of no suite is none of them."""
     taus: dict[str, float] = {}
-    for e in measured:  # newest first
+    for e in measured:
         if e.tau is not None and (e.suite or not e.prompts_path):
             taus.setdefault(e.suite or HELD_OUT, e.tau)
     return taus

@@ -194,3 +194,29 @@ def test_suites_are_set_the_same_through_the_form_and_the_api_and_refused_naming
     assert page.status_code == 400 and "&#x27;math&#x27; is not one of the run&#x27;s suites" in page.content.decode()
     assert client.post("/runs/new/", {**form, "eval_suites": "code", "best_suite": "code"}).status_code == 302
     assert PipelineRun.objects.order_by("-id").first().config["eval_suites"] == {"code": str(code_file.resolve())}
+
+
+def test_the_serve_k_and_the_card_read_the_held_out_k_and_every_suites_tau(user, roots, code_file, tmp_path):
+    """The code suite is measured after the held-out prompts and recommends another k (2 against 3): the k
+    every request is served with, in the summary, the serve command and the card, stays the held-out
+    measurement's; the card states τ on each suite as the database holds it."""
+    from runs.checkpoints.card_facts import checkpoint_card_facts
+    from tests.services.test_best_by_tau import _summary
+
+    run = _launch(user, roots, eval_suites={"code": str(code_file)})
+    _evaluated(run, _trained(run), {"code": CODE})
+    best = Checkpoint.objects.get(training_run__run=run, is_best=True)
+    stage = Evaluation.objects.get(pk=run.evaluation.pk)  # the code suite measured again, last (as live τ may)
+    measured_alongside_record(measured=stage, checkpoint_id=best.pk, prompts_path=str(code_file), suite="code",
+                              result=dataclasses.replace(_result(best, CODE[2]), prompt_source="suite code"))
+    held_out = Evaluation.objects.filter(checkpoint=best, suite="").order_by("-id").first()
+    code = Evaluation.objects.filter(checkpoint=best, suite="code").order_by("-id").first()
+    assert held_out.pk < code.pk  # the suite's measurement is the newest
+    Evaluation.objects.filter(pk=held_out.pk).update(recommended_k=3, k_table={"rows": {"3": {"tau": 2.41}}})
+    Evaluation.objects.filter(pk=code.pk).update(recommended_k=2, k_table={"rows": {"2": {"tau": 1.8}}})
+    row = next(c for c in _summary(PipelineRun.objects.get(pk=run.pk))["checkpoints"] if c["id"] == best.pk)
+    assert (row["recommended_k"], row["tau_by_k"]) == (3, {3: 2.41})
+    facts = checkpoint_card_facts(checkpoint=Checkpoint.objects.get(pk=best.pk), out_dir=tmp_path / "export")
+    assert (facts["recommended_k"], facts["tau_by_k"]) == (3, {"3": 2.41})
+    assert facts["tau_by_suite"] == {"held_out": TAUS[2], "code": CODE[2]}
+    assert facts["serve_command"].endswith('"method": "eagle3", "num_speculative_tokens": 3}\'')
