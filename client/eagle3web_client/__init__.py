@@ -3,7 +3,7 @@ for speculators' `speculators.metrics` records, and the `eagle3web` command line
 
 Imports neither Django nor Celery (nor torch): it is installed on training clusters with
 `pip install ./client`."""
-from eagle3web_client.client import ApiError, Client, Projects, Runs, WaitTimeout
+from eagle3web_client.client import ApiError, Client, Datasets, Projects, Runs, WaitTimeout
 from eagle3web_client.handler import Eagle3WebMetricsHandler, record_points
 
-__all__ = ["ApiError", "Client", "Eagle3WebMetricsHandler", "Projects", "Runs", "WaitTimeout", "record_points"]
+__all__ = ["ApiError", "Client", "Datasets", "Eagle3WebMetricsHandler", "Projects", "Runs", "WaitTimeout", "record_points"]

@@ -1,5 +1,6 @@
-"""`eagle3web runs list|launch|status|wait|cancel|create-external|end` and `eagle3web projects ...`
-(eagle3web_client.cli_projects): the client from a shell or a job script.
+"""`eagle3web runs list|launch|status|wait|cancel|create-external|end`, `eagle3web projects ...`
+(eagle3web_client.cli_projects) and `eagle3web datasets regenerate` (eagle3web_client.cli_datasets): the
+client from a shell or a job script.
 
 The server and token come from --url/--token or EAGLE3WEB_URL/EAGLE3WEB_TOKEN. With --json every answer,
 errors included ({"error", "status", "fields"}), is one JSON document on stdout. Without, a line for a person:
@@ -19,6 +20,7 @@ import os
 import sys
 from typing import Any
 
+from eagle3web_client.cli_datasets import add_parsers as add_dataset_parsers, dataset_command, dataset_text
 from eagle3web_client.cli_projects import add_parsers as add_project_parsers, project_command, project_text
 from eagle3web_client.client import ApiError, Client, WaitTimeout
 
@@ -84,6 +86,7 @@ def parser() -> argparse.ArgumentParser:
     end.add_argument("--status", required=True, choices=("succeeded", "failed", "cancelled"))
     end.add_argument("--message", default="")
     add_project_parsers(groups)
+    add_dataset_parsers(groups)
     checkpoints = groups.add_parser("checkpoints", help="checkpoints").add_subparsers(dest="command", required=True)
     export = checkpoints.add_parser("export", help="write a folder vLLM serves as it is, with a README.md model card")
     export.add_argument("checkpoint_id", type=int)
@@ -257,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.group == "projects":
                 answer, code = project_command(client, args), 0
                 out, err = ("", "") if args.json else project_text(args, answer)
+            elif args.group == "datasets":  # regenerate, the only command
+                answer, code = dataset_command(client, args), 0
+                out, err = ("", "") if args.json else dataset_text(args, answer)
             elif args.group == "checkpoints":  # export, the only command: the folder, then its serve line
                 answer, code = client.checkpoints.export(args.checkpoint_id, out_dir=args.out_dir), 0
                 out, err = ("", "") if args.json else (f"{answer['path']}\n{answer['serve_command']}", "")

@@ -79,6 +79,7 @@ class Client:
         self.runs = Runs(self)
         self.projects = Projects(self)
         self.checkpoints = Checkpoints(self)
+        self.datasets = Datasets(self)
 
     def close(self) -> None:
         self._http.close()
@@ -248,6 +249,36 @@ class Runs:
             raise ValueError(f"status must be one of {', '.join(FINISHED_STATUSES)}, got {status!r}")
         return self.client.request("POST", f"runs/{int(run_id)}/end/", body={"status": status, "message": message},
                                    idempotent=False)
+
+
+class Datasets:
+    """client.datasets: having a target write a dataset's replies again (a regeneration, on-policy data)."""
+
+    def __init__(self, client: Client):
+        self.client = client
+
+    def target_id(self, target: int | str) -> int:
+        """The id of a target given by id, or by its folder or name on the server as GET targets/ lists
+        them; ApiError naming `target` when none matches."""
+        if isinstance(target, int) or (isinstance(target, str) and target.isascii() and target.isdigit()):
+            return int(target)
+        page = 1
+        while True:
+            answer = self.client.request("GET", "targets/", params={"page": page})
+            found = [t["id"] for t in answer["results"] if target in (t.get("path"), t.get("name"))]
+            if found:
+                return found[0]
+            if answer.get("next") is None or not answer["results"]:
+                raise ApiError(f"target: there is no registered target {str(target)[:200]!r} (its id, folder or "
+                               "name as GET /api/v1/targets/ lists them)", fields={"target": "no such target"})
+            page += 1
+
+    def regenerate(self, dataset_id: int, *, target: int | str, **options: Any) -> dict:
+        """Ask for a regeneration of the dataset (options as POST datasets/<id>/regenerate/ takes them:
+        backend, max_new_tokens, temperature, seed, max_samples, shards). {regeneration, queued}: the same
+        settings answer the job they made already (queued false), so a lost answer is sent again safely."""
+        body = {"target": self.target_id(target), **{k: v for k, v in options.items() if v is not None}}
+        return self.client.request("POST", f"datasets/{int(dataset_id)}/regenerate/", body=body, idempotent=True)
 
 
 class Checkpoints:
