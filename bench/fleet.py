@@ -1,7 +1,9 @@
-"""Benchmark (not a test): one run's extraction on 1 and on 2 real Celery workers (issue 36), through the framework.
+"""Benchmark (not a test): one run's extraction, and a dataset's regeneration, on 1 and on 2 real Celery workers
+(issue 36), through the framework.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/h_fleetbench CELERY_BROKER_URL=redis://127.0.0.1:6379/10 \\
-        .venv/bin/python bench/fleet.py --json [--conversations 160] [--times 10] [--repeats 1]
+        .venv/bin/python bench/fleet.py --json [--conversations 160] [--times 10] [--repeats 1] \\
+        [--regen-conversations 48] [--regen-new-tokens 16]
 
 Each side is a real run: services.run_launch on PostgreSQL and Redis (the database is created and migrated
 if missing), its stages done by `celery worker` processes with distinct -n names (tests.worker.celery_worker),
@@ -14,8 +16,16 @@ rows/s = the extraction's rows / the stage row's wall time (started_at to finish
 shards with their model loads, the merge). From the shard rows' own started/finished timestamps:
   in_shards_share   the union of the shards' [started_at, finished_at] over the stage's wall time;
   outside_share     the rest: planning and splitting, messages waiting to be taken, the merge;
-  merge_share       the last shard's finished_at to the stage's finished_at (the merge and its recording).
-ratio = two_workers rows/s / one_worker rows/s. Training across nodes has its own bench (bench/fleet_train.py);
+  merge_share       the last shard's finished_at to the stage's finished_at (the merge, the extraction's
+                    verification and the recording); merge_files_share: the merge alone (the manifest's
+                    time_split_s.merge, the extraction's files moved and its manifest written).
+ratio = two_workers rows/s / one_worker rows/s.
+Then, on the same workers (started once per side), a regeneration (Transformers backend, greedy, the first
+--regen-conversations of the demo's chats, --regen-new-tokens per reply) with `shards` 1 and 2: rows/s =
+its conversations / the job row's wall time, the same shares, and regeneration_ratio. Each side asks with its
+own seed (greedy: the same replies) so that it is its own job, not the other side's answered again.
+The vLLM launch check is off (EAGLE3WEB_VLLM_PREFLIGHT_SECONDS=0): it is not what is measured.
+Training across nodes has its own bench (bench/fleet_train.py);
 `--with-train` then runs its main (imported, not copied), which prints its own JSON line.
 """
 from __future__ import annotations
@@ -36,6 +46,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/h_fleetbench")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/10")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "eagle3web.settings")
+os.environ.setdefault("EAGLE3WEB_VLLM_PREFLIGHT_SECONDS", "0")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 WORKER_ENV = {"EAGLE3WEB_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -86,9 +97,51 @@ def shard_timing(stage, shards: list) -> dict:
                         "seconds": round(s.seconds, 3), "attempts": s.attempts} for s in shards]}
 
 
-def extraction_on(*, workers: int, shards: int, assets, user, work: Path, conversations: int, dataset: Path) -> dict:
-    from runs.models import ExtractStage, Preparation, StageShard, StageStatus
+def _wait_finished(model, pk: int, what: str, logs: list[Path]):
+    from runs.models import StageStatus
+
+    deadline = time.monotonic() + 1800
+    while True:
+        row = model.objects.filter(pk=pk).first()
+        if row and row.status in (StageStatus.SUCCEEDED, StageStatus.FAILED, StageStatus.CANCELLED):
+            return row
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not done in 1800 s:\n{logs[0].read_text()[-3000:]}")
+        time.sleep(0.5)
+
+
+def _workers_idle(count: int, timeout: float = 120) -> None:
+    """Until `count` workers answer and none is running a task (a cancelled stage's task ends at its next
+    progress report)."""
+    from eagle3web.celery import celery_app
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        active = celery_app.control.inspect(timeout=1.0).active() or {}
+        if len(active) >= count and not any(active.values()):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the workers were still busy after {timeout:.0f} s")
+
+
+def _side(*, workers: int, shards: int, stage: str, record, rows: int) -> dict:
+    from runs.models import StageShard
+
+    shard_rows = list(StageShard.objects.filter(stage=stage, record_id=record.pk).order_by("index"))
+    timing = shard_timing(record, shard_rows)
+    plan = (shard_rows[0].queued_at - record.started_at).total_seconds() if shard_rows else None
+    return {"workers": workers, "shards_asked": shards, "shard_count": len(shard_rows) or 1, "rows": rows,
+            "plan_s": None if plan is None else round(plan, 3), "rows_per_s": round(rows / timing["wall_s"], 2),
+            **timing}
+
+
+def extraction_on(*, workers: int, shards: int, assets, user, work: Path, conversations: int, dataset: Path,
+                  regen: dict) -> tuple[dict, dict]:
+    """(the extraction's figures, the regeneration's) on `workers` fresh workers, `shards` each."""
+    from runs.data.regeneration import RegenerationSettings, dataset_regenerate_request
+    from runs.models import ExtractStage, Preparation, StageStatus
     from runs.pipeline import services
+    from runs.pipeline.job_models import DatasetRegeneration
     from runs.pipeline.run_config import RunConfig
     from tests.worker import celery_worker
 
@@ -102,25 +155,31 @@ def extraction_on(*, workers: int, shards: int, assets, user, work: Path, conver
                            ttt_steps=1, eval_prompts=2, eval_max_new_tokens=8, shards=shards)
         run = services.run_launch(user=user, target_path=assets.target_dir, dataset_path=dataset,
                                   config=config)
-        deadline = time.monotonic() + 1800
-        while True:
-            stage = ExtractStage.objects.filter(run=run).first()
-            if stage and stage.status in (StageStatus.SUCCEEDED, StageStatus.FAILED, StageStatus.CANCELLED):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"extraction of run {run.pk} not done in 1800 s:\n{logs[0].read_text()[-3000:]}")
-            time.sleep(0.5)
+        while not ExtractStage.objects.filter(run=run).exists():
+            time.sleep(0.2)
+        stage = _wait_finished(ExtractStage, ExtractStage.objects.get(run=run).pk, f"extraction of run {run.pk}", logs)
         services.run_cancel(run=run, user=user)
-    if stage.status != StageStatus.SUCCEEDED:
-        raise RuntimeError(f"extraction {stage.status}: {stage.error}")
-    rows = Preparation.objects.get(run=run).num_rows
-    shard_rows = list(StageShard.objects.filter(run=run, stage="extract").order_by("index"))
-    timing = shard_timing(stage, shard_rows)
-    plan = (shard_rows[0].queued_at - stage.started_at).total_seconds() if shard_rows else None
-    return {"workers": workers, "shard_count": len(shard_rows) or 1, "rows": rows,
-            "plan_s": None if plan is None else round(plan, 3),
-            "tokens": getattr(stage, "total_tokens", None),
-            "rows_per_s": round(rows / timing["wall_s"], 2), **timing}
+        if stage.status != StageStatus.SUCCEEDED:
+            raise RuntimeError(f"extraction {stage.status}: {stage.error}")
+        extraction = _side(workers=workers, shards=shards, stage="extract", record=stage,
+                           rows=Preparation.objects.get(run=run).num_rows)
+        # The merge alone (the manifest's own timing), without the verification and the recording after it.
+        manifest = json.loads((Path(run.output_dir) / "extraction" / "data_config.json").read_text())
+        merge_files = (manifest.get("time_split_s") or {}).get("merge")
+        extraction["merge_files_s"] = None if merge_files is None else round(merge_files, 3)
+        extraction["merge_files_share"] = (None if merge_files is None else
+                                           round(merge_files / extraction["wall_s"], 4))
+        _workers_idle(len(logs))  # the run's next stage, cancelled, may still hold a worker: not the regeneration's time
+        asked = RegenerationSettings(backend="transformers", max_new_tokens=regen["new_tokens"], temperature=0.0,
+                                     seed=regen["seed"], shards=shards)
+        job, queued = dataset_regenerate_request(dataset=regen["dataset"], target=regen["target"], settings=asked,
+                                                 user=user)
+        if not queued:
+            raise RuntimeError(f"regeneration {job.pk} was asked before: not a fresh job")
+        job = _wait_finished(DatasetRegeneration, job.pk, f"regeneration {job.pk}", logs)
+    if job.status != StageStatus.SUCCEEDED:
+        raise RuntimeError(f"regeneration {job.status}: {job.error}")
+    return extraction, _side(workers=workers, shards=shards, stage="regenerate", record=job, rows=job.conversations)
 
 
 def chats_scaled(chats: Path, times: int) -> Path:
@@ -144,6 +203,8 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=160)
     parser.add_argument("--times", type=int, default=10, help="copies of the demo's chats (distinct ids)")
     parser.add_argument("--repeats", type=int, default=1, help="one_worker/two_workers pairs, alternating")
+    parser.add_argument("--regen-conversations", type=int, default=48, help="conversations regenerated")
+    parser.add_argument("--regen-new-tokens", type=int, default=16, help="max_new_tokens per reply")
     parser.add_argument("--with-train", action="store_true", help="then run bench/fleet_train.py --json")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -159,17 +220,28 @@ def main() -> None:
     user.groups.add(Group.objects.get_or_create(name="launcher")[0])  # the role run_launch asks for
     assets = build_demo_assets(work / "data" / "demo", num_conversations=args.conversations, train_steps=60)
     dataset = chats_scaled(assets.chats_path, args.times)
+    from runs.pipeline import services
+
+    regen_source = work / "data" / "regen-chats.jsonl"
+    regen_source.write_text("".join(assets.chats_path.read_text(encoding="utf-8").splitlines(keepends=True)
+                                    [:args.regen_conversations]), encoding="utf-8")
+    regen = {"dataset": services.dataset_register(path=regen_source), "new_tokens": args.regen_new_tokens,
+             "target": services.target_register(path=assets.target_dir)}
     result = {"load_average_start": load_average(), "pairs": []}
+    seed = int(time.time())  # a fresh job per side, in a database that keeps earlier benches' jobs
     for _ in range(args.repeats):
-        one = extraction_on(workers=1, shards=1, assets=assets, user=user, work=work,
-                            conversations=args.conversations * args.times, dataset=dataset)
-        two = extraction_on(workers=2, shards=2, assets=assets, user=user, work=work,
-                            conversations=args.conversations * args.times, dataset=dataset)
+        sides = {}
+        for workers in (1, 2):
+            seed += 1
+            sides[workers] = extraction_on(workers=workers, shards=workers, assets=assets, user=user, work=work,
+                                           conversations=args.conversations * args.times, dataset=dataset,
+                                           regen={**regen, "seed": seed})
+        (one, regen_one), (two, regen_two) = sides[1], sides[2]
         result["pairs"].append({"one_worker": one, "two_workers": two,
                                 "ratio": round(two["rows_per_s"] / one["rows_per_s"], 3),
+                                "regeneration": {"one_worker": regen_one, "two_workers": regen_two},
+                                "regeneration_ratio": round(regen_two["rows_per_s"] / regen_one["rows_per_s"], 3),
                                 "load_average": load_average()})
-    result["regeneration"] = ("not measured: regenerate(rows=...) exists as a stage function, but the shard "
-                              "framework (workers.shard_runners.SHARDABLE) splits only the extraction so far")
     result["load_average_end"] = load_average()
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     if args.with_train:  # its own JSON line, from its own main (imported, not copied)

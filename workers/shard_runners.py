@@ -12,6 +12,13 @@ asks of it. The seam, for a stage joining SHARDABLE:
   with its `result`), put the parts together and return what the stage's recorder takes
   (workers.stage_runners.RECORDERS), exactly as one worker's run would have returned it.
 - `applies(record) -> bool`: False where this run's stage cannot split (an online run's extraction).
+- `batch_tokens(record) -> int | None`: for a stage whose rows share forwards (Transformers extraction), the
+  budget its spans are cut with; stored on every shard row and handed to `run` as `batch_tokens=`, so that a
+  shard on a host whose own default differs (a GPU's beside a CPU's) still runs the batches one worker runs.
+- `parts(record) -> Path`: the folder of the shards' parts where the merge leaves them (prepare's, the
+  evaluation's, the regeneration's; the extraction's merge moves its parts' files out and removes it itself).
+  Removed once the merged result is recorded, not before: a merge or a recording that fails keeps every
+  part for Retry to merge again.
 
 prepare, regenerate (a job: its row's `shards`) and evaluate are in workers.shard_stage_runners.
 Each runner turns the row into plain paths and calls Django-free stage functions, as workers.stage_runners do.
@@ -37,9 +44,16 @@ class Shardable:
     merge: Callable[[object, list, object], object]
     spans: Callable[[object, int], list[range]] | None = None
     applies: Callable[[object], bool] = lambda record: True
+    batch_tokens: Callable[[object], int | None] | None = None
+    parts: Callable[[object], Path] | None = None
 
     def spans_for(self, record, shards: int) -> list[range]:
         return self.spans(record, shards) if self.spans else spans_split(self.rows(record), shards)
+
+    def run_shard(self, record, reporter, index: int, rows: range, batch_tokens: int | None) -> dict:
+        if self.batch_tokens is None:
+            return self.run(record, reporter, index, rows)
+        return self.run(record, reporter, index, rows, batch_tokens=batch_tokens)
 
 
 def _extraction_dir(record) -> Path:
@@ -69,23 +83,40 @@ def _extract_device_type() -> str:
     return "cuda" if capabilities.get("gpus") else "cpu"
 
 
-def _extract_spans(record, shards: int) -> list[range]:
-    """Transformers: edges at the forward batches' edges in the order one worker runs them; vLLM: even spans.
-    Torch-free (workers.stages.extract.batch_plan): the stage's queue already routed it to a worker able to
-    run it, and each shard checks its backend (_backend) before it extracts."""
+def _extract_budget(record) -> int | None:
+    """The Transformers extraction's padded tokens per forward on this (the planning) host; None for vLLM,
+    whose server batches as requests come."""
     from runs.pipeline.routing import stage_backend
-    from workers.stages.extract.batch_plan import batch_token_budget, plan_forward_batches, prepared_lengths
-    from workers.stages.extract.shards import batch_spans
+    from workers.stages.extract.batch_plan import batch_token_budget
 
     backend, _ = stage_backend(stage_name="extract", config=record.run.config or {})
-    if backend == "vllm":
+    return None if backend == "vllm" else batch_token_budget(_extract_device_type(), _extract_batch_tokens())
+
+
+def _extract_spans(record, shards: int) -> list[range]:
+    """Transformers: edges at the forward batches' edges in the order one worker runs them, the shards' padded
+    tokens about equal; vLLM: even spans.
+    Torch-free (workers.stages.extract.batch_plan): the stage's queue already routed it to a worker able to
+    run it, and each shard checks its backend (_backend) before it extracts."""
+    from workers.stages.extract.batch_plan import plan_forward_batches, prepared_lengths
+    from workers.stages.extract.shards import batch_spans, batch_work
+
+    budget = _extract_budget(record)
+    if budget is None:
         return spans_split(record.run.preparation.num_rows, shards)
     lengths = prepared_lengths(Path(record.run.preparation.out_dir))
-    budget = batch_token_budget(_extract_device_type(), _extract_batch_tokens())
-    return batch_spans(plan_forward_batches(lengths, budget), shards)
+    batches = plan_forward_batches(lengths, budget)
+    # Even in work, not in rows: the longest rows come first, and halving their count gave the first of two
+    # shards twice the second's padded tokens (15.7 s against 9.2 s on 1,600 demo rows).
+    from workers.contract.target import read_target_config
+
+    hidden = read_target_config(_target_dir(record.run)).hidden_size
+    return batch_spans(batches, shards, batch_work(batches, lengths, hidden))
 
 
-def _extract_shard(record, reporter, index: int, rows: range) -> dict:
+def _extract_shard(record, reporter, index: int, rows: range, batch_tokens: int | None = None) -> dict:
+    """`batch_tokens`: the planner's budget stored on the shard row (empty on rows planned before it was
+    stored: this host's, as then)."""
     backend, gpus = _backend(record.run, "extract")
     common = dict(**_extract_paths(record), out_dir=shard_dir(_extraction_dir(record), index), rows=rows,
                   on_progress=reporter.progress)
@@ -98,7 +129,7 @@ def _extract_shard(record, reporter, index: int, rows: range) -> dict:
     else:
         from workers.stages.extract.with_transformers import extract
 
-        shard = extract(**common, num_gpus=gpus, batch_tokens=_extract_batch_tokens())
+        shard = extract(**common, num_gpus=gpus, batch_tokens=batch_tokens or _extract_batch_tokens())
     return shard.as_dict()
 
 
@@ -120,12 +151,12 @@ def _extract_merge(record, shards: list, reporter):
 
 SHARDABLE: dict[str, Shardable] = {
     "prepare": Shardable(rows=stage_runners.prepare_rows, run=stage_runners.prepare_shard,
-                         merge=stage_runners.prepare_merge_shards),
+                         merge=stage_runners.prepare_merge_shards, parts=stage_runners.prepare_parts_dir),
     "extract": Shardable(rows=lambda record: record.run.preparation.num_rows or 0, run=_extract_shard,
-                         merge=_extract_merge, spans=_extract_spans,
+                         merge=_extract_merge, spans=_extract_spans, batch_tokens=_extract_budget,
                          applies=lambda record: not online_run.is_online(record.run.config)),
     "regenerate": Shardable(rows=stage_runners.regenerate_rows, run=stage_runners.regenerate_shard,
-                            merge=stage_runners.regenerate_merge_shards),
+                            merge=stage_runners.regenerate_merge_shards, parts=stage_runners.regenerate_parts_dir),
     "evaluate": Shardable(rows=stage_runners.evaluate_rows, run=stage_runners.evaluate_shard,
-                          merge=stage_runners.evaluate_merge_shards),
+                          merge=stage_runners.evaluate_merge_shards, parts=stage_runners.evaluate_parts_dir),
 }

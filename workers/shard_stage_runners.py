@@ -26,7 +26,7 @@ from workers.stages.shards import shard_dir
 
 # -- prepare --------------------------------------------------------------------------------------------
 
-def _prepare_parts_dir(record) -> Path:
+def prepare_parts_dir(record) -> Path:
     """Beside the prepared folder, not in it: the merge writes that folder, which must start empty."""
     return Path(record.run.output_dir) / "prepare_parts"
 
@@ -48,7 +48,7 @@ def prepare_shard(record, reporter, index: int, rows: range) -> dict:
 
     excluded = dataset_exclusions(dataset=record.run.dataset)
     part = prepare_part(tokenizer_dir=_target_dir(record.run), **_prepare_common(record),
-                   out_dir=_fresh_dir(shard_dir(_prepare_parts_dir(record), index)),  # a lost attempt's part goes
+                   out_dir=_fresh_dir(shard_dir(prepare_parts_dir(record), index)),  # a lost attempt's part goes
                    exclude_ids=excluded.ids, exclude_hashes=excluded.hashes, exclude_own_ids=excluded.own_ids,
                    on_progress=reporter.progress, rows=rows)
     return part.as_dict()
@@ -57,7 +57,7 @@ def prepare_shard(record, reporter, index: int, rows: range) -> dict:
 def prepare_merge_shards(record, shards: list, reporter):
     from workers.stages.prepare_merge import prepare_merge
 
-    return prepare_merge(part_dirs=[shard_dir(_prepare_parts_dir(record), s.index) for s in shards],
+    return prepare_merge(part_dirs=[shard_dir(prepare_parts_dir(record), s.index) for s in shards],
                          out_dir=_fresh_dir(Path(record.run.output_dir) / "prepared"), **_prepare_common(record),
                          total_rows=shards[-1].row_stop)
 
@@ -66,6 +66,10 @@ def prepare_merge_shards(record, shards: list, reporter):
 
 def _regenerate_dir(record) -> Path:
     return Path(settings.EAGLE3WEB_RUNS_DIR) / "regenerations" / str(record.pk)
+
+
+def regenerate_parts_dir(record) -> Path:
+    return shard_dir(_regenerate_dir(record), 0).parent
 
 
 def _regenerate_common(record) -> tuple:
@@ -150,6 +154,10 @@ def _spans(measurements: list[Measurement], rows: range) -> list[tuple[int, rang
 
 def _evaluation_dir(record) -> Path:
     return Path(settings.EAGLE3WEB_RUNS_DIR) / "evaluations" / str(record.pk)
+
+
+def evaluate_parts_dir(record) -> Path:
+    return shard_dir(_evaluation_dir(record), 0).parent
 
 
 def _part_dir(record, shard_index: int, measurement: int) -> Path:

@@ -9,6 +9,7 @@ done by whichever worker ends the last shard.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 
 from celery import shared_task
@@ -76,7 +77,8 @@ def stage_shards_start(*, stage_name: str, record, worker: str) -> bool | None:
     spans = spec.spans_for(record, wanted)
     if len(spans) <= 1:
         return None
-    db_retry("plan shards", shards_plan, stage_name=stage_name, record_id=record.pk, spans=spans)
+    budget = spec.batch_tokens(record) if spec.batch_tokens else None
+    db_retry("plan shards", shards_plan, stage_name=stage_name, record_id=record.pk, spans=spans, batch_tokens=budget)
     logger.info("%s %s split into %d shards: %s", stage_name, record.pk, len(spans),
                 ", ".join(f"rows {s.start}-{s.stop - 1}" for s in spans))
     return True
@@ -157,7 +159,8 @@ def shard_execute(*, stage_name: str, record_id: int, index: int, worker: str) -
         related = () if kind.is_job else ("run__target", "run__dataset")
         record = db_retry("load", kind.model.objects.select_related(*related).get, pk=record_id)
         logger.info("shard %d (%s) of %s %s started on %s", index, shard.span_label, stage_name, record_id, worker)
-        result = SHARDABLE[stage_name].run(record, reporter, index, range(shard.row_start, shard.row_stop))
+        result = SHARDABLE[stage_name].run_shard(record, reporter, index, range(shard.row_start, shard.row_stop),
+                                                 shard.batch_tokens)
         logger.info("shard %d of %s %s finished", index, stage_name, record_id)
         merge_due = db_retry("shard result", shard_succeed, stage_name=stage_name, record_id=record_id, index=index,
                              started_at=fence, result=result, log_tail=reporter.shard_tail)
@@ -202,6 +205,7 @@ def stage_merge(*, stage_name: str, record_id: int, worker: str) -> bool:
         log_tail = f"{record.log_tail}\n{reporter.tail}" if record.log_tail else reporter.tail
         db_retry("result", RECORDERS[stage_name], record_id=record_id, result=result, log_tail=log_tail,
                  started_at=fence)
+        parts_remove(SHARDABLE[stage_name], record)
         return True
     except StageCancelled as exc:
         logger.info("%s", exc)
@@ -217,6 +221,23 @@ def stage_merge(*, stage_name: str, record_id: int, worker: str) -> bool:
         HAND_OVER_NEXT.reset(handing_over)
         for log in watched:
             log.removeHandler(reporter)
+
+
+def parts_remove(spec, record) -> int:
+    """Remove the shards' parts once their merge is recorded (until then Retry may merge them again); the
+    bytes freed, which the worker's log says. Their parent goes too when nothing else is in it (an
+    evaluation's or a regeneration's folder of its own)."""
+    folder = spec.parts(record) if spec.parts else None
+    if folder is None or not folder.exists():
+        return 0
+    freed = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        folder.parent.rmdir()
+    except OSError:
+        pass  # it holds more than the parts (a run's folder): kept
+    logger.info("removed the merged shards' parts %s (%d bytes)", folder, freed)
+    return freed
 
 
 @shared_task(bind=True, name="eagle3web.stage_shard", acks_late=True)

@@ -89,6 +89,7 @@ class PendingEnqueue(models.Model):
         SERVE_CHECK = "serve_check", "vLLM serve check"
         DEMO_BUILD = "demo_build", "demo target build"
         SHARD = "shard", "stage shard"  # object_id: the StageShard's
+        TRAIN_RANK = "train_rank", "training rank"  # object_id: the TrainingNode's (a rank of a multi-node training)
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
     object_id = models.PositiveIntegerField(help_text="the run's, the evaluation's, the job's or the shard's id")

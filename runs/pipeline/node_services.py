@@ -1,8 +1,9 @@
 """Writes about a training across nodes (a run's train_nodes > 1): who holds which rank of an attempt.
 
 The worker that starts the training's attempt holds rank 0: it opens one TrainingNode row per rank, with
-its rendezvous endpoint on rank 0's, and after commit sends one message per other rank to the training's
-queue (eagle3web.train_rank). A worker that takes one joins the gang, unless it already holds a rank of
+its rendezvous endpoint on rank 0's, and hands one message per other rank to the training's queue
+(eagle3web.train_rank) through the outbox, as every hand-over (runs.pipeline.queue.rank_enqueue: a broker
+away when it commits keeps them, and the workers' reconcilers send them once it answers). A worker that takes one joins the gang, unless it already holds a rank of
 the attempt (it gives the message back) or the attempt is over. The gang is complete when every rank is
 joined; its ranks then start torchrun (workers.stages.train.nodes). Every rank's worker renews its row's
 lease and watches the others' (gang_broken): a failed rank, a lapsed lease or a replaced attempt ends
@@ -19,9 +20,9 @@ from django.utils import timezone
 from runs.pipeline.models import StageAttempt, TrainingRun
 from runs.pipeline.stage_record import StageStatus
 from runs.pipeline.node_models import TrainingNode
+from runs.pipeline.queue import rank_enqueue
 from runs.pipeline.routing import stage_queue
 
-TRAIN_RANK_TASK = "eagle3web.train_rank"
 Status = TrainingNode.Status
 
 
@@ -32,12 +33,6 @@ def _lease_end():
 def node_queue(*, training_id: int) -> str:
     training = TrainingRun.objects.select_related("run").get(pk=training_id)
     return stage_queue(stage_name="train", config=training.run.config or {})
-
-
-def _send(node_id: int, queue: str) -> None:
-    from eagle3web.celery import celery_app
-
-    celery_app.send_task(TRAIN_RANK_TASK, args=(node_id,), queue=queue)
 
 
 @transaction.atomic
@@ -51,9 +46,8 @@ def nodes_open(*, training_id: int, stage_started_at, nodes: int, worker: str, h
     rows[0].worker, rows[0].host, rows[0].endpoint = worker[:200], host[:255], endpoint[:300]
     rows[0].status, rows[0].started_at, rows[0].lease_expires_at = Status.JOINED, now, _lease_end()
     created = TrainingNode.objects.bulk_create(rows)
-    queue = node_queue(training_id=training_id)
-    others = [row.pk for row in created[1:]]
-    transaction.on_commit(lambda: [_send(node_id, queue) for node_id in others])
+    for row in created[1:]:
+        rank_enqueue(node_id=row.pk)
     return created[0].pk
 
 
@@ -70,7 +64,7 @@ def node_join(*, node_id: int, worker: str, host: str) -> str:
     if node is None or node.status != Status.WAITING or not _attempt_current(node):
         return "over"
     if TrainingNode.objects.filter(training_id=node.training_id, attempt=node.attempt, worker=worker).exists():
-        transaction.on_commit(lambda: _send(node_id, node_queue(training_id=node.training_id)))
+        rank_enqueue(node_id=node_id)
         return "held"
     node.worker, node.host, node.status = worker[:200], host[:255], Status.JOINED
     node.started_at, node.lease_expires_at = timezone.now(), _lease_end()

@@ -33,6 +33,7 @@ STAGE_TASK = "eagle3web.stage"  # workers.tasks.stage_task
 EVALUATION_TASK = "eagle3web.evaluate_checkpoint"  # workers.tasks.evaluation_task
 JOB_TASK = "eagle3web.job"  # workers.tasks.job_task
 SHARD_TASK = "eagle3web.stage_shard"  # workers.shard_tasks.stage_shard_task
+TRAIN_RANK_TASK = "eagle3web.train_rank"  # workers.tasks.train_rank_task
 # Rows younger than this are left to their own on-commit delivery.
 RETRY_AFTER = timedelta(seconds=5)
 # How long a delivery after commit rides out a locked or lost database, in the request that
@@ -55,6 +56,13 @@ def _send(kind: str, object_id: int) -> None:
         if shard is not None and shard.status == StageStatus.QUEUED:
             celery_app.send_task(SHARD_TASK, args=[shard.stage, shard.record_id, shard.index],
                                  queue=stage_row_queue(stage_name=shard.stage, record_id=shard.record_id))
+    elif kind == PendingEnqueue.Kind.TRAIN_RANK:
+        from runs.pipeline.node_models import TrainingNode
+
+        node = TrainingNode.objects.select_related("training__run").filter(pk=object_id).first()
+        if node is not None and node.status == TrainingNode.Status.WAITING:
+            celery_app.send_task(TRAIN_RANK_TASK, args=[object_id],
+                                 queue=stage_queue(stage_name="train", config=node.training.run.config or {}))
     elif kind in JOB_NAMES:
         celery_app.send_task(JOB_TASK, args=[kind, object_id], queue=job_queue(job_name=kind, record_id=object_id))
     else:
@@ -150,6 +158,12 @@ def job_enqueue(*, job_name: str, record_id: int) -> None:
 def shard_enqueue(*, shard_id: int) -> None:
     """After the caller's transaction commits, hand one shard of a stage (runs.pipeline.shard_models) to a worker."""
     _enqueue_after_commit(PendingEnqueue.Kind.SHARD, shard_id)
+
+
+def rank_enqueue(*, node_id: int) -> None:
+    """After the caller's transaction commits, hand a waiting rank of a multi-node training
+    (runs.pipeline.node_models) to the training's queue: a broker away then keeps it in the outbox."""
+    _enqueue_after_commit(PendingEnqueue.Kind.TRAIN_RANK, node_id)
 
 
 def outbox_flush() -> int:

@@ -31,6 +31,10 @@ class StageShard(models.Model):
     log_tail = models.TextField(blank=True)
     error = models.TextField(blank=True)
     result = models.JSONField(default=dict, blank=True, help_text="what the shard's stage function returned")
+    # The planner's: spans begin on its forward batches' edges, and a shard runs them on any host as planned.
+    batch_tokens = models.PositiveIntegerField(null=True, blank=True, help_text=(
+        "padded tokens per forward this shard runs its rows in (the Transformers extraction's, fixed when the "
+        "stage is split); empty for a stage that does not batch rows"))
 
     class Meta:
         ordering = ["stage", "record_id", "index"]

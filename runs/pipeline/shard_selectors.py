@@ -18,6 +18,7 @@ def shard_dict(shard: StageShard) -> dict:
         "rows_done": shard.rows_done,
         "rows_total": shard.rows,
         "rows_per_second": round(rate, 2) if rate is not None else None,
+        "batch_tokens": shard.batch_tokens,
         "started_at": shard.started_at.isoformat() if shard.started_at else None,
         "finished_at": shard.finished_at.isoformat() if shard.finished_at else None,
         "error": shard.error,

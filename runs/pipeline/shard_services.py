@@ -69,14 +69,15 @@ def stage_note(*, stage_name: str, record_id: int, line: str) -> None:
 
 
 @transaction.atomic
-def shards_plan(*, stage_name: str, record_id: int, spans: list[range]) -> list[StageShard]:
-    """One shard per span, each handed to the stage's queue once this commits."""
+def shards_plan(*, stage_name: str, record_id: int, spans: list[range], batch_tokens: int | None = None) -> list[StageShard]:
+    """One shard per span, each handed to the stage's queue once this commits. `batch_tokens`: the budget the
+    spans were cut with, which every shard then runs in, whatever its host's own default."""
     from runs.pipeline.queue import shard_enqueue
 
     run_id = _run_id(stage_name, record_id)
     shards = StageShard.objects.bulk_create([
         StageShard(run_id=run_id, stage=stage_name, record_id=record_id, index=index, row_start=span.start,
-                   row_stop=span.stop) for index, span in enumerate(spans)])
+                   row_stop=span.stop, batch_tokens=batch_tokens) for index, span in enumerate(spans)])
     for shard in shards:
         shard_enqueue(shard_id=shard.pk)
     stage_note(stage_name=stage_name, record_id=record_id,

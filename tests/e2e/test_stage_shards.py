@@ -37,13 +37,13 @@ def wait_until(predicate, *, timeout: float, what: str, poll: float = 0.2, logs=
 
 
 @contextmanager
-def two_workers(data_root, tmp_path, env):
-    """Workers a and b, each one pool slot; yields {name prefix: process}."""
+def two_workers(data_root, tmp_path, env, env_b=None):
+    """Workers a and b, each one pool slot (b with `env_b` when given); yields {name prefix: process}."""
     with ExitStack() as stack:
         procs = {"a": stack.enter_context(celery_worker(data_root=data_root, log_path=tmp_path / "a.log", name="a",
                                                         extra_env=env))}
         procs["b"] = stack.enter_context(celery_worker(data_root=data_root, log_path=tmp_path / "b.log", name="b",
-                                                       extra_env=env, purge=False))
+                                                       extra_env=env_b or env, purge=False))
         yield procs
 
 
@@ -77,6 +77,11 @@ def assert_same_extraction(sharded: Path, single: Path, resumed: bool = False) -
         assert (sharded / name).read_bytes() == (single / name).read_bytes(), name
     a, b = (json.loads((root / "data_config.json").read_text()) for root in (sharded, single))
     assert {k: v for k, v in a.items() if k not in ignored} == {k: v for k, v in b.items() if k not in ignored}
+
+
+def bytes_under(folder: Path) -> int:
+    """What a folder holds on disk (0 when it is gone)."""
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
 def shard_files(hs_dir: Path) -> dict[str, tuple[int, int]]:
@@ -115,8 +120,10 @@ def by_both(run, stage: str, record_id: int | None = None) -> list:
 
 def test_a_run_in_two_shards_is_made_by_both_workers_and_equals_one_workers(tiny_target, data_root, tmp_path, user):
     """One run, every stage that splits split in two: the prepared folder and the extraction byte for byte one
-    worker's, the evaluation's τ, counts and k table one worker's (tests/stages/ compares them on more shapes)."""
-    with two_workers(data_root, tmp_path, ENV):
+    worker's, the evaluation's τ, counts and k table one worker's (tests/stages/ compares them on more shapes).
+    Worker b's own forward budget is half a's (as a GPU host's default differs from a CPU host's): each shard
+    runs the batches of the budget its stage was split with, stored on its row, wherever it runs."""
+    with two_workers(data_root, tmp_path, ENV, {**ENV, "EAGLE3WEB_EXTRACT_BATCH_TOKENS": "1024"}):
         run = launch(user, tiny_target, max_samples=80)
         summary = wait_for_run(run.pk, timeout=600, log_path=tmp_path / "a.log")
     assert [s["status"] for s in summary["stages"]] == [StageStatus.SUCCEEDED] * 5, [s.get("error") for s in summary["stages"]]
@@ -126,14 +133,23 @@ def test_a_run_in_two_shards_is_made_by_both_workers_and_equals_one_workers(tiny
     for name in ("data-00000-of-00001.arrow", "state.json", "dataset_info.json", "token_freq.pt"):
         assert (Path(preparation.out_dir) / name).read_bytes() == (one.out_dir / name).read_bytes(), name
     assert preparation.num_rows == one.num_rows
-    assert by_both(run, "extract")[1].row_stop == preparation.num_rows
-    assert_same_extraction(Path(run.output_dir) / "extraction", one_worker_extraction(tiny_target, run, tmp_path / "one").out_dir)
+    extract_shards = by_both(run, "extract")
+    assert extract_shards[1].row_stop == preparation.num_rows
+    planned = {s.batch_tokens for s in extract_shards}
+    assert len(planned) == 1 and planned <= {1024, 2048}, planned  # the planner's, a's default or b's setting
+    assert_same_extraction(Path(run.output_dir) / "extraction",
+                           one_worker_extraction(tiny_target, run, tmp_path / "one", batch_tokens=planned.pop()).out_dir)
     evaluation = Evaluation.objects.get(run=run)
     assert by_both(run, "evaluate")[1].row_stop == evaluation.num_prompts == CONFIG["eval_prompts"]
     single = one_worker_evaluation(evaluation)
     for name in ("tau", "acceptance_per_position", "new_tokens", "verify_forwards", "num_prompts",
                  "mismatched_prompts", "output_matches_greedy", "k_table", "recommended_k"):
         assert getattr(evaluation, name) == getattr(single, name), name
+    # The parts are gone once merged: no byte of them is left beside the outputs.
+    from workers.shard_stage_runners import evaluate_parts_dir, prepare_parts_dir
+
+    assert (bytes_under(prepare_parts_dir(preparation)), bytes_under(evaluate_parts_dir(evaluation))) == (0, 0)
+    assert not prepare_parts_dir(preparation).exists() and not evaluate_parts_dir(evaluation).parent.exists()
 
 
 def test_a_regeneration_in_two_shards_is_made_by_both_workers_and_equals_one_workers(
@@ -160,6 +176,9 @@ def test_a_regeneration_in_two_shards_is_made_by_both_workers_and_equals_one_wor
                      backend="transformers", device="cpu",
                      settings=RegenerateSettings(max_new_tokens=6, temperature=0.8, seed=7))
     assert Path(job.output_path).read_bytes() == Path(one.out_path).read_bytes()
+    from workers.shard_stage_runners import regenerate_parts_dir
+
+    assert bytes_under(regenerate_parts_dir(job)) == 0 and not regenerate_parts_dir(job).parent.exists()
     assert (job.turns_regenerated, job.replies_cut, job.failures) == (one.turns_regenerated, one.replies_cut, 0)
 
 
@@ -226,6 +245,10 @@ def test_a_failed_shard_fails_the_stage_naming_it_and_retry_runs_only_that_shard
         assert "NotADirectoryError" in failed.error and str(blocker) in failed.error  # its cause, for developers
         kept = shard_files(shard_dir(out, 0) / "hidden_states")
         assert len(kept) == StageShard.objects.get(run=run, stage="extract", index=0).rows
+        # Kept for Retry: the failed stage's parts (every byte of shard 0's); the prepare, merged, left none.
+        assert bytes_under(shard_dir(out, 0)) >= sum((shard_dir(out, 0) / "hidden_states" / n).stat().st_size
+                                                     for n in kept) > 0
+        assert not (Path(run.output_dir) / "prepare_parts").exists()
         blocker.unlink()
         services.run_retry(run=run, user=user)
         wait_until(lambda: status_of(ExtractStage, run) == StageStatus.SUCCEEDED, timeout=300,

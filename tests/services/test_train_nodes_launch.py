@@ -59,3 +59,42 @@ def test_the_launch_form_marks_train_nodes(client, user, roots):
     assert page.status_code == 400 and PipelineRun.objects.count() == 0
     assert "train_nodes 2: each rank needs its own live worker" in page.content.decode()
     assert page.context["form"].errors.get("train_nodes"), page.context["form"].errors
+
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_ranks_messages_wait_in_the_outbox_while_the_broker_is_down_then_reach_the_queue(user, roots, tmp_path):
+    """A multi-node training's rank messages are hand-overs like any other: a broker (a Redis of its own,
+    stopped) that refuses them when nodes_open commits leaves them in the outbox, and the reconcilers'
+    outbox_flush puts them on the training's queue once it is back."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs.models import TrainingRun
+    from runs.pipeline import queue
+    from runs.pipeline.node_services import nodes_open
+    from tests.outage import celery_broker, private_redis
+    from tests.services.test_message_claims import _queued_in_broker
+
+    for host in "abc":
+        cpu_worker(f"cpu@host-{host}")
+    with private_redis(log_path=tmp_path / "redis.log") as server, celery_broker(server.url):
+        run = _launch(user, roots, train_nodes=3)
+        PendingEnqueue.objects.all().delete()  # the launch's own hand-overs: not what is looked at here
+        started = timezone.now()
+        TrainingRun.objects.filter(run=run).update(status="running", started_at=started)
+        training = TrainingRun.objects.get(run=run)
+        server.stop()
+        rank0 = nodes_open(training_id=training.pk, stage_started_at=started, nodes=3, worker="a@host-a",
+                           host="host-a", endpoint="host-a:29500")
+        waiting = list(PendingEnqueue.objects.filter(kind="train_rank").order_by("object_id"))
+        assert [(p.object_id, p.attempts) for p in waiting] == [(rank0 + 1, 1), (rank0 + 2, 1)]
+        assert waiting[0].last_error
+        server.start()
+        PendingEnqueue.objects.update(created_at=timezone.now() - timedelta(seconds=10))
+        queued = [m for m in _queued_in_broker(server) if m[0] == "eagle3web.train_rank"]
+        assert queued == []
+        assert queue.outbox_flush() == 2 and not PendingEnqueue.objects.exists()
+        assert [m for m in _queued_in_broker(server) if m[0] == "eagle3web.train_rank"] == [
+            ("eagle3web.train_rank", f"[{rank0 + 1}]"), ("eagle3web.train_rank", f"[{rank0 + 2}]")]
