@@ -20,7 +20,7 @@ from django.utils import timezone
 from rest_framework.response import Response
 
 from runs.api import shapes
-from runs.api.answers import run_answer
+from runs.api.shapes import run_answer
 from runs.api.base import ApiInputError, error_response
 from runs.api.models import IDEMPOTENCY_KEY_MAX_CHARS, LaunchIdempotencyKey
 

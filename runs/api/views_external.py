@@ -11,7 +11,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from runs.api import shapes
-from runs.api.answers import launched
+from runs.api.shapes import launched
 from runs.api.base import ApiView, created, error_response
 from runs.api.serializers import ExternalCheckpointSerializer, ExternalRunSerializer, RunEndSerializer
 from runs.pipeline import external, selectors

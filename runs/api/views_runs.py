@@ -13,7 +13,7 @@ from django.http import Http404, HttpResponse
 from rest_framework.response import Response
 
 from runs.api import idempotency, launch, shapes, views_external
-from runs.api.answers import launched as _launched, run_answer
+from runs.api.shapes import launched as _launched, run_answer
 from runs.api.base import ApiInputError, ApiView, error_response, paged
 from runs.api.serializers import (CopySerializer, EmptySerializer, ExternalRunSerializer, LaunchSerializer,
                                   PointsSerializer, TagsSerializer)
