@@ -135,9 +135,9 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["OPTIONS"] = {"timeout": 30, "transaction_mode": "IMMEDIATE",
                                        "init_command": "PRAGMA journal_mode=WAL;"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-# What live pages share (runs.web.live): each web process's own memory. Keys carry the data's change
+# What live pages share (runs.live): each web process's own memory. Keys carry the data's change
 # counters, so no entry is ever stale and none needs invalidating across processes; at most 200
-# answers of at most 1 MiB each (runs.web.live.MAX_CACHED_BYTES) per process.
+# answers of at most 1 MiB each (runs.live.MAX_CACHED_BYTES) per process.
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "eagle3web-live",
                       "OPTIONS": {"MAX_ENTRIES": 200}}}
 

@@ -2,8 +2,9 @@ from django.contrib import admin
 
 import runs.alerts.admin  # noqa: F401 - alert rules, firings, notices, deliveries
 import runs.api.admin  # noqa: F401 - tokens, the API's audit trail, account settings
-import runs.projects.admin  # noqa: F401 - projects, their members, saved views
+import runs.projects.admin  # noqa: F401 - projects, their members
 import runs.reports.admin  # noqa: F401 - reports and their versions
+import runs.saved_views.admin  # noqa: F401 - saved views
 import runs.sweeps.admin  # noqa: F401 - sweeps and their runs
 from runs.admin_bases import InternalAdmin, NoAddAdmin
 from runs.checkpoints.models import CheckpointGenerations

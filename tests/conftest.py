@@ -80,7 +80,7 @@ def capture_hosts_listed(settings):
 
 @pytest.fixture(autouse=True)
 def live_cache_cleared():
-    """Each test starts with nothing cached (runs.web.live): cache keys carry ids and change counters,
+    """Each test starts with nothing cached (runs.live): cache keys carry ids and change counters,
     which another test's database may hand out again."""
     from django.core.cache import cache
 

@@ -1,9 +1,8 @@
 """/api/v1/: the versioned REST API (runs.api.views_runs, runs.api.views_data) and its description."""
 from django.urls import path, re_path
 
-from runs.alerts import api as alert_api
-from runs.reports import api as report_api
-from runs.api import docs, views_compare, views_data, views_external, views_generations, views_projects, views_runs
+from runs.api import (docs, views_alerts, views_compare, views_data, views_external, views_generations, views_projects,
+                      views_reports, views_runs)
 
 app_name = "api"
 urlpatterns = [
@@ -42,12 +41,12 @@ urlpatterns = [
     path("sweeps/<int:pk>/", views_data.SweepDetail.as_view(), name="sweep_detail"),
     path("workers/", views_data.Workers.as_view(), name="workers"),
     path("me/", views_data.Me.as_view(), name="me"),
-    path("reports/", report_api.ReportList.as_view(), name="report_list"),
-    path("reports/<int:pk>/", report_api.ReportDetail.as_view(), name="report_detail"),
-    path("alerts/", alert_api.AlertList.as_view(), name="alert_list"),
-    path("alerts/read/", alert_api.AlertRead.as_view(), name="alert_read"),
-    path("alert-rules/", alert_api.AlertRuleList.as_view(), name="alert_rule_list"),
-    path("alert-rules/<int:pk>/", alert_api.AlertRuleDetail.as_view(), name="alert_rule_detail"),
+    path("reports/", views_reports.ReportList.as_view(), name="report_list"),
+    path("reports/<int:pk>/", views_reports.ReportDetail.as_view(), name="report_detail"),
+    path("alerts/", views_alerts.AlertList.as_view(), name="alert_list"),
+    path("alerts/read/", views_alerts.AlertRead.as_view(), name="alert_read"),
+    path("alert-rules/", views_alerts.AlertRuleList.as_view(), name="alert_rule_list"),
+    path("alert-rules/<int:pk>/", views_alerts.AlertRuleDetail.as_view(), name="alert_rule_detail"),
     path("openapi.json", docs.openapi_json, name="openapi"),
     path("", docs.api_docs, name="docs"),
     # Anything else under /api/v1/ is a 404 in JSON (a script never gets the site's HTML page).

@@ -23,7 +23,7 @@ from runs.pipeline.stage_record import StageStatus
 from runs.projects import access
 from runs.review import tags as tag_services
 from runs.tracking import curve_api, run_table
-from runs.web import live
+from runs import live
 
 LIST_PARAMS = run_table.PARAMS  # and setting.<name>
 
@@ -121,7 +121,7 @@ class RunStatus(ApiView):
 
     def get(self, request, pk: int):
         """The run summary a live page polls: 304 while the run's change counter stands still (one query),
-        else the summary cached for every viewer until the counter moves (runs.web.live).
+        else the summary cached for every viewer until the counter moves (runs.live).
 
         With `since` (the `state_version` of the summary the caller holds) and no state change since: the
         live part alone (runs.pipeline.live_summary), what a training moves every few seconds.

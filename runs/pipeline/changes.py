@@ -5,7 +5,7 @@ checkpoints, measurements, serve checks and curves) and, apart, the writes to it
 (`curve_changes`) and to its state as the runs list shows it (`state_changes`: stage statuses and
 results, checkpoints, measurements; not a running stage's progress and log, nor its curves, which move
 every few seconds while it trains). The status and curve endpoints derive their ETags from them and
-key the answers they cache by them (runs.web.live), the runs list its table (runs_list_version): a poll
+key the answers they cache by them (runs.live), the runs list its table (runs_list_version): a poll
 of an unchanged run costs one small query and no rendering, and a cached answer is never stale because
 a write moves the key instead of deleting it.
 
@@ -23,7 +23,7 @@ readers read the counter before the rows, so the worst they do is file newer row
 count, which the bump then retires; and no transaction holds a run's row while it waits for another
 lock (a worker failing a stage while a user cancels the run would otherwise deadlock). A bump that
 fails after its commit is logged and lost: pages miss that write until the run's next one or until
-the cached answers expire (runs.web.live: seconds for a running run, an hour otherwise).
+the cached answers expire (runs.live: seconds for a running run, an hour otherwise).
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
-"""Projects, their members and saved views in the admin (runs/admin.py imports this). Staff manage a
-project's membership and roles here (the site has no members page yet): projects and members have Add.
-A saved view's parameters were checked when it was saved (runs.saved_views.services): shown, not edited."""
+"""Projects and their members in the admin (runs/admin.py imports this). Staff manage a
+project's membership and roles here (the site has no members page yet): projects and members have Add."""
 from django import forms
 from django.contrib import admin
 
-from runs.admin_bases import NoAddAdmin
 from runs.projects.models import Project, ProjectMember
 from runs.projects.services import ProjectError, check_project_name
-from runs.saved_views.models import SavedView
 
 
 class ProjectForm(forms.ModelForm):
@@ -51,11 +48,3 @@ class ProjectMemberAdmin(admin.ModelAdmin):
     search_fields = ("project__name", "user__username")
     autocomplete_fields = ("user",)
 
-
-@admin.register(SavedView)
-class SavedViewAdmin(NoAddAdmin):
-    list_display = ("name", "owner", "project", "shared", "created_at")
-    list_filter = ("shared", "project")
-    list_select_related = ("owner", "project")
-    search_fields = ("name", "owner__username")
-    readonly_fields = ("owner", "params", "project", "shared")

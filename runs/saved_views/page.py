@@ -14,7 +14,7 @@ from runs.projects import access
 from runs.review import reviews
 from runs.saved_views import selectors as view_selectors
 from runs.tracking import comparison, run_table
-from runs.web import live
+from runs import live
 
 # The runs list's table says "3 minutes ago" and how long running runs have run (the page counts those
 # on by itself): rendered again at least this often even when no run changed.

@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 
 from runs.tracking import curves
 from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
-from runs.web import live
+from runs import live
 from workers.contract.errors import InputError
 
 MAX_STEP = 2**62
@@ -67,7 +67,7 @@ def curve_query(request: HttpRequest) -> curves.CurveQuery:
 
 def run_metrics(request: HttpRequest, pk: int) -> HttpResponse:
     """304 while the run's curves took no point (the ETag: their change counter and the query), else
-    the answer cached for every viewer asking the same until a point arrives (runs.web.live)."""
+    the answer cached for every viewer asking the same until a point arrives (runs.live)."""
     owner = curves.curve_owner(run_id=pk)  # with the counter, read first: the points read after are newer
     try:
         query = curve_query(request)

@@ -1,7 +1,7 @@
 """The run page's context in a fixed, small number of queries, most of it shared by every viewer.
 
 What only the run's own writes change (its stages, summary, checkpoints, attempts, settings) is built
-once per change of its counter (runs.pipeline.changes) and cached (runs.web.live); each request then
+once per change of its counter (runs.pipeline.changes) and cached (runs.live); each request then
 reads its counter, the reviews and tags (not counted there), and what depends on the fleet (which
 queued stage no live worker takes, a hand-over the broker refused): seven queries with the session's,
 whatever the run holds. The page's body below its tags, the same for everyone, is rendered once per
@@ -22,7 +22,7 @@ from runs.pipeline.failure_selectors import run_failure
 from runs.pipeline.run_config import HELD_OUT
 from runs.pipeline.stage_record import StageStatus
 from runs.tracking import comparison
-from runs.web import live
+from runs import live
 
 
 def _shared(*, run_id: int) -> tuple[dict, int]:

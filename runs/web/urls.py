@@ -1,7 +1,7 @@
 from django.urls import include, path
 
 from runs.checkpoints import serve_check_views
-from runs.data import regeneration_views
+from runs.web import regeneration_views
 from runs.projects import views as project_views
 from runs.saved_views import views as saved_view_views
 from runs.reports import views as report_views

@@ -1,4 +1,4 @@
-// Polls that find nothing new cost the server one small query (runs.web.live): each poll sends back the
+// Polls that find nothing new cost the server one small query (runs.live): each poll sends back the
 // ETag of the last answer it had from the same URL (If-None-Match), and a 304 means "what you have is
 // current". The ETag is sent explicitly, with the browser's HTTP cache out of the way, so that every
 // poll is conditional and the page hears of the 304 instead of getting the old answer replayed.

@@ -1,6 +1,6 @@
 """The list pages and the run page ask the database a fixed number of questions, whatever the number
 of rows: 3 runs and 30 runs cost the same queries (issue 8, "no query per row"); and once built, what
-every viewer shares is read from the cache (runs.web.live): the runs list then costs 6 queries and the
+every viewer shares is read from the cache (runs.live): the runs list then costs 6 queries and the
 run page 9, the session's and the user's included (issue 19), with the viewer's projects (the run page:
 whether they see the run), the runs list the viewer's saved views too (issue 28), and the unread alerts."""
 

@@ -1,4 +1,4 @@
-"""Polls that find nothing new are answered 304 from one query (runs.web.live, runs.pipeline.changes):
+"""Polls that find nothing new are answered 304 from one query (runs.live, runs.pipeline.changes):
 through the real views, signed in with a password, writes made by the workers' own services and
 committed (transactional tests), so each counter moves exactly as it does in production."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from runs.pipeline.run_config import RunConfig
 from runs.pipeline.result_records import checkpoints_register
 from runs.pipeline.stage_services import stage_heartbeat, stage_progress
 from runs.tracking.services import metrics_record
-from runs.web import live
+from runs import live
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
