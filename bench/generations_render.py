@@ -27,7 +27,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 os.environ.setdefault("EAGLE3WEB_VLLM_PREFLIGHT_SECONDS", "0")  # the launch's vLLM check: no vLLM is served here
 
-from bench.metrics import drop_database, free_port, make_runs, recreate_database, setup_django, stats  # noqa: E402
+from bench.scratch_site import drop_database, free_port, make_runs, recreate_database, setup_django, stats  # noqa: E402
 from bench.web_server import runserver  # noqa: E402
 
 DATABASE = "bench_generations"

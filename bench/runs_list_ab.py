@@ -36,7 +36,7 @@ def _pct(xs: list[float]) -> list[float]:
 
 def build(count: int, database: str) -> dict:
     sys.path.insert(0, str(ROOT))
-    from bench.metrics import make_runs, recreate_database, setup_django
+    from bench.scratch_site import make_runs, recreate_database, setup_django
 
     setup_django(recreate_database(database))
     from django.contrib.auth import get_user_model

@@ -3,7 +3,7 @@
     .venv/bin/python bench/metrics.py --scale-only --json
 
 PostgreSQL database `bench_scale` (created and dropped here), --runs-list runs (10,000) made as
-metrics.make_runs makes them (one launched for real, the rest bulk copies), then spread over five projects
+scratch_site.make_runs makes them (one launched for real, the rest bulk copies), then spread over five projects
 (one open to all, four closed; the benchmark's user, not staff, is a member of two closed ones), with notes,
 epochs 1-4, τ between 1.5 and 3.5, a tag on every tenth run and every twentieth archived. The --compare-runs
 (50) compared runs finished, each with two checkpoints, a measured acceptance per position and three
@@ -89,7 +89,7 @@ def _compared(runs: list, count: int) -> list[int]:
 def _timed(client, url: str, *, requests: int, cold: bool) -> dict:
     from django.core.cache import cache
 
-    from bench.metrics import stats
+    from bench.scratch_site import stats
 
     times, cpu = [], []
     for _ in range(requests):
@@ -114,7 +114,7 @@ def runs_list_timed(*, runs: list, user, count: int, requests: int, workdir: Pat
     from django.db import connection
     from django.test import Client
 
-    from bench.metrics import make_runs
+    from bench.scratch_site import make_runs
     from runs.models import PipelineRun
     from runs.saved_views.services import saved_view_save
 
@@ -136,7 +136,7 @@ def runs_list_timed(*, runs: list, user, count: int, requests: int, workdir: Pat
 
 
 def scale(args) -> dict:
-    from bench.metrics import drop_database, make_runs, recreate_database, setup_django
+    from bench.scratch_site import drop_database, make_runs, recreate_database, setup_django
 
     setup_django(recreate_database("bench_scale"))
     from django.contrib.auth import get_user_model

@@ -1,12 +1,12 @@
-"""The house has one way through: no module of eagle3web, runs or workers imports, directly or
-through others, a module that imports it back. Lazy imports inside functions count too, and
+"""The house has one way through: no module of eagle3web, runs, workers, bench or tests imports,
+directly or through others, a module that imports it back. Lazy imports inside functions count too, and
 `if TYPE_CHECKING:` blocks (types, never run) as well. The web tier and the workers meet at one
 boundary, workers.contract."""
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("eagle3web", "runs", "workers")
+PACKAGES = ("eagle3web", "runs", "workers", "bench", "tests")
 
 
 def module_name(path: Path) -> str:
