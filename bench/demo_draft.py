@@ -6,11 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runs.pipeline.run_config import RunConfig
-from workers.stages.evaluate.measure import prompts_from_prepared, validation_rows
+from workers.stages.evaluate.prompts import prompts_from_prepared
+from workers.contract.prompt_source import validation_rows
 from workers.stages.extract.with_transformers import extract
 from workers.stages.prepare import prepare
 from workers.contract.target import default_layer_ids, read_target_config
-from workers.stages.train.loop import TrainResult, train
+from workers.stages.train.results import TrainResult
+from workers.stages.train.loop import train
 from workers.stages.vocab import VocabResult, build_vocab
 
 

@@ -38,7 +38,8 @@ def evaluate_one(target_dir: str, checkpoint_dir: str, prepared_dir: str, out_pa
     import torch
 
     from workers.stages.evaluate.measure import evaluate
-    from workers.stages.evaluate.prompts import prompts_from_prepared, validation_rows
+    from workers.stages.evaluate.prompts import prompts_from_prepared
+    from workers.contract.prompt_source import validation_rows
 
     torch.set_num_threads(threads)
     started = time.perf_counter()

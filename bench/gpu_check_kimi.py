@@ -76,7 +76,7 @@ def train_kimi_width(work: Path, device: torch.device, *, steps: int, tokens_per
                      draft_vocab: int = KIMI_DRAFT_VOCAB) -> dict:
     from gpu_peaks import draft_train_flops_per_token
 
-    from workers.stages.train.loop import build_draft_model, make_optimizer
+    from workers.stages.train.draft_model import build_draft_model, make_optimizer
     from workers.stages.train.steps import DraftStepper
 
     started = time.perf_counter()

@@ -30,7 +30,7 @@ from runs.pipeline.run_config import RunConfig  # noqa: E402
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from workers.stages.evaluate.measure import Eagle3Proposer, evaluate, load_draft  # noqa: E402
 from workers.stages.evaluate.speculative import eos_ids, measure  # noqa: E402
-from workers.stages.extract.with_transformers import load_target  # noqa: E402
+from workers.stages.extract.model import load_target  # noqa: E402
 
 
 def main() -> None:

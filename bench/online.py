@@ -35,7 +35,7 @@ from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from workers.stages.extract.with_vllm import extract_with_vllm  # noqa: E402
 from workers.stages.prepare import prepare  # noqa: E402
 from workers.stages.train.loop import train  # noqa: E402
-from workers.stages.train.online import OnlineSource  # noqa: E402
+from workers.stages.train.online.source import OnlineSource  # noqa: E402
 from workers.stages.vocab import build_vocab  # noqa: E402
 
 

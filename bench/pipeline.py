@@ -36,16 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workers.stages.train import loop as train_stage  # noqa: E402
+from workers.stages.train.data import HiddenStateSamples, iter_batches, plan_training_steps, token_budget  # noqa: E402
+from workers.stages.train.draft_model import build_draft_model, make_optimizer  # noqa: E402
+from workers.stages.train.split import split_train_val  # noqa: E402
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
-from workers.stages.extract.with_transformers import (  # noqa: E402
-    ExtractionResult,
-    batch_token_budget,
-    extract,
-    iter_hidden_states,
-    load_target,
-    open_prepared,
-    resolve_device,
-)
+from workers.stages.extract.result import ExtractionResult  # noqa: E402
+from workers.stages.extract.batch_plan import batch_token_budget, open_prepared  # noqa: E402
+from workers.stages.extract.with_transformers import extract, iter_hidden_states  # noqa: E402
+from workers.stages.extract.model import load_target  # noqa: E402
+from workers.stages.device import resolve_device  # noqa: E402
 from workers.stages.prepare import prepare  # noqa: E402
 from workers.contract.target import default_layer_ids, read_target_config  # noqa: E402
 from workers.stages.vocab import build_vocab  # noqa: E402
@@ -101,22 +100,22 @@ def bare_train_tokens_per_s(*, target_dir, prepared_dir, hs_dir, vocab, layer_id
     from workers.stages.train.steps import DraftStepper
 
     hidden = read_target_config(target_dir).hidden_size
-    samples = train_stage.HiddenStateSamples(prepared_dir=prepared_dir, hidden_states_dir=hs_dir,
+    samples = HiddenStateSamples(prepared_dir=prepared_dir, hidden_states_dir=hs_dir,
                                              layer_ids=layer_ids, hidden_size=hidden)
     from workers.stages.train.prompt_keys import prompt_context_keys
 
-    train_idx, _, _ = train_stage.split_train_val(samples.source_ids, val_fraction=0.1, seed=seed,
+    train_idx, _, _ = split_train_val(samples.source_ids, val_fraction=0.1, seed=seed,
                                                   num_rows=len(samples), prompt_keys=prompt_context_keys(samples.rows))
-    max_tokens = train_stage.token_budget(None, samples.lengths)  # the stage's default budget
-    plan = train_stage.plan_training_steps(samples.lengths, train_idx, max_tokens=max_tokens, seed=seed, epoch=0)
-    model = train_stage.build_draft_model(target_dir=target_dir, layer_ids=layer_ids, d2t_path=vocab.d2t_path,
+    max_tokens = token_budget(None, samples.lengths)  # the stage's default budget
+    plan = plan_training_steps(samples.lengths, train_idx, max_tokens=max_tokens, seed=seed, epoch=0)
+    model = build_draft_model(target_dir=target_dir, layer_ids=layer_ids, d2t_path=vocab.d2t_path,
                                           t2d_path=vocab.t2d_path, draft_vocab_size=vocab.draft_vocab_size,
                                           ttt_steps=ttt_steps, seed=seed)
     model.train()
-    optimizer, scheduler = train_stage.make_optimizer(model, lr=lr, total_steps=len(plan))
+    optimizer, scheduler = make_optimizer(model, lr=lr, total_steps=len(plan))
     stepper = DraftStepper(model, device=torch.device("cpu"), ttt_steps=ttt_steps)
     tokens, seconds = 0, 0.0
-    batches = train_stage.iter_batches(samples, plan, max_tokens=max_tokens)
+    batches = iter_batches(samples, plan, max_tokens=max_tokens)
     t0 = time.perf_counter()
     for batch in batches:
         stepper.train_step(batch, optimizer, scheduler)

@@ -39,8 +39,10 @@ from runs.pipeline.run_config import RunConfig  # noqa: E402
 from workers.contract.chats import read_conversations  # noqa: E402
 from workers.contract.vllm_env import find_vllm_executable, vllm_install_at  # noqa: E402
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
-from workers.stages.evaluate.measure import evaluate, prompts_from_file  # noqa: E402
-from workers.stages.regenerate import RegenerateSettings, regenerate  # noqa: E402
+from workers.stages.evaluate.measure import evaluate  # noqa: E402
+from workers.stages.evaluate.prompts import prompts_from_file  # noqa: E402
+from workers.stages.regenerate.base import RegenerateSettings  # noqa: E402
+from workers.stages.regenerate.stage import regenerate  # noqa: E402
 
 
 def _assets(args, work: Path) -> tuple[Path, Path]:

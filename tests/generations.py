@@ -42,9 +42,9 @@ def measured(tiny_target, proposer: str, *, prompts: int = 3, max_new_tokens: in
 
     from workers.contract.target import default_layer_ids
     from workers.stages.evaluate.generations import generation_table
-    from workers.stages.evaluate.measure import prompts_from_file
+    from workers.stages.evaluate.prompts import prompts_from_file
     from workers.stages.evaluate.speculative import eos_ids, greedy_decode, measure
-    from workers.stages.extract.with_transformers import load_target
+    from workers.stages.extract.model import load_target
     from workers.stages.prepare import load_tokenizer
 
     model = load_target(tiny_target.target_dir, torch.device("cpu"))

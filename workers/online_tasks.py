@@ -36,7 +36,7 @@ def online_source(run):
     if not online_run.is_online(run.config):
         return None
     from workers.contract.backends import backend_require, vllm_executable
-    from workers.stages.train.online import OnlineSource
+    from workers.stages.train.online.source import OnlineSource
 
     config = run.config
     if config.get("capture_servers"):  # routed to vLLM's queue (runs.pipeline.online.train_capture_queue)

@@ -313,7 +313,8 @@ def _serve_check(record, reporter: StageReporter):
 def _regenerate(record, reporter: StageReporter):
     from runs.data.regeneration import regeneration_plan
     from workers.contract.backends import vllm_executable
-    from workers.stages.regenerate import RegenerateSettings, regenerate
+    from workers.stages.regenerate.base import RegenerateSettings
+    from workers.stages.regenerate.stage import regenerate
 
     plan = regeneration_plan(job=record)
     if record.backend == "transformers":  # jobs skip torch's thread setting; this one runs a model here

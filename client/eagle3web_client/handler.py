@@ -48,7 +48,7 @@ from eagle3web_client.client import ApiError, Client
 
 METRICS_LOGGER = "speculators.metrics"
 SPECULATORS_LOGGER = "speculators"
-METRIC_KEY = re.compile(r"^(loss|loss_\d+|full_acc_\d+|cond_acc_\d+)$")  # workers.stages.train.loop._METRIC_KEY
+METRIC_KEY = re.compile(r"^(loss|loss_\d+|full_acc_\d+|cond_acc_\d+)$")  # workers.stages.train.results.METRIC_KEY
 CHECKPOINT_SAVED = re.compile(r"^Checkpoint saved to (?P<path>.+?)[/\\](?P<epoch>\d+)\s*$")
 log = logging.getLogger("eagle3web_client")
 

@@ -9,7 +9,8 @@ from runs.api import shapes
 from runs.api.base import ApiInputError, ApiView, accepted, created, paginate
 from runs.api.serializers import (DatasetImportSerializer, EmptySerializer, EvaluateSerializer, ExportSerializer,
                                   ExtractionImportSerializer, RegenerateSerializer, VerifySerializer)
-from runs.api.tokens import ApiToken, account_settings
+from runs.api.models import ApiToken
+from runs.api.tokens import account_settings
 from runs.checkpoints import evaluation as evaluation_services
 from runs.checkpoints import serve_check_selectors
 from runs.checkpoints.export import checkpoint_export

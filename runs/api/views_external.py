@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from runs.api import shapes
 from runs.api.shapes import launched
 from runs.api.base import ApiView, created, error_response
-from runs.api.serializers import ExternalCheckpointSerializer, ExternalRunSerializer, RunEndSerializer
+from runs.api.serializers import ExternalCheckpointSerializer, RunEndSerializer
 from runs.pipeline import external, selectors
 
 

@@ -3,7 +3,7 @@ points reported through the API) and where they are asked for (the curves API an
 
 ASCII letters, digits and `_ . - /`, 1 to 50 characters: every key our trainings write (loss, loss_0,
 full_acc_0, cond_acc_0, lr, tokens_per_s, tokens_seen, epoch) and every one the client reports from
-speculators' trainer (the same names, workers.stages.train.loop._METRIC_KEY) fits it. Markup, quotes,
+speculators' trainer (the same names, workers.stages.train.results.METRIC_KEY) fits it. Markup, quotes,
 spaces, control characters and bidirectional marks do not, so a stored key can be exported by the name
 it was stored under and is plain text on every page (the pages treat it as text all the same)."""
 from __future__ import annotations

@@ -53,7 +53,8 @@ def test_every_checkpoint_carries_tau_by_suite_and_by_k(suite_run):
 
 def test_tau_on_a_suite_equals_tau_measured_on_that_suite_alone(suite_run, tiny_target):
     from runs.models import Evaluation
-    from workers.stages.evaluate.measure import evaluate, prompts_from_file
+    from workers.stages.evaluate.measure import evaluate
+    from workers.stages.evaluate.prompts import prompts_from_file
 
     summary, code = suite_run
     prompts = prompts_from_file(code, tiny_target.target_dir, limit=PROMPTS)

@@ -86,7 +86,8 @@ def talker_replies(vllm_install, tmp_path_factory):
     """(the talker, a chat file of its own greedy replies to its chats' user turns), answered by vLLM
     (the regenerate stage; its replies equal the transformers backend's, tests/e2e/test_regenerate_vllm.py)."""
     from tests.regenerate_data import talking_target
-    from workers.stages.regenerate import RegenerateSettings, regenerate
+    from workers.stages.regenerate.base import RegenerateSettings
+    from workers.stages.regenerate.stage import regenerate
 
     talker = talking_target(tmp_path_factory.getbasetemp())
     out = tmp_path_factory.mktemp("talker-replies") / "replies.jsonl"
@@ -142,7 +143,8 @@ def test_inline_run_extracts_with_real_vllm_like_transformers_does(vllm_run, tin
 
 def _held_out_prompts(run: dict, limit: int) -> list[list[int]]:
     """The first `limit` prompts of the run's held-out conversations, read here without the app's plan."""
-    from workers.stages.evaluate.prompts import prompts_from_prepared, validation_rows
+    from workers.stages.evaluate.prompts import prompts_from_prepared
+    from workers.contract.prompt_source import validation_rows
 
     best = next(c for c in run["checkpoints"] if c["is_best"])
     return prompts_from_prepared(Path(run["output_dir"]) / "prepared", validation_rows(Path(best["path"]).parent),

@@ -13,7 +13,7 @@ from tests.vllm_here import vllm_or_skip
 
 from workers.contract.target import default_layer_ids, read_target_config
 from workers.stages.extract.shards import extract_merge
-from workers.stages.extract.with_transformers import open_prepared
+from workers.stages.extract.batch_plan import open_prepared
 from workers.stages.extract.with_vllm import LOG_NAME, extract_with_vllm
 from workers.stages.prepare import prepare
 from workers.stages.shards import shard_dir, spans_split

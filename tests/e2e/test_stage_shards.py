@@ -156,7 +156,8 @@ def test_a_regeneration_in_two_shards_is_made_by_both_workers_and_equals_one_wor
         tiny_target, data_root, tmp_path, user):
     from runs.data.regeneration import RegenerationSettings, dataset_regenerate_request
     from runs.pipeline.job_models import DatasetRegeneration
-    from workers.stages.regenerate import RegenerateSettings, regenerate
+    from workers.stages.regenerate.base import RegenerateSettings
+    from workers.stages.regenerate.stage import regenerate
 
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(tiny_target.chats_path.read_text(encoding="utf-8").splitlines(keepends=True)[:6]))

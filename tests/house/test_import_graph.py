@@ -208,8 +208,8 @@ WORKER_SIDE_COMMANDS = {
 # the contract would move the stages' own result types, which carry the stages' fields, away from the code
 # that fills them; an annotation costs the web tier no import, so these stay, and only these.
 TYPE_ONLY = {"runs.pipeline.result_records": {
-    "workers.stages.evaluate.measure", "workers.stages.extract.with_transformers", "workers.stages.prepare",
-    "workers.stages.evaluate.serve_check", "workers.stages.train.loop", "workers.stages.vocab"}}
+    "workers.stages.evaluate.measure", "workers.stages.extract.result", "workers.stages.prepare",
+    "workers.stages.evaluate.serve_check", "workers.stages.train.results", "workers.stages.vocab"}}
 
 
 def test_the_web_tier_imports_nothing_of_workers_but_the_contract_not_even_lazily():

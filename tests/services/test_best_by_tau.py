@@ -315,7 +315,7 @@ def test_best_by_is_set_the_same_through_the_form_the_api_and_the_command(client
 
 
 def test_the_trainers_mark_skips_a_diverged_validation_and_takes_the_earlier_epoch_on_a_tie():
-    from workers.stages.train.loop import lowest_val_loss_epoch
+    from workers.stages.train.results import lowest_val_loss_epoch
 
     assert lowest_val_loss_epoch({0: math.nan, 1: 2.0, 2: 1.9}) == 2
     assert lowest_val_loss_epoch({0: 1.9, 1: 1.9, 2: 2.0}) == 0

@@ -282,7 +282,7 @@ def test_the_draft_config_is_the_one_a_trained_checkpoint_holds(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from workers.stages.train.draft_config import draft_config_write
-    from workers.stages.train.loop import build_draft_model
+    from workers.stages.train.draft_model import build_draft_model
 
     target = tmp_path / "target"
     LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=8,

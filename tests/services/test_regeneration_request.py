@@ -159,7 +159,7 @@ def test_lineage_in_the_launch_list_the_run_summary_and_the_comparison(world, us
     from runs.pipeline import selectors
     from runs.pipeline.stage_services import stage_start
     from runs.tracking.comparison import run_settings
-    from workers.stages.regenerate import RegenerateResult
+    from workers.stages.regenerate.base import RegenerateResult
 
     target, dataset = world
     job, _ = dataset_regenerate_request(dataset=dataset, target=target, user=user,

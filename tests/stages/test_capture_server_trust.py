@@ -17,7 +17,8 @@ import pytest
 
 from workers.contract.errors import InputError
 from workers.stages.train.online.cache import SampleCache
-from workers.stages.train.online.capture import CaptureClient, CaptureRefused
+from workers.stages.train.online.capture import CaptureClient
+from workers.stages.train.online.staging import CaptureRefused
 from workers.stages.train.online.servers import CaptureFleet
 
 TOKENS = [5, 6, 7]

@@ -4,12 +4,9 @@ import time
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workers.stages.demo.assets import (
-    BUILD_INFO_FILENAME,
-    build_demo_assets,
-    read_chat_messages,
-    write_demo_chats,
-)
+from workers.contract.demo_build import BUILD_INFO_FILENAME
+from workers.stages.demo.assets import build_demo_assets
+from workers.stages.demo.chats import read_chat_messages, write_demo_chats
 from workers.contract.target import default_layer_ids, read_target_config
 
 MESSAGES = [

@@ -8,18 +8,13 @@ import pytest
 import torch
 
 from tests.stages.test_train import write_training_inputs
-from workers.stages.evaluate.measure import (
-    DraftRunner,
-    EvaluationInputError,
-    evaluate,
-    load_draft,
-    prompts_from_file,
-    prompts_from_prepared,
-    validation_rows,
-)
-from workers.stages.extract.with_transformers import load_target
+from workers.stages.evaluate.measure import DraftRunner, evaluate, load_draft
+from workers.contract.prompt_source import EvaluationInputError, validation_rows
+from workers.stages.evaluate.prompts import prompts_from_file, prompts_from_prepared
+from workers.stages.extract.model import load_target
 from workers.stages.evaluate.speculative import TargetRunner
-from workers.stages.train.loop import build_draft_model, train
+from workers.stages.train.draft_model import build_draft_model
+from workers.stages.train.loop import train
 
 K = 3
 

@@ -9,7 +9,9 @@ import pytest
 
 from tests.long_chats import write_long_chats
 from tests.stages.test_evaluate import inputs, prompts, trained_checkpoint  # noqa: F401 - fixtures
-from workers.stages.evaluate.measure import EvaluationInputError, evaluate, prompts_from_file
+from workers.contract.prompt_source import EvaluationInputError
+from workers.stages.evaluate.prompts import prompts_from_file
+from workers.stages.evaluate.measure import evaluate
 from workers.stages.evaluate.merge import evaluate_merge
 from workers.stages.shards import shard_dir, spans_split
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from tests.stages.test_evaluate import chat_prompts, inputs, untrained_checkpoint  # noqa: F401 - fixtures
-from workers.stages.extract import with_transformers as extract, model as extract_model
-from workers.stages.evaluate.measure import EvaluationInputError, evaluate
+from workers.stages.extract import model as extract_model
+from workers.contract.prompt_source import EvaluationInputError
+from workers.stages.evaluate.measure import evaluate
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])
@@ -30,14 +31,14 @@ def test_spreading_over_more_gpus_than_the_worker_has_is_refused_before_loading(
 
 def test_a_spread_target_is_loaded_for_num_gpus_and_decodes_as_on_one_device(tiny_target, untrained_checkpoint,
                                                                             chat_prompts, monkeypatch):
-    real_load = extract.load_target
+    real_load = extract_model.load_target
     loaded: list[int] = []
 
     def load_on_this_cpu(target_dir, device, num_gpus=1):
         loaded.append(num_gpus)
         return real_load(target_dir, device)  # FAKE: the CPU stands in for the spread over cuda:0..n-1
 
-    monkeypatch.setattr(extract, "load_target", load_on_this_cpu)
+    monkeypatch.setattr(extract_model, "load_target", load_on_this_cpu)  # evaluate imports it from there as it runs
     monkeypatch.setattr(extract_model, "spread_device", lambda num_gpus: torch.device("cpu"))  # FAKE cuda:0
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "FAKE H100")
     common = dict(target_dir=tiny_target.target_dir, checkpoint_dir=untrained_checkpoint, prompts=chat_prompts[:3],

@@ -10,15 +10,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from workers.stages.extract import with_transformers as extract_module
-from workers.stages.extract.with_transformers import (
-    HiddenBatch,
-    batch_token_budget,
-    extract,
-    iter_hidden_states,
-    load_target,
-    open_prepared,
-    plan_forward_batches,
-)
+from workers.stages.extract.files import HiddenBatch, _check_batch
+from workers.stages.extract.batch_plan import batch_token_budget, open_prepared, plan_forward_batches
+from workers.stages.extract.with_transformers import extract, iter_hidden_states
+from workers.stages.extract.model import load_target
 from workers.stages.prepare import prepare
 from workers.contract.target import TargetConfigError, default_layer_ids
 
@@ -243,7 +238,7 @@ def test_rows_whose_seq_len_disagrees_are_refused_before_loading_the_model(tmp_p
 
 def test_non_finite_hidden_states_name_their_row():
     hidden = torch.zeros(2, 3, 1, 4, dtype=torch.bfloat16)
-    extract_module._check_batch(HiddenBatch([4, 9], [[1, 2, 3], [1, 2]], hidden, 0.0))
+    _check_batch(HiddenBatch([4, 9], [[1, 2, 3], [1, 2]], hidden, 0.0))
     hidden[1, 1, 0, 2] = float("nan")
     with pytest.raises(ValueError, match=r"hs_9\.safetensors: .*non-finite"):
-        extract_module._check_batch(HiddenBatch([4, 9], [[1, 2, 3], [1, 2]], hidden, 0.0))
+        _check_batch(HiddenBatch([4, 9], [[1, 2, 3], [1, 2]], hidden, 0.0))

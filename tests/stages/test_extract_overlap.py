@@ -15,13 +15,9 @@ from tests.stages.test_extract import layer_ids, prepared  # noqa: F401  (fixtur
 from workers.contract.verify import verify_extraction
 from workers.stages.extract import files as files_module
 from workers.stages.extract.resume import sample_is_whole
-from workers.stages.extract.with_transformers import (
-    WRITES_IN_FLIGHT,
-    bare_forward,
-    extract,
-    open_prepared,
-    plan_forward_batches,
-)
+from workers.stages.extract.files import WRITES_IN_FLIGHT
+from workers.stages.extract.with_transformers import bare_forward, extract
+from workers.stages.extract.batch_plan import open_prepared, plan_forward_batches
 from workers.stages.extract.writer import BoundedWriter
 
 BATCH_TOKENS = 256  # several batches of a few rows each, so the writer has a queue to keep

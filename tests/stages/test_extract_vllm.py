@@ -22,7 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers.stages.extract.with_transformers import extract, open_prepared
+from workers.stages.extract.with_transformers import extract
+from workers.stages.extract.batch_plan import open_prepared
 from workers.stages.extract.with_vllm import (
     LOG_NAME,
     STAGING_DIRNAME,

@@ -10,9 +10,9 @@ import torch
 from tests.stages.test_tau_known_answers import AlwaysWrongProposer, OracleProposer, continuation
 from workers.contract.target import default_layer_ids
 from workers.stages.evaluate.k_table import k_limit, k_table, recommend_k, walk
-from workers.stages.evaluate.measure import prompts_from_file
+from workers.stages.evaluate.prompts import prompts_from_file
 from workers.stages.evaluate.speculative import eos_ids
-from workers.stages.extract.with_transformers import load_target
+from workers.stages.extract.model import load_target
 
 K_MAX = 5
 # 60 tokens after the prefill's divide into whole chains of k + 1 for every k up to 5 (lcm of 2..6 is 60),

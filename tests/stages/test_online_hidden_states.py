@@ -21,9 +21,10 @@ from tests.vllm_here import vllm_or_skip
 from workers.contract.target import default_layer_ids, read_target_config
 from workers.stages.extract.with_transformers import extract
 from workers.stages.train.loop import train
-from workers.stages.train.online import OnlineSource
+from workers.stages.train.online.source import OnlineSource
 from workers.stages.train.online.cache import CacheFullError, SampleCache
-from workers.stages.train.online.capture import FAILURES_BEFORE_DEAD, CaptureClient, CaptureRefused
+from workers.stages.train.online.capture import FAILURES_BEFORE_DEAD, CaptureClient
+from workers.stages.train.online.staging import CaptureRefused
 from workers.stages.train.online.servers import CaptureFleet
 
 NUM_ROWS = 24

@@ -20,7 +20,7 @@ from speculators.models.eagle3.data import shift_batch
 from speculators.train.data import CollateFn
 
 from workers.contract.target import default_layer_ids, read_target_config
-from workers.stages.train.loop import build_draft_model, model_call_kwargs
+from workers.stages.train.draft_model import build_draft_model, model_call_kwargs
 from workers.stages.torch_internals import compiled_graph_count
 from workers.stages.train.packed_attention import document_attention, document_layout, flex_block_mask
 from workers.stages.train.packed_step import (

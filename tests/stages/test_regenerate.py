@@ -27,7 +27,9 @@ from tests.regenerate_data import (
     write_jsonl,
 )
 from workers.contract.errors import StopRequested
-from workers.stages.regenerate import RegenerateError, RegenerateSettings, regenerate, regenerate_check_target
+from workers.stages.regenerate.base import RegenerateError, RegenerateSettings
+from workers.stages.regenerate.stage import regenerate
+from workers.stages.regenerate.target import regenerate_check_target
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_NEW = 48

@@ -13,13 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.regenerate_data import TOO_LONG_TEXT, demo_rows, read_jsonl, shaped_rows, talking_target, write_jsonl
-from workers.stages.regenerate import (
-    RegenerateError,
-    RegenerateSettings,
-    regenerate,
-    regenerate_count_rows,
-    regenerate_merge,
-)
+from workers.stages.regenerate.base import RegenerateError, RegenerateSettings
+from workers.stages.regenerate.stage import regenerate, regenerate_count_rows
+from workers.stages.regenerate.merge import regenerate_merge
 from workers.stages.shards import shard_dir, spans_split
 
 SAMPLED = RegenerateSettings(max_new_tokens=12, temperature=0.9, seed=5)  # 12 tokens: many replies are cut

@@ -15,7 +15,9 @@ import pytest
 from tests.e2e.test_regenerate_vllm import serve_command
 from tests.regenerate_data import TOO_LONG_TEXT, demo_rows, shaped_rows, write_jsonl
 from tests.vllm_here import vllm_or_skip
-from workers.stages.regenerate import RegenerateSettings, regenerate, regenerate_count_rows, regenerate_merge
+from workers.stages.regenerate.base import RegenerateSettings
+from workers.stages.regenerate.stage import regenerate, regenerate_count_rows
+from workers.stages.regenerate.merge import regenerate_merge
 from workers.stages.shards import shard_dir, spans_split
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from workers.stages.evaluate.measure import prompts_from_file
-from workers.stages.extract.with_transformers import load_target
+from workers.stages.evaluate.prompts import prompts_from_file
+from workers.stages.extract.model import load_target
 from workers.stages.evaluate.speculative import (
     TargetRunner,
     eos_ids,

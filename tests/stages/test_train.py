@@ -11,14 +11,13 @@ import pytest
 import torch
 
 from workers.stages.train import loop as train_stage
-from workers.stages.demo.assets import read_chat_messages
+from workers.stages.demo.chats import read_chat_messages
 from workers.contract.target import default_layer_ids, read_target_config
-from workers.stages.train.loop import (
-    TrainingStopped,
-    TrainInputError,
-    build_draft_model,
-    train,
-)
+from workers.stages.device import device_label, resolve_device
+from workers.stages.train.results import TrainingStopped
+from workers.stages.train.data import TrainInputError
+from workers.stages.train.draft_model import build_draft_model
+from workers.stages.train.loop import train
 
 NUM_ROWS = 32
 DRAFT_VOCAB = 512
@@ -198,7 +197,7 @@ def test_every_supervised_token_of_short_rows_is_trained_on(trained, inputs):
     assert result.loss_tokens_per_epoch == [result.loss_tokens_available] * 2
     assert result.loss_tokens_trained == result.loss_tokens_available and result.rows_unusable == 0
     assert result.tokens_per_step == 256  # requested; the longest row is shorter
-    assert result.device == train_stage.device_label(train_stage.resolve_device("auto"))
+    assert result.device == device_label(resolve_device("auto"))
 
 
 def test_a_single_prepared_row_cannot_be_split(inputs, tmp_path):

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from workers.stages.train.in_child import TrainingProcessDied, train_in_child
-from workers.stages.train.loop import TrainingStopped, TrainInputError
+from workers.stages.train.results import TrainingStopped
+from workers.stages.train.data import TrainInputError
 
 DRAFT_VOCAB = 256
 REPO = Path(__file__).resolve().parents[2]

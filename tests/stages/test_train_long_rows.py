@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from tests.long_chats import build_training_inputs, write_long_chats
-from workers.stages.train import loop as train_stage
-from workers.stages.train.loop import device_label, iter_batches, plan_training_steps, resolve_device, train
+from workers.stages.device import device_label, resolve_device
+from workers.stages.train.data import HiddenStateSamples, iter_batches, plan_training_steps
+from workers.stages.train.loop import train
 
 MAX_SEQ_LEN = 640  # the demo target takes 2048 positions
 DRAFT_VOCAB = 512
@@ -102,7 +103,7 @@ def test_the_device_it_ran_on_is_recorded(long_trained):
 
 
 def test_a_row_longer_than_the_budget_is_refused_not_cut(long_inputs):
-    samples = train_stage.HiddenStateSamples(prepared_dir=long_inputs.prepared_dir,
+    samples = HiddenStateSamples(prepared_dir=long_inputs.prepared_dir,
                                              hidden_states_dir=long_inputs.hidden_states_dir,
                                              layer_ids=long_inputs.layer_ids, hidden_size=128)
     longest = max(range(len(samples)), key=samples.lengths.__getitem__)
@@ -121,7 +122,7 @@ def test_speculators_collator_alone_would_cut_the_reply_of_a_long_row(long_input
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import CollateFn
 
-    samples = train_stage.HiddenStateSamples(prepared_dir=long_inputs.prepared_dir,
+    samples = HiddenStateSamples(prepared_dir=long_inputs.prepared_dir,
                                              hidden_states_dir=long_inputs.hidden_states_dir,
                                              layer_ids=long_inputs.layer_ids, hidden_size=128)
     row = next(i for i, n in enumerate(samples.lengths) if n > 512 and sum(long_inputs.loss_masks[i][:256]) == 0)

@@ -22,7 +22,8 @@ from workers.stages.prepare import prepare
 from workers.contract.speculators_layout import SpeculatorsLayoutError, run_data_link, speculators_data_link
 from workers.stages.train.with_speculators.plan import plan_epochs, read_rows
 from workers.contract.target import default_layer_ids
-from workers.stages.train.loop import TrainingStopped, TrainInputError
+from workers.stages.train.results import TrainingStopped
+from workers.stages.train.data import TrainInputError
 from workers.stages.train.with_speculators.trainer import SpeculatorsTrainError, speculators_command, train_with_speculators
 from workers.stages.vocab import build_vocab
 

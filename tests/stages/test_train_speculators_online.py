@@ -17,7 +17,7 @@ from tests.stages.test_train_speculators import CPU_ARGS, CPU_SEAM_ENV, DRAFT_VO
 from tests.vllm_here import vllm_or_skip
 
 from workers.contract.target import default_layer_ids
-from workers.stages.train.online.capture import CaptureRefused
+from workers.stages.train.online.staging import CaptureRefused
 from workers.stages.train.online.source import OnlineSource
 from workers.stages.train.with_speculators.online import endpoint_choice, parse_counters
 from workers.stages.train.with_speculators.trainer import speculators_command, train_with_speculators

@@ -16,8 +16,8 @@ from runs.pipeline import online_services, selectors, services
 from runs.pipeline.run_config import RunConfig, RunConfigError
 from runs.pipeline.result_records import training_record
 from runs.pipeline.stage_services import stage_record_id, stage_start
-from workers.stages.train.loop import TrainResult
-from workers.stages.train.online import SupplyReport
+from workers.stages.train.results import TrainResult
+from workers.stages.train.online.source import SupplyReport
 from workers.stages.train.split import SplitInfo
 
 pytestmark = pytest.mark.django_db

@@ -28,14 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from workers.contract.chats import (  # noqa: E402,F401 - re-exported for callers of prepare
-    ROLE_ALIASES,
-    Conversation,
-    DatasetFormatError,
-    _parse_turn,
-    parse_row,
-    read_conversations,
-)
+from workers.contract.chats import DatasetFormatError, read_conversations  # noqa: E402
 from workers.contract.progress import ProgressFn  # noqa: E402
 # What prepare renders with; ChatTemplateError, MASK_SOURCE and load_tokenizer are read from here by its callers.
 from workers.stages.prepare_render import (  # noqa: E402,F401

@@ -27,13 +27,12 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-from workers.stages.demo.chats import read_chat_messages, write_demo_chats  # noqa: E402,F401
-from workers.contract.demo_build import (  # noqa: E402,F401
+from workers.stages.demo.chats import read_chat_messages, write_demo_chats  # noqa: E402
+from workers.contract.demo_build import (  # noqa: E402
     BUILD_INFO_FILENAME,
     CHATS_FILENAME,
     DEFAULT_CONVERSATIONS,
     DEFAULT_TRAIN_STEPS,
-    RECIPE_VERSION,
     TARGET_DIRNAME,
     build_params,
     finished_build_info,

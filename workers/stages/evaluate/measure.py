@@ -34,14 +34,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from workers.stages.evaluate.prompts import (  # noqa: E402,F401 - the prompts' functions, re-exported here
-    EvaluationInputError,
-    prompts_from_file,
-    prompts_from_prepared,
-    validation_rows,
-)
-from workers.stages.evaluate.speculative import (  # noqa: E402,F401
-    EvaluationStopped,
+from workers.contract.prompt_source import EvaluationInputError  # noqa: E402
+from workers.stages.evaluate.speculative import (  # noqa: E402
     Measurement,
     PromptResult,
     eos_ids,
@@ -280,7 +274,7 @@ def evaluate(
     their order), their results written to `part_dir` (the shard's folder), and an EvaluationPart
     returned; workers.stages.evaluate.merge.evaluate_merge computes the result from the parts. Greedy
     decoding has no randomness, so a prompt's result is the same in whichever shard it is."""
-    from workers.stages.extract.with_transformers import load_target, place_target
+    from workers.stages.extract.model import load_target, place_target
 
     started = time.monotonic()
     target_dir, checkpoint_dir = Path(target_dir), Path(checkpoint_dir)

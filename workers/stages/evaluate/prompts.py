@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Planned by the web tier, which may import only the contract: the error and the split's reader live there.
-from workers.contract.prompt_source import EvaluationInputError, PromptSource, validation_rows  # noqa: F401
+# Planned by the web tier, which may import only the contract: the error and the prompt source live there.
+from workers.contract.prompt_source import EvaluationInputError, PromptSource
 
 
 def prompts_load(source: PromptSource) -> list[list[int]]:
@@ -45,7 +45,8 @@ def prompts_from_prepared(prepared_dir: Path, row_indices: list[int], *, limit: 
 def prompts_from_file(path: Path, tokenizer_dir: Path, *, limit: int) -> list[list[int]]:
     """Prompts from a chat file in any dataset format: each conversation up to its first reply
     (or whole, when it ends with a user turn), rendered with the generation prompt."""
-    from workers.stages.prepare import load_tokenizer, read_conversations
+    from workers.stages.prepare import load_tokenizer
+    from workers.contract.chats import read_conversations
 
     tokenizer = load_tokenizer(Path(tokenizer_dir))
     prompts = []

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from workers.contract.errors import InputError, StopRequested
 from workers.contract.serving import checkpoint_speculative_tokens, vllm_serve_command
-from workers.contract.target import read_target_json, target_dtype  # noqa: F401 - target_dtype: its name here too
+from workers.contract.target import read_target_json, target_dtype
 from workers.contract.vllm_env import kvcache_gib, server_environment, vllm_install_at
 from workers.stages.evaluate.serve_load import LoadError, LoadFigures, load_measure, speedup_table
 from workers.stages.extract.vllm_server import HOST, VllmServer, VllmServerError, free_port, log_tail

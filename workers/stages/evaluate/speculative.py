@@ -79,7 +79,7 @@ class TargetRunner:
     features are moved to `device`, where the draft reads them."""
 
     def __init__(self, model, aux_layer_ids: list[int], *, device: torch.device | None = None):
-        from workers.stages.extract.with_transformers import LayerCapture
+        from workers.stages.extract.model import LayerCapture
 
         self.model = model
         self.device = device if device is not None else model.device

@@ -42,36 +42,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
 # The batches one worker runs, planned without torch (a split extraction's planner uses them too).
 from workers.stages.extract.batch_plan import (  # noqa: E402
     batch_token_budget,
     open_prepared,
     plan_forward_batches,
 )
-from workers.stages.extract.files import (  # noqa: E402,F401
-    WRITES_IN_FLIGHT,
-    HiddenBatch,
-    _check_batch,
-    _write_batch,
-    _write_staged,
-    _writer,
-)
+from workers.stages.extract.files import WRITES_IN_FLIGHT, HiddenBatch, _write_staged, _writer  # noqa: E402
 from workers.stages.extract.host_copy import (  # noqa: E402
     BlockingCopies,
     EventTimes,
     ForwardedBatch,
     PinnedCopies,
 )
-from workers.stages.extract.model import (  # noqa: E402,F401
-    LayerCapture,
-    decoder_parts,
-    load_target,
-    place_target,
-    spread_device,
-)
-from workers.stages.extract.result import (  # noqa: E402,F401
-    FILE_PATTERN,
+from workers.stages.extract.model import LayerCapture, decoder_parts, load_target, place_target  # noqa: E402
+from workers.stages.extract.result import (  # noqa: E402
     HIDDEN_STATES_DIRNAME,
     MANIFEST_NAME,
     ExtractionResult,

@@ -49,13 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.contract.errors import InputError, StopRequested
-from workers.stages.extract.with_transformers import (
-    HIDDEN_STATES_DIRNAME,
-    MANIFEST_NAME,
-    ExtractionResult,
-    open_prepared,
-    write_manifest,
-)
+from workers.stages.extract.result import HIDDEN_STATES_DIRNAME, MANIFEST_NAME, ExtractionResult, write_manifest
+from workers.stages.extract.batch_plan import open_prepared
 from workers.stages.extract.resume import (
     extraction_fingerprint,
     resume_or_start,

@@ -1,5 +1,5 @@
 """The training stage's checkpoint folders, in speculators' layout (`{epoch}/`, `epoch{n}_end`,
-`checkpoint_best`). Split from workers.stages.train.loop, which re-exports these."""
+`checkpoint_best`), for workers.stages.train.loop."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 from speculators.train.checkpointer import SingleGPUCheckpointer
 
 
-def _clear_previous_run(out_dir: Path, *, keep_epochs: int = 0) -> None:
+def clear_previous_run(out_dir: Path, *, keep_epochs: int = 0) -> None:
     """Only speculators-layout entries go: numbered epochs from `keep_epochs` on (those a resumed
     training trains again), their symlinks, and the best-epoch link (chosen again at the end)."""
     for child in out_dir.iterdir():

@@ -2,7 +2,7 @@
 (runs.pipeline.preflight), which asks vLLM's config classes about it.
 
 speculators' Eagle3SpeculatorConfig, built as `Eagle3DraftModel.from_training_args` builds it with the
-arguments workers/stages/train/loop.py build_draft_model gives it (speculators' eagle3 defaults), and the
+arguments workers/stages/train/draft_model.py build_draft_model gives it (speculators' eagle3 defaults), and the
 keys a checkpoint's save adds (SingleGPUCheckpointer.save_checkpoint: the model class in `architectures`,
 bf16 tensors, untied embeddings), without building the model, whose embeddings would read the target's
 weights. tests/services/test_launch_preflight.py compares it with the config.json of a real checkpoint.

@@ -36,28 +36,39 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import itertools  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
-import re  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from speculators.models.eagle3 import Eagle3DraftModel  # noqa: E402
 from speculators.train.checkpointer import SingleGPUCheckpointer  # noqa: E402
-from speculators.train.cli import create_transformer_layer_config  # noqa: E402
 from speculators.train.utils import normalize_counted_metrics  # noqa: E402
-from transformers import get_linear_schedule_with_warmup  # noqa: E402
 
-from workers.stages.device import device_label, resolve_device  # noqa: E402,F401
-from workers.stages.train.steps import DraftStepper, prefetch  # noqa: E402
-from workers.stages.train.ddp import Ranks, rank_plan, reduce_metrics, step_weights  # noqa: E402
-from workers.contract.errors import StopRequested  # noqa: E402
-from workers.stages.train.split import SplitError, SplitInfo, split_record, split_train_val, write_split  # noqa: E402,F401
-from workers.stages.train.prompt_keys import prompt_context_keys  # noqa: E402
 from workers.contract.target import read_target_config, validate_layer_ids  # noqa: E402
-from workers.stages.train.checkpoints import _clear_previous_run, save_epoch_checkpoint  # noqa: E402,F401
+from workers.stages.device import device_label, resolve_device  # noqa: E402
+from workers.stages.train.checkpoints import clear_previous_run, save_epoch_checkpoint  # noqa: E402
+from workers.stages.train.data import (  # noqa: E402
+    HiddenStateSamples,
+    TrainInputError,
+    batch_dtype,
+    iter_batches,
+    plan_training_steps,
+    token_budget,
+)
+from workers.stages.train.ddp import Ranks, rank_plan, reduce_metrics, step_weights  # noqa: E402
+from workers.stages.train.draft_model import build_draft_model, make_optimizer  # noqa: E402
+from workers.stages.train.online.source import OnlineSource  # noqa: E402
+from workers.stages.train.prompt_keys import prompt_context_keys  # noqa: E402
+from workers.stages.train.results import (  # noqa: E402
+    METRIC_KEY,
+    CheckpointInfo,
+    TrainingStopped,
+    TrainResult,
+    lowest_val_loss_epoch,
+    offline_supply,
+    public_metrics,
+)
 from workers.stages.train.resume import (  # noqa: E402
     Progress,
     discard_state,
@@ -67,16 +78,9 @@ from workers.stages.train.resume import (  # noqa: E402
     save_state,
     train_fingerprint,
 )
-from workers.stages.train.online.source import OnlineSource, SupplyReport  # noqa: E402
-from workers.stages.train.data import (  # noqa: E402,F401  (re-exported: tests and bench use them from here)
-    DEFAULT_TOKENS_PER_STEP,
-    HiddenStateSamples,
-    TrainInputError,
-    batch_dtype,
-    iter_batches,
-    plan_training_steps,
-    token_budget,
-)
+from workers.stages.train.split import SplitError, split_record, split_train_val, write_split  # noqa: E402
+from workers.stages.train.steps import DraftStepper, prefetch  # noqa: E402
+
 
 logger = logging.getLogger(__name__)
 
@@ -85,118 +89,6 @@ METRICS_FLUSH_STEPS = 50
 # Besides each epoch's end, a resume state is saved this often within an epoch, so that a lost worker
 # costs at most this much training (an epoch of a large dataset can take hours).
 RESUME_SAVE_SECONDS = 600.0
-_METRIC_KEY = re.compile(r"^(loss|loss_\d+|full_acc_\d+|cond_acc_\d+)$")
-
-
-class TrainingStopped(StopRequested):
-    """should_stop() asked the loop to end; nothing after the last finished epoch was saved."""
-
-    def __init__(self, steps_done: int):
-        super().__init__(f"training stopped on request after {steps_done} steps")
-        self.steps_done = steps_done
-
-    def __reduce__(self):  # rebuilt from steps_done in the worker (workers.stages.train.in_child)
-        return type(self), (self.steps_done,)
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    epoch: int
-    path: Path
-    train_loss: float
-    val_loss: float
-    val_metrics: dict
-    is_best: bool
-
-
-def lowest_val_loss_epoch(losses: dict[int, float]) -> int:
-    """The epoch with the lowest validation loss, the earlier on a tie; a NaN loss (a diverged validation)
-    never wins, where min() would keep it (NaN compares false). The trainers mark it best; the run's best
-    is decided later, by the τ measured for every checkpoint unless the run chose validation loss
-    (runs.pipeline.best applies the same rule to the registered losses)."""
-    return min(losses, key=lambda e: (math.inf if math.isnan(losses[e]) else losses[e], e))
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    out_dir: Path
-    checkpoints: list[CheckpointInfo]
-    best_epoch: int
-    steps: int
-    train_tokens: int
-    tokens_per_second: float
-    seconds: float
-    tokens_per_step: int  # the packing budget used: max(requested or 512, longest prepared row)
-    # Supervised tokens that can reach the loss: loss_mask[1:] summed over the train split's rows
-    # (shift_batch drops position 0, which nothing predicts; prepared rows never mask it). Rows of
-    # fewer than 2 tokens are counted here too, though they add nothing, and in rows_unusable.
-    loss_tokens_available: int
-    loss_tokens_trained: int  # loss_mask summed over the shifted batches of the last epoch
-    loss_tokens_per_epoch: list[int]
-    rows_unusable: int  # train-split rows under 2 tokens: shift_batch leaves nothing to train on
-    split: SplitInfo
-    device: str  # e.g. "cpu" or "cuda:0 (NVIDIA H200)"
-    # How steps ran (workers.stages.train.steps): e.g. "attention flex, loss fused, compute bfloat16";
-    # seconds per phase of this attempt's training steps (data wait, copies, forward, backward,
-    # optimizer); the padded step lengths seen (training and validation) and the graphs torch.compile
-    # built for them, and of those the ones beyond one per length, grad mode and TTT step.
-    step_config: str = ""
-    time_split_s: dict = field(default_factory=dict)
-    step_lengths: list = field(default_factory=list)
-    graphs_compiled: int = 0
-    recompiles: int = 0
-    # A retried training continues from the resume state an earlier attempt saved (0: from the start).
-    # steps, train_tokens and the loss figures cover the whole training, earlier attempts included;
-    # tokens_per_second and seconds are this attempt's (the earlier attempts' when this one had no step left).
-    resumed_from_step: int = 0
-    stopped_early: str = ""  # why training ended before its last epoch (stop_early's words); "" when it did not
-    # Where the hidden states came from and how well they kept up (workers.stages.train.online.SupplyReport).
-    supply: dict = field(default_factory=dict)
-
-
-def build_draft_model(*, target_dir: Path, layer_ids: list[int], d2t_path: Path, t2d_path: Path,
-                      draft_vocab_size: int, ttt_steps: int, seed: int = 0) -> Eagle3DraftModel:
-    """A fresh 1-layer draft exactly as `speculators train` builds one with its eagle3 defaults."""
-    target = read_target_config(target_dir)
-    validate_layer_ids(layer_ids, target.num_layers)
-    d2t = torch.from_numpy(np.load(d2t_path))
-    t2d = torch.from_numpy(np.load(t2d_path))
-    if d2t.shape[0] != draft_vocab_size:
-        raise TrainInputError(f"{d2t_path}: {d2t.shape[0]} entries, but draft_vocab_size is {draft_vocab_size}")
-    if t2d.shape[0] != target.vocab_size:
-        raise TrainInputError(f"{t2d_path}: {t2d.shape[0]} entries, but the target vocabulary has {target.vocab_size}")
-    torch.manual_seed(seed)
-    # TrainConfig._resolve_derived_defaults for eagle3: llama draft, 1 layer, norm_before_fc,
-    # norm_output, norm_before_residual; DraftArgs: sliding_window 2048, no full-attention layers.
-    layer_config = create_transformer_layer_config(
-        verifier_name_or_path=str(target_dir), num_layers=1, draft_arch="llama", hidden_act=None,
-        sliding_window=2048, full_attention_indices=[])
-    model = Eagle3DraftModel.from_training_args(
-        verifier_config=layer_config, t2d=t2d.to(torch.bool), d2t=d2t.to(torch.long),
-        verifier_name_or_path=str(target_dir), draft_vocab_size=draft_vocab_size, norm_before_residual=True,
-        norm_before_fc=True, norm_output=True, ttt_steps=ttt_steps, target_layer_ids=list(layer_ids[:-1]),
-        draft_attn_impl="eager")
-    Eagle3DraftModel.verify_training_compatible(model)
-    return model
-
-
-def model_call_kwargs(ttt_steps: int) -> dict:
-    """Eagle3DraftModel.get_trainer_kwargs with loss kl_div, eager implementation, no decay."""
-    train_kwargs, _ = Eagle3DraftModel.get_trainer_kwargs(
-        loss_fn="kl_div", loss_implementation="eager", ttt_steps=ttt_steps, ttt_step_loss_decay=1.0)
-    return train_kwargs
-
-
-def make_optimizer(model: torch.nn.Module, *, lr: float, total_steps: int):
-    """AdamW as build_optimizers("adamw") makes it; linear decay with 1% warmup (at least one step)."""
-    optimizer = torch.optim.AdamW(model.named_parameters(), lr=lr, weight_decay=0.01)
-    warmup = max(1, total_steps // 100)
-    return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, max(total_steps, warmup + 1))
-
-
-def _public_metrics(raw: dict) -> dict[str, float]:
-    values = normalize_counted_metrics({k: float(v) for k, v in raw.items()})
-    return {k: v for k, v in values.items() if _METRIC_KEY.match(k)}
 
 
 def evaluate(stepper: DraftStepper, samples: HiddenStateSamples, plan: list[list[int]], *, max_tokens: int,
@@ -332,7 +224,7 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
     if writer:
         if not resumed_from and not progress.epoch:
             discard_state(out_dir)
-        _clear_previous_run(out_dir, keep_epochs=progress.epoch)
+        clear_previous_run(out_dir, keep_epochs=progress.epoch)
     if on_resume is not None:
         on_resume(progress.global_step, progress.epoch)
     if writer:
@@ -397,7 +289,7 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
                 progress.global_step, progress.local_step = step, local_step
                 progress.train_tokens += tokens
                 progress.train_seconds += t1 - t0
-                values = _public_metrics(raw)
+                values = public_metrics(raw)
                 progress.losses.append(values["loss"])
                 values.update(lr=lr_now, tokens_per_s=tokens / max(t1 - t0, 1e-9), tokens_seen=progress.train_tokens)
                 values.update(samples.step_values(attempt_seconds))
@@ -420,7 +312,7 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
                 logger.warning("epoch %d: %d of %d supervised tokens reached the loss", epoch, loss_tokens, available)
             samples.expect([row for rows in val_plan for row in rows], validation=True)
             val = evaluate(stepper, samples, val_plan, max_tokens=budget, should_stop=should_stop, steps_done=step)
-            val_public = {k: float(v) for k, v in val.items() if _METRIC_KEY.match(k)}
+            val_public = {k: float(v) for k, v in val.items() if METRIC_KEY.match(k)}
             sink.add(step, epoch + 1.0, "val", val_public)
             sink.flush()
             # On several ranks every rank validates and calls the checkpointer: speculators' checkpointer writes
@@ -467,9 +359,3 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
                        supply=(supply_of(attempt_seconds, attempt_tokens) if supply_of is not None
                                else offline_supply(stepper.times.as_dict(), attempt_seconds)))
 
-
-def offline_supply(time_split_s: dict, seconds: float) -> dict:
-    """An extraction on disk: the share of step time the trainer waited for its next batch."""
-    wait = float(time_split_s.get("data", 0.0))
-    return SupplyReport(hidden_states="offline", fetch_wait_seconds=wait,
-                        fetch_wait_fraction=min(1.0, wait / seconds) if seconds > 0 else 0.0).as_dict()

@@ -9,4 +9,3 @@ them for one sample, balanced across servers, retried elsewhere when one dies or
 ahead of the trainer) and `supply` (what the trainer waited, what the servers delivered, the
 cache's hits: the run's supply figures).
 """
-from workers.stages.train.online.source import OnlineSource, SupplyReport  # noqa: F401

@@ -40,7 +40,8 @@ from workers.contract.host_rule import excerpt
 from workers.contract.target import read_target_config
 from workers.stages.extract.vllm_server import VllmServerError
 from workers.stages.extract.with_vllm import LOCK_TIMEOUT_S, VllmOutputError, check_sample, max_model_len
-from workers.stages.train.online.capture import CaptureRefused, ask_hidden_states, check_stamp
+from workers.stages.train.online.staging import CaptureRefused
+from workers.stages.train.online.capture import ask_hidden_states, check_stamp
 from workers.stages.train.online.samples import SUPPLY_BOUND_WAIT, advise
 from workers.stages.train.online.servers import CaptureFleet, CaptureServer, request
 from workers.stages.train.online.staging import take_sample

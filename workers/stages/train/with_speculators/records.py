@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from workers.stages.train.loop import _METRIC_KEY, CheckpointInfo
+from workers.stages.train.results import METRIC_KEY, CheckpointInfo
 from workers.stages.train.online.source import SupplyReport
 from workers.stages.train.with_speculators.ledger import EpochDone, checkpoint_whole, ledger_save
 
@@ -57,7 +57,7 @@ class MetricCapture:
         elif "val" in record:
             epoch, step = int(record["epoch"]), int(line["step"])
             values = {k.removesuffix("_epoch"): float(v) for k, v in record["val"].items()
-                      if _METRIC_KEY.match(k.removesuffix("_epoch"))}
+                      if METRIC_KEY.match(k.removesuffix("_epoch"))}
             self.points += [{"step": step, "epoch": float(epoch + 1), "split": "val", "key": k, "value": v}
                             for k, v in values.items()]
             self.pending_val[epoch] = (step, values)
@@ -65,7 +65,7 @@ class MetricCapture:
     def _train(self, record: dict) -> None:
         epoch, step = int(record["epoch"]), int(record["global_step"]) + 1
         local = step - self.plan.steps_before(epoch)
-        values = {k: float(v) for k, v in record["train"].items() if _METRIC_KEY.match(k)}
+        values = {k: float(v) for k, v in record["train"].items() if METRIC_KEY.match(k)}
         self.dropped_samples += float(record["train"].get("error_records", 0.0))
         lr = record.get("lr")
         if isinstance(lr, Mapping):  # muon: {"Muon": lr, "AdamW": lr}; --lr sets AdamW's

@@ -66,8 +66,8 @@ from workers.stages.train.with_speculators.records import MetricCapture
 from workers.stages.train.with_speculators.split_data import HIDDEN_STATES, split_data_dir, write_split_data
 from workers.stages.train.split import SplitError, write_split
 from workers.contract.target import read_target_config, validate_layer_ids
-from workers.stages.train.loop import CheckpointInfo, TrainingStopped, TrainInputError, TrainResult
-from workers.stages.train.loop import lowest_val_loss_epoch
+from workers.stages.train.data import TrainInputError
+from workers.stages.train.results import CheckpointInfo, TrainingStopped, TrainResult, lowest_val_loss_epoch
 from workers.stages.train.online.source import OnlineSource, SupplyReport
 from workers.stages.train.resume import dir_summary, train_fingerprint
 
