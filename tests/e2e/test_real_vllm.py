@@ -281,7 +281,7 @@ def test_the_serve_checks_speedup_table_has_a_row_per_concurrency_from_emitted_t
         assert row["tpot_ms_with"] > 0 and row["tpot_ms_without"] > 0, row
         assert row["tokens_per_s_with"] == pytest.approx(row["output_tokens_with"] / row["seconds_with"], rel=1e-3)
         assert row["speedup"] == pytest.approx(row["tokens_per_s_with"] / row["tokens_per_s_without"])
-    page = admin_client.get(f"/runs/{talker_run['id']}/").content.decode()
+    page = admin_client.get(f"/runs/{talker_run['run_id']}/").content.decode()
     assert "CPU figures" in page and page.count('data-concurrency="') == len(TALKER_CONCURRENCY)
     first = rows[0]
     assert f'{first["speedup"]:.2f}×' in page
