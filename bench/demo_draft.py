@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from workers.stages.evaluate.prompts import prompts_from_prepared
 from workers.contract.prompt_source import validation_rows
 from workers.stages.extract.with_transformers import extract

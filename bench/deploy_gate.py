@@ -6,7 +6,7 @@ On the demo target's rows (prepared, extracted and mapped once), the training lo
 rows with the same seed: alone, then with live τ, where each checkpoint, as it is saved, is measured by
 another process (the evaluate stage's own `evaluate()`, k table included, on the held-out prompts), one
 at a time, a checkpoint saved while one is measured waiting for it and replaced by a newer one, as
-runs.pipeline.live_tau does with the queue. Reported: training tokens/s of each, their ratio, and per
+runs.pipeline.status.live_tau does with the queue. Reported: training tokens/s of each, their ratio, and per
 measured checkpoint its τ, recommended k and the seconds its measurement took (τ and the k table).
 
 The measuring process is a separate process on THIS host: on a small machine it competes with the training

@@ -141,8 +141,8 @@ def extraction_on(*, workers: int, shards: int, assets, user, work: Path, conver
     from runs.data.regeneration import RegenerationSettings, dataset_regenerate_request
     from runs.models import ExtractStage, Preparation, StageStatus
     from runs.pipeline import services
-    from runs.pipeline.job_models import DatasetRegeneration
-    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.jobs.models import DatasetRegeneration
+    from runs.pipeline.launch.run_config import RunConfig
     from tests.worker import celery_worker
 
     logs = [work / f"worker-{chr(97 + i)}-{workers}.log" for i in range(workers)]

@@ -262,7 +262,7 @@ def main() -> None:
             import redis
 
             from runs.pipeline import services
-            from runs.pipeline.queue import pipeline_enqueue
+            from runs.pipeline.dispatch.queue import pipeline_enqueue
 
             cleanup.callback(lambda: redis.Redis.from_url(args.broker_url).flushdb())
             worker = start([sys.executable, "-m", "celery", "-A", "eagle3web", "worker", "-Q", "cpu,gpu",

@@ -22,7 +22,7 @@ def _finish(run, *, statuses: dict[str, str], log: str) -> None:
     from django.utils import timezone
 
     from runs.models import StageAttempt
-    from runs.pipeline.stages import STAGES
+    from runs.pipeline.lifecycle.stages import STAGES
 
     now = timezone.now()
     for stage in STAGES:
@@ -43,10 +43,11 @@ def seed(*, runs: int, target_dir: Path, chats: Path) -> tuple[object, object]:
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group
 
-    from runs.pipeline import result_records, services
+    from runs.pipeline.lifecycle import result_records
+    from runs.pipeline import services
     from runs.review import reviews
     from runs.tracking import services as metric_services
-    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.launch.run_config import RunConfig
 
     user = get_user_model().objects.create_user("bench", password=PASSWORD, is_superuser=True)
     user.groups.add(Group.objects.get_or_create(name="launcher")[0])
@@ -82,7 +83,7 @@ class Writer(threading.Thread):
 
     def __init__(self, *, run, steps_per_second: float, history_steps: int):
         super().__init__(daemon=True)
-        from runs.pipeline import stage_services
+        from runs.pipeline.lifecycle import stage_services
         from runs.tracking import services as metric_services
         from runs.models import TrainingRun
 

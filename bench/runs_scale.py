@@ -53,7 +53,7 @@ def _spread(runs: list, user, viewer) -> dict:
             "ELSE 'baseline schedule, cosine decay' END, "
             "config = jsonb_set(config, '{epochs}', to_jsonb(1 + id %% 4))", [ids])
         cursor.execute("UPDATE runs_trainingrun SET best_tau = 1.5 + (run_id % 100) / 50.0, status = 'succeeded'")
-        # What best_decide leaves on the run's row beside it (runs.pipeline.list_tau).
+        # What best_decide leaves on the run's row beside it (runs.pipeline.status.list_tau).
         cursor.execute("UPDATE runs_pipelinerun SET list_tau = 1.5 + (id % 100) / 50.0")
         for table in ("runs_preparation", "runs_extractstage", "runs_vocabmapping", "runs_evaluation"):
             cursor.execute(f"UPDATE {table} SET status = 'succeeded'")

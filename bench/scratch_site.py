@@ -50,8 +50,8 @@ def make_runs(count: int, *, workdir: Path):
     from django.contrib.auth import get_user_model
 
     from runs.models import PipelineRun
-    from runs.pipeline.stages import STAGES
-    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.lifecycle.stages import STAGES
+    from runs.pipeline.launch.run_config import RunConfig
     from runs.pipeline.services import run_launch
 
     settings.EAGLE3WEB_DATA_ROOTS = [workdir]

@@ -118,7 +118,7 @@ TEMPLATES = [
 
 # Seconds a process keeps its database connection between requests (0: a new one per request).
 # Compose sets 60: a gunicorn sync worker then reuses one connection, checked before reuse. Celery
-# workers hold theirs whatever this says, and reconnect on their own after an outage (workers.tasks).
+# workers hold theirs whatever this says, and reconnect on their own after an outage (workers.orchestration.tasks).
 DATABASE_CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 0)
 DATABASES = {
     "default": dj_database_url.parse(
@@ -192,7 +192,7 @@ EAGLE3WEB_RUNS_DIR = Path(env_str("EAGLE3WEB_RUNS_DIR", str(DATA_DIR / "runs")))
 # How often (seconds) a stage may write progress to the database.
 EAGLE3WEB_PROGRESS_INTERVAL = env_int("EAGLE3WEB_PROGRESS_INTERVAL", 2)
 # How often (seconds) a worker samples CPU, memory, GPU and disk while it runs a run's stage
-# (workers.system_metrics): each sample becomes a point of the run's "system/..." series.
+# (workers.orchestration.system_metrics): each sample becomes a point of the run's "system/..." series.
 EAGLE3WEB_SYSTEM_SAMPLE_SECONDS = env_int("EAGLE3WEB_SYSTEM_SAMPLE_SECONDS", 5)
 # Threads torch may use in a worker's stage; set explicitly because torch's default oversubscribes
 # a machine shared with the web process and other workers.
@@ -204,7 +204,7 @@ EAGLE3WEB_STAGE_LEASE_SECONDS = env_int("EAGLE3WEB_STAGE_LEASE_SECONDS", 60)
 # meanwhile; then it fails naming the missing ranks. torchrun's own rendezvous gets the same join_timeout.
 EAGLE3WEB_TRAIN_GANG_TIMEOUT_SECONDS = env_int("EAGLE3WEB_TRAIN_GANG_TIMEOUT_SECONDS", 300)
 # How long a launch waits for vLLM's own config classes to accept the run's speculative config, where vLLM is
-# installed beside the web process (runs.pipeline.preflight); 0 turns the check off.
+# installed beside the web process (runs.pipeline.launch.preflight); 0 turns the check off.
 EAGLE3WEB_VLLM_PREFLIGHT_SECONDS = env_int("EAGLE3WEB_VLLM_PREFLIGHT_SECONDS", 60)
 # The evaluate stage measures τ for every k from 1 to a draft's trained steps plus this many (at most 16;
 # workers.stages.evaluate.k_table); below 0, no k table.
@@ -216,7 +216,7 @@ EAGLE3WEB_EXTRACT_BATCH_TOKENS = env_int("EAGLE3WEB_EXTRACT_BATCH_TOKENS", 0)
 # (e.g. "--num-workers 8 --optimizer adamw"); runs choose the trainer, the host knows its kernels.
 EAGLE3WEB_SPECULATORS_ARGS = shlex.split(env_str("EAGLE3WEB_SPECULATORS_ARGS", ""))
 # A worker on a host with GPUs also consumes "gpu" and the queues of the backends and GPU counts it
-# can run (workers/fleet.py); 0: only the queues given with -Q.
+# can run (workers/orchestration/fleet.py); 0: only the queues given with -Q.
 EAGLE3WEB_WORKER_GPU_QUEUES = env_bool("EAGLE3WEB_WORKER_GPU_QUEUES", True)
 # Alerts (runs.alerts): webhook hosts (names, addresses or networks, comma-separated) alerts may be
 # posted to; a listed name that resolves to a loopback, private or link-local address is refused unless
@@ -267,7 +267,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 # Redis hands a message that was taken but never acknowledged back to its queue after this long.
 # Messages are acknowledged when their task ends (acks late), so a training holds its own for hours:
 # it comes back as a copy that a worker drops (the stage is running, or done). It is only a backstop:
-# a worker takes a stage's message by naming itself on the stage's row (workers/claims.py), and the
+# a worker takes a stage's message by naming itself on the stage's row (workers/orchestration/claims.py), and the
 # reconcilers send the message again within a minute of that worker's last heartbeat when it died
 # before the stage started; this catches a worker killed in the instant between the two.
 EAGLE3WEB_BROKER_VISIBILITY_SECONDS = env_int("EAGLE3WEB_BROKER_VISIBILITY_SECONDS", 120)

@@ -10,7 +10,7 @@ too rather than matching nothing, so a pasted stray byte is shown, not silently 
   parameters, a page's form fields, and the cookies (a quoted cookie may say "\\000"; the session's is
   looked up in the database). It answers the API in the API's JSON ({"error", "fields"}) and the pages
   with templates/input_refused.html.
-- The API's JSON bodies are checked by runs.api.parsers as they are parsed, keys and values at any depth,
+- The API's JSON bodies are checked by runs.api.bodies.parsers as they are parsed, keys and values at any depth,
   the field named by where it sits (config.schedule[0].name).
 - Text a form field carries inside it (the saved view's `query`, a query string) is checked where it is
   parsed (runs.tracking.run_table.RunFilters.from_query).

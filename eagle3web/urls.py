@@ -13,7 +13,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     # The versioned REST API (tokens, JSON errors) and the account page where tokens are made.
     path("api/v1/", include("runs.api.urls")),
-    path("account/", include("runs.api.account_urls")),
+    path("account/", include("runs.api.account.urls")),
     path("", include("runs.web.urls")),
 ]
 # An error no view caught answers /api/ in JSON (and the pages with Django's own page).

@@ -9,10 +9,10 @@ import runs.sweeps.admin  # noqa: F401 - sweeps and their runs
 from runs.admin_bases import InternalAdmin, NoAddAdmin
 from runs.checkpoints.models import CheckpointGenerations
 from runs.fleet.models import Worker
-from runs.pipeline.shard_models import StageShard
-from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, DemoBuild, ServeCheck, VerificationRequest
+from runs.pipeline.shards.models import StageShard
+from runs.pipeline.jobs.models import DatasetCatalogue, DatasetRegeneration, DemoBuild, ServeCheck, VerificationRequest
 from runs.checkpoints.models import Checkpoint, Evaluation
-from runs.pipeline.node_models import TrainingNode
+from runs.pipeline.nodes.models import TrainingNode
 from runs.data.models import (
     CurationAction,
     Dataset,
@@ -359,7 +359,7 @@ class WorkerAdmin(NoAddAdmin):
 
 @admin.register(TrainingNode)
 class TrainingNodeAdmin(InternalAdmin):
-    """Who held which rank of a training across nodes (runs.pipeline.node_services): internal, read-only."""
+    """Who held which rank of a training across nodes (runs.pipeline.nodes.services): internal, read-only."""
 
     list_display = ("id", "training", "attempt", "rank", "worker", "status", "started_at", "finished_at")
     list_filter = ("status",)

@@ -1,6 +1,6 @@
 """What live pages poll, answered cheaply: conditional requests and a cache shared by every viewer.
 
-An answer's ETag is built from the run's change counters (runs.pipeline.changes), read before anything
+An answer's ETag is built from the run's change counters (runs.pipeline.status.changes), read before anything
 else; a poll that sends it back (If-None-Match) while they have not moved gets 304 with no body, no
 rendering and no other query. Otherwise the answer comes from Django's cache, keyed by the same
 counters, and is built only by the first viewer after a change: the key moves with the data, so

@@ -21,13 +21,13 @@ from runs.data.models import (  # noqa: F401
     VerificationOverride,
 )
 from runs.fleet.models import Worker  # noqa: F401
-from runs.pipeline.job_models import (  # noqa: F401
+from runs.pipeline.jobs.models import (  # noqa: F401
     DatasetCatalogue,
     DatasetRegeneration,
     ServeCheck,
     VerificationRequest,
 )
-from runs.pipeline.node_models import TrainingNode  # noqa: F401
+from runs.pipeline.nodes.models import TrainingNode  # noqa: F401
 from runs.pipeline.models import (  # noqa: F401
     ExtractStage,
     PendingEnqueue,
@@ -37,8 +37,8 @@ from runs.pipeline.models import (  # noqa: F401
     TrainingRun,
     VocabMapping,
 )
-from runs.pipeline.shard_models import StageShard  # noqa: F401
-from runs.pipeline.stage_record import FINISHED_STATUSES, StageRecord, StageStatus  # noqa: F401 - the models' vocabulary
+from runs.pipeline.shards.models import StageShard  # noqa: F401
+from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES, StageRecord, StageStatus  # noqa: F401 - the models' vocabulary
 from runs.projects.models import Project, ProjectMember  # noqa: F401
 from runs.reports.models import Report, ReportVersion  # noqa: F401
 from runs.review.models import Review, RunTag  # noqa: F401

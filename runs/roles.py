@@ -18,7 +18,7 @@ ALLOWED = {
     "retry": {"launcher", "admin"},
     "tag": {"launcher", "admin"},
     "import": {"launcher", "admin"},
-    # A run trained elsewhere: its client reports curves, checkpoints and its end (runs.pipeline.external).
+    # A run trained elsewhere: its client reports curves, checkpoints and its end (runs.pipeline.launch.external).
     "report": {"launcher", "admin"},
     "verify": {"reviewer", "launcher", "admin"},
     "review": {"reviewer", "admin"},

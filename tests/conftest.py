@@ -52,14 +52,14 @@ def data_root(tmp_path_factory, settings):
 
 @pytest.fixture(autouse=True)
 def vllm_launch_check_off(settings):
-    """vLLM's launch check (runs.pipeline.preflight) costs seconds per new target wherever `make vllm` ran:
+    """vLLM's launch check (runs.pipeline.launch.preflight) costs seconds per new target wherever `make vllm` ran:
     off unless a test turns it on (tests/services/test_launch_preflight.py does)."""
     settings.EAGLE3WEB_VLLM_PREFLIGHT_SECONDS = 0
 
 
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread_inline():
-    """Stages run inline set torch's threads from the setting (workers.tasks), which pytest-django read before
+    """Stages run inline set torch's threads from the setting (workers.orchestration.tasks), which pytest-django read before
     the environment above was set: the setting says one too, for the whole session (module fixtures that run a
     pipeline included)."""
     from django.conf import settings

@@ -34,7 +34,7 @@ def sweep_val_losses(*, user, target: Path, chats: Path) -> list[float | None]:
     and the val loss of each of its rows as the sweep page and the API show them."""
     from runs.models import Checkpoint, Sweep, SweepRun
     from runs.pipeline import services
-    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.launch.run_config import RunConfig
     from runs.sweeps.selectors import sweep_rows, sweep_summary
 
     sweep = Sweep.objects.create(owner=user, name="nan losses", varied=[["seed", ["1", "2"]]])

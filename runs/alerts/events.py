@@ -17,8 +17,8 @@ from django.utils import timezone
 from runs.alerts import selectors, services
 from runs.alerts.models import AlertRule, Event, StageWatch
 from runs.pipeline.models import PipelineRun
-from runs.pipeline.stage_record import StageStatus
-from runs.pipeline.stages import STAGES, STAGES_BY_NAME
+from runs.pipeline.lifecycle.stage_record import StageStatus
+from runs.pipeline.lifecycle.stages import STAGES, STAGES_BY_NAME
 from runs.projects import access
 
 logger = logging.getLogger(__name__)

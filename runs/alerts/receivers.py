@@ -1,10 +1,10 @@
-"""The alerts' ears: the events the pipeline and the curves announce (runs.pipeline.signals,
+"""The alerts' ears: the events the pipeline and the curves announce (runs.pipeline.lifecycle.signals,
 runs.tracking.signals) reach the alert checks (runs.alerts.events), which never raise. Connected once,
 by RunsConfig.ready."""
 from __future__ import annotations
 
 from runs.alerts import events
-from runs.pipeline import signals as pipeline_signals
+from runs.pipeline.lifecycle import signals as pipeline_signals
 from runs.tracking import signals as tracking_signals
 
 

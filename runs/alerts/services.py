@@ -29,7 +29,7 @@ from runs.roles import ROLES
 
 logger = logging.getLogger(__name__)
 
-DELIVERY_TASK = "eagle3web.alert_delivery"  # workers.tasks.alert_delivery_task
+DELIVERY_TASK = "eagle3web.alert_delivery"  # workers.orchestration.tasks.alert_delivery_task
 # Deliveries are short network calls: the cpu queue, which every fleet (the demo's, compose's) consumes.
 DELIVERY_QUEUE = "cpu"
 MAX_ATTEMPTS = 6  # with the default 30 s first wait: given up after about 15 minutes

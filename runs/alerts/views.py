@@ -12,7 +12,7 @@ from runs.alerts.forms import AlertRuleForm
 
 
 def alert_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "runs/alert_list.html", {"notices": selectors.notice_list(user=request.user)})
+    return render(request, "runs/alerts/alert_list.html", {"notices": selectors.notice_list(user=request.user)})
 
 
 @require_POST
@@ -40,7 +40,7 @@ def alert_rules(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"Alert rule {rule.pk} ({rule.event}) made.")
             return redirect("runs:alert_rules")
-    return render(request, "runs/alert_rules.html", {"form": form, "rules": selectors.rule_list(user=request.user)},
+    return render(request, "runs/alerts/alert_rules.html", {"form": form, "rules": selectors.rule_list(user=request.user)},
                   status=400 if form.errors else 200)
 
 

@@ -52,7 +52,7 @@ class AccountSettingsAdmin(admin.ModelAdmin):
 
 @admin.register(LaunchIdempotencyKey)
 class LaunchIdempotencyKeyAdmin(admin.ModelAdmin):
-    """Read-only: a key is written by the launch it guards (runs.api.idempotency). Deleting one forgets it,
+    """Read-only: a key is written by the launch it guards (runs.api.bodies.idempotency). Deleting one forgets it,
     so that the same key launches anew."""
 
     list_display = ("created_at", "user", "key", "run")

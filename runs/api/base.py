@@ -23,9 +23,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView, set_rollback
 
 from runs.api import tokens
-from runs.api.parsers import LimitedJSONParser
+from runs.api.bodies.parsers import LimitedJSONParser
 from runs.api.schema import ApiSchema
-from runs.pipeline.run_config import renamed_setting
+from runs.pipeline.launch.run_config import renamed_setting
 from workers.contract.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class ApiView(APIView):
         if json_body and request.META.get("CONTENT_LENGTH", "0") not in ("", "0"):
             # Every JSON body is parsed before the view acts, where the view takes no field from it too (a
             # cancel): one that is not JSON, nests too deep or holds text PostgreSQL cannot store is a 400
-            # (runs.api.parsers), never ignored.
+            # (runs.api.bodies.parsers), never ignored.
             request.data  # noqa: B018
         # Ids are 64-bit columns: a larger one names nothing (PostgreSQL would refuse to compare it).
         for name, value in kwargs.items():

@@ -79,7 +79,7 @@ IDEMPOTENCY_KEY_MAX_CHARS = 200
 
 class LaunchIdempotencyKey(models.Model):
     """An `Idempotency-Key` a user sent with POST /api/v1/runs/: the same key and body again within a day
-    answers this run instead of launching another (runs.api.idempotency). One row per user and key: the
+    answers this run instead of launching another (runs.api.bodies.idempotency). One row per user and key: the
     unique constraint is what lets only one of two concurrent requests with the key make a run."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="launch_keys")

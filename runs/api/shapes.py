@@ -1,14 +1,15 @@
 """Rows as the API answers them: pure functions over what a selector loaded (its joins and prefetches),
 no query of their own beyond those; and a whole run as every view that answers with one answers it
-(runs.api.views_runs, views_external, idempotency), which reads it through the run's selector."""
+(runs.api.views.runs, views_external, idempotency), which reads it through the run's selector."""
 from __future__ import annotations
 
 from django.urls import reverse
 from rest_framework.response import Response
 
 from runs.api.base import created
-from runs.pipeline import queue, selectors
-from runs.pipeline.failure_selectors import failure_fields
+from runs.pipeline.dispatch import queue
+from runs.pipeline import selectors
+from runs.pipeline.lifecycle.failure_selectors import failure_fields
 
 
 def _iso(value) -> str | None:
@@ -42,7 +43,7 @@ def run_row(run, request) -> dict:
 
 
 def job_dict(shown) -> dict:
-    """A catalogue pass or a verification request (runs.pipeline.job_selectors.JobShown)."""
+    """A catalogue pass or a verification request (runs.pipeline.jobs.selectors.JobShown)."""
     job = shown.job
     return {"id": job.pk, "status": job.status, "queued_at": _iso(job.queued_at), "started_at": _iso(job.started_at),
             "finished_at": _iso(job.finished_at), "progress_done": job.progress_done,
@@ -124,7 +125,7 @@ def run_answer(pk: int, request) -> dict:
 
 def _waiting(pending) -> dict | None:
     """The run's hand-over the broker refused, as JSON (null when none): the run is stored and the outbox
-    (runs.pipeline.queue) sends it once the broker answers, so a client needs no retry of its own."""
+    (runs.pipeline.dispatch.queue) sends it once the broker answers, so a client needs no retry of its own."""
     if pending is None:
         return None
     return {"attempts": pending.attempts, "last_error": pending.last_error[:500],

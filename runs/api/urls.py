@@ -1,8 +1,17 @@
-"""/api/v1/: the versioned REST API (runs.api.views_runs, runs.api.views_data) and its description."""
+"""/api/v1/: the versioned REST API (runs.api.views.runs, runs.api.views.data) and its description."""
 from django.urls import path, re_path
 
-from runs.api import (docs, views_alerts, views_compare, views_data, views_external, views_generations, views_projects,
-                      views_reports, views_runs)
+from runs.api.views import (
+    docs,
+    alerts as views_alerts,
+    compare as views_compare,
+    data as views_data,
+    external as views_external,
+    generations as views_generations,
+    projects as views_projects,
+    reports as views_reports,
+    runs as views_runs,
+)
 
 app_name = "api"
 urlpatterns = [

@@ -17,7 +17,7 @@ from runs.checkpoints.k_selectors import newest_k_measurement, tau_by_k, tau_by_
 from runs.data.regeneration_selectors import dataset_provenance
 from runs.checkpoints.models import Checkpoint
 from runs.data.models import CurationAction, DatasetSample
-from runs.pipeline.stage_record import StageStatus
+from runs.pipeline.lifecycle.stage_record import StageStatus
 from workers.contract.errors import InputError
 from workers.contract.jsonfile import read_json_object
 from workers.contract.serving import DEFAULT_SPECULATIVE_TOKENS, vllm_serve_command

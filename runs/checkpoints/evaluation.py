@@ -8,9 +8,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from runs.checkpoints.models import Checkpoint, Evaluation
-from runs.pipeline.stage_record import StageStatus
+from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.data.paths import check_under_data_roots
-from runs.pipeline.queue import evaluation_enqueue
+from runs.pipeline.dispatch.queue import evaluation_enqueue
 from runs.roles import require
 from workers.contract.errors import InputError
 from workers.contract.prompt_source import PromptSource, validation_rows
@@ -61,7 +61,7 @@ def evaluation_plan(*, evaluation: Evaluation, limit: int | None = None) -> Eval
     checkpoint = evaluation.checkpoint
     also = []
     if evaluation.run_id is not None:
-        # Those measured alike while training (live τ, runs.pipeline.live_tau) are not measured again.
+        # Those measured alike while training (live τ, runs.pipeline.status.live_tau) are not measured again.
         measured = Evaluation.objects.filter(
             checkpoint__training_run__run_id=evaluation.run_id, status=StageStatus.SUCCEEDED, tau__isnull=False,
             prompts_path=evaluation.prompts_path, max_prompts=evaluation.max_prompts,

@@ -9,7 +9,7 @@ from django.utils import timezone
 from runs.checkpoints.models import Checkpoint
 from runs.data.paths import check_under_data_roots
 from runs.roles import require
-from runs.pipeline.upstream_commands import recorded_speculative_tokens
+from runs.pipeline.status.upstream_commands import recorded_speculative_tokens
 from workers.contract.errors import InputError
 from workers.contract.jsonfile import read_json_object
 from workers.contract.regular_file import special_entries

@@ -3,8 +3,8 @@ stage, workers.stages.evaluate.k_table, kept on each Evaluation as `k_table` and
 from __future__ import annotations
 
 from runs.checkpoints.models import Checkpoint, Evaluation
-from runs.pipeline.run_config import HELD_OUT
-from runs.pipeline.stage_record import StageStatus
+from runs.pipeline.launch.run_config import HELD_OUT
+from runs.pipeline.lifecycle.stage_record import StageStatus
 
 
 def tau_by_k(evaluation: Evaluation | None) -> dict[int, float]:
@@ -44,7 +44,7 @@ def checkpoint_recommended_k(checkpoint: Checkpoint) -> int | None:
 
 
 def live_tau_by_suite(checkpoint: Checkpoint) -> dict[str, float]:
-    """{suite: τ} of a checkpoint measured on named suites while training (runs.pipeline.live_tau), before the
+    """{suite: τ} of a checkpoint measured on named suites while training (runs.pipeline.status.live_tau), before the
     evaluate stage decides the run's figures (runs.pipeline.best): the latest on each suite and on the
     held-out prompts; {} where no named suite was measured. Reads the prefetched `measured` only."""
     measured = getattr(checkpoint, "measured", None) or []

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
-from runs.pipeline.stage_record import StageRecord
+from runs.pipeline.lifecycle.stage_record import StageRecord
 
 
 class Checkpoint(models.Model):
@@ -73,7 +73,7 @@ class Evaluation(StageRecord):
     run = models.OneToOneField("runs.PipelineRun", on_delete=models.CASCADE, null=True, blank=True, related_name="evaluation")
     checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, null=True, blank=True,
                                    related_name="evaluations")
-    # The runs whose pages show it: its own run's, and the run that trained the checkpoint (runs.pipeline.changes).
+    # The runs whose pages show it: its own run's, and the run that trained the checkpoint (runs.pipeline.status.changes).
     RUN_LOOKUPS = ("run_id", "checkpoint__training_run__run_id")
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     prompts_path = models.CharField(max_length=1000, blank=True, help_text="empty: the run's validation conversations")

@@ -1,10 +1,10 @@
-"""Reads of serve checks (runs.pipeline.job_models.ServeCheck) for the pages, the API and the command line."""
+"""Reads of serve checks (runs.pipeline.jobs.models.ServeCheck) for the pages, the API and the command line."""
 from __future__ import annotations
 
-from runs.pipeline.job_models import ServeCheck
+from runs.pipeline.jobs.models import ServeCheck
 from runs.checkpoints.models import Checkpoint, Evaluation
-from runs.pipeline.stage_record import StageStatus
-from runs.pipeline.failure_selectors import failure_fields
+from runs.pipeline.lifecycle.stage_record import StageStatus
+from runs.pipeline.lifecycle.failure_selectors import failure_fields
 
 SERVE_CHECK_FIELDS = (  # the speed-up first: on a GPU it is what users buy a draft for
     "vllm_speedup", "status", "tau", "vllm_tau", "vllm_tau_emitted", "tau_difference", "vllm_acceptance_per_position",

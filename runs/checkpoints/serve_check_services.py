@@ -1,4 +1,4 @@
-"""Serve checks (runs.pipeline.job_models.ServeCheck): asking for one, what it serves, and recording what vLLM said.
+"""Serve checks (runs.pipeline.jobs.models.ServeCheck): asking for one, what it serves, and recording what vLLM said.
 
 A serve check compares vLLM's τ with ours on the same prompts, so it follows an evaluation of the
 checkpoint: its prompts, its max_new_tokens, its proposal length, its τ. Asking while a check of the
@@ -18,11 +18,11 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from runs.checkpoints.evaluation import evaluation_plan
-from runs.pipeline.job_models import ServeCheck
+from runs.pipeline.jobs.models import ServeCheck
 from runs.checkpoints.models import Checkpoint, Evaluation
-from runs.pipeline.run_config import DEFAULT_SERVE_CONCURRENCY, check_serve_concurrency
-from runs.pipeline.stage_record import StageStatus
-from runs.pipeline.queue import job_enqueue, pending_enqueue
+from runs.pipeline.launch.run_config import DEFAULT_SERVE_CONCURRENCY, check_serve_concurrency
+from runs.pipeline.lifecycle.stage_record import StageStatus
+from runs.pipeline.dispatch.queue import job_enqueue, pending_enqueue
 from runs.roles import require
 from workers.contract.errors import InputError
 from workers.contract.prompt_source import PromptSource

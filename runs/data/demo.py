@@ -1,4 +1,4 @@
-"""Where the demo's target and chats are (built by a DemoBuild job, runs.pipeline.job_services.demo_build_request),
+"""Where the demo's target and chats are (built by a DemoBuild job, runs.pipeline.jobs.services.demo_build_request),
 so forms can offer them, how far their build is, so a launch naming them before they exist says so, and
 whether the newest build failed, so the launch page can say why and offer to build it again."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 from django.conf import settings
 
-from runs.pipeline.job_models import DemoBuild
-from runs.pipeline.stage_record import StageStatus
+from runs.pipeline.jobs.models import DemoBuild
+from runs.pipeline.lifecycle.stage_record import StageStatus
 from workers.contract.demo_build import CHATS_FILENAME, TARGET_DIRNAME
 
 
@@ -36,7 +36,7 @@ def demo_build_progress(build: DemoBuild) -> str:
 
 def demo_build_failed() -> DemoBuild | None:
     """The newest demo build when it failed and no demo is built or being built: the launch page then shows
-    its sentence and a button that builds it again (runs.pipeline.job_services.demo_build_again). A failed
+    its sentence and a button that builds it again (runs.pipeline.jobs.services.demo_build_again). A failed
     build superseded by a later one, or by assets built by hand, is history for the admin."""
     newest = DemoBuild.objects.first()
     if newest is None or newest.status != StageStatus.FAILED or demo_paths():

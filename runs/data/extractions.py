@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from eagle3web.db import db_retry
 from runs.data.models import Extraction, Manifest, TargetModel, Verification, VerificationOverride
-from runs.pipeline.stage_record import FINISHED_STATUSES
+from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES
 from runs.data.paths import PathNotAllowed, check_under_data_roots, shown_path
 from runs.projects import access
 from runs.roles import require
@@ -92,7 +92,7 @@ def extraction_import(
             data=claims.raw or {},
         )
     if verify_on_worker:  # the web form: reading the headers of many files takes longer than a request should
-        from runs.pipeline.job_services import extraction_verify_request
+        from runs.pipeline.jobs.services import extraction_verify_request
 
         extraction_verify_request(extraction=extraction, full=False, user=user)
     else:

@@ -1,4 +1,4 @@
-"""Regenerating a dataset's replies with a target (runs.pipeline.job_models.DatasetRegeneration): asking for
+"""Regenerating a dataset's replies with a target (runs.pipeline.jobs.models.DatasetRegeneration): asking for
 one, cancelling or retrying it, what the worker runs, and recording the dataset it made.
 
 What makes the output is hashed into `settings_key` (the source file as it is now, the target, the
@@ -22,10 +22,10 @@ from django.utils import timezone
 from runs.data.curation import dataset_exclusions
 from runs.data.paths import check_under_data_roots
 from runs.data.models import Dataset, TargetModel
-from runs.pipeline.stage_record import FINISHED_STATUSES, StageStatus
-from runs.pipeline.job_models import DatasetRegeneration
-from runs.pipeline.queue import job_enqueue, pending_enqueue
-from runs.pipeline.run_config import MAX_SHARDS
+from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES, StageStatus
+from runs.pipeline.jobs.models import DatasetRegeneration
+from runs.pipeline.dispatch.queue import job_enqueue, pending_enqueue
+from runs.pipeline.launch.run_config import MAX_SHARDS
 from runs.projects import access
 from runs.roles import require
 from workers.contract.errors import InputError
@@ -255,9 +255,9 @@ def regenerated_dataset_name(job: DatasetRegeneration) -> str:
 def regeneration_record(*, record_id: int, result, log_tail: str, started_at=None) -> Dataset:
     """The worker finished (`result`: workers.stages.regenerate.RegenerateResult): register the file it
     wrote as a Dataset whose lineage is this job, record the counts, and catalogue the new file."""
-    from runs.pipeline.job_services import dataset_catalogue_request
-    from runs.pipeline.result_records import result_columns
-    from runs.pipeline.stage_services import stage_succeed
+    from runs.pipeline.jobs.services import dataset_catalogue_request
+    from runs.pipeline.lifecycle.result_records import result_columns
+    from runs.pipeline.lifecycle.stage_services import stage_succeed
 
     job = DatasetRegeneration.objects.select_related("target").get(pk=record_id)
     path = Path(result.out_path)

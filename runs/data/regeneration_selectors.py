@@ -1,4 +1,4 @@
-"""Reads of datasets' lineage (runs.pipeline.job_models.DatasetRegeneration): what a dataset was made from,
+"""Reads of datasets' lineage (runs.pipeline.jobs.models.DatasetRegeneration): what a dataset was made from,
 what was made from it, whether a run's data is on-policy, and the JSON the commands and summaries print."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from runs.data.models import Dataset
 from runs.pipeline.models import PipelineRun
-from runs.pipeline.job_models import DatasetRegeneration
-from runs.pipeline.job_selectors import JobShown, _shown
+from runs.pipeline.jobs.models import DatasetRegeneration
+from runs.pipeline.jobs.selectors import JobShown, _shown
 
 
 def dataset_made_by(*, dataset: Dataset) -> DatasetRegeneration | None:

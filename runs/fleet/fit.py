@@ -13,8 +13,8 @@ import socket
 from dataclasses import dataclass
 
 from runs.fleet.models import Worker
-from runs.pipeline.routing import ROUTED_STAGES, backend_field, gpus_field, stage_backend, stage_problem
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.dispatch.routing import ROUTED_STAGES, backend_field, gpus_field, stage_backend, stage_problem
+from runs.pipeline.launch.run_config import RunConfig
 from workers.contract import backends as this_host  # detect_gpus read through the module: a test may stand one in
 from workers.contract.backends import (
     BACKENDS_BY_NAME,
@@ -201,7 +201,7 @@ def _memory_reason(*, live: list[Worker], backend: str, gpus: int, weight_bytes:
 def routed_refusal(*, stage_name: str, config: dict, options: dict[str, BackendOption], live: list[Worker],
                    weight_bytes: int | None) -> tuple[str, str] | None:
     """(field, why) when no live worker takes this stage of a run with `config` on its backend and GPU
-    count (runs.pipeline.routing.ROUTED_STAGES) and can run it there, or, for a GPU backend loading the target,
+    count (runs.pipeline.dispatch.routing.ROUTED_STAGES) and can run it there, or, for a GPU backend loading the target,
     hold its weights; None when one can. `options`: runs.fleet.selectors.launch_options for `live`."""
     backend_key, gpus_key = backend_field(stage_name), gpus_field(stage_name)
     if problem := stage_problem(stage_name=stage_name, config=config):

@@ -1,4 +1,4 @@
-"""The workers: one row per Celery worker node, written by its heartbeat (workers/fleet.py).
+"""The workers: one row per Celery worker node, written by its heartbeat (workers/orchestration/fleet.py).
 
 What a worker is doing is not stored here: the running stage rows name their worker and are
 fenced by their leases, so the workers page reads busy/idle from them and is never behind.

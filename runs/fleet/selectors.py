@@ -2,7 +2,7 @@
 and the queue of work waiting for them.
 
 A worker is live while its heartbeat is recent: it writes one every EAGLE3WEB_STAGE_LEASE_SECONDS/2
-(workers/fleet.py) and is offline after missing three, or at once when it shut down cleanly."""
+(workers/orchestration/fleet.py) and is offline after missing three, or at once when it shut down cleanly."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -14,13 +14,13 @@ from django.utils import timezone
 from runs.fleet.fit import BackendOption, gpus_text, nodes_refusal, queues_text, routed_refusal, said_already, stage_needs, takes, worker_unfit
 from runs.fleet.models import Worker
 from runs.pipeline.models import PipelineRun
-from runs.pipeline.stage_record import StageStatus
-from runs.pipeline.launch_order import later_run_ahead
-from runs.pipeline.queue import run_next_stage
-from runs.pipeline.stages import STAGES, STAGES_BY_NAME
-from runs.pipeline.online import capture_text, is_online, train_capture_queue
-from runs.pipeline.routing import BACKEND_SETTINGS, ROUTED_STAGES, stage_backend, stage_problem, stage_queue
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.lifecycle.stage_record import StageStatus
+from runs.pipeline.dispatch.launch_order import later_run_ahead
+from runs.pipeline.dispatch.queue import run_next_stage
+from runs.pipeline.lifecycle.stages import STAGES, STAGES_BY_NAME
+from runs.pipeline.online.selectors import capture_text, is_online, train_capture_queue
+from runs.pipeline.dispatch.routing import BACKEND_SETTINGS, ROUTED_STAGES, stage_backend, stage_problem, stage_queue
+from runs.pipeline.launch.run_config import RunConfig
 from workers.contract.backends import BACKENDS, BACKENDS_BY_NAME, DEFAULT_GPU_QUEUE, MAX_GPUS, Backend
 
 MISSED_HEARTBEATS = 3
@@ -103,7 +103,7 @@ def stage_refusals(*, config: dict, stage_names: list[str], live: list[Worker] |
                    weight_bytes: int | None = None) -> list[tuple[str | None, str]]:
     """(field, why) for each of these stages of a run with `config` that no live worker takes and can
     run now; empty when each can. Extraction, training and measuring acceptance are judged by
-    launch_options (their queue follows a backend and GPU count: runs.pipeline.routing.ROUTED_STAGES), the other
+    launch_options (their queue follows a backend and GPU count: runs.pipeline.dispatch.routing.ROUTED_STAGES), the other
     stages by whether a live worker takes their queue. With no worker live at all only the default
     backends on one device pass, and the other stages are not judged: a demo's worker may start after
     its web server. `weight_bytes`, the target's (None when unknown, e.g. a config-only directory): a

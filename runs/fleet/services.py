@@ -11,7 +11,7 @@ from runs.fleet.models import Worker
 def worker_heartbeat(*, name: str, hostname: str, capabilities: dict, queues: list[str],
                      started_at: datetime, system: dict | None = None) -> Worker:
     """Record that worker `name` is alive now, with what its host can run, the queues it takes and its
-    latest system sample (workers.system_metrics; None: it could not sample, the last one stays).
+    latest system sample (workers.orchestration.system_metrics; None: it could not sample, the last one stays).
     A worker that restarts under the same node name takes its row over."""
     defaults = {"hostname": hostname[:200], "capabilities": capabilities, "queues": list(queues),
                 "started_at": started_at, "last_seen": timezone.now(), "stopped_at": None}

@@ -15,12 +15,12 @@ from runs.fleet.fit import takes
 from runs.fleet.models import Worker
 from runs.fleet.selectors import offline_after, workers_live
 from runs.pipeline.models import PendingEnqueue, PipelineRun
-from runs.pipeline.stage_record import FINISHED_STATUSES, StageStatus
-from runs.pipeline.node_selectors import worker_ranks
-from runs.pipeline.launch_order import launch_times
-from runs.pipeline.shard_models import StageShard
-from runs.pipeline.routing import stage_problem, stage_queue
-from runs.pipeline.stages import STAGES, STAGES_BY_NAME
+from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES, StageStatus
+from runs.pipeline.nodes.selectors import worker_ranks
+from runs.pipeline.dispatch.launch_order import launch_times
+from runs.pipeline.shards.models import StageShard
+from runs.pipeline.dispatch.routing import stage_problem, stage_queue
+from runs.pipeline.lifecycle.stages import STAGES, STAGES_BY_NAME
 from runs.projects import access
 from workers.contract.backends import BACKENDS
 
@@ -61,7 +61,7 @@ class WorkerRow:
 
     @property
     def system(self) -> dict:
-        """Its latest system sample (workers.system_metrics), {} when it has none; a live worker's is its now
+        """Its latest system sample (workers.orchestration.system_metrics), {} when it has none; a live worker's is its now
         (one heartbeat old at most), an offline one's is what it last said."""
         return self.worker.system if self.worker.system_at else {}
 
@@ -86,12 +86,12 @@ JOB_SUBJECTS = {"catalogue": ("dataset_id", "runs:dataset_detail"), "verify": ("
                 "evaluate": ("checkpoint_id", "runs:checkpoint_detail")}
 
 
-# The columns a job's queue depends on (runs.pipeline.queue.job_queue), read with its row.
+# The columns a job's queue depends on (runs.pipeline.dispatch.queue.job_queue), read with its row.
 JOB_QUEUE_FIELDS = {"serve_check": ("tensor_parallel_size",), "regenerate": ("backend", "tensor_parallel_size")}
 
 
 def _job_row_queue(job_name: str, row) -> str:
-    """The queue runs.pipeline.queue.job_queue sent this job to, from the row in hand."""
+    """The queue runs.pipeline.dispatch.queue.job_queue sent this job to, from the row in hand."""
     from workers.contract.backends import stage_queue as backend_queue
 
     if job_name == "serve_check":
@@ -149,7 +149,7 @@ def _running_by_worker(names: list[str], user=None) -> dict[str, list[dict]]:
         rows = kind.model.objects.filter(status=StageStatus.RUNNING, worker__in=names).values(
             "pk", "worker", "started_at", "progress_done", "progress_total", *extra)
         found += [(kind, row) for row in rows]
-    # A shard of a stage split over many workers (runs.pipeline.shard_models): its worker holds that shard.
+    # A shard of a stage split over many workers (runs.pipeline.shards.models): its worker holds that shard.
     for shard in StageShard.objects.filter(status=StageStatus.RUNNING, worker__in=names).select_related("run"):
         kind = STAGES_BY_NAME[shard.stage]
         found.append((kind, {"pk": shard.record_id, "worker": shard.worker, "started_at": shard.started_at,
@@ -217,7 +217,7 @@ class QueuedWork:
 
 def _in_launch_order(items: list[QueuedWork], *, launched: dict, runs: dict) -> None:
     """Within each queue, the turns that runs' stages hold (their messages, first in, first out) go to
-    those stages in their runs' launch order (runs.pipeline.launch_order); jobs keep theirs."""
+    those stages in their runs' launch order (runs.pipeline.dispatch.launch_order); jobs keep theirs."""
     keys = {id(item): (launched[run.pk], run.pk) for item in items if (run := runs.get(id(item))) is not None}
     slots: dict[str, list[int]] = defaultdict(list)
     for index, item in enumerate(items):
@@ -292,7 +292,7 @@ def queued_work(user=None) -> dict:
         if not item.waits_for:  # what waits behind an earlier stage is in no queue yet
             item.ahead = in_queue[item.queue]
             in_queue[item.queue] += 1
-    # Hand-overs the broker refused (runs.pipeline.queue keeps them and the workers retry); a fresh row is
+    # Hand-overs the broker refused (runs.pipeline.dispatch.queue keeps them and the workers retry); a fresh row is
     # being sent after its commit and is no news.
     outbox = list(PendingEnqueue.objects.filter(attempts__gt=0).order_by("pk")[:MAX_QUEUE_ROWS])
     held = PipelineRun.objects.filter(sweep_entry__released_at__isnull=True).count()  # runs.sweeps.release

@@ -14,7 +14,7 @@ The trainers mark the lowest validation loss when training ends (workers.stages.
 lowest_val_loss_epoch): τ is measured later, by the evaluate stage, which measures the marked checkpoint
 and every other one with the same prompts and settings. Until that stage succeeded the mark is only
 provisional under "tau", and pages say so; best_decide marks the best by τ once it has, and again
-whenever a measurement of one of the run's checkpoints lands (runs.pipeline.result_records); a serve
+whenever a measurement of one of the run's checkpoints lands (runs.pipeline.lifecycle.result_records); a serve
 check landing moves nothing.
 
 Only measurements comparable with the run's own count: the evaluate stage's prompts (the held-out
@@ -36,12 +36,12 @@ from django.db import transaction
 from django.db.models import Prefetch
 
 from runs.checkpoints.models import Checkpoint, Evaluation
-from runs.pipeline.job_models import ServeCheck
-from runs.pipeline.list_tau import run_list_tau_refresh
+from runs.pipeline.jobs.models import ServeCheck
+from runs.pipeline.status.list_tau import run_list_tau_refresh
 from runs.pipeline.models import PipelineRun, TrainingRun
-from runs.pipeline.stage_record import StageStatus
-from runs.pipeline.changes import training_changed
-from runs.pipeline.run_config import BEST_BY, HELD_OUT
+from runs.pipeline.lifecycle.stage_record import StageStatus
+from runs.pipeline.status.changes import training_changed
+from runs.pipeline.launch.run_config import BEST_BY, HELD_OUT
 
 TAU, VAL_LOSS = BEST_BY
 # Two τ equal to this many decimals are a tie, as between the runs of a sweep (runs.sweeps.selectors).
@@ -144,7 +144,7 @@ def _measured_alike(evaluation: Evaluation) -> dict:
 def tau_on_the_same_prompts(*, checkpoint_id: int, evaluation: Evaluation | None) -> float | None:
     """Our τ of a checkpoint on an evaluation's prompts and settings: that evaluation's when it measured this
     checkpoint; else, where it measured another checkpoint of the run (a run's serve check of its best by τ
-    uses the run's measurement, runs.pipeline.result_records.evaluation_record), the checkpoint's own
+    uses the run's measurement, runs.pipeline.lifecycle.result_records.evaluation_record), the checkpoint's own
     measurement made alike."""
     if evaluation is None or evaluation.checkpoint_id == checkpoint_id:
         return evaluation.tau if evaluation is not None else None

@@ -7,14 +7,14 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
-from runs.pipeline.stage_record import StageRecord, StageStatus
+from runs.pipeline.lifecycle.stage_record import StageRecord, StageStatus
 from runs.projects.models import default_project_pk
 
 
 class PipelineRun(models.Model):
     """One launch: prepare -> extract -> vocab -> train, each stage a row of its own.
 
-    Or a run trained elsewhere (`external`, runs.pipeline.external): created through the API with the
+    Or a run trained elsewhere (`external`, runs.pipeline.launch.external): created through the API with the
     trainer's settings, it has a training row only, which its trainer's client fills (curves,
     checkpoints, its end); nothing of it is ever queued. Its target and dataset are given only when
     the trainer names them."""
@@ -33,12 +33,12 @@ class PipelineRun(models.Model):
     output_dir = models.CharField(max_length=1000, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     # Writes to what the run's pages show, to its curves alone, and to its state as the runs list shows it
-    # (stage statuses and results, checkpoints; not progress, logs or curves) (runs.pipeline.changes): a
+    # (stage statuses and results, checkpoints; not progress, logs or curves) (runs.pipeline.status.changes): a
     # live page's poll reads these first and answers 304 when they have not moved.
     changes = models.BigIntegerField(default=0, editable=False)
     curve_changes = models.BigIntegerField(default=0, editable=False)
     state_changes = models.BigIntegerField(default=0, editable=False)
-    # The runs list's τ, kept from the training's and the evaluate stage's rows (runs.pipeline.list_tau).
+    # The runs list's τ, kept from the training's and the evaluate stage's rows (runs.pipeline.status.list_tau).
     list_tau = models.FloatField(null=True, blank=True, editable=False)
 
     class Meta:
@@ -46,7 +46,7 @@ class PipelineRun(models.Model):
         constraints = [models.CheckConstraint(
             condition=models.Q(external=True) | models.Q(target__isnull=False, dataset__isnull=False),
             name="pipeline_run_has_target_and_dataset")]
-        # The runs list's version sums state_changes on every request (runs.pipeline.changes.runs_list_version):
+        # The runs list's version sums state_changes on every request (runs.pipeline.status.changes.runs_list_version):
         # from this index alone, not a scan of the wide rows (5.6 against 1.1 ms at 10,000 runs). The price: a
         # bump of state_changes (a stage's status or result, a few per stage) rewrites the row's index entries
         # instead of updating it in place; progress and curves bump the other counters and keep that.

@@ -8,19 +8,19 @@ from django.shortcuts import get_object_or_404
 from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.data.models import Extraction
 from runs.pipeline.models import ExtractStage, PipelineRun, Preparation, StageAttempt, VocabMapping
-from runs.pipeline.stage_record import StageRecord, StageStatus
-from runs.pipeline.node_selectors import training_nodes
+from runs.pipeline.lifecycle.stage_record import StageRecord, StageStatus
+from runs.pipeline.nodes.selectors import training_nodes
 from runs.fleet.selectors import run_backends
 from runs.data.regeneration_selectors import regeneration_dict, run_data_policy
 from runs.pipeline import best
-from runs.pipeline.failure_selectors import failure_of, run_failure
-from runs.pipeline.glance import run_glance
-from runs.pipeline.online import is_online, online_note, supply_dict
+from runs.pipeline.lifecycle.failure_selectors import failure_of, run_failure
+from runs.pipeline.status.glance import run_glance
+from runs.pipeline.online.selectors import is_online, online_note, supply_dict
 from runs.checkpoints.serve_check_selectors import run_serve_check, serve_check_dict, with_usability
 from runs.checkpoints.k_selectors import checkpoint_deploy_keys
-from runs.pipeline.upstream_commands import run_speculators_train_command, with_serve_commands
-from runs.pipeline.shard_selectors import run_shards
-from runs.pipeline.stages import STAGES
+from runs.pipeline.status.upstream_commands import run_speculators_train_command, with_serve_commands
+from runs.pipeline.shards.selectors import run_shards
+from runs.pipeline.lifecycle.stages import STAGES
 from runs.projects import access
 
 
@@ -138,7 +138,7 @@ EXTERNAL_TRAIN_LABEL = "Train draft (elsewhere)"
 
 def run_stages(run: PipelineRun) -> list[tuple[str, str, StageRecord]]:
     """(name, label, row) of each stage the run has: the five of a pipeline run, the training alone of a run
-    trained elsewhere (runs.pipeline.external)."""
+    trained elsewhere (runs.pipeline.launch.external)."""
     if run.external:
         return [("train", EXTERNAL_TRAIN_LABEL, run.training_run)]
     return [(stage.name, stage.label, getattr(run, stage.related_name)) for stage in STAGES]
@@ -209,7 +209,7 @@ def _stage_dict(name: str, label: str, record: StageRecord, shards: list[dict] |
         "log_tail": record.log_shown,
         "out_dir": record.out_dir,
         "warnings": stage_warnings(name, record),
-        # A stage split over many workers (runs.pipeline.shard_selectors); [] for one that ran whole.
+        # A stage split over many workers (runs.pipeline.shards.selectors); [] for one that ran whole.
         "shards": shards or [],
     }
     if name == "prepare":
@@ -218,7 +218,7 @@ def _stage_dict(name: str, label: str, record: StageRecord, shards: list[dict] |
             "num_truncated_rows", "truncated_loss_tokens", "loss_tokens", "mask_source")})
     elif name == "extract":
         entry.update({"device": record.device, "time_split_s": record.time_split_s})
-        # An online run's stage extracts nothing (runs.pipeline.online); said beside the stage, not only in its log.
+        # An online run's stage extracts nothing (runs.pipeline.online.selectors); said beside the stage, not only in its log.
         entry["note"] = online_note(record.run.config) if is_online(record.run.config) else ""
     elif name == "train":
         entry.update({key: getattr(record, key) for key in (
@@ -288,7 +288,7 @@ def run_summary(run: PipelineRun, *, checkpoints: list[Checkpoint] | None = None
         "external": run.external,
         "status": run_status(run),
         "status_reason": run_status_reason(run) or None,
-        # Whether a retry can succeed and why; None while no stage failed (runs.pipeline.failure_selectors).
+        # Whether a retry can succeed and why; None while no stage failed (runs.pipeline.lifecycle.failure_selectors).
         "failure": failure.as_dict() if (failure := run_failure(run_stages(run))) else None,
         "finished": run_is_finished(run),
         # The target is named by its config.json: a directory with weights in a summary reads as a
@@ -341,7 +341,7 @@ def run_summary(run: PipelineRun, *, checkpoints: list[Checkpoint] | None = None
                      "stopped_early": training.stopped_early or None,
                      "loss_tokens_available": training.loss_tokens_available,
                      "loss_tokens_trained": training.loss_tokens_trained,
-                     # a training across nodes: each rank's worker (runs.pipeline.node_selectors)
+                     # a training across nodes: each rank's worker (runs.pipeline.nodes.selectors)
                      "nodes": training_nodes(training_id=training.pk)},
         "attempts": [attempt_dict(a) for a in run.attempts.all()],
         # Where the training's hidden states came from and how fast (issue 27): offline or online, the

@@ -14,23 +14,23 @@ from django.utils import timezone
 from runs.checkpoints.models import Evaluation
 from runs.data.models import Dataset, TargetModel
 from runs.pipeline.models import ExtractStage, PipelineRun, Preparation, TrainingRun, VocabMapping
-from runs.pipeline import signals
-from runs.pipeline.stage_record import FINISHED_STATUSES, StageStatus
+from runs.pipeline.lifecycle import signals
+from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES, StageStatus
 from runs.fleet.fit import host_refusals, serve_check_refusal
 from runs.fleet.selectors import launch_refusals, stage_refusals, workers_live
 from runs.data.demo import demo_build_refusal
 from runs.data.paths import check_under_data_roots
-from runs.pipeline.failure_selectors import run_failure
+from runs.pipeline.lifecycle.failure_selectors import run_failure
 from runs.data.suites import eval_suites_register
-from runs.pipeline.dataset_launch_check import HEAD_BYTES, HEAD_CONVERSATIONS, dataset_head, dataset_launch_check
-from runs.pipeline.online import online_refusal
-from runs.pipeline.queue import pipeline_enqueue
-from runs.pipeline.shard_models import StageShard
-from runs.pipeline.preflight import launch_preflight
+from runs.pipeline.launch.dataset_launch_check import HEAD_BYTES, HEAD_CONVERSATIONS, dataset_head, dataset_launch_check
+from runs.pipeline.online.selectors import online_refusal
+from runs.pipeline.dispatch.queue import pipeline_enqueue
+from runs.pipeline.shards.models import StageShard
+from runs.pipeline.launch.preflight import launch_preflight
 from runs.projects.services import launch_project
 from runs.roles import require, require_on_run
-from runs.pipeline.run_config import RunConfig, RunConfigError, check_run_name
-from runs.pipeline.stages import STAGES
+from runs.pipeline.launch.run_config import RunConfig, RunConfigError, check_run_name
+from runs.pipeline.lifecycle.stages import STAGES
 from workers.contract.errors import InputError
 from workers.contract.target import (default_layer_ids, read_target_json, target_config_from, target_weight_bytes,
                                      validate_layer_ids)
@@ -61,8 +61,8 @@ def target_register(*, path: str | Path) -> TargetModel:
 
 # What registering a dataset reads before answering: enough to refuse a file that is not a chat file
 # (the first conversations), bounded so that a multi-GB file costs the request little
-# (runs.pipeline.dataset_launch_check). The whole file is catalogued by a worker
-# (runs.pipeline.job_services.dataset_catalogue_request).
+# (runs.pipeline.launch.dataset_launch_check). The whole file is catalogued by a worker
+# (runs.pipeline.jobs.services.dataset_catalogue_request).
 HEAD_CHECK_CONVERSATIONS = HEAD_CONVERSATIONS
 HEAD_CHECK_BYTES = HEAD_BYTES
 
@@ -76,7 +76,7 @@ def dataset_check_head(path: Path) -> int:
 def dataset_register(*, path: str | Path) -> Dataset:
     """Record a chat file after checking its first conversations; a new or changed file is then
     catalogued in full by a worker, after the caller's transaction commits."""
-    from runs.pipeline.job_services import dataset_catalogue_request
+    from runs.pipeline.jobs.services import dataset_catalogue_request
 
     resolved = check_under_data_roots(path, kind="dataset file")
     if not resolved.is_file():

@@ -95,7 +95,7 @@ def runs_tag_add(*, user: AbstractBaseUser, run_ids: list[int], text: str) -> li
 @transaction.atomic
 def runs_archive(*, user: AbstractBaseUser, run_ids: list[int], archived: bool = True) -> int:
     """Archive the runs (hidden from the list unless asked for) or bring them back; how many changed.
-    Their state counter moves, so the cached runs list is built again (runs.pipeline.changes)."""
+    Their state counter moves, so the cached runs list is built again (runs.pipeline.status.changes)."""
     _editable(user=user, run_ids=run_ids)
     return (PipelineRun.objects.filter(pk__in=run_ids).exclude(archived=archived)
             .update(archived=archived, state_changes=F("state_changes") + 1))

@@ -27,7 +27,7 @@ def project_list(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"Created project {project.name}: you own it.")
             return redirect("runs:project_detail", pk=project.pk)
-    return render(request, "runs/project_list.html", {
+    return render(request, "runs/projects/project_list.html", {
         "projects": selectors.project_list(user=request.user), "form": form,
         "may_create": user_can(request.user, "launch")}, status=400 if form.errors else 200)
 
@@ -72,7 +72,7 @@ def project_detail(request: HttpRequest, pk: int) -> HttpResponse:
             messages.success(request, done)
             return redirect("runs:project_detail", pk=project.pk)
     failed = remove_error or any(form.errors for form in forms.values())
-    return render(request, "runs/project_detail.html", {
+    return render(request, "runs/projects/project_detail.html", {
         "project": project, "members": selectors.project_members(project=project), "form": forms["member"],
         "rename_form": forms["rename"], "move_form": forms["move"], "may_manage": may_manage,
         "remove_error": remove_error}, status=400 if failed else 200)

@@ -20,7 +20,7 @@ def report_export_html(*, report: Report, version: ReportVersion, site: str, use
     (and the Markdown's links from the site's root) lead back to it from wherever the file is opened."""
     rendered = report_render(version.body, user=user, export=True)
     rendered.html = mark_safe(rendered.html.replace('href="/', f'href="{escape(site.rstrip("/"))}/'))
-    return render_to_string("runs/report_export.html", {
+    return render_to_string("runs/reports/report_export.html", {
         "report": report, "version": version, "rendered": rendered, "exported_at": timezone.now(),
         "generations_css": mark_safe(_static_text("css/generations.css")),
         "data": {"report": report.pk, "version": version.number, "title": version.title, "blocks": rendered.blocks}})

@@ -177,7 +177,7 @@ def report_render(body: str, *, user, export: bool = False) -> Rendered:
         else:
             block = _generations(index, d, checkpoints, export=export)
         blocks.append(block)
-        piece = render_to_string("runs/report_block.html", {"block": block, "export": export})
+        piece = render_to_string("runs/reports/report_block.html", {"block": block, "export": export})
         marker = f"reportblock{nonce}x{index}"
         html = html.replace(f"<p>{marker}</p>", piece, 1) if f"<p>{marker}</p>" in html else html.replace(marker, piece, 1)
     # The markers are ours (a fresh nonce per rendering); the rest passed nh3, the blocks are escaped templates.

@@ -22,14 +22,14 @@ class ReportForm(forms.Form):
 
 def report_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(selectors.report_list(), 50).get_page(request.GET.get("page"))
-    return render(request, "runs/report_list.html", {"page": page, "reports": page.object_list})
+    return render(request, "runs/reports/report_list.html", {"page": page, "reports": page.object_list})
 
 
 def _shown(request: HttpRequest, pk: int, number: int | None) -> HttpResponse:
     report = selectors.report_get(pk=pk)
     version = selectors.report_version(report=report, number=number)
     rendered = report_render(version.body, user=request.user)
-    return render(request, "runs/report_detail.html", {
+    return render(request, "runs/reports/report_detail.html", {
         "report": report, "version": version, "rendered": rendered, "is_newest": version.number == report.version_count,
         "can_edit": selectors.may_edit(user=request.user, report=report),
         "share_url": request.build_absolute_uri(report.get_absolute_url())})
@@ -45,12 +45,12 @@ def report_version(request: HttpRequest, pk: int, number: int) -> HttpResponse:
 
 def report_versions(request: HttpRequest, pk: int) -> HttpResponse:
     report = selectors.report_get(pk=pk)
-    return render(request, "runs/report_versions.html", {"report": report,
+    return render(request, "runs/reports/report_versions.html", {"report": report,
                                                          "versions": selectors.report_versions(report=report)})
 
 
 def _edit_page(request, *, report, form: ReportForm, preview=None, status: int = 200) -> HttpResponse:
-    return render(request, "runs/report_edit.html", {"report": report, "form": form, "preview": preview},
+    return render(request, "runs/reports/report_edit.html", {"report": report, "form": form, "preview": preview},
                   status=status)
 
 

@@ -9,7 +9,7 @@ from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.utils.safestring import mark_safe
 
-from runs.pipeline import changes
+from runs.pipeline.status import changes
 from runs.projects import access
 from runs.review import reviews
 from runs.saved_views import selectors as view_selectors
@@ -38,7 +38,7 @@ def _run_table_html(*, filters: run_table.RunFilters, params: QueryDict, visible
         columns.append({"key": key, "label": label, "href": by_column.urlencode() if key in run_table.SORTS else "",
                         "state": state})
     # No request: nothing of the viewer's may enter what every viewer of these projects is shown.
-    return render_to_string("runs/_run_table.html", {
+    return render_to_string("runs/tracking/_run_table.html", {
         "rows": rows, "page": page, "total": total, "filters": filters, "query": query.urlencode(), "columns": columns,
         "shown": set(filters.columns), "compare_max": comparison.MAX_COMPARED})
 
@@ -71,7 +71,7 @@ def run_list_response(request: HttpRequest, *, params: QueryDict | None = None, 
     choices = live.cached(("run_choices", version), lambda: (run_table.filter_choices(), live.SETTLED_SECONDS))
     query = params.copy()
     query.pop("page", None)
-    return render(request, "runs/run_list.html", {
+    return render(request, "runs/tracking/run_list.html", {
         "table": mark_safe(table), "filters": filters, "choices": choices,  # noqa: S308 - the template engine's
         "projects": project_names,
         "views": list(view_selectors.saved_views_for(user=request.user, visible=visible)), "view": view,

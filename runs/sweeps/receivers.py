@@ -1,8 +1,8 @@
 """A run that is over lets its sweep hand its next waiting run to the queue (runs.sweeps.release):
-connected to runs.pipeline.signals.run_over by RunsConfig.ready."""
+connected to runs.pipeline.lifecycle.signals.run_over by RunsConfig.ready."""
 from __future__ import annotations
 
-from runs.pipeline import signals as pipeline_signals
+from runs.pipeline.lifecycle import signals as pipeline_signals
 from runs.sweeps.release import sweep_release_after
 
 

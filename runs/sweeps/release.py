@@ -15,10 +15,10 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from runs.pipeline.stage_record import FINISHED_STATUSES
+from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES
 from runs.sweeps.models import SweepRun, Sweep
-from runs.pipeline.queue import pipeline_enqueue
-from runs.pipeline.stages import STAGES
+from runs.pipeline.dispatch.queue import pipeline_enqueue
+from runs.pipeline.lifecycle.stages import STAGES
 
 
 def runs_unfinished(run_ids: list[int]) -> set[int]:

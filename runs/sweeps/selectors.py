@@ -10,10 +10,10 @@ from django.urls import reverse
 
 from runs.checkpoints.models import Checkpoint
 from runs.pipeline.models import PipelineRun, TrainingRun
-from runs.pipeline.stage_record import StageStatus
+from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.sweeps.models import Sweep, SweepRun
 from runs.pipeline import selectors as run_selectors
-from runs.pipeline.run_config import MAX_SAMPLES
+from runs.pipeline.launch.run_config import MAX_SAMPLES
 from runs.projects.access import visible_q
 
 # Two taus equal to this many decimals (as the pages show them) are a tie.

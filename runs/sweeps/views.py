@@ -15,14 +15,14 @@ from runs.sweeps.spec import FLOAT_KEYS, INT_KEYS
 
 def sweep_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(selectors.sweep_list(user=request.user), 50).get_page(request.GET.get("page"))
-    return render(request, "runs/sweep_list.html", {"page": page, "sweeps": page.object_list})
+    return render(request, "runs/sweeps/sweep_list.html", {"page": page, "sweeps": page.object_list})
 
 
 def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
     sweep = selectors.sweep_get(pk=pk, user=request.user)  # 404 outside the user's projects
     rows, best = selectors.sweep_rows(sweep=sweep, user=request.user)
     summary = selectors.sweep_summary(sweep=sweep, rows=(rows, best))
-    return render(request, "runs/sweep_detail.html", {
+    return render(request, "runs/sweeps/sweep_detail.html", {
         "sweep": sweep, "rows": rows, "best": best, "keys": sweep.keys,
         # The chart places numbers on a number axis; other settings (layers, datasets, backends) by name.
         "numeric_keys": [k for k in sweep.keys if k in INT_KEYS or k in FLOAT_KEYS],

@@ -9,9 +9,9 @@ from __future__ import annotations
 from django.db.models import Prefetch
 
 from runs.checkpoints.models import Checkpoint, Evaluation
-from runs.pipeline.stage_record import StageStatus
+from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.pipeline import best, selectors
-from runs.pipeline.run_config import HELD_OUT
+from runs.pipeline.launch.run_config import HELD_OUT
 from runs.projects.access import runs_visible
 from runs.tracking import curves
 from workers.contract.errors import InputError

@@ -1,5 +1,5 @@
 """Training curves as JSON: chart windows and full-resolution exports, answered by the API's
-/api/v1/runs/<id>/metrics/ and .../metrics/export/ (runs.api.views_runs), which the run and compare pages
+/api/v1/runs/<id>/metrics/ and .../metrics/export/ (runs.api.views.runs), which the run and compare pages
 read with their session as scripts do with a token.
 
 `GET /api/v1/runs/<id>/metrics/?keys=loss_0,full_acc_0&split=train&start=S&end=E&points=N` answers at

@@ -150,7 +150,7 @@ def series_chunks(*, series: MetricSeries):
 class CurveOwner:
     run_id: int
     training_run_id: int | None
-    curve_changes: int = 0  # moves with every write to the curves (runs.pipeline.changes)
+    curve_changes: int = 0  # moves with every write to the curves (runs.pipeline.status.changes)
 
 
 def curve_owner(*, run_id: int) -> CurveOwner:

@@ -1,4 +1,4 @@
-"""Curves a trainer elsewhere reports through the API (runs.pipeline.external): checked whole before
+"""Curves a trainer elsewhere reports through the API (runs.pipeline.launch.external): checked whole before
 anything is stored, and idempotent by step, so that a client that retries a batch never doubles a point.
 
 A point whose (key, split, step) is stored already with the same value is left as it is (`unchanged`),
@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from runs.tracking.models import MetricChunk, MetricSeries
-from runs.pipeline.changes import curves_changed
+from runs.pipeline.status.changes import curves_changed
 from runs.tracking.chunks import CHUNK_POINTS, Points, split_chunks, unpack
 from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
 from runs.tracking.services import _append, _chunk_fields, _chunks_write, _columns, _points_of, _summary_rebuild, _summary_update
@@ -162,5 +162,5 @@ def points_report(*, training_run_id: int, points: list[dict]) -> PointCounts:
         added, same, changed = _rewrite_from(series, new)
         accepted, unchanged, replaced = accepted + added, unchanged + same, replaced + changed
     if accepted or replaced:
-        curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.changes)
+        curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.status.changes)
     return PointCounts(accepted=accepted, unchanged=unchanged, replaced=replaced)

@@ -16,16 +16,26 @@ from django.db.models.functions import Coalesce, Now
 from runs.checkpoints.models import Checkpoint
 from runs.data.models import Dataset, TargetModel
 from runs.pipeline.models import PipelineRun
-from runs.pipeline.stage_record import StageStatus
+from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.projects.models import Project
-from runs.pipeline.stages import STAGES
+from runs.pipeline.lifecycle.stages import STAGES
 from runs.tracking.run_search import searched, setting_match, tagged_run_ids
 from runs.pipeline.selectors import (RUN_HELD, RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, run_rows, run_status,
                                      run_status_reason)
 # The parameters' names, the filters and their refusal: the callers of the list read them here too.
-from runs.tracking.run_filters import (ARCHIVED, COLUMN_KEYS, COLUMNS, MAX_QUERY_CHARS, PARAMS,  # noqa: F401
-                                       SETTING_FIELDS, SETTING_PREFIX, SORTS, STATUSES, RunFilters, RunTableError,
-                                       settings_text)
+from runs.tracking.run_filters import (  # noqa: F401
+    ARCHIVED,
+    COLUMN_KEYS,
+    COLUMNS,
+    PARAMS,
+    SETTING_FIELDS,
+    SETTING_PREFIX,
+    SORTS,
+    STATUSES,
+    RunFilters,
+    RunTableError,
+    settings_text,
+)
 
 PAGE_SIZE = 50
 # The default order, newest first, as the index run_newest keeps it (migration 0024).
@@ -130,7 +140,7 @@ def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple
         runs = runs.filter(setting_match(name, value))
     if filters.sort == "tau" or filters.tau_min is not None or filters.tau_max is not None:
         # The best checkpoint's, else the evaluate stage's (PipelineRun.shown_tau), as the run's row keeps it
-        # (runs.pipeline.list_tau): joining both rows of every run the other filters kept cost half the page.
+        # (runs.pipeline.status.list_tau): joining both rows of every run the other filters kept cost half the page.
         runs = runs.annotate(tau=F("list_tau"))
     if filters.tau_min is not None:
         runs = runs.filter(tau__gte=filters.tau_min)

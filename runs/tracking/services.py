@@ -13,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 from django.db import connection, transaction
 
-from runs.pipeline.changes import curves_changed
+from runs.pipeline.status.changes import curves_changed
 from runs.tracking.chunks import CHUNK_POINTS, MERGE_AT, Points, pack, pack_one, preview, split_chunks, unpack
 from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
 from runs.tracking.system_series import SYSTEM_PREFIX, SYSTEM_SPLIT
@@ -186,7 +186,7 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
         series.num_refused += refused
     _chunks_write(created=created, merging=merging)
     _summaries_write(list(series_of.values()))
-    curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.changes)
+    curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.status.changes)
     if went_bad is not None:  # a loss series became NaN or infinite: the rules are asked then, not per batch
         signals.metrics_recorded.send(sender=MetricSeries, training_run_id=training_run_id, points=[went_bad])
     return kept

@@ -9,7 +9,7 @@ compare and the default curves query leave them out, and a resumed training's tr
 from __future__ import annotations
 
 from runs.pipeline.models import TrainingRun
-from runs.pipeline.stages import STAGES_BY_NAME
+from runs.pipeline.lifecycle.stages import STAGES_BY_NAME
 
 SYSTEM_SPLIT = "system"
 SYSTEM_PREFIX = "system/"

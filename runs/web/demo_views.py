@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from runs.pipeline import job_services
+from runs.pipeline.jobs import services as job_services
 from runs.roles import user_can
 
 

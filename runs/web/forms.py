@@ -6,7 +6,7 @@ from django import forms
 
 from runs.fleet.fit import BackendOption
 from runs.data.paths import MAX_PATH_CHARS
-from runs.pipeline.run_config import (
+from runs.pipeline.launch.run_config import (
     BEST_BY,
     DEFAULT_CACHE_GIB,
     HIDDEN_STATES,

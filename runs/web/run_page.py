@@ -1,7 +1,7 @@
 """The run page's context in a fixed, small number of queries, most of it shared by every viewer.
 
 What only the run's own writes change (its stages, summary, checkpoints, attempts, settings) is built
-once per change of its counter (runs.pipeline.changes) and cached (runs.live); each request then
+once per change of its counter (runs.pipeline.status.changes) and cached (runs.live); each request then
 reads its counter, the reviews and tags (not counted there), and what depends on the fleet (which
 queued stage no live worker takes, a hand-over the broker refused): seven queries with the session's,
 whatever the run holds. The page's body below its tags, the same for everyone, is rendered once per
@@ -17,10 +17,12 @@ from django.template.loader import render_to_string
 from django.utils.safestring import SafeString, mark_safe
 
 from runs.fleet import selectors as fleet_selectors
-from runs.pipeline import changes, queue, selectors
-from runs.pipeline.failure_selectors import run_failure
-from runs.pipeline.run_config import HELD_OUT
-from runs.pipeline.stage_record import StageStatus
+from runs.pipeline.status import changes
+from runs.pipeline.dispatch import queue
+from runs.pipeline import selectors
+from runs.pipeline.lifecycle.failure_selectors import run_failure
+from runs.pipeline.launch.run_config import HELD_OUT
+from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.tracking import comparison
 from runs import live
 
@@ -70,7 +72,7 @@ def run_page_context(*, run_id: int) -> dict:
 
 
 def _body(context: dict, *, run_id: int, counter: int) -> SafeString:
-    """The page below its tags (templates/runs/_run_body.html), rendered once for every viewer while
+    """The page below its tags (templates/runs/pipeline/_run_body.html), rendered once for every viewer while
     neither the run's counter nor what the fleet says about it moved. It is rendered without the
     request: nothing in it can be one viewer's (no form, no CSRF token, no name, no message)."""
     waiting = context["waiting_for_queue"]
@@ -79,6 +81,6 @@ def _body(context: dict, *, run_id: int, counter: int) -> SafeString:
     running = any(record.status == StageStatus.RUNNING for _, _, record, *_ in context["stages"])
 
     def build():
-        return render_to_string("runs/_run_body.html", context), live.RUNNING_SECONDS if running else live.SETTLED_SECONDS
+        return render_to_string("runs/pipeline/_run_body.html", context), live.RUNNING_SECONDS if running else live.SETTLED_SECONDS
 
     return mark_safe(live.cached(key, build))  # noqa: S308 - rendered here by the template engine, escaped

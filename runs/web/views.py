@@ -22,8 +22,11 @@ from runs.data import selectors as data_selectors
 from runs.data.regeneration_selectors import dataset_options
 from runs.fleet import selectors as fleet_selectors
 from runs.fleet import work_selectors
-from runs.pipeline.failure_selectors import failure_of, run_failure_by_id
-from runs.pipeline import job_selectors, job_services, queue, selectors, services, upstream_commands
+from runs.pipeline.lifecycle.failure_selectors import failure_of, run_failure_by_id
+from runs.pipeline.jobs import selectors as job_selectors, services as job_services
+from runs.pipeline.dispatch import queue
+from runs.pipeline import selectors, services
+from runs.pipeline.status import upstream_commands
 from runs.projects import selectors as project_selectors
 from runs.review import reviews
 from runs.sweeps import selectors as sweep_selectors, services as sweep_services
@@ -88,7 +91,7 @@ def run_launch(request: HttpRequest) -> HttpResponse:
     status = 400 if request.method == "POST" else 200
     building = demo_build_unfinished()  # `make demo`'s target, while a worker builds it
     failed = None if building else demo_build_failed()  # or why its build stopped, with a button to build it again
-    return render(request, "runs/run_launch.html", {"form": form, "targets": targets, "datasets": datasets,
+    return render(request, "runs/pipeline/run_launch.html", {"form": form, "targets": targets, "datasets": datasets,
                                                     "demo_build": building and demo_build_progress(building),
                                                     "demo_failed": failed and failure_of(failed),
                                                     **change},
@@ -132,14 +135,14 @@ def _launch_from(request: HttpRequest, form: LaunchForm) -> HttpResponse:
 def worker_list(request: HttpRequest) -> HttpResponse:
     """The fleet: each worker busy (with what), idle or offline, what its host can run, and the
     work queued for the workers in order."""
-    return render(request, "runs/worker_list.html", {
+    return render(request, "runs/fleet/worker_list.html", {
         "rows": work_selectors.worker_rows(request.user), "queue": work_selectors.queued_work(request.user),
         "options": fleet_selectors.launch_options(), "offline_after": fleet_selectors.offline_after()})
 
 
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     selectors.run_visible_check(pk=pk, user=request.user)  # 404 outside the user's projects
-    return render(request, "runs/run_detail.html", run_page.run_page_context(run_id=pk))
+    return render(request, "runs/pipeline/run_detail.html", run_page.run_page_context(run_id=pk))
 
 
 @require_POST
@@ -170,7 +173,7 @@ def dataset_detail(request: HttpRequest, pk: int, regenerate_form=None) -> HttpR
     latest = next((p.length_histogram for p in preparations if p.length_histogram.get("counts")), None)
     return render(
         request,
-        "runs/dataset_detail.html",
+        "runs/data/dataset_detail.html",
         {
             "dataset": dataset,
             "preparations": preparations,
@@ -201,7 +204,7 @@ def extraction_detail(request: HttpRequest, pk: int) -> HttpResponse:
     requests = job_selectors.extraction_verification_requests(extraction=extraction)
     return render(
         request,
-        "runs/extraction_detail.html",
+        "runs/data/extraction_detail.html",
         {
             "extraction": extraction,
             "layers": layers,
@@ -219,7 +222,7 @@ def extraction_list(request: HttpRequest) -> HttpResponse:
     extractions = list(data_selectors.extraction_list_verified(user=request.user)[:200])
     states = reviews.review_states(subjects=extractions)
     rows = [(e, states.get(e.pk)) for e in extractions]
-    return render(request, "runs/extraction_list.html", {"rows": rows})
+    return render(request, "runs/data/extraction_list.html", {"rows": rows})
 
 
 DATASETS_PER_PAGE = 100
@@ -227,7 +230,7 @@ DATASETS_PER_PAGE = 100
 
 def dataset_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(data_selectors.dataset_list(), DATASETS_PER_PAGE).get_page(request.GET.get("page"))
-    return render(request, "runs/dataset_list.html", {"datasets": page.object_list, "page": page})
+    return render(request, "runs/data/dataset_list.html", {"datasets": page.object_list, "page": page})
 
 
 @require_POST
@@ -259,7 +262,7 @@ def extraction_import(request: HttpRequest) -> HttpResponse:
             verb = "Imported" if created else "Already imported:"
             messages.success(request, f"{verb} extraction {extraction.pk} ({extraction.layout}).")
             return redirect(extraction)
-    return render(request, "runs/extraction_import.html", {"error": error, "values": request.POST},
+    return render(request, "runs/data/extraction_import.html", {"error": error, "values": request.POST},
                   status=400 if error else 200)
 
 
@@ -318,7 +321,7 @@ def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
     measured = next((e for e in evaluations if e.status == "succeeded"), None)
     serve_checks = serve_check_selectors.checkpoint_serve_checks(checkpoint)
     usable, unusable_why = serve_check_selectors.checkpoint_usable(checkpoint)
-    return render(request, "runs/checkpoint_detail.html", {
+    return render(request, "runs/checkpoints/checkpoint_detail.html", {
         "serve_checks": serve_checks, "served": next((c for c in serve_checks if c.status == "succeeded"), None),
         "unusable_why": "" if usable else unusable_why,
         "checkpoint": checkpoint, "config_json": config, "evaluations": evaluations, "measured": measured,
@@ -375,7 +378,7 @@ def run_compare(request: HttpRequest) -> HttpResponse:
             baseline_id, refused = None, str(exc)
         context = comparison.run_comparison(run_ids=run_ids, user=request.user, baseline_id=baseline_id)
     except comparison.ComparisonError as exc:
-        return render(request, "runs/run_compare.html", {"error": str(exc)}, status=400)
+        return render(request, "runs/tracking/run_compare.html", {"error": str(exc)}, status=400)
     refused = refused or context["acceptance"]["refused"]  # or a saved link's whose measurement went since
     if refused:
         messages.warning(request, f"{refused}; the deltas are against the first measured run instead.")
@@ -383,6 +386,6 @@ def run_compare(request: HttpRequest) -> HttpResponse:
                    "tau": r["tau"], "acceptance_per_position": (  # a run trained elsewhere has no measurement of ours
                        None if r["run"].external else r["run"].evaluation.acceptance_per_position) or []}
                   for r in context["runs"]]
-    return render(request, "runs/run_compare.html", {
+    return render(request, "runs/tracking/run_compare.html", {
         **context, "chart_runs": chart_runs,
         "acceptance_api": f"{reverse('api:compare_acceptance')}?ids={','.join(map(str, run_ids))}"})

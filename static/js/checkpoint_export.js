@@ -1,4 +1,4 @@
-// The run page's Export buttons (templates/runs/_checkpoints.html): the checkpoints table is rendered once
+// The run page's Export buttons (templates/runs/checkpoints/_checkpoints.html): the checkpoints table is rendered once
 // for every viewer, without a CSRF token, so the page's own token (the tags form's) is added on submit.
 // Listening on the document keeps working when the table is replaced by a newer rendering.
 document.addEventListener("submit", (event) => {

@@ -12,7 +12,7 @@
   const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
   const TITLES = {loss: "Loss per TTT step", loss_sum: "Loss summed over the TTT steps", full_acc: "Accuracy per TTT step", cond_acc: "Conditional accuracy per TTT step",
     lr: "Learning rate", tokens_per_s: "Training throughput (tokens/s)", tokens_seen: "Tokens seen"};
-  // Hidden-state supply (runs.pipeline.online): each its own chart, beside the loss's, in its own units.
+  // Hidden-state supply (runs.pipeline.online.selectors): each its own chart, beside the loss's, in its own units.
   const SUPPLY = ["supply/fetch_wait_fraction", "supply/capture_tokens_per_s", "supply/cache_hit_rate"];
   Object.assign(TITLES, {"supply/fetch_wait_fraction": "Supply: share of step time waiting for data",
     "supply/capture_tokens_per_s": "Supply: capture servers' tokens/s", "supply/cache_hit_rate": "Supply: cache hit rate"});

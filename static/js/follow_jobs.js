@@ -1,4 +1,4 @@
-// A page that shows jobs (templates/runs/_jobs.html) follows them: while one is queued or running it
+// A page that shows jobs (templates/runs/data/_jobs.html) follows them: while one is queued or running it
 // reloads every 3 s, but never while the person is typing (a field has focus, or a text area holds
 // words not yet sent), so that a review or an override being written is not wiped.
 (function () {

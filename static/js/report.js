@@ -1,4 +1,4 @@
-// A report's live blocks (templates/runs/report_block.html, specs in #report-blocks from
+// A report's live blocks (templates/runs/reports/report_block.html, specs in #report-blocks from
 // runs.reports.rendering): each chart fetches its runs' series from /api/v1/runs/<id>/metrics/ and draws
 // them with plotly, a colour per run and a line style per series, as compare.js does; each generations
 // block asks /api/v1/checkpoints/<id>/generations/ and says "not available" where that answers 404 or

@@ -9,7 +9,7 @@
   const el = window.dom.el;
 
   function renderActions(summary) {
-    // The header's remedies as the run's failure asks (templates/runs/run_detail.html draws them on
+    // The header's remedies as the run's failure asks (templates/runs/pipeline/run_detail.html draws them on
     // load): a run that fails while its page is open offers Retry or Copy with changes without a reload.
     const retry = document.getElementById("retry-form");
     const copy = document.getElementById("copy-with-changes");
@@ -105,7 +105,7 @@
   }
 
   function renderGlance(g) {
-    // The header (templates/runs/_glance.html) from the summary's `glance` (runs.pipeline.glance).
+    // The header (templates/runs/pipeline/_glance.html) from the summary's `glance` (runs.pipeline.status.glance).
     if (!g) return;
     const set = (key, text) => { const el = document.querySelector(`[data-glance="${key}"]`); if (el) el.textContent = text; };
     const list = (values) => (values && values.length ? values.map((v) => (v == null ? "–" : v.toFixed(3))).join(" · ") : null);
@@ -114,7 +114,7 @@
     if (status) { status.textContent = g.stage_status; status.className = "status " + g.stage_status; }
     set("progress", g.progress_total ? fmt.format(g.progress_done) + " / " + fmt.format(g.progress_total) : "–");
     set("eta", g.eta_seconds == null ? "–" : Math.round(g.eta_seconds) + " s");
-    // The run's end, with what it assumes or why it cannot be said (runs.pipeline.glance.run_eta).
+    // The run's end, with what it assumes or why it cannot be said (runs.pipeline.status.glance.run_eta).
     set("run_eta", g.run_eta_seconds == null ? "–" : Math.round(g.run_eta_seconds) + " s");
     set("run_eta_note", "(" + g.run_eta_note + ")");
     set("train_step", g.train_steps ? fmt.format(g.train_step || 0) + " of " + fmt.format(g.train_steps) : "–");
@@ -202,7 +202,7 @@
   }
 
   function renderCheckpoints(checkpoints, best, runUrl) {
-    // The same columns as the page's own table (templates/runs/_checkpoints.html): a poll's rendering replaces it.
+    // The same columns as the page's own table (templates/runs/checkpoints/_checkpoints.html): a poll's rendering replaces it.
     if (!checkpoints.length) return;
     const num = (v, digits) => (v == null ? "–" : v.toFixed(digits));
     const provisional = best && best.provisional ? " (provisional)" : "";
@@ -237,7 +237,7 @@
   }
 
   function withLivePart(live) {
-    // A live part (runs.pipeline.live_summary): the running stage's progress and log, the header's latest
+    // A live part (runs.pipeline.status.live_summary): the running stage's progress and log, the header's latest
     // figures; the rest of the summary held stays as it is until the run's state moves.
     for (const part of live.stages) {
       const stage = shown.stages.find((s) => s.name === part.name);

@@ -1,5 +1,5 @@
-// The run page's "Hidden-state supply" box (templates/runs/_run_body.html): redrawn from each summary
-// run_detail.js polls (its "run-summary" event; runs.pipeline.online.supply_dict words every line), and
+// The run page's "Hidden-state supply" box (templates/runs/pipeline/_run_body.html): redrawn from each summary
+// run_detail.js polls (its "run-summary" event; runs.pipeline.online.selectors.supply_dict words every line), and
 // "Keep the cache as an extraction", which asks the API (POST /api/v1/runs/<id>/keep-cache/).
 (function () {
   "use strict";

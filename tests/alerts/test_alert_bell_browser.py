@@ -8,7 +8,7 @@ from playwright.sync_api import expect
 from runs.alerts import events, services
 from runs.alerts.services import RuleInput
 from runs.models import StageStatus
-from runs.pipeline.stage_services import stage_fail
+from runs.pipeline.lifecycle.stage_services import stage_fail
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,7 +13,7 @@ from runs.alerts import events, services
 from runs.alerts.models import Alert, AlertDelivery, AlertNotice
 from runs.alerts.services import RuleError, RuleInput
 from runs.models import StageStatus
-from runs.pipeline.stage_services import stage_fail, stage_start, stages_reconcile
+from runs.pipeline.lifecycle.stage_services import stage_fail, stage_start, stages_reconcile
 from runs.tracking.services import metrics_record
 
 pytestmark = pytest.mark.django_db
@@ -139,7 +139,7 @@ def test_a_nan_loss_alerts_once_per_run(user, run):
 
 def test_tau_below_a_threshold_or_a_baseline_runs(user, run, roots):
     from runs.pipeline import services as run_services
-    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.launch.run_config import RunConfig
 
     baseline = run_services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
                                        config=RunConfig(), name="baseline", enqueue=False)
@@ -173,7 +173,7 @@ def test_a_lost_worker_alerts_once_per_lost_attempt(user, run):
 def test_a_stalled_stage_alerts_once_per_stall(user, run):
     services.rule_create(user=user, data=RuleInput(event="stage_stalled", stall_minutes=5))
     from runs.alerts.models import StageWatch
-    from runs.pipeline.stage_services import stage_progress
+    from runs.pipeline.lifecycle.stage_services import stage_progress
 
     record = run.preparation
     stage_start(stage_name="prepare", record_id=record.pk, worker="w")
@@ -217,7 +217,7 @@ def test_a_team_rule_watches_every_members_runs_and_every_member_hears_it(user, 
 
 
 def test_a_run_trained_elsewhere_that_ends_failed_alerts_once(user):
-    from runs.pipeline.external import external_run_create, external_run_end
+    from runs.pipeline.launch.external import external_run_create, external_run_end
 
     services.rule_create(user=user, data=RuleInput(event="run_failed"))
     run = external_run_create(user=user, name="cluster job", config={"lr": 3e-4})

@@ -9,7 +9,7 @@ import pytest
 from runs.alerts import services
 from runs.alerts.models import AlertNotice, AlertRule
 from runs.alerts.services import RuleInput
-from runs.pipeline.stage_services import stage_fail
+from runs.pipeline.lifecycle.stage_services import stage_fail
 from tests.api.conftest import ApiClient, make_user
 from runs.api import tokens
 
@@ -109,7 +109,7 @@ def test_the_list_page_shows_alerts_and_marks_them_read(client, user, run):
 
 
 def _fail_prepare(run) -> None:
-    from runs.pipeline.stage_services import stage_start
+    from runs.pipeline.lifecycle.stage_services import stage_start
 
     stage_start(stage_name="prepare", record_id=run.preparation.pk, worker="w1")
     stage_fail(stage_name="prepare", record_id=run.preparation.pk, error="ValueError: no rows left", log_tail="")

@@ -12,7 +12,7 @@ from django.test import Client
 from runs.models import (Checkpoint, Dataset, DatasetCatalogue, DatasetRegeneration, Evaluation, Extraction,
                          VerificationRequest)
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from tests.api.test_api_runs import counts
 
 pytestmark = pytest.mark.django_db
@@ -141,7 +141,7 @@ def test_the_openapi_document_describes_every_endpoint_and_its_body(api):
     assert set(paths["/api/v1/reports/"]) == set(paths["/api/v1/projects/"]) == {"get", "post"}
     assert set(paths["/api/v1/runs/"]) == {"get", "post"}
     assert set(paths["/api/v1/runs/{id}/metrics/"]) == {"get", "post"}
-    # A launch, or a run trained elsewhere (runs.api.views_external).
+    # A launch, or a run trained elsewhere (runs.api.views.external).
     assert paths["/api/v1/runs/"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {"oneOf": [
         {"$ref": "#/components/schemas/LaunchBody"}, {"$ref": "#/components/schemas/ExternalRunBody"}]}
     assert schema["components"]["schemas"]["ExternalRunBody"]["required"] == ["external", "name", "config"]

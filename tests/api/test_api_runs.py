@@ -10,7 +10,7 @@ from django.test import Client
 
 from runs.models import PipelineRun, StageAttempt
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking import run_table
 from runs.tracking.services import metrics_record
 

@@ -14,9 +14,9 @@ from django.http import QueryDict
 
 from runs.models import PendingEnqueue, PipelineRun, SavedView, Sweep
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
-from runs.tracking.run_table import RunTableError, RunFilters
-from workers.online_tasks import online_source
+from runs.pipeline.launch.run_config import RunConfig
+from runs.tracking.run_filters import RunTableError, RunFilters
+from workers.orchestration.online_tasks import online_source
 
 pytestmark = pytest.mark.django_db
 

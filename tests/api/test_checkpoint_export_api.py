@@ -10,7 +10,7 @@ import pytest
 
 from runs.models import Checkpoint, Evaluation, StageStatus
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from workers.contract.model_card import card_facts_read
 
 pytestmark = pytest.mark.django_db

@@ -1,5 +1,5 @@
 """GET /api/v1/checkpoints/<id>/generations/: a checkpoint's replies token by token, as the evaluate stage
-recorded them (runs.pipeline.result_records.measured_alongside_record). Epoch 0 of the run was measured
+recorded them (runs.pipeline.lifecycle.result_records.measured_alongside_record). Epoch 0 of the run was measured
 with the oracle stand-in (every draft accepted), epoch 1 with the one right at position 1 only, on the
 same three prompts of the tiny target (tests/generations.py), EOS off."""
 from __future__ import annotations
@@ -113,8 +113,8 @@ def test_the_stage_rows_own_measurement_is_recorded_and_the_latest_one_answers(a
     """Epoch 1 measured beside the stage's row (oracle), then by the stage's row itself (first only): the
     stage's, the later, answers."""
     from runs.models import Evaluation
-    from runs.pipeline.result_records import evaluation_record
-    from runs.pipeline.stage_services import stage_start
+    from runs.pipeline.lifecycle.result_records import evaluation_record
+    from runs.pipeline.lifecycle.stage_services import stage_start
     from tests.generations import result_of
 
     run = _launch(user, roots)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from runs.api import tokens
 from runs.api.models import ApiAuditEntry
 from runs.models import Checkpoint, MetricChunk, MetricSeries, PipelineRun, TrainingRun
-from runs.pipeline.stage_services import stages_reconcile
+from runs.pipeline.lifecycle.stage_services import stages_reconcile
 from tests.api.conftest import make_user
 from tests.api.test_api_live_server import Script
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from django.conf import settings
 
-from runs.api.parsers import MAX_DEPTH, json_depth
+from runs.api.bodies.parsers import MAX_DEPTH, json_depth
 from runs.models import MetricSeries
 from tests.api.test_api_runs import body, counts
 

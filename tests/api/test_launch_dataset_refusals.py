@@ -1,4 +1,4 @@
-"""A launch refuses a chat file that cannot give a training row (runs.pipeline.dataset_launch_check): an
+"""A launch refuses a chat file that cannot give a training row (runs.pipeline.launch.dataset_launch_check): an
 empty file, blank lines only, no assistant reply, every context over max_seq_len; with counts, on the
 `dataset` field, nothing stored. Through the API, as the form and the client launch."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
-from runs.pipeline import dataset_launch_check
-from runs.pipeline.dataset_launch_check import dataset_head
+from runs.pipeline.launch import dataset_launch_check
+from runs.pipeline.launch.dataset_launch_check import dataset_head
 
 from tests.api.test_api_runs import body, counts
 

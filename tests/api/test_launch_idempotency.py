@@ -15,7 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from eagle3web_client import Client as ApiScriptClient
-from runs.api import idempotency
+from runs.api.bodies import idempotency
 from runs.api.models import LaunchIdempotencyKey
 from runs.api.schema import api_schema
 from runs.pipeline import services

@@ -12,7 +12,7 @@ import redis as redis_client
 
 from runs.api import tokens
 from runs.models import PendingEnqueue, PipelineRun
-from runs.pipeline.queue import RETRY_AFTER, outbox_flush
+from runs.pipeline.dispatch.queue import RETRY_AFTER, outbox_flush
 from tests.api.conftest import ApiClient
 from tests.api.test_api_runs import body
 from tests.outage import celery_broker, private_redis

@@ -10,7 +10,7 @@ from django.test import Client
 
 from runs.models import PipelineRun, StageStatus
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.review.tags import run_tags_set
 from tests.api.conftest import make_user
 

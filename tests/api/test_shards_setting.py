@@ -14,7 +14,7 @@ from django.utils import timezone
 from runs.fleet.models import Worker
 from runs.models import ExtractStage, PendingEnqueue, PipelineRun, StageShard, StageStatus
 from runs.pipeline import selectors, services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

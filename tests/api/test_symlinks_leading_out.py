@@ -117,7 +117,7 @@ def test_a_target_file_linked_outside_after_the_launch_fails_the_stage_naming_it
     """The worker confines the folder again as a stage starts (a link swapped in after the launch): the stage fails
     naming the file, before a loader opens it. Run in this process, as a worker runs it."""
     from runs.models import PipelineRun, StageStatus
-    from workers.tasks import stage_execute
+    from workers.orchestration.tasks import stage_execute
 
     run = PipelineRun.objects.get(pk=api("launcher").post("/api/v1/runs/", body(roots, draft_vocab_size=64)).json()["id"])
     linked_out(roots, outside, "tokenizer.json")

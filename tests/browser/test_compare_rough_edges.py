@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from runs.pipeline.external import external_points_report, external_run_create
+from runs.pipeline.launch.external import external_points_report, external_run_create
 from runs.tracking.services import metrics_record
 from tests.browser.test_hostile_strings import Watch
 from tests.browser.test_pages_at_a_glance import _log_in, _training_run

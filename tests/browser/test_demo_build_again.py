@@ -4,10 +4,10 @@ again" button queues the build again, after which the page shows the new build's
 import pytest
 from playwright.sync_api import expect
 
-from runs.pipeline import job_services
-from runs.pipeline.job_models import DemoBuild
+from runs.pipeline.jobs import services as job_services
+from runs.pipeline.jobs.models import DemoBuild
 from tests.browser.test_launch_form import log_in
-from workers.tasks import stage_execute
+from workers.orchestration.tasks import stage_execute
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

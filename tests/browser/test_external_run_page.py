@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from runs.pipeline.external import external_points_report, external_run_create
+from runs.pipeline.launch.external import external_points_report, external_run_create
 from tests.browser.test_pages_at_a_glance import _log_in
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

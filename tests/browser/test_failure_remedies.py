@@ -11,8 +11,8 @@ from playwright.sync_api import expect
 
 from runs.models import PipelineRun, Preparation, StageStatus
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stage_services import MAX_ATTEMPTS, stage_record_id, stage_start, stages_reconcile
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stage_services import MAX_ATTEMPTS, stage_record_id, stage_start, stages_reconcile
 from tests.browser.test_launch_form import log_in
 from tests.worker import wait_for_run
 

@@ -9,8 +9,8 @@ import pytest
 from playwright.sync_api import expect
 
 from runs.models import Evaluation, PipelineRun, StageStatus, RunTag, SweepRun
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stages import STAGES
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stages import STAGES
 from runs.sweeps.services import sweep_launch
 from runs.sweeps.spec import parse_vary
 from runs.tracking.reported_points import points_report

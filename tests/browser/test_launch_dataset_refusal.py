@@ -1,5 +1,5 @@
 """The launch form refuses an empty chat file on its field, saying it is empty, and launches nothing
-(runs.pipeline.dataset_launch_check), in headless Chromium."""
+(runs.pipeline.launch.dataset_launch_check), in headless Chromium."""
 import pytest
 from playwright.sync_api import expect
 

@@ -9,7 +9,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from runs.pipeline.stage_services import stage_progress
+from runs.pipeline.lifecycle.stage_services import stage_progress
 from runs.tracking.services import metrics_record
 from tests.browser.test_pages_at_a_glance import _log_in, _training_run
 

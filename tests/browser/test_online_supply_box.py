@@ -1,5 +1,5 @@
 """The run page's "Hidden-state supply" box in headless Chromium, for an online run whose training recorded
-its supply through the service (runs.pipeline.result_records.training_record): the figures and the
+its supply through the service (runs.pipeline.lifecycle.result_records.training_record): the figures and the
 bottleneck as text, the supply/* curves charted as their own group beside the loss, "keep the cache"
 asked from the page and refused in words while the cache lacks rows, and the box redrawn by the page's
 polls when the keep's state changes. No error in the console."""
@@ -10,8 +10,9 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from runs.models import Preparation, StageStatus
-from runs.pipeline import online_services, services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.online import services as online_services
+from runs.pipeline import services
+from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.services import metrics_record
 from tests.browser.test_pages_at_a_glance import _log_in
 from tests.views.test_online_supply import URLS, record_training, supply_report

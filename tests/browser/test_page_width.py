@@ -7,12 +7,12 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.sweeps.services import sweep_launch
 from runs.sweeps.spec import parse_vary
 from runs.tracking.services import system_samples_record
 from tests.browser.test_pages_at_a_glance import _log_in, _training_run
-from workers.system_metrics import SystemMeter, series_values
+from workers.orchestration.system_metrics import SystemMeter, series_values
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

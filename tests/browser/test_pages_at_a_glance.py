@@ -16,8 +16,8 @@ from playwright.sync_api import expect
 
 from runs.models import StageStatus
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stage_services import stage_progress
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stage_services import stage_progress
 from runs.tracking.services import metrics_record
 from tests.fleet import cpu_worker
 
@@ -150,7 +150,7 @@ def test_the_runs_list_is_live_and_its_stage_marks_are_labelled(live_server, use
     time.sleep(2.2)
     assert duration.inner_text() != first  # it ticks
     # The training finishes on the server: the row follows without a reload.
-    from runs.pipeline.stage_services import stage_succeed
+    from runs.pipeline.lifecycle.stage_services import stage_succeed
 
     stage_succeed(stage_name="train", record_id=run.training_run.pk, fields={}, log_tail="")
     expect(row.locator(".stage-pill.succeeded")).to_have_count(4, timeout=15_000)

@@ -8,7 +8,7 @@ from django.contrib.auth.models import Group
 from playwright.sync_api import expect
 
 from runs.models import PipelineRun, Project
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.projects.services import project_create
 from runs.sweeps.services import sweep_launch
 from runs.sweeps.spec import parse_vary

@@ -1,5 +1,5 @@
 """The run page's System charts in headless Chromium: the samples a worker's meter took (here this test
-process's, measured by workers.system_metrics and written through the same service) drawn against wall
+process's, measured by workers.orchestration.system_metrics and written through the same service) drawn against wall
 time, one chart per figure, and a sample written later drawn by the page's poll, with no console error."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 from runs.models import MetricSeries
 from runs.tracking.services import system_samples_record
 from tests.browser.test_pages_at_a_glance import _log_in, _training_run
-from workers.system_metrics import SystemMeter, series_values
+from workers.orchestration.system_metrics import SystemMeter, series_values
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

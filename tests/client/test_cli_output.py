@@ -20,7 +20,7 @@ from eagle3web_client import cli
 from runs.models import Evaluation, StageStatus, TrainingRun
 from runs.pipeline import services
 from runs.pipeline.models import PipelineRun
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 
 STRAY = re.compile(r" :| ,|  |\(\)|\( | \)|:$|: ,|^ | $")
 

@@ -14,7 +14,7 @@ from runs.pipeline import services
 from runs.pipeline.models import PipelineRun
 from tests.api.conftest import make_user
 from runs.api.models import ApiToken, LaunchIdempotencyKey
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 
 
 def _launch_body(roots, **extra) -> dict:

@@ -17,7 +17,7 @@ from runs.pipeline import services
 from runs.data.extractions import extraction_import
 from runs.models import (Checkpoint, Dataset, DatasetRegeneration, Evaluation, Extraction, PipelineRun, Sweep,
                          Verification)
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

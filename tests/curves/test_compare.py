@@ -2,7 +2,7 @@
 import pytest
 
 from runs.tracking.services import metrics_record
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.services import run_launch
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""workers.system_metrics.GpuMeter against NVML's calls, with a stand-in `pynvml` module: MOCKED, there is no
+"""workers.orchestration.system_metrics.GpuMeter against NVML's calls, with a stand-in `pynvml` module: MOCKED, there is no
 GPU or NVIDIA driver on the machines these tests run on. What this checks is our side: which devices a
 process sees under CUDA_VISIBLE_DEVICES (indices, UUIDs, CUDA's stop at the first bad entry), the
 figures taken from NVML's structs, a figure NVML refuses left out rather than written as 0, and the
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from workers.system_metrics import GpuMeter, SystemMeter, series_values
+from workers.orchestration.system_metrics import GpuMeter, SystemMeter, series_values
 
 GIB = 2**30
 

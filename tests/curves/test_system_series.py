@@ -1,4 +1,4 @@
-"""A run's system series (runs.tracking.system_series): the samples a worker measures (workers.system_metrics)
+"""A run's system series (runs.tracking.system_series): the samples a worker measures (workers.orchestration.system_metrics)
 stored by time, kept apart from the training's curves, and the meter's figures checked against work of
 known size done by a child process."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from runs.tracking.services import metrics_record, metrics_truncate, system_samp
 from runs.models import MetricSeries
 from tests.curves.test_metric_store import points, training  # noqa: F401 - the fixture
 from workers.contract.errors import InputError
-from workers.system_metrics import ProcessTreeMeter, SystemMeter, series_values
+from workers.orchestration.system_metrics import ProcessTreeMeter, SystemMeter, series_values
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from runs.alerts.models import Alert
 from runs.alerts.services import RuleInput
 from runs.models import MetricChunk, MetricSeries, PipelineRun
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.chunks import CHUNK_POINTS
 from runs.tracking.services import metrics_record
 

@@ -16,11 +16,11 @@ import pytest
 
 from runs.pipeline import services
 from runs.models import Checkpoint, MetricSeries, StageStatus
-from runs.pipeline.routing import stage_backend
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.dispatch.routing import stage_backend
+from runs.pipeline.launch.run_config import RunConfig
 from tests.fleet import fake_gpu_worker
 from workers.contract import backends, vllm_env
-from workers.tasks import pipeline_run_inline
+from workers.orchestration.tasks import pipeline_run_inline
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 TESTS = Path(__file__).resolve().parents[1]

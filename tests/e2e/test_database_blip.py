@@ -9,7 +9,7 @@ import pytest
 from runs.pipeline import services
 from runs.tracking.curves import series_points
 from runs.models import MetricSeries, StageAttempt, StageStatus, TrainingRun
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from tests.e2e.test_worker_faults import wait_until
 from tests.outage import tcp_proxy
 from tests.worker import celery_worker, wait_for_run

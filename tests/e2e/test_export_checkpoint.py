@@ -59,7 +59,7 @@ def run(tiny_target, django_db_setup, django_db_blocker, tmp_path_factory):
 
 def _served_row(checkpoint_id: int):
     from runs.models import Checkpoint, StageStatus
-    from runs.pipeline.job_models import ServeCheck
+    from runs.pipeline.jobs.models import ServeCheck
 
     checkpoint = Checkpoint.objects.get(pk=checkpoint_id)
     evaluation = checkpoint.evaluations.get()

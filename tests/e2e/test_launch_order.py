@@ -1,13 +1,13 @@
 """Two runs on one real Celery worker (cpu and gpu queues, one task at a time, Redis, PostgreSQL):
 within a queue, no stage of the later run starts while a stage of the earlier run is ready and
-waiting there (runs.pipeline.launch_order)."""
+waiting there (runs.pipeline.dispatch.launch_order)."""
 import pytest
 
 from runs.models import StageAttempt, StageStatus
 from runs.pipeline import services
-from runs.pipeline.routing import stage_queue
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stages import STAGES
+from runs.pipeline.dispatch.routing import stage_queue
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stages import STAGES
 from tests.worker import wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

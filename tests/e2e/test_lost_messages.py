@@ -19,7 +19,7 @@ import pytest
 from runs.fleet.models import Worker
 from runs.models import ExtractStage, PendingEnqueue, Preparation, StageStatus, VocabMapping
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from tests.e2e.test_worker_faults import wait_until
 from tests.outage import celery_broker, private_redis
 from tests.worker import celery_worker, kill_worker_hard, wait_for_run

@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 
 from bench.online import FolderPeak
-from runs.pipeline.online import CACHE_DIRNAME
+from runs.pipeline.online.selectors import CACHE_DIRNAME
 from tests.vllm_here import vllm_or_skip
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]

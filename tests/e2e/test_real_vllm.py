@@ -212,10 +212,10 @@ def test_a_serve_check_of_another_checkpoint_serves_the_prompts_its_measurement_
 
 
 def test_a_checkpoint_vllm_refuses_fails_quoting_its_log_and_stores_no_result(vllm_run, tiny_target, tmp_path, user):
-    from runs.pipeline.job_models import ServeCheck
+    from runs.pipeline.jobs.models import ServeCheck
     from runs.models import Checkpoint, Evaluation, StageStatus
     from runs.checkpoints.serve_check_services import serve_check_request
-    from workers.tasks import stage_execute
+    from workers.orchestration.tasks import stage_execute
 
     best = next(c for c in vllm_run["checkpoints"] if c["is_best"])
     broken = tmp_path / "broken-draft"

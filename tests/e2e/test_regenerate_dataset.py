@@ -17,7 +17,7 @@ from runs.data.curation import dataset_samples_sync, samples_set_excluded
 from runs.data.regeneration import RegenerationSettings, dataset_regenerate_request
 from runs.models import Dataset, DatasetSample, StageAttempt, StageStatus
 from runs.pipeline import services
-from runs.pipeline.job_models import DatasetRegeneration
+from runs.pipeline.jobs.models import DatasetRegeneration
 from tests.worker import celery_worker, kill_worker_hard
 
 pytestmark = [pytest.mark.slow]

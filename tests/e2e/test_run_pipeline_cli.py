@@ -201,7 +201,7 @@ def test_a_user_measures_a_checkpoint_from_its_page(inline_run, client, user):
     """The button queues an evaluation; here the worker's part runs in-process (the worker itself is
     exercised by tests/e2e/test_pipeline_worker.py)."""
     from runs.models import Checkpoint, Evaluation
-    from workers.tasks import stage_execute
+    from workers.orchestration.tasks import stage_execute
 
     client.login(username=user.username, password=user.raw_password)
     summary, _ = inline_run

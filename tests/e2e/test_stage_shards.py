@@ -11,8 +11,8 @@ import pytest
 
 from runs.models import Evaluation, ExtractStage, Preparation, StageShard, StageStatus
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stage_record import FINISHED_STATUSES
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES
 from tests.worker import celery_worker, kill_worker_hard, wait_for_run
 from workers.stages.prepare_merge import prepare_count_rows
 from workers.stages.shards import shard_dir
@@ -146,7 +146,7 @@ def test_a_run_in_two_shards_is_made_by_both_workers_and_equals_one_workers(tiny
                  "mismatched_prompts", "output_matches_greedy", "k_table", "recommended_k"):
         assert getattr(evaluation, name) == getattr(single, name), name
     # The parts are gone once merged: no byte of them is left beside the outputs.
-    from workers.shard_stage_runners import evaluate_parts_dir, prepare_parts_dir
+    from workers.orchestration.shard_stage_runners import evaluate_parts_dir, prepare_parts_dir
 
     assert (bytes_under(prepare_parts_dir(preparation)), bytes_under(evaluate_parts_dir(evaluation))) == (0, 0)
     assert not prepare_parts_dir(preparation).exists() and not evaluate_parts_dir(evaluation).parent.exists()
@@ -155,7 +155,7 @@ def test_a_run_in_two_shards_is_made_by_both_workers_and_equals_one_workers(tiny
 def test_a_regeneration_in_two_shards_is_made_by_both_workers_and_equals_one_workers(
         tiny_target, data_root, tmp_path, user):
     from runs.data.regeneration import RegenerationSettings, dataset_regenerate_request
-    from runs.pipeline.job_models import DatasetRegeneration
+    from runs.pipeline.jobs.models import DatasetRegeneration
     from workers.stages.regenerate.base import RegenerateSettings
     from workers.stages.regenerate.stage import regenerate
 
@@ -177,7 +177,7 @@ def test_a_regeneration_in_two_shards_is_made_by_both_workers_and_equals_one_wor
                      backend="transformers", device="cpu",
                      settings=RegenerateSettings(max_new_tokens=6, temperature=0.8, seed=7))
     assert Path(job.output_path).read_bytes() == Path(one.out_path).read_bytes()
-    from workers.shard_stage_runners import regenerate_parts_dir
+    from workers.orchestration.shard_stage_runners import regenerate_parts_dir
 
     assert bytes_under(regenerate_parts_dir(job)) == 0 and not regenerate_parts_dir(job).parent.exists()
     assert (job.turns_regenerated, job.replies_cut, job.failures) == (one.turns_regenerated, one.replies_cut, 0)

@@ -12,8 +12,8 @@ import pytest
 from runs.fleet.models import Worker
 from runs.models import MetricSeries, StageStatus
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stages import STAGES
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stages import STAGES
 from runs.tracking.curves import series_points
 from tests.e2e.test_worker_fleet import wait_for
 from tests.stages.test_backends import torch_gpus

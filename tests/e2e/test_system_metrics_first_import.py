@@ -1,5 +1,5 @@
 """A fresh worker process's first stage imports torch while the system sampler reads the GPUs in its own
-thread (workers.system_metrics): the sampler must wait for a torch imported in full, not log
+thread (workers.orchestration.system_metrics): the sampler must wait for a torch imported in full, not log
 "partially initialized module 'torch' has no attribute 'cuda'". Run in a fresh interpreter, where torch is
 not imported yet, as in a new worker process."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.worker import BASE_DIR
 SCRIPT = r"""
 import json, logging, sys, threading
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-from workers.system_metrics import SystemMeter
+from workers.orchestration.system_metrics import SystemMeter
 
 meter = SystemMeter()
 done = threading.Event()

@@ -15,7 +15,7 @@ import pytest
 
 from runs.models import Checkpoint, MetricSeries, StageAttempt, StageStatus, TrainingNode, TrainingRun
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.curves import series_points
 from tests.fleet import cpu_worker
 from tests.worker import celery_worker, wait_for_run
@@ -87,7 +87,7 @@ def test_two_workers_each_hold_a_rank_and_train_one_process_losses(tiny_target, 
     training = TrainingRun.objects.get(run=run)
     assert nodes[0]["worker"] == training.worker  # the stage's worker leads
 
-    from workers.stage_runners import train_arguments
+    from workers.orchestration.stage_runners import train_arguments
     from workers.stages.train.loop import train
 
     alone: list[dict] = []

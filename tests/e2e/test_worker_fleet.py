@@ -12,7 +12,7 @@ from django.conf import settings
 from runs.pipeline import services
 from runs.fleet.models import Worker
 from runs.models import StageStatus
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from tests.fleet import fake_gpu_worker
 from tests.stages.test_backends import torch_gpus
 from tests.worker import celery_worker

@@ -102,19 +102,13 @@ def top_level_imports(path: Path) -> set[str]:
     return found
 
 
-# workers/ in two halves. The Django-facing half takes a job from the queue, reads and writes rows through
-# runs/ services and calls the compute half with plain arguments; the compute half is torch and files, run
-# from a test or a notebook with no database. Every part of workers/ is in this table, so a new file must
-# say which half it is in. (The Django half is still files beside the compute folders; moving it into a
-# folder whose name says so is left for a session that can rename modules.)
+# workers/ in two halves, each a folder: workers.orchestration, the Django-facing half, takes a job from the
+# queue, reads and writes rows through runs/ services and calls the compute half with plain arguments; the
+# compute half is torch and files, run from a test or a notebook with no database. Every module of workers/ is
+# in one of these folders (the package's own __init__ aside), so a new file says by where it lies which half
+# it is in.
 WORKERS_HALVES = {
-    "workers.tasks": "django",            # the Celery tasks: ids in, one stage called, the result recorded
-    "workers.stage_runners": "django",    # what each task runs around its stage (leases, progress, results)
-    "workers.claims": "django",           # a worker names itself on the stage it took
-    "workers.fleet": "django",            # heartbeats and the queues this host's GPUs serve
-    "workers.online_tasks": "django",     # capture servers' files for online training
-    "workers.system_metrics": "django",   # GPU/CPU samples written beside a running stage
-    "workers": "django",                  # the package itself
+    "workers.orchestration": "django",    # Celery tasks, stage runners, claims, fleet, system metrics, online tasks
     "workers.stages": "compute",          # prepare, extract, vocab, train, evaluate: plain functions over paths
     "workers.contract": "compute",        # torch-free, shared with the web tier
     "workers.vllm_plugins": "compute",    # loaded inside `vllm serve`, which has no Django
@@ -123,6 +117,8 @@ DJANGO_SIDE = ("django", "celery", "kombu", "runs", "eagle3web")
 
 
 def _half(module: str) -> str | None:
+    if module == "workers":
+        return "compute"  # the package's __init__: empty, it imports nothing
     parts = module.split(".")
     for end in range(len(parts), 0, -1):
         if ".".join(parts[:end]) in WORKERS_HALVES:
@@ -144,6 +140,15 @@ def _all_imports(path: Path) -> set[str]:
 def test_every_part_of_workers_is_in_one_half():
     unplaced = sorted(module_name(p) for p in (ROOT / "workers").rglob("*.py") if _half(module_name(p)) is None)
     assert unplaced == []
+
+
+def test_workers_holds_its_two_halves_and_nothing_loose():
+    """Directly under workers/ only the halves' folders (and the package's __init__): a module of its own
+    there would be in neither folder, and a reader could not tell which half may import Django."""
+    loose = sorted(p.name for p in (ROOT / "workers").iterdir()
+                   if p.name != "__init__.py" and not p.name.startswith(".") and p.name != "__pycache__"
+                   and f"workers.{p.stem}" not in WORKERS_HALVES)
+    assert loose == []
 
 
 def test_the_compute_half_of_workers_imports_no_django_celery_nor_the_app():
@@ -197,17 +202,17 @@ def test_the_web_tier_imports_only_the_contract_of_workers():
 # server. Nothing else of runs/ or eagle3web/ may, not even lazily.
 WORKER_SIDE_COMMANDS = {
     "runs.management.commands.build_demo_assets": "builds the demo target and its chats with the stage's own code",
-    "runs.management.commands.evaluate_checkpoint": "measures acceptance in this process (workers.tasks)",
-    "runs.management.commands.launch_sweep": "--inline runs the sweep's runs in this process (workers.tasks)",
-    "runs.management.commands.regenerate_dataset": "--inline regenerates in this process (workers.tasks)",
-    "runs.management.commands.run_pipeline": "--inline runs the pipeline in this process (workers.tasks)",
-    "runs.management.commands.serve_check": "serves the checkpoint with vLLM in this process (workers.tasks)",
+    "runs.management.commands.evaluate_checkpoint": "measures acceptance in this process (orchestration.tasks)",
+    "runs.management.commands.launch_sweep": "--inline runs the sweep's runs in this process (orchestration.tasks)",
+    "runs.management.commands.regenerate_dataset": "--inline regenerates in this process (orchestration.tasks)",
+    "runs.management.commands.run_pipeline": "--inline runs the pipeline in this process (orchestration.tasks)",
+    "runs.management.commands.serve_check": "serves the checkpoint with vLLM in this process (orchestration.tasks)",
 }
-# Imports under `if TYPE_CHECKING:` never run; runs.pipeline.result_records names the stages' result
+# Imports under `if TYPE_CHECKING:` never run; runs.pipeline.lifecycle.result_records names the stages' result
 # dataclasses in its annotations only (the worker that ran the stage passes the object in). Moving them into
 # the contract would move the stages' own result types, which carry the stages' fields, away from the code
 # that fills them; an annotation costs the web tier no import, so these stay, and only these.
-TYPE_ONLY = {"runs.pipeline.result_records": {
+TYPE_ONLY = {"runs.pipeline.lifecycle.result_records": {
     "workers.stages.evaluate.measure", "workers.stages.extract.result", "workers.stages.prepare",
     "workers.stages.evaluate.serve_check", "workers.stages.train.results", "workers.stages.vocab"}}
 

@@ -6,7 +6,7 @@ no back-import, no two domains can import each other in a circle (test_import_gr
 modules themselves).
 
 Where a lower domain must let a higher one react (a stage failed: an alert; a run finished: its
-sweep's next runs), it sends a Django signal it declares (runs/pipeline/signals.py) and the higher one
+sweep's next runs), it sends a Django signal it declares (runs/pipeline/lifecycle/signals.py) and the higher one
 connects a receiver in RunsConfig.ready (runs/apps.py).
 
     .venv/bin/python tests/house/test_runs_layers.py    # prints the graph's counts as JSON

@@ -7,8 +7,8 @@ import pytest
 
 from tests.house.test_import_graph import ROOT, import_graph
 
-VIEW_MODULES = ("runs.web.views", "runs.api.views_runs", "runs.api.views_data", "runs.api.docs",
-                "runs.api.account_views")
+VIEW_MODULES = ("runs.web.views", "runs.api.views.runs", "runs.api.views.data", "runs.api.views.docs",
+                "runs.api.account.views")
 
 
 @pytest.mark.parametrize("module", VIEW_MODULES)

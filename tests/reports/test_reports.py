@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 
 from runs.models import PipelineRun, Report, ReportVersion
 from runs.pipeline import services as run_services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.reports import services
 from runs.tracking.services import metrics_record
 from tests.fleet import cpu_worker

@@ -11,9 +11,9 @@ from django.utils import timezone
 from runs.pipeline import services
 from runs.data.extractions import extraction_import
 from runs.models import Checkpoint, ExtractStage, Extraction, PipelineRun, StageAttempt, StageStatus
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.result_records import checkpoints_register, extraction_record
-from runs.pipeline.stage_services import (
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.result_records import checkpoints_register, extraction_record
+from runs.pipeline.lifecycle.stage_services import (
     StageCancelled,
     stage_record_id,
     stage_start,

@@ -16,8 +16,8 @@ from django.utils import timezone
 from runs.pipeline import services
 from runs.fleet.models import Worker
 from runs.models import PendingEnqueue, PipelineRun, StageStatus
-from runs.pipeline.routing import stage_queue
-from runs.pipeline.run_config import RunConfig, RunConfigError
+from runs.pipeline.dispatch.routing import stage_queue
+from runs.pipeline.launch.run_config import RunConfig, RunConfigError
 from tests.fleet import (
     cpu_host_capabilities,
     cpu_worker,
@@ -269,7 +269,7 @@ def test_each_choice_goes_to_the_queue_only_fitting_workers_take():
 
 
 def test_a_misrouted_stage_fails_at_start_naming_the_backend_and_why(user, roots):
-    from workers.tasks import stage_execute
+    from workers.orchestration.tasks import stage_execute
 
     from workers.contract.backends import BACKENDS_BY_NAME
 

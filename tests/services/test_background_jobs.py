@@ -7,15 +7,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from runs.pipeline import job_services, services
-from runs.pipeline.job_models import DatasetCatalogue, VerificationRequest
+from runs.pipeline.jobs import services as job_services
+from runs.pipeline import services
+from runs.pipeline.jobs.models import DatasetCatalogue, VerificationRequest
 from runs.models import Dataset, DatasetSample, PendingEnqueue, PipelineRun
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.services import HEAD_CHECK_CONVERSATIONS
-from runs.pipeline.stage_services import MAX_ATTEMPTS, stages_reconcile
+from runs.pipeline.lifecycle.stage_services import MAX_ATTEMPTS, stages_reconcile
 from runs.data.extractions import extraction_import
 from tests.stages.test_verify import write_flat
-from workers.tasks import stage_execute
+from workers.orchestration.tasks import stage_execute
 
 pytestmark = pytest.mark.django_db
 GOOD = {"messages": [{"role": "user", "content": "héllo ✓ 你好"}, {"role": "assistant", "content": "hi " * 50}]}
@@ -109,7 +110,7 @@ def test_a_verification_whose_worker_was_lost_is_queued_again_then_failed_saying
         request = job_services.extraction_verify_request(extraction=extraction, full=True, user=user)
     for attempt in range(1, MAX_ATTEMPTS + 1):
         # A worker took it, then died: its lease lapses.
-        from runs.pipeline.stage_services import stage_start
+        from runs.pipeline.lifecycle.stage_services import stage_start
 
         assert stage_start(stage_name="verify", record_id=request.pk, worker=f"w{attempt}")
         VerificationRequest.objects.filter(pk=request.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
@@ -128,7 +129,7 @@ def test_the_extraction_page_shows_a_verification_the_broker_refused(
         user, client, tmp_path, config_only_target, monkeypatch, django_capture_on_commit_callbacks):
     from django.contrib.auth.models import Group
 
-    from runs.pipeline import queue
+    from runs.pipeline.dispatch import queue
 
     user.groups.add(Group.objects.get_or_create(name="reviewer")[0])
     extraction, _ = extraction_import(path=write_flat(tmp_path / "e"), target_path=config_only_target)
@@ -147,7 +148,7 @@ def test_the_extraction_page_shows_a_verification_the_broker_refused(
 
 def test_asking_again_hands_a_queued_job_whose_message_was_lost_to_the_broker_again(
         roots, user, django_capture_on_commit_callbacks, monkeypatch):
-    from runs.pipeline import queue
+    from runs.pipeline.dispatch import queue
 
     sent = []
     monkeypatch.setattr(queue, "_send", lambda kind, object_id: sent.append((kind, object_id)))
@@ -164,7 +165,7 @@ def test_asking_again_hands_a_queued_job_whose_message_was_lost_to_the_broker_ag
 
 
 def test_a_file_grown_while_a_pass_runs_gets_a_pass_of_its_own(roots, user, django_capture_on_commit_callbacks):
-    from runs.pipeline.stage_services import stage_start
+    from runs.pipeline.lifecycle.stage_services import stage_start
 
     chats = chat_file(roots / "c.jsonl", rows=10)
     with django_capture_on_commit_callbacks(execute=False):

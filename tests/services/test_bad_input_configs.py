@@ -6,7 +6,7 @@ import pytest
 
 from runs.pipeline import services
 from runs.models import Dataset, PipelineRun, TargetModel
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from workers.contract.errors import InputError
 from workers.contract.jsonfile import MAX_JSON_BYTES, MAX_JSON_DEPTH
 from workers.contract.target import (

@@ -6,7 +6,7 @@ from runs.pipeline import services
 from runs.data.extractions import extraction_import
 from runs.models import Dataset, Extraction, PipelineRun, TargetModel
 from runs.data.paths import MAX_COMPONENT_BYTES, MAX_PATH_CHARS, PathNotAllowed, check_under_data_roots
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

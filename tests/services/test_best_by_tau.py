@@ -19,9 +19,9 @@ from django.core.management import CommandError, call_command
 from runs.api import tokens
 from runs.models import Checkpoint, Evaluation, PipelineRun, ServeCheck, StageStatus
 from runs.pipeline import selectors, services
-from runs.pipeline.run_config import RunConfig, RunConfigError
-from runs.pipeline.result_records import evaluation_record, measured_alongside_record, serve_check_record
-from runs.pipeline.stage_services import stage_start
+from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.lifecycle.result_records import evaluation_record, measured_alongside_record, serve_check_record
+from runs.pipeline.lifecycle.stage_services import stage_start
 from runs.web.forms import LaunchForm
 from tests.api.conftest import ApiClient
 from tests.fleet import fake_gpu_worker

@@ -1,4 +1,4 @@
-"""A run's change counters (runs.pipeline.changes) move with every committed write to what its pages
+"""A run's change counters (runs.pipeline.status.changes) move with every committed write to what its pages
 show, whoever writes it, and only then: transactional tests, so that commits happen as in production."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from django.utils import timezone
 
 from runs.models import Checkpoint, DatasetCatalogue, Evaluation, PipelineRun, ServeCheck, StageStatus, TrainingRun
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.result_records import checkpoints_register
-from runs.pipeline.stage_services import stage_heartbeat, stage_progress, stage_start, training_resume
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.result_records import checkpoints_register
+from runs.pipeline.lifecycle.stage_services import stage_heartbeat, stage_progress, stage_start, training_resume
 from runs.tracking.services import metrics_record
 
 pytestmark = pytest.mark.django_db(transaction=True)

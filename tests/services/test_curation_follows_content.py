@@ -5,12 +5,13 @@ import json
 
 import pytest
 
-from runs.pipeline import job_services, services
+from runs.pipeline.jobs import services as job_services
+from runs.pipeline import services
 from runs.data.curation import dataset_exclusions
 from runs.models import CurationAction, Dataset, DatasetSample, Preparation
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from workers.contract.chats import content_hash
-from workers.tasks import stage_execute
+from workers.orchestration.tasks import stage_execute
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""`make demo`'s target is built by a cpu worker as a job (runs.pipeline.job_models.DemoBuild), so the login
+"""`make demo`'s target is built by a cpu worker as a job (runs.pipeline.jobs.models.DemoBuild), so the login
 comes first: the launch page shows the build's step while a real worker trains it, a launch naming the
 demo's paths meanwhile is refused saying how far it is, and asking again once it is built reuses it."""
 import time
@@ -10,9 +10,9 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from runs.models import PendingEnqueue, PipelineRun
-from runs.pipeline import job_services
-from runs.pipeline.job_models import DemoBuild
-from runs.pipeline.stage_services import stages_reconcile
+from runs.pipeline.jobs import services as job_services
+from runs.pipeline.jobs.models import DemoBuild
+from runs.pipeline.lifecycle.stage_services import stages_reconcile
 
 STEPS = 100  # long enough on 2 busy cores to be seen half-way (progress is written every second)
 FORM = {"max_seq_len": 512, "draft_vocab_size": 64, "epochs": 1, "lr": 0.0003, "ttt_steps": 3}

@@ -15,9 +15,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from runs.models import Checkpoint, EvalSuite, Evaluation, PipelineRun
-from runs.pipeline.result_records import evaluation_record, measured_alongside_record
-from runs.pipeline.run_config import RunConfigError
-from runs.pipeline.stage_services import stage_start
+from runs.pipeline.lifecycle.result_records import evaluation_record, measured_alongside_record
+from runs.pipeline.launch.run_config import RunConfigError
+from runs.pipeline.lifecycle.stage_services import stage_start
 from tests.services.test_best_by_tau import TAUS, _launch, _result, _summary, _trained
 
 pytestmark = pytest.mark.django_db

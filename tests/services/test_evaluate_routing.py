@@ -11,14 +11,14 @@ from dataclasses import replace
 
 import pytest
 
-from runs.pipeline import queue as run_queue
+from runs.pipeline.dispatch import queue as run_queue
 from runs.pipeline import services
 from runs.checkpoints.evaluation import evaluation_request
 from runs.fleet.services import worker_stopped
 from runs.models import Checkpoint, Evaluation, PendingEnqueue, PipelineRun, StageStatus
-from runs.pipeline.routing import stage_backend, stage_problem, stage_queue
-from runs.pipeline.stages import STAGES
-from runs.pipeline.run_config import RunConfig, RunConfigError
+from runs.pipeline.dispatch.routing import stage_backend, stage_problem, stage_queue
+from runs.pipeline.lifecycle.stages import STAGES
+from runs.pipeline.launch.run_config import RunConfig, RunConfigError
 from tests.fleet import cpu_worker, fake_gpu_worker
 from workers.contract import backends
 
@@ -157,7 +157,7 @@ def test_retry_of_measuring_acceptance_is_refused_while_nobody_takes_its_gpus(us
 
 
 def test_a_worker_that_cannot_spread_the_target_fails_the_stage_naming_why(user, roots, monkeypatch):
-    from workers.tasks import stage_execute
+    from workers.orchestration.tasks import stage_execute
 
     fake_gpu_worker("fake-gpu@fake-gpu-host", gpus=2)  # FAKE: lets the launch through
     run = _launch(user, roots, extraction_backend="vllm", tensor_parallel_size=2)

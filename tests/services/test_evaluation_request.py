@@ -13,7 +13,7 @@ from django.utils import timezone
 from runs.pipeline import services
 from runs.checkpoints.evaluation import evaluation_request
 from runs.models import Checkpoint, Evaluation, PendingEnqueue, StageStatus
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 
 
 def _checkpoint(user, roots) -> Checkpoint:

@@ -11,8 +11,8 @@ import pytest
 
 from tests.services.test_best_by_tau import _launch, _result, _summary, _trained
 from runs.models import Evaluation
-from runs.pipeline.result_records import evaluation_record, measured_alongside_record
-from runs.pipeline.stage_services import stage_start
+from runs.pipeline.lifecycle.result_records import evaluation_record, measured_alongside_record
+from runs.pipeline.lifecycle.stage_services import stage_start
 
 pytestmark = pytest.mark.django_db
 

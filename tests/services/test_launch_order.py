@@ -1,13 +1,13 @@
-"""Which waiting stage a queue's turn goes to (runs.pipeline.launch_order), on PostgreSQL: the
+"""Which waiting stage a queue's turn goes to (runs.pipeline.dispatch.launch_order), on PostgreSQL: the
 earliest-launched run's, a sweep's run counting as launched when its sweep releases it, and never
 one that another worker holds the message of."""
 import pytest
 
 from runs.models import PipelineRun, StageStatus
 from runs.pipeline import services as run_services
-from runs.pipeline.launch_order import stage_choose, waiting_in_queue
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stage_services import stage_start, stage_succeed
+from runs.pipeline.dispatch.launch_order import stage_choose, waiting_in_queue
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stage_services import stage_start, stage_succeed
 from runs.sweeps.services import sweep_launch
 from runs.sweeps.spec import parse_vary
 

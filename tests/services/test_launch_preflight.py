@@ -1,4 +1,4 @@
-"""What a launch checks before anything is stored and before a GPU is spent (runs.pipeline.preflight):
+"""What a launch checks before anything is stored and before a GPU is spent (runs.pipeline.launch.preflight):
 layer ids, the draft vocabulary against the target and its tokenizer, and, where vLLM is installed, that
 vLLM's own config classes take the target and the draft's config.json as training writes it.
 
@@ -16,8 +16,9 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from runs.models import PipelineRun, TargetModel
-from runs.pipeline import preflight, services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch import preflight
+from runs.pipeline import services
+from runs.pipeline.launch.run_config import RunConfig
 from workers.contract.errors import InputError
 from workers.contract.target import TargetConfigError, validate_layer_ids
 from workers.contract.vllm_env import VllmInstall

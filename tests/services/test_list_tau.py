@@ -1,4 +1,4 @@
-"""The runs list's τ kept on the run's row (PipelineRun.list_tau, runs.pipeline.list_tau; issue 40): after
+"""The runs list's τ kept on the run's row (PipelineRun.list_tau, runs.pipeline.status.list_tau; issue 40): after
 the evaluate stage and best_decide ran as the workers run them, every run's equals its definition (the best
 checkpoint's τ, else the evaluate stage's), and the list's τ filter and sort read it without joining the
 training and evaluation rows of every run."""
@@ -10,9 +10,10 @@ from django.test.utils import CaptureQueriesContext
 
 from runs.models import PipelineRun
 from runs.pipeline import services
-from runs.pipeline.list_tau import list_tau_expression
-from runs.pipeline.run_config import RunConfig
-from runs.tracking.run_table import RunFilters, run_table
+from runs.pipeline.status.list_tau import list_tau_expression
+from runs.pipeline.launch.run_config import RunConfig
+from runs.tracking.run_filters import RunFilters
+from runs.tracking.run_table import run_table
 from tests.api.conftest import people  # noqa: F401 - the users
 from tests.services import test_shown_tau
 from tests.services.test_best_by_tau import _trained

@@ -1,4 +1,4 @@
-"""τ while training (runs.pipeline.live_tau): which checkpoint a live measurement measures, and the rule
+"""τ while training (runs.pipeline.status.live_tau): which checkpoint a live measurement measures, and the rule
 that stops training when τ is flat. The real workers: tests/e2e/test_live_tau.py."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 
 from runs.models import Checkpoint, Evaluation, StageStatus
 from runs.pipeline import services
-from runs.pipeline.live_tau import live_taus, tau_flat_reason
-from runs.pipeline.result_records import checkpoints_register
-from runs.pipeline.run_config import RunConfig, RunConfigError
+from runs.pipeline.status.live_tau import live_taus, tau_flat_reason
+from runs.pipeline.lifecycle.result_records import checkpoints_register
+from runs.pipeline.launch.run_config import RunConfig, RunConfigError
 
 
 def test_tau_flat_waits_for_patience_plus_one_measurements_and_needs_no_gain():
@@ -71,7 +71,7 @@ def test_live_tau_with_suites_queues_each_suite_and_stops_on_the_suite_that_choo
     """Live τ together with evaluation suites (issue 39): a saved checkpoint is queued on the held-out prompts and
     on each suite, each row taken over by the next checkpoint while it waits; the stop rule reads τ on best_suite
     alone (here "code": flat there while held_out still rises), and the summary shows τ per suite while training."""
-    from runs.pipeline.live_tau import training_tau_flat
+    from runs.pipeline.status.live_tau import training_tau_flat
     from runs.pipeline import selectors
 
     settings.EAGLE3WEB_DATA_ROOTS = [tmp_path]

@@ -1,4 +1,4 @@
-"""Hand-overs between stages and messages a worker took but never ran (runs.pipeline.message_claims),
+"""Hand-overs between stages and messages a worker took but never ran (runs.pipeline.dispatch.message_claims),
 against PostgreSQL and a real Redis of the test's own; the workers themselves are in
 tests/e2e/test_lost_messages.py.
 
@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from runs.fleet.models import Worker
 from runs.models import PendingEnqueue, PipelineRun, StageStatus
-from runs.pipeline.job_models import DatasetCatalogue
-from runs.pipeline.message_claims import (
+from runs.pipeline.jobs.models import DatasetCatalogue
+from runs.pipeline.dispatch.message_claims import (
     BROKER_MARK_KEY,
     CLAIM_SECONDS,
     broker_forgot_messages,
@@ -27,9 +27,9 @@ from runs.pipeline.message_claims import (
     message_claim,
     message_claim_drop,
 )
-from runs.pipeline.queue import STAGE_TASK, run_next_stage
-from runs.pipeline.stage_services import HAND_OVER_NEXT, stage_record_id, stage_start, stage_succeed
-from workers.claims import broker_mark_check
+from runs.pipeline.dispatch.queue import STAGE_TASK, run_next_stage
+from runs.pipeline.lifecycle.stage_services import HAND_OVER_NEXT, stage_record_id, stage_start, stage_succeed
+from workers.orchestration.claims import broker_mark_check
 from tests.outage import celery_broker, private_redis, tcp_proxy
 from tests.services.test_run_launch import launch
 

@@ -22,8 +22,8 @@ from runs.data.regeneration import (
 from runs.data.regeneration_selectors import dataset_options, run_data_policy
 from runs.models import DatasetSample, PendingEnqueue, StageStatus
 from runs.pipeline import services
-from runs.pipeline.job_models import DatasetRegeneration
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.jobs.models import DatasetRegeneration
+from runs.pipeline.launch.run_config import RunConfig
 from tests.fleet import cpu_worker
 
 pytestmark = pytest.mark.django_db
@@ -157,7 +157,7 @@ def test_no_worker_for_the_backend_is_refused_naming_its_queue(world, user):
 def test_lineage_in_the_launch_list_the_run_summary_and_the_comparison(world, user, tmp_path):
     from runs.data.regeneration import regeneration_record
     from runs.pipeline import selectors
-    from runs.pipeline.stage_services import stage_start
+    from runs.pipeline.lifecycle.stage_services import stage_start
     from runs.tracking.comparison import run_settings
     from workers.stages.regenerate.base import RegenerateResult
 

@@ -1,4 +1,4 @@
-"""The run's ETA (runs.pipeline.glance.run_eta): the glance's eta_seconds covers the current stage only, so
+"""The run's ETA (runs.pipeline.status.glance.run_eta): the glance's eta_seconds covers the current stage only, so
 the page also says when the whole run ends, or "–" with the reason it cannot say (issue 28)."""
 from datetime import timedelta
 
@@ -7,8 +7,8 @@ from django.utils import timezone
 
 from runs.models import Evaluation, StageStatus, TrainingRun
 from runs.pipeline import selectors, services
-from runs.pipeline.glance import run_eta
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.status.glance import run_eta
+from runs.pipeline.launch.run_config import RunConfig
 
 
 def _stage(label, status, done=0, total=0, seconds=None):

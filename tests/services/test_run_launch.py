@@ -4,10 +4,10 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from runs.pipeline import services
-from runs.pipeline.changes import CounterBump
+from runs.pipeline.status.changes import CounterBump
 from runs.models import PipelineRun, StageStatus, TargetModel
-from runs.pipeline.run_config import RunConfig, RunConfigError
-from runs.pipeline.stage_services import stage_fail, stage_record_id, stage_start, stage_succeed
+from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.lifecycle.stage_services import stage_fail, stage_record_id, stage_start, stage_succeed
 from runs.data.paths import PathNotAllowed
 from workers.contract.target import TargetConfigError
 
@@ -200,8 +200,8 @@ def test_a_retried_training_keeps_its_curves_and_checkpoints_up_to_where_it_resu
     from runs.tracking.curves import series_points
     from runs.models import Checkpoint, MetricSeries, Verification
     from runs.tracking.services import metrics_record
-    from runs.pipeline.result_records import checkpoints_register
-    from runs.pipeline.stage_services import StageCancelled, training_resume
+    from runs.pipeline.lifecycle.result_records import checkpoints_register
+    from runs.pipeline.lifecycle.stage_services import StageCancelled, training_resume
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
@@ -240,7 +240,7 @@ def test_a_stage_whose_worker_stopped_renewing_its_lease_is_queued_again_then_fa
     from django.utils import timezone
 
     from runs.models import Preparation, StageAttempt
-    from runs.pipeline.stage_services import MAX_ATTEMPTS, stages_reconcile
+    from runs.pipeline.lifecycle.stage_services import MAX_ATTEMPTS, stages_reconcile
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
@@ -271,7 +271,7 @@ def test_a_replaced_attempt_can_no_longer_write_to_the_stage(roots, user, django
     from django.utils import timezone
 
     from runs.models import Preparation
-    from runs.pipeline.stage_services import StageCancelled, stage_progress, stages_reconcile
+    from runs.pipeline.lifecycle.stage_services import StageCancelled, stage_progress, stages_reconcile
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
@@ -292,7 +292,7 @@ def test_a_replaced_attempt_can_no_longer_write_to_the_stage(roots, user, django
 
 def test_cancel_then_retry_at_once_is_not_undone_by_the_stopping_worker(roots, user, django_capture_on_commit_callbacks):
     from runs.models import StageAttempt
-    from runs.pipeline.stage_services import StageCancelled, stage_progress
+    from runs.pipeline.lifecycle.stage_services import StageCancelled, stage_progress
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
@@ -319,7 +319,7 @@ def test_a_launch_while_the_broker_is_down_mocked_is_kept_in_the_outbox_and_sent
         roots, user, django_capture_on_commit_callbacks, monkeypatch):
     from datetime import timedelta
 
-    from runs.pipeline import queue
+    from runs.pipeline.dispatch import queue
     from runs.models import PendingEnqueue
 
     sent = []

@@ -9,12 +9,12 @@ import pytest
 
 from runs.checkpoints import serve_check_services
 from runs.checkpoints.evaluation import EvaluationPlan
-from runs.pipeline.result_records import measured_alongside_record
+from runs.pipeline.lifecycle.result_records import measured_alongside_record
 from runs.checkpoints.serve_check_services import ServeCheckRequestError, serve_check_plan, serve_check_request
 from runs.models import Checkpoint, Evaluation, StageStatus
 from workers.contract.prompt_source import PromptSource
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 
 from runs.pipeline import services
-from runs.pipeline.job_models import ServeCheck
+from runs.pipeline.jobs.models import ServeCheck
 from runs.models import Checkpoint, PendingEnqueue, StageStatus
-from runs.pipeline.queue import job_queue
-from runs.pipeline.run_config import RunConfig, RunConfigError
+from runs.pipeline.dispatch.queue import job_queue
+from runs.pipeline.launch.run_config import RunConfig, RunConfigError
 from runs.checkpoints.serve_check_services import serve_check_request
-from runs.pipeline.result_records import evaluation_record
-from runs.pipeline.stage_services import stage_start
+from runs.pipeline.lifecycle.result_records import evaluation_record
+from runs.pipeline.lifecycle.stage_services import stage_start
 from tests.fleet import cpu_worker, fake_gpu_worker
 
 pytestmark = pytest.mark.django_db

@@ -11,12 +11,13 @@ import pytest
 
 from runs.models import SweepRun
 from runs.pipeline import selectors
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.sweeps import selectors as sweep_selectors
 from runs.sweeps.services import sweep_launch
 from runs.sweeps.spec import parse_vary
 from runs.tracking.comparison import run_comparison
-from runs.tracking.run_table import RunFilters, run_table
+from runs.tracking.run_filters import RunFilters
+from runs.tracking.run_table import run_table
 from tests.api.conftest import ApiClient, people  # noqa: F401 - the users and tokens of the API tests
 from tests.services.test_best_by_tau import LOSSES, _evaluated, _summary, _trained
 

@@ -5,8 +5,8 @@ import pytest
 
 from runs.models import Evaluation, PendingEnqueue, PipelineRun, StageStatus, SweepRun
 from runs.pipeline import services as run_services
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stages import STAGES
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stages import STAGES
 from runs.sweeps import selectors
 from runs.sweeps.release import sweeps_release
 from runs.sweeps.services import sweep_cancel, sweep_launch
@@ -87,7 +87,7 @@ def test_the_best_is_the_highest_measured_tau_and_a_tie_goes_to_the_earliest(use
 
 
 def test_a_run_that_fails_or_succeeds_on_a_worker_hands_over_the_next(user, roots):
-    from runs.pipeline.stage_services import stage_fail, stage_record_id, stage_start, stage_succeed
+    from runs.pipeline.lifecycle.stage_services import stage_fail, stage_record_id, stage_start, stage_succeed
 
     sweep = launch(user, roots)
     first, second, third = run_ids(sweep)

@@ -7,7 +7,7 @@ from django.core.management import CommandError, call_command
 
 from runs.models import PendingEnqueue, PipelineRun
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig, RunConfigError
 from tests.fleet import cpu_worker
 
 pytestmark = pytest.mark.django_db
@@ -72,8 +72,8 @@ def test_a_ranks_messages_wait_in_the_outbox_while_the_broker_is_down_then_reach
     from django.utils import timezone
 
     from runs.models import TrainingRun
-    from runs.pipeline import queue
-    from runs.pipeline.node_services import nodes_open
+    from runs.pipeline.dispatch import queue
+    from runs.pipeline.nodes.services import nodes_open
     from tests.outage import celery_broker, private_redis
     from tests.services.test_message_claims import _queued_in_broker
 

@@ -91,7 +91,7 @@ def test_a_stage_this_host_cannot_run_is_refused_naming_backend_and_reason():
         backend_require(name="speculators", gpus=asked)
     with pytest.raises(BackendUnavailable, match="unknown backend 'tensorrt'"):
         backend_require(name="tensorrt", gpus=1)
-    # A GPU count a config edited after launch can hold (runs.pipeline.routing reads a bad one as 0).
+    # A GPU count a config edited after launch can hold (runs.pipeline.dispatch.routing reads a bad one as 0).
     with pytest.raises(BackendUnavailable, match=r"^Transformers \(transformers\) needs a GPU count from 1 to 64, got 0$"):
         backend_require(name="transformers", gpus=0)
 

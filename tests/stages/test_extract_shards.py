@@ -100,14 +100,14 @@ def test_a_shard_refuses_rows_outside_the_prepared_rows(tiny_target, prepared, t
 
 
 # What a worker's pool process does to plan a split extraction, in a fresh Python: its start-up probe (in a
-# child, as workers.fleet does), then the extraction's spans for 2 shards.
+# child, as workers.orchestration.fleet does), then the extraction's spans for 2 shards.
 PLAN_IN_A_FRESH_PROCESS = """
 import json, sys, types
 import django
 django.setup()
 from workers import fleet
 from workers.contract.backends import host_capabilities_isolated
-from workers.shard_runners import SHARDABLE
+from workers.orchestration.shard_runners import SHARDABLE
 fleet._node.update(capabilities=host_capabilities_isolated())
 run = types.SimpleNamespace(config={}, preparation=types.SimpleNamespace(out_dir=sys.argv[1], num_rows=int(sys.argv[2])),
                             target=types.SimpleNamespace(path=sys.argv[3]))

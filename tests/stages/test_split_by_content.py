@@ -255,7 +255,7 @@ def test_our_loop_records_the_split_by_content_for_the_run(chats, tiny_target):
 @pytest.fixture
 def launched_run(tmp_path, settings, user, django_capture_on_commit_callbacks):
     from runs.pipeline import services
-    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.launch.run_config import RunConfig
 
     data = tmp_path / "data"
     (data / "target").mkdir(parents=True)
@@ -275,7 +275,7 @@ def test_the_run_page_and_summary_show_how_many_conversations_were_kept_out(chat
     """Through the service the train task calls as soon as the split is made (on_split)."""
     from runs.models import StageStatus, TrainingRun
     from runs.pipeline import selectors
-    from runs.pipeline.stage_services import training_split_record
+    from runs.pipeline.lifecycle.stage_services import training_split_record
 
     facts = chats["facts"]
     _, _, info = split_train_val(facts.source_ids, val_fraction=0.1, seed=0, prompt_keys=facts.prompt_keys)
@@ -298,7 +298,7 @@ def test_the_run_page_and_summary_show_how_many_conversations_were_kept_out(chat
     assert api_train["split"]["held_out_duplicates_removed"] == CONVERSATIONS_SHARING
     # A split recorded before content was compared has no count: the page says nothing rather than 0.
     # In a savepoint of its own, as a request's write is in a transaction of its own: the page counts it once
-    # (runs.pipeline.changes moves a counter once per transaction; this test's transaction never commits).
+    # (runs.pipeline.status.changes moves a counter once per transaction; this test's transaction never commits).
     with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
         TrainingRun.objects.filter(pk=training.pk).update(split={k: v for k, v in info.as_dict().items()
                                                                  if k != "held_out_duplicates_removed"})

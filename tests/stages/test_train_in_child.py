@@ -1,5 +1,5 @@
 """Each training runs in a process of its own (workers.stages.train.in_child), the way the Celery task
-runs it (workers.stage_runners._train): this test process stands in for the long-lived pool process.
+runs it (workers.orchestration.stage_runners._train): this test process stands in for the long-lived pool process.
 
 What a worker sees through the process boundary is checked here: twenty trainings of other shapes
 leave the twenty-first training as a fresh process trains it; progress, metrics, the split, resume and

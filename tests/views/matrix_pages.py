@@ -79,7 +79,7 @@ ADMIN = {
 # The curation log and the API's are audit trails: nobody adds or edits their rows, not even staff;
 # nor a token (made where its secret can be shown once: the account page, create_api_token).
 AUDIT_LOGS = {"runs.curationaction", "runs.apiauditentry", "runs.apitoken"}
-# A launch's Idempotency-Key is written by the launch it guards (runs.api.idempotency): read-only likewise.
+# A launch's Idempotency-Key is written by the launch it guards (runs.api.bodies.idempotency): read-only likewise.
 WRITTEN_BY_LAUNCHES = {"runs.launchidempotencykey"}
 # Rows a service writes after its checks (a target read from its config.json, a dataset registered and
 # catalogued, a run launched with its stages, an import, a heartbeat, an override of a failed check):

@@ -2,8 +2,8 @@
 (as bench/metrics.py makes its 10,000)."""
 from runs.models import PipelineRun
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stages import STAGES
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stages import STAGES
 
 
 def runs_made(count, *, roots, user, project=None, names=None, notes=None, config=None):

@@ -29,7 +29,7 @@ def test_every_runs_model_is_in_the_admin():
 def test_a_runs_config_is_read_only_in_the_admin(admin_client, user, roots):
     """Its settings were checked at launch; an edit here would skip every check (launch a copy instead)."""
     from runs.pipeline import services
-    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.launch.run_config import RunConfig
 
     run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
                               config=RunConfig(draft_vocab_size=64))

@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from runs.models import CurationAction, DatasetSample
 from runs.pipeline import services
-from workers.tasks import stage_execute
+from workers.orchestration.tasks import stage_execute
 
 pytestmark = pytest.mark.django_db
 
@@ -76,7 +76,7 @@ def test_an_internal_row_stays_reachable_read_only(client, curator, label):
 
 def test_an_outbox_row_can_still_be_deleted(client, curator, user, roots):
     from runs.models import PendingEnqueue
-    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.launch.run_config import RunConfig
 
     run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
                               config=RunConfig(draft_vocab_size=64))

@@ -28,12 +28,12 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve
 
 from runs.pipeline import services
 from runs.data.extractions import extraction_import
-from runs.pipeline.job_models import DatasetCatalogue, DatasetRegeneration, VerificationRequest
+from runs.pipeline.jobs.models import DatasetCatalogue, DatasetRegeneration, VerificationRequest
 from runs.tracking.services import metrics_record
 from runs.models import (Checkpoint, CurationAction, Evaluation, PendingEnqueue, PipelineRun, Review,
                          StageAttempt, Verification, VerificationOverride)
-from runs.pipeline.stages import STAGES
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.lifecycle.stages import STAGES
+from runs.pipeline.launch.run_config import RunConfig
 from tests.views.matrix_api import API
 from tests.views.matrix_pages import (ADMIN, ADMIN_SHAPES, ADMIN_WRITES, AUDIT_LOGS, PAGES, READ_ONLY, WRITTEN_BY_LAUNCHES,
                                       WRITTEN_BY_SERVICES, WRITTEN_BY_SIGN_INS)
@@ -137,7 +137,7 @@ class World:
 
         self.sweep = sweep_launch(user=self.users["admin"], target_path=self.target, dataset_path=self.dataset_path,
                                   config=RunConfig(draft_vocab_size=64), varied=[parse_vary("seed=1,2")])
-        from runs.pipeline.external import external_run_create
+        from runs.pipeline.launch.external import external_run_create
 
         self.external_run = external_run_create(user=self.users["admin"], name="matrix elsewhere", config={"epochs": 1})
         from runs.api.tokens import token_create

@@ -9,7 +9,7 @@ import pytest
 
 from runs.models import ExtractStage
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

@@ -45,9 +45,9 @@ def _result(checkpoint, acceptance: list[float]):
 def _evaluated(run, checkpoints, acceptance: dict[int, list[float]]) -> None:
     """The evaluate stage as a worker plays it (tests.services.test_best_by_tau._evaluated), with these
     acceptances: every other checkpoint beside the stage's, then the stage's own row, of the trainer's mark."""
-    from runs.pipeline.result_records import evaluation_record, measured_alongside_record
+    from runs.pipeline.lifecycle.result_records import evaluation_record, measured_alongside_record
     from runs.models import Evaluation
-    from runs.pipeline.stage_services import stage_start
+    from runs.pipeline.lifecycle.stage_services import stage_start
 
     marked = next(c for c in checkpoints.values() if c.is_best)
     Evaluation.objects.filter(pk=run.evaluation.pk).update(checkpoint=marked)
@@ -178,7 +178,7 @@ def test_ours_not_vllms_and_a_serve_check_moves_no_best(user, roots, three):
 
 
 def test_a_run_trained_elsewhere_has_no_measurement_of_ours(user, roots, three):
-    from runs.pipeline.external import external_run_create
+    from runs.pipeline.launch.external import external_run_create
 
     a, *_ = three
     elsewhere = external_run_create(user=user, name="elsewhere", config={"epochs": 1})
@@ -197,7 +197,7 @@ def test_no_run_measured_gives_no_baseline(user, roots):
 def test_the_settings_compare_shows_are_the_run_pages(user, roots):
     """run_comparison reads each run's data policy from the runs' own query; its words are run_settings'."""
     from runs.data.models import Dataset
-    from runs.pipeline.job_models import DatasetRegeneration
+    from runs.pipeline.jobs.models import DatasetRegeneration
 
     runs = [_launch(user, roots) for _ in range(3)]
     other_target = type(runs[0].target).objects.create(

@@ -5,8 +5,8 @@ from django.urls import reverse
 
 from runs.pipeline import services
 from runs.models import CurationAction, DatasetSample, Preparation
-from runs.pipeline.run_config import RunConfig
-from workers.tasks import stage_execute
+from runs.pipeline.launch.run_config import RunConfig
+from workers.orchestration.tasks import stage_execute
 
 pytestmark = pytest.mark.django_db
 

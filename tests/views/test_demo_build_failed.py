@@ -1,6 +1,6 @@
 """`make demo`'s build failed: the launch page says why, in the failure's sentence (workers.contract.failures),
 and offers "Build the demo target again", which queues the failed build's own folder and settings again
-through the outbox (runs.pipeline.job_services.demo_build_again); the page then shows the new build's step.
+through the outbox (runs.pipeline.jobs.services.demo_build_again); the page then shows the new build's step.
 
 The failed row is made by the real job: a worker's stage_execute running the demo build into a folder it
 cannot create (its parent is a file)."""
@@ -11,9 +11,9 @@ from django.contrib.auth.models import Group
 from django.test import Client
 
 from runs.models import PendingEnqueue
-from runs.pipeline import job_services
-from runs.pipeline.job_models import DemoBuild
-from workers.tasks import stage_execute
+from runs.pipeline.jobs import services as job_services
+from runs.pipeline.jobs.models import DemoBuild
+from workers.orchestration.tasks import stage_execute
 
 pytestmark = pytest.mark.django_db
 

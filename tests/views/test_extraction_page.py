@@ -19,7 +19,7 @@ def extraction(tmp_path, config_only_target):
 @pytest.fixture
 def run_extraction(tmp_path, user, config_only_target, django_capture_on_commit_callbacks):
     """A run's own extraction, its stage having measured load time and throughput."""
-    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.launch.run_config import RunConfig
     from runs.pipeline.services import run_launch
     from tests.artifacts import extraction_written
     from tests.stages.test_verify import write_flat

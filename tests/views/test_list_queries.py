@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from runs.pipeline import services
 from runs.models import Checkpoint, Evaluation, Review, StageStatus, Verification
 from runs.review.reviews import review_add, review_state, review_states
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from tests.artifacts import extraction_written
 
 pytestmark = pytest.mark.django_db
@@ -103,7 +103,7 @@ def test_a_page_every_viewer_shares_is_read_from_the_cache_in_3_or_7_queries(
         with django_assert_num_queries(queries):  # session, user, counters (+ reviews, tags and the fleet's)
             again = client.get(url).content
         assert again.count(b'data-run="') == built.count(b'data-run="') and len(again) > 1000
-    # A review is not counted on the run (runs.pipeline.changes) but is read on each request.
+    # A review is not counted on the run (runs.pipeline.status.changes) but is read on each request.
     review_add(user=reviewer, subject=run, decision="comment", text="a fresh look")
     assert "a fresh look" in client.get(run.get_absolute_url()).content.decode()
 

@@ -1,4 +1,4 @@
-"""Polls that find nothing new are answered 304 from one query (runs.live, runs.pipeline.changes):
+"""Polls that find nothing new are answered 304 from one query (runs.live, runs.pipeline.status.changes):
 through the real views, signed in with a password, writes made by the workers' own services and
 committed (transactional tests), so each counter moves exactly as it does in production."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ from django.utils import timezone
 
 from runs.models import StageStatus, TrainingRun
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.result_records import checkpoints_register
-from runs.pipeline.stage_services import stage_heartbeat, stage_progress
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.result_records import checkpoints_register
+from runs.pipeline.lifecycle.stage_services import stage_heartbeat, stage_progress
 from runs.tracking.services import metrics_record
 from runs import live
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from runs.models import Checkpoint, DatasetCatalogue, Evaluation, StageAttempt, VerificationRequest
-from runs.pipeline.job_models import DemoBuild, ServeCheck
-from runs.pipeline.stage_services import stage_fail
+from runs.pipeline.jobs.models import DemoBuild, ServeCheck
+from runs.pipeline.lifecycle.stage_services import stage_fail
 from tests.views.test_project_wall import APP_ROUTES, Wall
 from tests.views.matrix_projects import WALL
 from workers.contract.failures import trace_for_developers
@@ -20,7 +20,7 @@ BANNER = "Traceback (most recent call last)"
 
 def legacy_error(message: str) -> str:
     """What stage_execute stored before failures were translated: "Type: message", then the traceback."""
-    return (f"DatasetFormatError: {message}\n\n{BANNER}:\n  File \"/srv/workers/tasks.py\", line 118, in stage_execute\n"
+    return (f"DatasetFormatError: {message}\n\n{BANNER}:\n  File \"/srv/workers/orchestration/tasks.py\", line 118, in stage_execute\n"
             f"    result = STAGE_BODIES[stage_name](record, reporter)\nDatasetFormatError: {message}\n")
 
 
@@ -38,7 +38,7 @@ def failed_everywhere(wall: Wall) -> None:
 
     prep = PipelineRun.objects.get(pk=run).preparation
     stage_fail(stage_name="prepare", record_id=prep.pk, error=legacy_error("/d/c.jsonl: no training rows: none"),
-               log_tail=f"07:00:00 ERROR workers.tasks: prepare failed\n{BANNER}:\n  File \"x.py\", line 1")
+               log_tail=f"07:00:00 ERROR workers.orchestration.tasks: prepare failed\n{BANNER}:\n  File \"x.py\", line 1")
     StageAttempt.objects.create(run_id=run, stage="prepare", record_id=prep.pk, number=1, started_at=prep.queued_at,
                                 outcome="failed", error=legacy_error("attempt's own"))
     checkpoint = Checkpoint.objects.get(pk=wall.own["checkpoint"])

@@ -12,10 +12,11 @@ from datasets import Dataset
 from safetensors.torch import save_file
 
 from runs.models import Extraction, Preparation, StageStatus, TrainingRun
-from runs.pipeline import online_services, selectors, services
-from runs.pipeline.run_config import RunConfig, RunConfigError
-from runs.pipeline.result_records import training_record
-from runs.pipeline.stage_services import stage_record_id, stage_start
+from runs.pipeline.online import services as online_services
+from runs.pipeline import selectors, services
+from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.lifecycle.result_records import training_record
+from runs.pipeline.lifecycle.stage_services import stage_record_id, stage_start
 from workers.stages.train.results import TrainResult
 from workers.stages.train.online.source import SupplyReport
 from workers.stages.train.split import SplitInfo
@@ -60,7 +61,7 @@ def record_training(run, tmp_path, supply: dict) -> None:
 
 
 def test_the_extract_stage_of_an_online_run_writes_nothing_and_says_why(online_run):
-    from workers.tasks import stage_execute
+    from workers.orchestration.tasks import stage_execute
 
     Preparation.objects.filter(run=online_run).update(status=StageStatus.SUCCEEDED)
     assert stage_execute(stage_name="extract", record_id=stage_record_id(stage_name="extract", run_id=online_run.pk),
@@ -131,7 +132,7 @@ def cache_sample(folder, i, ids, layers, hidden):
 
 def test_keep_the_cache_is_refused_while_rows_are_missing_then_becomes_the_runs_extraction(
         online_run, tmp_path, user, django_capture_on_commit_callbacks):
-    from workers.online_tasks import keep_cache_task
+    from workers.orchestration.online_tasks import keep_cache_task
 
     prepared = tmp_path / "prepared"
     Dataset.from_dict({"input_ids": ROWS, "loss_mask": [[1] * len(r) for r in ROWS]}).save_to_disk(str(prepared))

@@ -10,7 +10,7 @@ from runs.alerts import events
 from runs.alerts.models import AlertNotice
 from runs.alerts.services import RuleInput, rule_create
 from runs.models import Checkpoint, ServeCheck
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.projects.services import project_create, project_member_set
 from runs.reports.services import report_create
 from runs.sweeps.services import sweep_launch

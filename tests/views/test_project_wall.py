@@ -27,9 +27,9 @@ from runs.api.tokens import token_create
 from runs.fleet.services import worker_heartbeat
 from runs.models import Checkpoint, Extraction, Preparation
 from runs.pipeline import services
-from runs.pipeline.job_models import DatasetRegeneration
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stages import STAGES
+from runs.pipeline.jobs.models import DatasetRegeneration
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stages import STAGES
 from runs.projects import access
 from runs.projects.services import project_create, project_member_set
 from runs.sweeps.services import sweep_launch

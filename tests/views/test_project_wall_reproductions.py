@@ -17,8 +17,8 @@ from runs.api.tokens import token_create
 from runs.fleet.services import worker_heartbeat
 from runs.models import AlertRule, PipelineRun, Preparation, Review
 from runs.pipeline import services
-from runs.pipeline.job_models import DatasetRegeneration
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.jobs.models import DatasetRegeneration
+from runs.pipeline.launch.run_config import RunConfig
 from runs.projects.services import project_create
 
 pytestmark = pytest.mark.django_db

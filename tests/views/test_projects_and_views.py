@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from runs.models import PipelineRun, SavedView
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.projects.services import project_create, project_member_set
 from tests.views.runs_in_bulk import runs_made
 

@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
 from runs.data.extractions import extraction_import
-from runs.pipeline.job_models import VerificationRequest
+from runs.pipeline.jobs.models import VerificationRequest
 from runs.models import Review
 from tests.stages.test_verify import write_flat
 
@@ -60,7 +60,7 @@ def test_import_from_the_browser_names_a_path_outside_the_roots(client, user):
 
 
 def run_queued_verifications():
-    from workers.tasks import stage_execute
+    from workers.orchestration.tasks import stage_execute
 
     for job in VerificationRequest.objects.filter(status="queued"):
         assert stage_execute(stage_name="verify", record_id=job.pk, worker="test")

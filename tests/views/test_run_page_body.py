@@ -13,11 +13,11 @@ from django.test import Client
 
 from runs.models import StageStatus, TrainingRun
 from runs.pipeline import services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.review.reviews import review_add
 
 pytestmark = pytest.mark.django_db(transaction=True)
-BODY = "runs/_run_body.html"
+BODY = "runs/pipeline/_run_body.html"
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_another_viewer_gets_the_body_built_once_inside_a_page_of_their_own(user
     assert BODY in [t.name for t in mine.templates]
     theirs = _signed_in("rita", "pw-rita-1").get(run.get_absolute_url())
     names = [t.name for t in theirs.templates]
-    assert theirs.status_code == 200 and "runs/run_detail.html" in names and BODY not in names
+    assert theirs.status_code == 200 and "runs/pipeline/run_detail.html" in names and BODY not in names
     mine_html, theirs_html = mine.content.decode(), theirs.content.decode()
     assert ">launcher</a>" in mine_html and ">rita</a>" in theirs_html and ">launcher</a>" not in theirs_html
     assert len(_tokens(theirs_html)) >= 3 and set(_tokens(mine_html)).isdisjoint(_tokens(theirs_html))

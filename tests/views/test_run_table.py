@@ -7,7 +7,7 @@ from django.contrib.auth.models import Group
 
 from runs.pipeline import services
 from runs.models import Checkpoint, RunTag, StageStatus
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.run_table import PAGE_SIZE
 from runs.review.tags import run_tags_set
 
@@ -137,7 +137,7 @@ def test_the_lists_sql_status_agrees_with_run_status_for_every_mix_of_stage_stat
     from itertools import combinations
 
     from runs.models import PipelineRun
-    from runs.pipeline.stages import STAGES
+    from runs.pipeline.lifecycle.stages import STAGES
     from runs.tracking.run_table import with_columns
     from runs.pipeline.selectors import run_rows, run_status
 

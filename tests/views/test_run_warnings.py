@@ -5,7 +5,7 @@ import pytest
 
 from runs.pipeline import selectors, services
 from runs.models import Evaluation, Preparation, StageStatus, TrainingRun
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 
@@ -73,7 +73,7 @@ def test_a_resumed_training_says_from_which_step(run, client, user):
 
 def test_how_a_training_ran_and_where_its_time_went_reach_the_page_and_the_summary(run, client, user, tmp_path):
     """Through the service that records a real TrainResult, as the train task does."""
-    from runs.pipeline.result_records import training_record
+    from runs.pipeline.lifecycle.result_records import training_record
     from workers.stages.train.results import TrainResult
     from workers.stages.train.split import SplitInfo
 

@@ -55,7 +55,7 @@ def test_search_finds_what_the_or_of_subqueries_finds(searchable, monkeypatch):
 
 
 def test_setting_filters_find_the_runs_with_that_exact_setting(roots, user):
-    from runs.pipeline.run_config import RunConfig
+    from runs.pipeline.launch.run_config import RunConfig
     from runs.pipeline import services
 
     def run(name, **config):

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from runs.pipeline import services
-from runs.pipeline.job_models import ServeCheck
+from runs.pipeline.jobs.models import ServeCheck
 from runs.models import Checkpoint, Evaluation, PendingEnqueue, StageStatus
-from runs.pipeline.queue import job_queue
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.dispatch.queue import job_queue
+from runs.pipeline.launch.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import pytest
 
 from runs.pipeline import services
 from runs.models import Checkpoint
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +31,7 @@ def test_run_and_checkpoint_pages_print_the_target_first_form(client, user, root
 
 
 def test_the_status_poll_uses_the_count_stored_at_registration(client, user, roots):
-    from runs.pipeline.result_records import checkpoints_register
+    from runs.pipeline.lifecycle.result_records import checkpoints_register
 
     run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
                               config=RunConfig(), enqueue=False)

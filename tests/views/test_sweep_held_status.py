@@ -7,7 +7,7 @@ from runs.api import tokens
 from runs.models import PipelineRun, SweepRun
 from runs.pipeline import selectors as run_selectors
 from runs.pipeline import services as run_services
-from runs.pipeline.run_config import RunConfig
+from runs.pipeline.launch.run_config import RunConfig
 from runs.sweeps.services import sweep_launch
 from runs.sweeps.spec import parse_vary
 

@@ -3,8 +3,8 @@ the button that launches it again with more data; the sweeps list in the navigat
 import pytest
 
 from runs.models import Evaluation, StageStatus, SweepRun
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stages import STAGES
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stages import STAGES
 from runs.sweeps.services import sweep_launch
 from runs.sweeps.spec import parse_vary
 

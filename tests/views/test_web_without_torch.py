@@ -87,8 +87,8 @@ pages += [reverse(f"admin:{m._meta.app_label}_{m._meta.model_name}_changelist") 
 for url in pages:
     visit(url, url)
 # Verifications run on a worker; it runs them here the way it would (and needs no torch either).
-from runs.pipeline.job_models import VerificationRequest  # noqa: E402
-from workers.tasks import stage_execute  # noqa: E402
+from runs.pipeline.jobs.models import VerificationRequest  # noqa: E402
+from workers.orchestration.tasks import stage_execute  # noqa: E402
 
 for job in VerificationRequest.objects.filter(status="queued").order_by("pk"):
     assert stage_execute(stage_name="verify", record_id=job.pk, worker="test"), job.pk

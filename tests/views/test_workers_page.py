@@ -14,8 +14,8 @@ from runs.pipeline import services
 from runs.fleet.models import Worker
 from runs.fleet.services import worker_heartbeat, worker_stopped
 from runs.models import PendingEnqueue, StageStatus
-from runs.pipeline.run_config import RunConfig
-from runs.pipeline.stage_services import stage_start
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.lifecycle.stage_services import stage_start
 from tests.fleet import cpu_worker, fake_gpu_worker
 
 pytestmark = pytest.mark.django_db
@@ -197,7 +197,7 @@ def test_a_run_whose_config_names_an_unknown_backend_is_listed_not_a_500(client,
 
 def _catalogues_done() -> None:
     """The launches' dataset catalogue (a cpu job) out of the way: these tests are about the runs' stages."""
-    from runs.pipeline.job_models import DatasetCatalogue
+    from runs.pipeline.jobs.models import DatasetCatalogue
 
     DatasetCatalogue.objects.update(status=StageStatus.SUCCEEDED)
 
@@ -211,7 +211,7 @@ def _ready(html: str) -> list[tuple[str, int, str, str]]:
 
 
 def test_each_queue_is_listed_in_launch_order_and_only_its_head_is_next(client, user, roots):
-    from runs.pipeline.stage_services import stage_fail, stage_succeed
+    from runs.pipeline.lifecycle.stage_services import stage_fail, stage_succeed
 
     cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
     first = _launch(user, roots, name="first")
@@ -219,7 +219,7 @@ def test_each_queue_is_listed_in_launch_order_and_only_its_head_is_next(client, 
     stage_start(stage_name="prepare", record_id=first.preparation.pk, worker="cpu@this-host")
     stage_fail(stage_name="prepare", record_id=first.preparation.pk, error="OSError: disk full", log_tail="")
     # The older run is retried after the newer one was queued: its message is behind, but the turn of
-    # the queue goes to the earlier-launched run (runs.pipeline.launch_order).
+    # the queue goes to the earlier-launched run (runs.pipeline.dispatch.launch_order).
     assert services.run_retry(run=first, user=user) == 5
     _catalogues_done()
     html = _page(client, user)
@@ -240,7 +240,7 @@ def test_each_queue_is_listed_in_launch_order_and_only_its_head_is_next(client, 
 
 
 def test_a_stage_queued_again_after_a_lost_lease_keeps_its_runs_place_in_launch_order(client, user, roots):
-    from runs.pipeline.stage_services import stages_reconcile
+    from runs.pipeline.lifecycle.stage_services import stages_reconcile
 
     cpu_worker("cpu@this-host", queues=("cpu", "gpu"))
     first = _launch(user, roots, name="first")

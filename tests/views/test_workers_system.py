@@ -1,5 +1,5 @@
 """The workers page's "Now" column: each worker's latest system sample from its heartbeat (measured here by
-workers.system_metrics on this test process), its GPUs only where the sample has them, and what an offline
+workers.orchestration.system_metrics on this test process), its GPUs only where the sample has them, and what an offline
 worker last said; the API gives the same sample."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from runs.fleet.models import Worker
 from runs.fleet.services import worker_heartbeat, worker_stopped
-from workers.system_metrics import SystemMeter
+from workers.orchestration.system_metrics import SystemMeter
 
 pytestmark = pytest.mark.django_db
 

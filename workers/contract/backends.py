@@ -11,7 +11,7 @@ Routing by queue (what a stage asks for decides where it goes):
     worker given `-Q ...,gpu` takes them, on its GPU or, without one, on the CPU;
   - anything else goes to "<backend>.<gpus>" (e.g. "vllm.2", "transformers.4", "speculators.8"),
     which only workers that probed that backend fit for that many GPUs consume.
-`host_queues()` lists the queues a host with GPUs adds at start (workers/fleet.py), so that a worker
+`host_queues()` lists the queues a host with GPUs adds at start (workers/orchestration/fleet.py), so that a worker
 started with no -Q, or with -Q cpu, still takes what its GPUs can run.
 
 torch is imported inside functions only: the web tier imports this module for the names and the

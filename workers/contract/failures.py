@@ -264,7 +264,7 @@ def failure_details(error: str, trace: str) -> str:
 
 def log_shown(log: str) -> str:
     """A stage's log as the pages show it: an older row's log kept Python's traceback banner, which
-    newer logs leave out (workers.stage_runners); the frames below it stay."""
+    newer logs leave out (workers.orchestration.stage_runners); the frames below it stay."""
     if BANNER not in log:
         return log
     return "\n".join(line for line in log.splitlines() if not line.strip().startswith(BANNER))

@@ -30,14 +30,8 @@ import torch  # noqa: E402
 
 from workers.contract.chats import DatasetFormatError, read_conversations  # noqa: E402
 from workers.contract.progress import ProgressFn  # noqa: E402
-# What prepare renders with; ChatTemplateError, MASK_SOURCE and load_tokenizer are read from here by its callers.
-from workers.stages.prepare_render import (  # noqa: E402,F401
-    MASK_SOURCE,
-    ChatRenderer,
-    ChatTemplateError,
-    load_tokenizer,
-    outcome_of,
-)
+# What prepare renders with.
+from workers.stages.prepare_render import MASK_SOURCE, ChatRenderer, load_tokenizer, outcome_of  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ class Command(BaseCommand):
             self.stdout.write(f"demo target: {result['target_dir']}\ndemo chats:  {result['chats_path']}")
 
     def _queue(self, out_dir: Path, conversations: int | None, train_steps: int | None) -> None:
-        from runs.pipeline.job_services import demo_build_request
+        from runs.pipeline.jobs.services import demo_build_request
         from workers.contract.demo_build import DEFAULT_CONVERSATIONS, DEFAULT_TRAIN_STEPS
 
         build = demo_build_request(out_dir=out_dir, num_conversations=conversations or DEFAULT_CONVERSATIONS,

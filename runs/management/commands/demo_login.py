@@ -84,7 +84,7 @@ class Command(BaseCommand):
                 time.sleep(0.3)
 
     def _wait_for_workers(self, names: list[str], since: datetime, timeout: float) -> dict:
-        """The workers that reported ready (their first heartbeat, workers/fleet.py) by the deadline.
+        """The workers that reported ready (their first heartbeat, workers/orchestration/fleet.py) by the deadline.
         One missing is said on stderr, naming it, and the demo goes on: the pages work without it."""
         deadline = time.monotonic() + timeout
         while True:

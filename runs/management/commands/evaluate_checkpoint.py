@@ -12,7 +12,7 @@ from runs.checkpoints.imports import checkpoint_import
 from runs.checkpoints.evaluation import evaluation_request
 from runs.management.command_user import command_user
 from runs.checkpoints.models import Checkpoint, Evaluation
-from runs.pipeline.stage_record import StageStatus
+from runs.pipeline.lifecycle.stage_record import StageStatus
 from workers.contract.errors import InputError
 
 
@@ -42,7 +42,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", dest="as_json", action="store_true")
 
     def handle(self, *args, checkpoint: str, as_json: bool, user: str, **opts):
-        from workers.tasks import stage_execute
+        from workers.orchestration.tasks import stage_execute
 
         account = command_user(user)
         try:

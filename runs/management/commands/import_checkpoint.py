@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runs.management.command_user import command_user
 from runs.checkpoints.imports import checkpoint_import
-from runs.pipeline.upstream_commands import checkpoint_serve_command
+from runs.pipeline.status.upstream_commands import checkpoint_serve_command
 from workers.contract.errors import InputError
 
 

@@ -57,7 +57,7 @@ class Command(run_pipeline.Command):
         except (InputError, PermissionDenied) as exc:
             self._refuse(str(exc), as_json, getattr(exc, "field", None))
         if opts["inline"]:
-            from workers.tasks import pipeline_run_inline
+            from workers.orchestration.tasks import pipeline_run_inline
 
             for run_id in selectors.sweep_summary(sweep=sweep)["run_ids"]:
                 pipeline_run_inline(run_id=run_id)

@@ -6,9 +6,9 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from runs.pipeline.message_claims import claims_reconcile
-from runs.pipeline.queue import outbox_flush
-from runs.pipeline.stage_services import stages_reconcile
+from runs.pipeline.dispatch.message_claims import claims_reconcile
+from runs.pipeline.dispatch.queue import outbox_flush
+from runs.pipeline.lifecycle.stage_services import stages_reconcile
 
 
 class Command(BaseCommand):

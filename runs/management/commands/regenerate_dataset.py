@@ -11,9 +11,9 @@ from runs.data.regeneration import BACKEND_CHOICES, RegenerationSettings, datase
 from runs.data.regeneration_selectors import regeneration_dict
 from runs.management.command_user import command_user
 from runs.roles import require
-from runs.pipeline.stage_record import FINISHED_STATUSES, StageStatus
+from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES, StageStatus
 from runs.pipeline import services
-from runs.pipeline.job_models import DatasetRegeneration
+from runs.pipeline.jobs.models import DatasetRegeneration
 from workers.contract.errors import InputError
 
 
@@ -69,7 +69,7 @@ class Command(BaseCommand):
                 self._refuse(f"regeneration {job.pk} is already running on {job.worker or 'a worker'}; "
                              "its dataset appears on the source dataset's page", as_json)
             if job.status == StageStatus.QUEUED:
-                from workers.tasks import stage_execute
+                from workers.orchestration.tasks import stage_execute
 
                 stage_execute(stage_name="regenerate", record_id=job.pk, worker="cli")
         elif opts["wait"]:

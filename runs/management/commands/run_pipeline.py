@@ -11,8 +11,8 @@ from django.core.management.base import BaseCommand, CommandError
 from runs.pipeline import selectors, services
 from runs.management.command_user import command_user
 from runs.pipeline.models import PipelineRun
-from runs.pipeline.stage_record import StageStatus
-from runs.pipeline.run_config import (BEST_BY, HELD_OUT, HIDDEN_STATES, MAX_CAPTURE_SERVERS, RENAMED_SETTINGS,
+from runs.pipeline.lifecycle.stage_record import StageStatus
+from runs.pipeline.launch.run_config import (BEST_BY, HELD_OUT, HIDDEN_STATES, MAX_CAPTURE_SERVERS, RENAMED_SETTINGS,
                                       RunConfig, RunConfigError, check_capture_urls, parse_layer_ids, parse_pairs,
                                       parse_serve_concurrency, parse_weights, renamed_setting)
 from workers.contract.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
@@ -173,7 +173,7 @@ class Command(BaseCommand):
         except (InputError, PermissionDenied) as exc:
             raise CommandError(str(exc)) from None
         if opts["inline"]:
-            from workers.tasks import pipeline_run_inline
+            from workers.orchestration.tasks import pipeline_run_inline
 
             pipeline_run_inline(run_id=run.pk)
         elif opts["wait"]:
@@ -210,7 +210,7 @@ class Command(BaseCommand):
             if stage["error"]:
                 self.stdout.write("    " + stage["error"].splitlines()[0])
         supply = summary.get("supply") or {}
-        if supply.get("measured"):  # runs.pipeline.online.supply_dict: which side was the bottleneck
+        if supply.get("measured"):  # runs.pipeline.online.selectors.supply_dict: which side was the bottleneck
             self.stdout.write("  hidden-state supply: " + "; ".join(
                 f"{row['label'].lower()} {row['text']}" for row in supply["rows"][1:3]))
             if supply.get("advice"):

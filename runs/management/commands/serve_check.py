@@ -7,12 +7,12 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.checkpoints.evaluation import evaluation_request
-from runs.pipeline.job_models import ServeCheck
+from runs.pipeline.jobs.models import ServeCheck
 from runs.management.command_user import command_user
 from runs.management.commands.evaluate_checkpoint import checkpoint_from_ref
 from runs.checkpoints.models import Evaluation
-from runs.pipeline.run_config import parse_serve_concurrency
-from runs.pipeline.stage_record import StageStatus
+from runs.pipeline.launch.run_config import parse_serve_concurrency
+from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.checkpoints.serve_check_selectors import serve_check_dict, serve_check_line
 from runs.checkpoints.serve_check_services import serve_check_request
 from workers.contract.errors import InputError
@@ -36,7 +36,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", dest="as_json", action="store_true")
 
     def handle(self, *args, checkpoint: str, as_json: bool, user: str, **opts):
-        from workers.tasks import stage_execute
+        from workers.orchestration.tasks import stage_execute
 
         account = command_user(user)
         try:

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 def fill_speculative_tokens(apps, schema_editor):
     """Existing checkpoints: the count their config.json says, where it is still readable."""
-    from runs.pipeline.upstream_commands import recorded_speculative_tokens
+    from runs.pipeline.status.upstream_commands import recorded_speculative_tokens
 
     Checkpoint = apps.get_model("runs", "Checkpoint")
     for checkpoint in Checkpoint.objects.filter(speculative_tokens__isnull=True).only("pk", "path").iterator():

@@ -30,7 +30,6 @@ from workers.stages.extract.resume import (
     write_json_atomic,
 )
 from workers.stages.extract.result import HIDDEN_STATES_DIRNAME, MANIFEST_NAME, ExtractionResult, write_manifest
-from workers.stages.shards import spans_split
 
 
 @dataclass(frozen=True)

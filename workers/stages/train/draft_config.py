@@ -1,5 +1,5 @@
 """The config.json a draft's checkpoints will hold, written before any training: for the launch's vLLM check
-(runs.pipeline.preflight), which asks vLLM's config classes about it.
+(runs.pipeline.launch.preflight), which asks vLLM's config classes about it.
 
 speculators' Eagle3SpeculatorConfig, built as `Eagle3DraftModel.from_training_args` builds it with the
 arguments workers/stages/train/draft_model.py build_draft_model gives it (speculators' eagle3 defaults), and the

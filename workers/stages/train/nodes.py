@@ -1,5 +1,5 @@
 """One node's share of a training across nodes: torch's own elastic launcher, started by the worker that
-holds the node's rank (runs.pipeline.node_services says who holds which), nothing of our own between ranks.
+holds the node's rank (runs.pipeline.nodes.services says who holds which), nothing of our own between ranks.
 
     python -m torch.distributed.run --nnodes N --node-rank R --nproc-per-node G --rdzv-backend c10d
         --rdzv-endpoint HOST:PORT --rdzv-id ID --rdzv-conf is_host=…,join_timeout=T --max-restarts 0 ...

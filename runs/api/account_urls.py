@@ -1,9 +1,0 @@
-from django.urls import path
-
-from runs.api import account_views
-
-urlpatterns = [
-    path("", account_views.account, name="account"),
-    path("tokens/<int:pk>/revoke/", account_views.account_token_revoke, name="account_token_revoke"),
-    path("team/", account_views.account_team, name="account_team"),
-]

@@ -1,0 +1,1 @@
+"""A training across nodes (a run's train_nodes > 1): who holds which rank."""

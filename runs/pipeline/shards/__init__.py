@@ -1,0 +1,1 @@
+"""A stage split over many workers (issue 36): its shards' rows, plans, claims, reads and reconcilers."""
