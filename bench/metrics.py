@@ -14,8 +14,8 @@ the workers' write path (`runs.tracking.services.metrics_record`), read through 
 the whole series, and over a 10% window. The runs list is timed with --runs-list runs, with a saved view
 of one project applied (bench/runs_scale.py runs_list_timed).
 
-MLflow: `mlflow server` (installed for the benchmark only, in .mlflow/: `python3 -m venv .mlflow &&
-.mlflow/bin/pip install mlflow==3.17.2 psycopg2-binary`) with a
+MLflow: `mlflow server` (installed for the benchmark only, in .venv-mlflow/ by `make mlflow`: mlflow 3.17.2
+and psycopg2-binary) with a
 PostgreSQL backend store (database `bench_mlflow`) on 127.0.0.1, the same points sent with
 `runs/log-batch` (1,000 per request, MLflow's limit), read with `metrics/get-history` (every point,
 paged) and `metrics/get-history-bulk-interval` (2,000 points over the whole series and the same
@@ -197,7 +197,7 @@ def http(method: str, url: str, body: dict | None = None) -> dict:
 def mlflow(args) -> dict:
     exe = Path(args.mlflow)
     if not exe.exists():
-        return {"skipped": f"{exe} not found: python3 -m venv .mlflow && .mlflow/bin/pip install mlflow==3.17.2 psycopg2-binary"}
+        return {"skipped": f"{exe} not found: run `make mlflow` (mlflow 3.17.2 in .venv-mlflow)"}
     store = recreate_database("bench_mlflow").replace("postgres://", "postgresql+psycopg2://")
     port, workdir = free_port(), Path(tempfile.mkdtemp(prefix="bench-mlflow-"))
     server = subprocess.Popen([str(exe), "server", "--backend-store-uri", store, "--default-artifact-root",
@@ -260,7 +260,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--runs-list", type=int, default=10_000)
-    parser.add_argument("--mlflow", default=str(ROOT / ".mlflow" / "bin" / "mlflow"))
+    parser.add_argument("--mlflow", default=str(ROOT / ".venv-mlflow" / "bin" / "mlflow"))  # `make mlflow`
     parser.add_argument("--skip-mlflow", action="store_true")
     parser.add_argument("--browser", action="store_true", help="also time the run page in Chromium")
     parser.add_argument("--browser-series", type=int, default=10)
