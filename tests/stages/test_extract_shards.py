@@ -105,7 +105,7 @@ PLAN_IN_A_FRESH_PROCESS = """
 import json, sys, types
 import django
 django.setup()
-from workers import fleet
+from workers.orchestration import fleet
 from workers.contract.backends import host_capabilities_isolated
 from workers.orchestration.shard_runners import SHARDABLE
 fleet._node.update(capabilities=host_capabilities_isolated())
