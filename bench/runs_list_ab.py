@@ -1,7 +1,7 @@
 """Cold runs-list requests of two checkouts on one database, side by side (issue 40): not a test.
 
     .venv/bin/python bench/runs_list_ab.py --build 100000 --database bench_list_ab    # once: ~7 min
-    .venv/bin/python bench/runs_list_ab.py --database bench_list_ab --checkout /work/main --checkout . \\
+    .venv/bin/python bench/runs_list_ab.py --database bench_list_ab --checkout ../eagle3web-before --checkout . \\
         --url '/?q=spikes' --url '/?view=1' --rounds 2 --json
 
 --build makes the database as bench/runs_scale.py's runs_list_timed does (metrics.make_runs, then five
