@@ -25,7 +25,7 @@ from rest_framework.views import APIView, set_rollback
 from runs.api import tokens
 from runs.api.bodies.parsers import LimitedJSONParser
 from runs.api.schema import ApiSchema
-from runs.pipeline.launch.run_config import renamed_setting
+from runs.pipeline.launch.setting_bounds import renamed_setting
 from workers.contract.errors import InputError
 
 log = logging.getLogger(__name__)

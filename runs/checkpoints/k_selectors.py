@@ -3,7 +3,7 @@ stage, workers.stages.evaluate.k_table, kept on each Evaluation as `k_table` and
 from __future__ import annotations
 
 from runs.checkpoints.models import Checkpoint, Evaluation
-from runs.pipeline.launch.run_config import HELD_OUT
+from runs.pipeline.launch.setting_bounds import HELD_OUT
 from runs.pipeline.lifecycle.stage_record import StageStatus
 
 

@@ -20,7 +20,8 @@ from django.db import transaction
 from runs.checkpoints.evaluation import evaluation_plan
 from runs.pipeline.jobs.models import ServeCheck
 from runs.checkpoints.models import Checkpoint, Evaluation
-from runs.pipeline.launch.run_config import DEFAULT_SERVE_CONCURRENCY, check_serve_concurrency
+from runs.pipeline.launch.setting_bounds import DEFAULT_SERVE_CONCURRENCY
+from runs.pipeline.launch.setting_checks import check_serve_concurrency
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.pipeline.dispatch.queue import job_enqueue, pending_enqueue
 from runs.roles import require

@@ -25,7 +25,7 @@ from runs.data.models import Dataset, TargetModel
 from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES, StageStatus
 from runs.pipeline.jobs.models import DatasetRegeneration
 from runs.pipeline.dispatch.queue import job_enqueue, pending_enqueue
-from runs.pipeline.launch.run_config import MAX_SHARDS
+from runs.pipeline.launch.setting_bounds import MAX_SHARDS
 from runs.projects import access
 from runs.roles import require
 from workers.contract.errors import InputError

@@ -1,7 +1,8 @@
 """Evaluation suites (issue 39): named prompt sets a run measures every checkpoint on, besides its held-out
-prompts (runs.pipeline.launch.run_config.HELD_OUT). A suite is registered by the first launch that names it with a
-chat file under the data roots; a later launch names it again by the same path, or by its name alone. The
-evaluate stage measures each (workers.orchestration.stage_runners), the best is chosen by one or a mix (runs.pipeline.best)."""
+prompts (runs.pipeline.launch.setting_bounds.HELD_OUT). A suite is registered by the first launch that names it
+with a chat file under the data roots; a later launch names it again by the same path, or by its name alone. The
+evaluate stage measures each (workers.orchestration.stage_runners), the best is chosen by one or a mix
+(runs.pipeline.best)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +11,7 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from runs.data.paths import PathNotAllowed, check_under_data_roots
 from runs.data.models import EvalSuite
-from runs.pipeline.launch.run_config import RunConfigError
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from workers.contract.chats import read_conversations
 from workers.contract.errors import InputError
 

@@ -41,7 +41,7 @@ from runs.pipeline.status.list_tau import run_list_tau_refresh
 from runs.pipeline.models import PipelineRun, TrainingRun
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.pipeline.status.changes import training_changed
-from runs.pipeline.launch.run_config import BEST_BY, HELD_OUT
+from runs.pipeline.launch.setting_bounds import BEST_BY, HELD_OUT
 
 TAU, VAL_LOSS = BEST_BY
 # Two τ equal to this many decimals are a tie, as between the runs of a sweep (runs.sweeps.selectors).

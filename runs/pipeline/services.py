@@ -29,7 +29,9 @@ from runs.pipeline.shards.models import StageShard
 from runs.pipeline.launch.preflight import launch_preflight
 from runs.projects.services import launch_project
 from runs.roles import require, require_on_run
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError, check_run_name
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
+from runs.pipeline.launch.setting_checks import check_run_name
 from runs.pipeline.lifecycle.stages import STAGES
 from workers.contract.errors import InputError
 from workers.contract.target import (default_layer_ids, read_target_json, target_config_from, target_weight_bytes,

@@ -13,7 +13,7 @@ from runs.pipeline.models import PipelineRun, TrainingRun
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.sweeps.models import Sweep, SweepRun
 from runs.pipeline import selectors as run_selectors
-from runs.pipeline.launch.run_config import MAX_SAMPLES
+from runs.pipeline.launch.setting_bounds import MAX_SAMPLES
 from runs.projects.access import visible_q
 
 # Two taus equal to this many decimals (as the pages show them) are a tie.

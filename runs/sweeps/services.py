@@ -13,7 +13,9 @@ from django.utils import timezone
 from runs.pipeline.models import PipelineRun
 from runs.sweeps.models import Sweep, SweepRun
 from runs.pipeline import services as run_services
-from runs.pipeline.launch.run_config import MAX_NAME_CHARS, RunConfig, check_run_name
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import MAX_NAME_CHARS
+from runs.pipeline.launch.setting_checks import check_run_name
 from runs.projects.access import runs_visible
 from runs.roles import require
 from runs.sweeps.release import sweep_release

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from runs.pipeline.launch.run_config import MAX_LAYER_IDS, RunConfigError, check_layer_ids
+from runs.pipeline.launch.setting_bounds import MAX_LAYER_IDS, RunConfigError
+from runs.pipeline.launch.setting_checks import check_layer_ids
 
 GRID, LIST = "grid", "list"
 MODES = (GRID, LIST)

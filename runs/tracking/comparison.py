@@ -11,7 +11,7 @@ from django.db.models import Prefetch
 from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.pipeline import best, selectors
-from runs.pipeline.launch.run_config import HELD_OUT
+from runs.pipeline.launch.setting_bounds import HELD_OUT
 from runs.projects.access import runs_visible
 from runs.tracking import curves
 from workers.contract.errors import InputError

@@ -6,36 +6,15 @@ from django import forms
 
 from runs.fleet.fit import BackendOption
 from runs.data.paths import MAX_PATH_CHARS
-from runs.pipeline.launch.run_config import (
-    BEST_BY,
-    DEFAULT_CACHE_GIB,
-    HIDDEN_STATES,
-    MAX_CACHE_GIB,
-    MAX_CAPTURE_SERVERS,
-    MAX_DRAFT_VOCAB,
-    MAX_EPOCHS,
-    MAX_EVAL_NEW_TOKENS,
-    MAX_EVAL_PROMPTS,
-    MAX_NAME_CHARS,
-    MAX_SAMPLES,
-    MAX_SHARDS,
-    MAX_SEED,
-    MAX_SEQ_LEN,
-    MAX_TOKENS_PER_STEP,
-    MAX_TRAIN_NODES,
-    MAX_TTT_STEPS,
-    MIN_SEQ_LEN,
-    SUITE_NAME_CHARS,
-    MIN_TOKENS_PER_STEP,
-    RunConfig,
-    RunConfigError,
-    check_run_name,
-    parse_capture_urls,
-    parse_serve_concurrency,
-    parse_layer_ids,
-    parse_pairs,
-    parse_weights,
-)
+from runs.pipeline.launch.capture_urls import parse_capture_urls
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import (BEST_BY, DEFAULT_CACHE_GIB, HIDDEN_STATES, MAX_CACHE_GIB,
+                                                 MAX_CAPTURE_SERVERS, MAX_DRAFT_VOCAB, MAX_EPOCHS, MAX_EVAL_NEW_TOKENS,
+                                                 MAX_EVAL_PROMPTS, MAX_NAME_CHARS, MAX_SAMPLES, MAX_SEED, MAX_SEQ_LEN,
+                                                 MAX_SHARDS, MAX_TOKENS_PER_STEP, MAX_TRAIN_NODES, MAX_TTT_STEPS,
+                                                 MIN_SEQ_LEN, MIN_TOKENS_PER_STEP, SUITE_NAME_CHARS, RunConfigError)
+from runs.pipeline.launch.setting_checks import (check_run_name, parse_layer_ids, parse_pairs, parse_serve_concurrency,
+                                                 parse_weights)
 from runs.sweeps.services import MAX_PARALLEL
 from runs.sweeps.spec import ITEM_SEPARATOR, MODES, SweepError, Varied, parse_vary_lines
 from runs.data.regeneration import MAX_NEW_TOKENS_LIMIT, MAX_SEED as MAX_REGENERATE_SEED, MAX_TEMPERATURE, RegenerationSettings

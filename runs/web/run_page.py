@@ -21,7 +21,7 @@ from runs.pipeline.status import changes
 from runs.pipeline.dispatch import queue
 from runs.pipeline import selectors
 from runs.pipeline.lifecycle.failure_selectors import run_failure
-from runs.pipeline.launch.run_config import HELD_OUT
+from runs.pipeline.launch.setting_bounds import HELD_OUT
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.tracking import comparison
 from runs import live

@@ -14,7 +14,8 @@ from django.test import Client
 
 from runs.models import PendingEnqueue, PipelineRun
 from runs.pipeline.dispatch.routing import stage_queue
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.pipeline.selectors import launch_copy_initial
 from tests.fleet import cpu_worker, fake_gpu_worker
 

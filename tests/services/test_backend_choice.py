@@ -17,7 +17,8 @@ from runs.pipeline import services
 from runs.fleet.models import Worker
 from runs.models import PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline.dispatch.routing import stage_queue
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from tests.fleet import (
     cpu_host_capabilities,
     cpu_worker,

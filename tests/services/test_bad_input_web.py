@@ -5,7 +5,9 @@ import json
 import pytest
 
 from runs.models import Dataset, PipelineRun, Review, TargetModel
-from runs.pipeline.launch.run_config import MAX_LAYER_IDS, RunConfig, RunConfigError, parse_layer_ids
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import MAX_LAYER_IDS, RunConfigError
+from runs.pipeline.launch.setting_checks import parse_layer_ids
 from runs.pipeline.services import run_launch
 
 pytestmark = pytest.mark.django_db

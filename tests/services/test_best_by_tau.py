@@ -19,7 +19,8 @@ from django.core.management import CommandError, call_command
 from runs.api import tokens
 from runs.models import Checkpoint, Evaluation, PipelineRun, ServeCheck, StageStatus
 from runs.pipeline import selectors, services
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.pipeline.lifecycle.result_records import evaluation_record, measured_alongside_record, serve_check_record
 from runs.pipeline.lifecycle.stage_services import stage_start
 from runs.web.forms import LaunchForm

@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 
 from runs.models import Checkpoint, EvalSuite, Evaluation, PipelineRun
 from runs.pipeline.lifecycle.result_records import evaluation_record, measured_alongside_record
-from runs.pipeline.launch.run_config import RunConfigError
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.pipeline.lifecycle.stage_services import stage_start
 from tests.services.test_best_by_tau import TAUS, _launch, _result, _summary, _trained
 

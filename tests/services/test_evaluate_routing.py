@@ -18,7 +18,8 @@ from runs.fleet.services import worker_stopped
 from runs.models import Checkpoint, Evaluation, PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline.dispatch.routing import stage_backend, stage_problem, stage_queue
 from runs.pipeline.lifecycle.stages import STAGES
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from tests.fleet import cpu_worker, fake_gpu_worker
 from workers.contract import backends
 

@@ -10,7 +10,8 @@ from runs.models import Checkpoint, Evaluation, StageStatus
 from runs.pipeline import services
 from runs.pipeline.status.live_tau import live_taus, tau_flat_reason
 from runs.pipeline.lifecycle.result_records import checkpoints_register
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
 
 
 def test_tau_flat_waits_for_patience_plus_one_measurements_and_needs_no_gain():

@@ -6,7 +6,8 @@ from django.contrib.auth import get_user_model
 from runs.pipeline import services
 from runs.pipeline.status.changes import CounterBump
 from runs.models import PipelineRun, StageStatus, TargetModel
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.pipeline.lifecycle.stage_services import stage_fail, stage_record_id, stage_start, stage_succeed
 from runs.data.paths import PathNotAllowed
 from workers.contract.target import TargetConfigError

@@ -8,7 +8,8 @@ from runs.pipeline import services
 from runs.pipeline.jobs.models import ServeCheck
 from runs.models import Checkpoint, PendingEnqueue, StageStatus
 from runs.pipeline.dispatch.queue import job_queue
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.checkpoints.serve_check_services import serve_check_request
 from runs.pipeline.lifecycle.result_records import evaluation_record
 from runs.pipeline.lifecycle.stage_services import stage_start

@@ -9,7 +9,8 @@ from runs.pipeline import services
 from runs.fleet.services import worker_stopped
 from runs.models import PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline.lifecycle.stages import STAGES
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from tests.fleet import cpu_host_capabilities, cpu_worker, fake_gpu_worker
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,8 @@ from django.core.management import CommandError, call_command
 
 from runs.models import PendingEnqueue, PipelineRun
 from runs.pipeline import services
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from tests.fleet import cpu_worker
 
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,8 @@ from safetensors.torch import save_file
 from runs.models import Extraction, Preparation, StageStatus, TrainingRun
 from runs.pipeline.online import services as online_services
 from runs.pipeline import selectors, services
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.pipeline.lifecycle.result_records import training_record
 from runs.pipeline.lifecycle.stage_services import stage_record_id, stage_start
 from workers.stages.train.results import TrainResult

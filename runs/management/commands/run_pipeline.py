@@ -12,9 +12,11 @@ from runs.pipeline import selectors, services
 from runs.management.command_user import command_user
 from runs.pipeline.models import PipelineRun
 from runs.pipeline.lifecycle.stage_record import StageStatus
-from runs.pipeline.launch.run_config import (BEST_BY, HELD_OUT, HIDDEN_STATES, MAX_CAPTURE_SERVERS, RENAMED_SETTINGS,
-                                      RunConfig, RunConfigError, check_capture_urls, parse_layer_ids, parse_pairs,
-                                      parse_serve_concurrency, parse_weights, renamed_setting)
+from runs.pipeline.launch.capture_urls import check_capture_urls
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import (BEST_BY, HELD_OUT, HIDDEN_STATES, MAX_CAPTURE_SERVERS,
+                                                 RENAMED_SETTINGS, RunConfigError, renamed_setting)
+from runs.pipeline.launch.setting_checks import parse_layer_ids, parse_pairs, parse_serve_concurrency, parse_weights
 from workers.contract.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
 from workers.contract.errors import InputError
 

@@ -11,7 +11,7 @@ from runs.pipeline.jobs.models import ServeCheck
 from runs.management.command_user import command_user
 from runs.management.commands.evaluate_checkpoint import checkpoint_from_ref
 from runs.checkpoints.models import Evaluation
-from runs.pipeline.launch.run_config import parse_serve_concurrency
+from runs.pipeline.launch.setting_checks import parse_serve_concurrency
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.checkpoints.serve_check_selectors import serve_check_dict, serve_check_line
 from runs.checkpoints.serve_check_services import serve_check_request

@@ -19,7 +19,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from runs.pipeline.launch.run_config import RunConfigError
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from workers.contract.chats import Conversation, read_conversations
 
 HEAD_CONVERSATIONS = 1000

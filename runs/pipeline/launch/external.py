@@ -22,7 +22,8 @@ from runs.pipeline.models import PipelineRun, TrainingRun
 from runs.pipeline.lifecycle import signals
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.pipeline.status import changes
-from runs.pipeline.launch.run_config import RunConfigError, check_run_name
+from runs.pipeline.launch.setting_bounds import RunConfigError
+from runs.pipeline.launch.setting_checks import check_run_name
 from runs.pipeline.status.upstream_commands import recorded_speculative_tokens
 from runs.roles import require, require_on_run
 from runs.tracking.reported_points import PointCounts, points_check, points_report

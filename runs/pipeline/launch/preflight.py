@@ -39,7 +39,8 @@ from pathlib import Path
 from django.conf import settings
 
 from eagle3web.env import env_int
-from runs.pipeline.launch.run_config import RunConfig, RunConfigError
+from runs.pipeline.launch.run_config import RunConfig
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from workers.contract.regular_file import open_regular
 from workers.contract.vllm_env import VllmInstall, _interpreter, vllm_install
 

@@ -20,7 +20,7 @@ from runs.pipeline.models import ExtractStage, PipelineRun, TrainingRun
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.pipeline.online.selectors import KEPT_DIRNAME, cache_dir, cache_rows_present, is_online
 from runs.pipeline.dispatch.routing import stage_queue
-from runs.pipeline.launch.run_config import RunConfigError
+from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.pipeline.lifecycle.result_records import manifest_record, result_columns
 from runs.roles import require_on_run
 

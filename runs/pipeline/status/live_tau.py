@@ -22,7 +22,7 @@ from django.db import transaction
 from eagle3web.db import db_retry
 from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.pipeline.models import TrainingRun
-from runs.pipeline.launch.run_config import HELD_OUT
+from runs.pipeline.launch.setting_bounds import HELD_OUT
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.pipeline.dispatch.queue import evaluation_enqueue
 
