@@ -1,5 +1,5 @@
 """Generations measured for real: the tiny demo target decodes its chat prompts speculatively with the
-STAND-IN proposers of tests/stages/test_tau_known_answers.py, whose acceptance is known in advance, and
+STAND-IN proposers of tests/stages/evaluate/test_tau_known_answers.py, whose acceptance is known in advance, and
 workers.stages.evaluate.generations turns the replies into what a measurement records. Shared by the
 recording, API, browser tests and bench/generations_render.py.
 
@@ -16,7 +16,7 @@ MAX_NEW = 1 + (K + 1) * FULL_CHAINS  # the prefill's token, then five forwards o
 
 
 def _proposers():
-    from tests.stages.test_tau_known_answers import AlwaysWrongProposer, OracleProposer
+    from tests.stages.evaluate.test_tau_known_answers import AlwaysWrongProposer, OracleProposer
 
     class FirstOnlyProposer(OracleProposer):
         """STAND-IN draft: the target's next token at position 1, a wrong one after it."""

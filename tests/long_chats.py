@@ -72,7 +72,7 @@ def build_training_inputs(target_dir: Path, chats_path: Path, out: Path, *, max_
                           draft_vocab_size: int) -> SimpleNamespace:
     """prepare() -> hidden states of the target for every prepared row -> d2t/t2d from token_freq.pt.
 
-    Hidden states are taken as tests/stages/test_train.py's write_training_inputs takes them
+    Hidden states are taken as tests/stages/train/test_train.py's write_training_inputs takes them
     (Hugging Face `hidden_states` at the default layer ids); the rows carry `source_id`.
     """
     import numpy as np

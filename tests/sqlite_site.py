@@ -23,7 +23,7 @@ from django.contrib.auth import get_user_model  # noqa: E402
 
 from runs.data.extractions import extraction_import  # noqa: E402
 from runs.pipeline import services  # noqa: E402
-from tests.stages.test_verify import N, H, write_flat  # noqa: E402
+from tests.contract.test_verify import N, H, write_flat  # noqa: E402
 
 PASSWORD = "pw-sqlite-writer-1"
 CHAT = {"messages": [{"role": "user", "content": "how do locks work?"},

@@ -56,7 +56,7 @@ def test_a_checkpoint_and_measuring_its_acceptance(checkpoint, api):
 
 
 def test_extractions_imported_listed_read_and_verified(api, config_only_target, tmp_path):
-    from tests.stages.test_verify import write_flat
+    from tests.contract.test_verify import write_flat
 
     directory = write_flat(tmp_path / "ext")
     made = api("launcher").post("/api/v1/extractions/", {"path": str(directory), "target": str(config_only_target)})

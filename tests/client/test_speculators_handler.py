@@ -5,7 +5,7 @@ writer copied it beside (the known answer). Its checkpoints are registered. A ba
 doubled, a lost answer to a batch is asked again, and a refused batch is counted, never raised.
 
 speculators 0.9 cannot run on a host without an accelerator: the test named `..._cpu_device_patched` runs
-it with the test-only seam (tests/stages/speculators_cpu_seam/) that maps its device-0 calls to the CPU."""
+it with the test-only seam (tests/stages/train/with_speculators/speculators_cpu_seam/) that maps its device-0 calls to the CPU."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,8 @@ import pytest
 
 from eagle3web_client import ApiError, Client, Eagle3WebMetricsHandler, record_points
 from runs.models import Checkpoint
-from tests.stages.test_train_speculators import CPU_ARGS, CPU_SEAM_ENV, DRAFT_VOCAB, pipeline_run_folder
+from tests.stages.train.with_speculators.test_train_speculators import (CPU_ARGS, CPU_SEAM_ENV, DRAFT_VOCAB,
+                                                                      pipeline_run_folder)
 from workers.contract.speculators_layout import speculators_data_link
 from workers.stages.train.results import METRIC_KEY  # the dashboard's own trainings' names
 from workers.stages.train.with_speculators.trainer import ENTRY_MODULE, default_torchrun, speculators_command

@@ -59,7 +59,7 @@ class Setup:
         self.dataset = data_root / "cmd-chats.jsonl"
         self.dataset.write_text(json.dumps({"conversations": [{"from": "human", "value": "hi"},
                                                               {"from": "gpt", "value": "hello"}]}) + "\n")
-        from tests.stages.test_verify import write_flat
+        from tests.contract.test_verify import write_flat
 
         self.extraction, _ = extraction_import(path=write_flat(data_root / "cmd-ext"), target_path=self.target)
         run = services.run_launch(user=self.users["admin"], target_path=self.target, dataset_path=self.dataset,
@@ -79,7 +79,7 @@ class Setup:
         return ["--target", str(self.target), "--dataset", str(self.dataset), "--backend", "transformers", "--json"]
 
     def import_extraction(self) -> list[str]:
-        from tests.stages.test_verify import write_flat
+        from tests.contract.test_verify import write_flat
 
         self.n += 1
         return [str(write_flat(self.root / f"cmd-import-{self.n}")), "--target", str(self.target), "--json"]

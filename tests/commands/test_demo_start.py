@@ -132,7 +132,7 @@ def test_make_demo_starts_a_worker_for_the_cpu_queue_apart_from_the_one_that_tra
     from runs.models import StageAttempt
     from runs.pipeline.jobs.services import extraction_verify_request
     from tests.outage import free_port
-    from tests.stages.test_verify import H, N, write_flat
+    from tests.contract.test_verify import H, N, write_flat
     from tests.worker import BASE_DIR, test_database_url
 
     port = free_port()

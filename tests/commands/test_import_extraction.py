@@ -6,7 +6,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from runs.models import Extraction, Verification
-from tests.stages.test_verify import write_09, write_flat, write_v04
+from tests.contract.test_verify import write_09, write_flat, write_v04
 
 pytestmark = pytest.mark.django_db
 

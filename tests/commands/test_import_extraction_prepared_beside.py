@@ -6,7 +6,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from runs.models import Extraction, Verification
-from tests.stages.test_verify_prepared_beside import write_upstream_09
+from tests.contract.test_verify_prepared_beside import write_upstream_09
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,7 @@ records each stage leaves (extraction and manifest, curves, checkpoints, accepta
 Boundaries we cannot reach here, named in the test: the GPU (the worker's device probe is told this
 host has one, FAKE_GPU), vLLM (tests/standins/vllm on PATH, which writes what vLLM's hidden-states
 connector writes, computed with the real target) and speculators' device-0 move (its CPU seam,
-tests/stages/speculators_cpu_seam). Everything else is real: prepare, the vocabulary, speculators'
+tests/stages/train/with_speculators/speculators_cpu_seam). Everything else is real: prepare, the vocabulary, speculators'
 own trainer under torchrun, our evaluation of its checkpoint, PostgreSQL."""
 import json
 import os
@@ -40,7 +40,7 @@ def fake_gpu_host(monkeypatch, settings):
                         lambda: vllm_env.VllmInstall(executable=standin, version="0.33.0", build="cuda"))
     # speculators' CPU seam, and its GPU kernels swapped for eager ones (flags a CPU host would set).
     monkeypatch.setenv("EAGLE3WEB_TEST_CPU_AS_DEVICE", "1")
-    monkeypatch.setenv("PYTHONPATH", str(TESTS / "stages" / "speculators_cpu_seam"))
+    monkeypatch.setenv("PYTHONPATH", str(TESTS / "stages" / "train" / "with_speculators" / "speculators_cpu_seam"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     settings.EAGLE3WEB_SPECULATORS_ARGS = ["--draft-attn-impl", "eager", "--loss-implementation", "eager",
                                            "--num-workers", "0"]

@@ -2,7 +2,7 @@
 (c10d rendezvous, gloo on the CPU): two workers with different names on this machine stand for two hosts.
 
 Both workers hold a rank and the losses are one process's over the same global batches (the tolerance is
-tests/stages/test_train_nodes.py's: the same float32 sums taken in another order); a rank's training
+tests/stages/train/test_train_nodes.py's: the same float32 sums taken in another order); a rank's training
 process SIGKILLed ends the attempt on both ranks with no process left behind, and Retry resumes from the
 last saved state; a gang that never forms fails within its timeout naming the missing rank.
 """

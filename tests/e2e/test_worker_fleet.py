@@ -14,7 +14,7 @@ from runs.fleet.models import Worker
 from runs.models import StageStatus
 from runs.pipeline.launch.run_config import RunConfig
 from tests.fleet import fake_gpu_worker
-from tests.stages.test_backends import torch_gpus
+from tests.contract.test_backends import torch_gpus
 from tests.worker import celery_worker
 from workers.contract.backends import host_queues
 

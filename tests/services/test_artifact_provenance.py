@@ -19,7 +19,7 @@ from runs.pipeline.lifecycle.stage_services import (
     stage_start,
     stages_reconcile,
 )
-from tests.stages.test_verify import LENGTHS, write_flat
+from tests.contract.test_verify import LENGTHS, write_flat
 
 pytestmark = pytest.mark.django_db
 

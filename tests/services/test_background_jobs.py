@@ -15,7 +15,7 @@ from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.services import HEAD_CHECK_CONVERSATIONS
 from runs.pipeline.lifecycle.stage_services import MAX_ATTEMPTS, stages_reconcile
 from runs.data.extractions import extraction_import
-from tests.stages.test_verify import write_flat
+from tests.contract.test_verify import write_flat
 from workers.orchestration.tasks import stage_execute
 
 pytestmark = pytest.mark.django_db

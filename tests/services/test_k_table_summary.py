@@ -1,6 +1,6 @@
 """A checkpoint's k table on the way out: the run summary's `tau_by_k` and `recommended_k` per checkpoint,
 the "k to serve" beside it on the run page and the k the serve command proposes with. The table itself is
-measured and checked against known answers in tests/stages/test_k_table.py and test_evaluate.py."""
+measured and checked against known answers in tests/stages/evaluate/test_k_table.py and test_evaluate.py."""
 from __future__ import annotations
 
 import dataclasses

@@ -8,7 +8,7 @@ from django.core.management import CommandError, call_command
 
 from runs.data.extractions import extraction_training_gate, verification_override
 from runs.models import Extraction, VerificationOverride
-from tests.stages.test_verify import write_flat
+from tests.contract.test_verify import write_flat
 
 pytestmark = pytest.mark.django_db
 

@@ -5,9 +5,9 @@ import pytest
 @pytest.fixture(scope="session")
 def training_inputs(tiny_target, tmp_path_factory):
     """`training_inputs(num_rows=, draft_vocab_size=)`: the target's hidden states for its first chats in
-    speculators 0.9 layout (tests.stages.test_train.write_training_inputs), built once per shape and session.
+    speculators 0.9 layout (tests.stages.train.test_train.write_training_inputs), built once per shape and session.
     Treat them as read-only: every module asking for the same shape gets the same folder."""
-    from tests.stages.test_train import write_training_inputs
+    from tests.stages.train.test_train import write_training_inputs
 
     built: dict[tuple[int, int], object] = {}
 

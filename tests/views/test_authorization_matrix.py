@@ -111,7 +111,7 @@ class World:
                                        dataset_path=self.dataset_path, config=RunConfig(draft_vocab_size=64))
         self.other_run = services.run_launch(user=self.users["admin"], target_path=self.target,
                                              dataset_path=self.dataset_path, config=RunConfig(draft_vocab_size=32))
-        from tests.stages.test_verify import write_flat
+        from tests.contract.test_verify import write_flat
 
         self.tmp_path = tmp_path
         self.extraction, _ = extraction_import(path=write_flat(tmp_path / "matrix-ext"), target_path=self.target)
@@ -223,7 +223,7 @@ class World:
         return {"name": "matrix page"}
 
     def import_form(self) -> dict:
-        from tests.stages.test_verify import write_flat
+        from tests.contract.test_verify import write_flat
 
         self.import_count += 1
         path = write_flat(self.tmp_path / f"matrix-import-{self.import_count}")

@@ -4,7 +4,7 @@ import pytest
 
 from runs.data.extractions import extraction_import
 from runs.data.selectors import extraction_forecast
-from tests.stages.test_verify import write_flat
+from tests.contract.test_verify import write_flat
 
 pytestmark = pytest.mark.django_db
 
@@ -22,7 +22,7 @@ def run_extraction(tmp_path, user, config_only_target, django_capture_on_commit_
     from runs.pipeline.launch.run_config import RunConfig
     from runs.pipeline.services import run_launch
     from tests.artifacts import extraction_written
-    from tests.stages.test_verify import write_flat
+    from tests.contract.test_verify import write_flat
 
     with django_capture_on_commit_callbacks(execute=False):
         run = run_launch(user=user, target_path=config_only_target, dataset_path=_chats(tmp_path),

@@ -7,7 +7,7 @@ from django.contrib.auth.models import Group
 from runs.data.extractions import extraction_import
 from runs.pipeline.jobs.models import VerificationRequest
 from runs.models import Review
-from tests.stages.test_verify import write_flat
+from tests.contract.test_verify import write_flat
 
 pytestmark = pytest.mark.django_db
 

@@ -107,7 +107,7 @@ def files(tmp_path):
     """A config-only target, a chat file, extractions in the three layouts, prepared rows, a checkpoint."""
     from datasets import Dataset
 
-    from tests.stages.test_verify import LENGTHS, _sample, write_09, write_flat, write_v04
+    from tests.contract.test_verify import LENGTHS, _sample, write_09, write_flat, write_v04
 
     data = tmp_path / "data"
     target = data / "target"

@@ -3,7 +3,7 @@ own chat template into training rows and their loss masks, and what curation exc
 
 Mirrors speculators 0.9 `data_generation/preprocessing.py` (what `speculators prepare-data` runs), which
 renders through a vLLM `/render` endpoint; we render with the template vLLM would apply, so no server is
-needed. The loss mask is upstream's, token for token (tests/stages/test_prepare_upstream_parity.py runs
+needed. The loss mask is upstream's, token for token (tests/stages/prepare/test_prepare_upstream_parity.py runs
 upstream's code on the same rows):
 - `_render_boundary_rows` (preprocessing.py:244-321): every assistant turn j > 0 becomes its
   own row holding the conversation through turn j; the boundary is where the full render of

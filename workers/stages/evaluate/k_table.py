@@ -10,7 +10,7 @@ draft's own steps before s, so asking for k tokens gives the first k of what ask
 how many of them in a row equal the target's choices (one target forward verifying K + 1 positions, as
 speculative decoding does). Decoding with k then is a walk: at position p a forward emits min(L(p), k) + 1
 tokens and the next forward starts there (`walk`); the output's max_new_tokens and EOS cuts are counted as
-speculative_decode counts them (emitted_accepted). tests/stages/test_k_table.py checks the walk against a
+speculative_decode counts them (emitted_accepted). tests/stages/evaluate/test_k_table.py checks the walk against a
 separate speculative decode at each k with the real draft, and against the oracle and always-wrong
 stand-ins' known answers.
 

@@ -3,7 +3,7 @@
 A proposer suggests a chain of k tokens; one target forward verifies them, and the longest prefix
 that equals the target's own greedy choice is kept plus the target's next token. The evaluate stage
 (workers/stages/evaluate/measure.py) proposes with an EAGLE-3 draft; tests propose with stand-ins whose
-acceptance is known in advance (tests/stages/test_tau_known_answers.py).
+acceptance is known in advance (tests/stages/evaluate/test_tau_known_answers.py).
 
 tau (tokens per target forward) counts only tokens that reach the output: a verification forward's
 accepted count is the number of tokens it contributed to the output after the max_new_tokens and EOS

@@ -19,7 +19,7 @@ What runs (read from the installed speculators 0.9.0, speculators/train/):
   `--fsdp-shard` (default here when N > 1; DistributedCheckpointer gathers full weights on rank 0).
   Each rank moves the model to accelerator `LOCAL_RANK`: on a host without one it stops with "Cannot
   access accelerator device when none is available" (there is no device flag), so this backend needs
-  GPUs; tests run it on the CPU through a test-only seam (tests/stages/speculators_cpu_seam/).
+  GPUs; tests run it on the CPU through a test-only seam (tests/stages/train/with_speculators/speculators_cpu_seam/).
 - Metrics: per logged step (`--log-freq`, default 1) a dict on logger `speculators.metrics`:
   {"train": {loss, loss_k, full_acc_k, cond_acc_k per TTT step k, error_records}, "profile":
   {step_ms, tokens_per_s, ...}, "epoch", "lr" (a float, or {optimizer: lr} with muon), "global_step"

@@ -255,7 +255,7 @@ files.delete({str(world["victim"])!r})
 print(files.get_generated({{"hidden_states_path": {str(inside)!r}}})["token_ids"].tolist())
 """
     env = {**os.environ, CONFINE_ENV: confine_spec(staging=staging, taken=world["tmp"] / "taken", server="http://cap:1"),
-           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+           "PYTHONPATH": str(Path(__file__).resolve().parents[4])}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0, out.stderr[-2000:]

@@ -10,7 +10,7 @@ import hashlib
 import pytest
 
 from tests.generations import FULL_CHAINS, K, MAX_NEW, measured
-from tests.stages.test_evaluate import chat_prompts, inputs, untrained_checkpoint  # noqa: F401 - fixtures
+from tests.stages.evaluate.test_evaluate import chat_prompts, inputs, untrained_checkpoint  # noqa: F401 - fixtures
 from workers.stages.evaluate import generations
 from workers.stages.evaluate.measure import evaluate
 from workers.stages.evaluate.speculative import PromptResult, token_trace

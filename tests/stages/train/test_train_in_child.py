@@ -26,7 +26,7 @@ from workers.stages.train.results import TrainingStopped
 from workers.stages.train.data import TrainInputError
 
 DRAFT_VOCAB = 256
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 # The child takes the worker's torch thread count, as a pool process set it (tests/stages/conftest.py).

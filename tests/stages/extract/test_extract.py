@@ -18,7 +18,7 @@ from workers.stages.prepare import prepare
 from workers.contract.target import TargetConfigError, default_layer_ids
 
 SUBSET = 10
-CHECK_SCRIPT = Path(__file__).resolve().parents[3] / "shared" / "tools" / "check_run_outputs.py"
+CHECK_SCRIPT = Path(__file__).resolve().parents[4] / "shared" / "tools" / "check_run_outputs.py"
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.stages.test_extract import layer_ids, prepared  # noqa: F401  (fixtures: 10 demo chats)
+from tests.stages.extract.test_extract import layer_ids, prepared  # noqa: F401  (fixtures: 10 demo chats)
 from workers.contract.verify import verify_extraction
 from workers.stages.extract import files as files_module
 from workers.stages.extract.resume import sample_is_whole

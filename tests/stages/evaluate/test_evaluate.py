@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.stages.test_train import write_training_inputs
+from tests.stages.train.test_train import write_training_inputs
 from workers.stages.evaluate.measure import DraftRunner, evaluate, load_draft
 from workers.contract.prompt_source import EvaluationInputError, validation_rows
 from workers.stages.evaluate.prompts import prompts_from_file, prompts_from_prepared

@@ -7,7 +7,7 @@ No GPU here: that the hidden states of layers on other GPUs reach the draft on c
 import pytest
 import torch
 
-from tests.stages.test_evaluate import chat_prompts, inputs, untrained_checkpoint  # noqa: F401 - fixtures
+from tests.stages.evaluate.test_evaluate import chat_prompts, inputs, untrained_checkpoint  # noqa: F401 - fixtures
 from workers.stages.extract import model as extract_model
 from workers.contract.prompt_source import EvaluationInputError
 from workers.stages.evaluate.measure import evaluate

@@ -2,7 +2,7 @@
 failures file and the counts are byte for byte / field for field one worker's, with sampled replies
 (each reply's seed is its row's, never its place in a shard), rows of every shape, the same prompt
 again under new ids, a repeated id, a prompt too long for the target, curation's exclusions,
-max_samples and replies cut at max_new_tokens. vLLM: tests/stages/test_regenerate_shards_vllm.py."""
+max_samples and replies cut at max_new_tokens. vLLM: tests/stages/regenerate/test_regenerate_shards_vllm.py."""
 from __future__ import annotations
 
 import copy

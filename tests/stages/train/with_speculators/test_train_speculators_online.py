@@ -3,7 +3,7 @@ real vLLM capture server (the CPU build, `make vllm`) for every sample's hidden 
 
 One capture server, started once for the module by the online loop's own CaptureFleet, serves the
 tests (a start takes one to two minutes on two cores); the training reaches it by URL. speculators'
-Trainer runs on the CPU through the test-only seam of tests/stages/test_train_speculators.py. Where
+Trainer runs on the CPU through the test-only seam of tests/stages/train/with_speculators/test_train_speculators.py. Where
 vLLM is not installed the tests that need it skip, saying so (CI sets EAGLE3WEB_REQUIRE_VLLM=1: they
 fail there instead)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
-from tests.stages.test_train_speculators import CPU_ARGS, CPU_SEAM_ENV, DRAFT_VOCAB
+from tests.stages.train.with_speculators.test_train_speculators import CPU_ARGS, CPU_SEAM_ENV, DRAFT_VOCAB
 from tests.vllm_here import vllm_or_skip
 
 from workers.contract.target import default_layer_ids

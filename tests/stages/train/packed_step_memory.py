@@ -1,7 +1,7 @@
 """One training step through the CPU twin in a fresh process; prints its peak resident memory above
-the process's before the step (tests/stages/test_packed_step.py runs it per size).
+the process's before the step (tests/stages/train/test_packed_step.py runs it per size).
 
-    python tests/stages/packed_step_memory.py '{"target_dir": ..., ...}' TOKENS
+    python tests/stages/train/packed_step_memory.py '{"target_dir": ..., ...}' TOKENS
 """
 import ctypes
 import gc
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import torch  # noqa: E402
 
@@ -39,7 +39,7 @@ def reset_peak() -> None:
 
 
 def main() -> None:
-    from tests.stages.test_packed_step import TTT, packed_batch
+    from tests.stages.train.test_packed_step import TTT, packed_batch
     from workers.contract.target import read_target_config
     from workers.stages.train.draft_model import build_draft_model
     from workers.stages.train.packed_step import draft_forward, kl_loss_config, use_packed_attention

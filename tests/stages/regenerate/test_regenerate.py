@@ -31,7 +31,7 @@ from workers.stages.regenerate.base import RegenerateError, RegenerateSettings
 from workers.stages.regenerate.stage import regenerate
 from workers.stages.regenerate.target import regenerate_check_target
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MAX_NEW = 48
 GREEDY = RegenerateSettings(max_new_tokens=MAX_NEW)
 

@@ -196,7 +196,7 @@ def test_three_epochs_of_varied_steps_compile_once_per_padded_length_cpu_forward
     Forward only (validation's no_grad pass): flex attention has no backward on the CPU. A padded
     length compiles one graph per TTT step (the keys grow by a block each) the first time it comes;
     a step of a length seen before compiles nothing."""
-    from tests.stages.test_train import write_training_inputs
+    from tests.stages.train.test_train import write_training_inputs
     from workers.stages.train.data import HiddenStateSamples, batch_dtype, iter_batches, plan_training_steps
     from workers.stages.train.steps import DraftStepper
 
@@ -229,7 +229,7 @@ def test_three_epochs_of_varied_steps_compile_once_per_padded_length_cpu_forward
 
 
 def test_a_training_says_how_its_steps_ran_and_where_their_time_went(tiny_target, tmp_path):
-    from tests.stages.test_train import write_training_inputs
+    from tests.stages.train.test_train import write_training_inputs
     from workers.stages.train.loop import train
 
     inputs = write_training_inputs(tiny_target.target_dir, tiny_target.chats_path, tmp_path / "in", num_rows=24,

@@ -125,7 +125,7 @@ def test_planning_a_split_imports_neither_torch_nor_transformers(tiny_target, pr
            "EAGLE3WEB_DATA_ROOTS": str(Path(tiny_target.target_dir).resolve().parent)}
     proc = subprocess.run([sys.executable, "-c", PLAN_IN_A_FRESH_PROCESS, str(prepared.out_dir), str(prepared.num_rows),
                            str(tiny_target.target_dir)],
-                          capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=120)
+                          capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[3], timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     planned = json.loads(proc.stdout.strip().splitlines()[-1])
     assert planned["imported"] == []

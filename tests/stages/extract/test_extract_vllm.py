@@ -36,7 +36,7 @@ from workers.contract.target import default_layer_ids
 from workers.contract.verify import verify_extraction
 from workers.stages.extract.vllm_server import VllmServerError, serve_command
 
-STANDINS = Path(__file__).resolve().parents[1] / "standins"
+STANDINS = Path(__file__).resolve().parents[2] / "standins"
 CONVERSATIONS = 6
 STOP_AFTER = 3
 
@@ -220,7 +220,7 @@ def test_standin_vllm_server_does_not_outlive_a_killed_worker(tiny_target, prepa
             "layer_ids=[int(i) for i in sys.argv[4].split(',')], startup_timeout_s=600)")
     env = {**os.environ, **_standin_env(), "STANDIN_VLLM_LOAD_SECONDS": "600"}
     worker = subprocess.Popen([sys.executable, "-c", code, str(tiny_target.target_dir), str(prepared.out_dir),
-                               str(out), ",".join(map(str, layer_ids))], env=env, cwd=Path(__file__).resolve().parents[2])
+                               str(out), ",".join(map(str, layer_ids))], env=env, cwd=Path(__file__).resolve().parents[3])
     try:
         assert _wait_until(lambda: _processes_using(out)), "the stand-in server never started"
         worker.kill()  # SIGKILL: the worker runs no cleanup at all

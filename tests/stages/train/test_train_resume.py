@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.stages.test_train import run_train, write_training_inputs
+from tests.stages.train.test_train import run_train, write_training_inputs
 from workers.stages.train.resume import state_path
 
 NUM_ROWS = 16

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.stages.test_tau_known_answers import AlwaysWrongProposer, OracleProposer, continuation
+from tests.stages.evaluate.test_tau_known_answers import AlwaysWrongProposer, OracleProposer, continuation
 from workers.contract.target import default_layer_ids
 from workers.stages.evaluate.k_table import k_limit, k_table, recommend_k, walk
 from workers.stages.evaluate.prompts import prompts_from_file
