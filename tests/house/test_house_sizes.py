@@ -28,7 +28,6 @@ FOLDERS_OVER = {
 }
 FILES_OVER = {
     "runs/pipeline/selectors.py": 417,
-    "tests/contract/test_verify.py": 418,
 }
 
 
