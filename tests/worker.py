@@ -85,13 +85,15 @@ def kill_worker_hard(proc: subprocess.Popen) -> None:
 def wait_for_run(run_id: int, *, timeout: float, log_path: Path | None = None):
     """Poll the database until every stage of the run has finished; return its summary."""
     from runs.pipeline import selectors
+    from runs.pipeline.status.run_summary import run_summary
+    from runs.pipeline.status.run_status import run_is_finished
 
     deadline = time.monotonic() + timeout
     while True:
         run = selectors.run_list().get(pk=run_id)
-        if selectors.run_is_finished(run):
-            return selectors.run_summary(run)
+        if run_is_finished(run):
+            return run_summary(run)
         if time.monotonic() > deadline:
             tail = log_path.read_text()[-4000:] if log_path else ""
-            raise AssertionError(f"run {run_id} not finished after {timeout} s: {selectors.run_summary(run)['stages']}\n{tail}")
+            raise AssertionError(f"run {run_id} not finished after {timeout} s: {run_summary(run)['stages']}\n{tail}")
         time.sleep(1)

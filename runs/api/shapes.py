@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from runs.api.base import created
 from runs.pipeline.dispatch import queue
 from runs.pipeline import selectors
+from runs.pipeline.status.run_summary import run_summary
 from runs.pipeline.lifecycle.failure_selectors import failure_fields
 
 
@@ -113,10 +114,10 @@ def target_row(target) -> dict:
 
 
 def run_answer(pk: int, request) -> dict:
-    """A run as GET /api/v1/runs/<id>/ answers it: the run summary (runs.pipeline.selectors.run_summary,
+    """A run as GET /api/v1/runs/<id>/ answers it: the run summary (runs.pipeline.status.run_summary,
     as run_pipeline --json prints it) with its id, tags and where to find it."""
     run = selectors.run_get(pk=pk, user=request.user)  # 404 outside the user's projects
-    return {"id": run.pk, **selectors.run_summary(run), "owner": run.owner.get_username(),
+    return {"id": run.pk, **run_summary(run), "owner": run.owner.get_username(),
             "created_at": run.created_at.isoformat(), "tags": [tag.name for tag in run.tags.all()],
             "waiting_for_queue": _waiting(queue.run_waiting_for_queue(run_id=run.pk)),
             "url": api_url(request, "run_detail", run.pk),

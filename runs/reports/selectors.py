@@ -12,6 +12,7 @@ from runs.checkpoints.models import Checkpoint
 from runs.pipeline.models import PipelineRun
 from runs.reports.models import Report, ReportVersion
 from runs.pipeline import selectors as run_selectors
+from runs.pipeline.status.run_status import run_status
 from runs.projects import access
 from runs.reports.directives import SETTING_COLUMNS
 from runs.tracking import curves
@@ -74,7 +75,7 @@ def table_cell(run: PipelineRun, column: str) -> str:
     if column == "name":
         return str(run)
     if column == "status":
-        return run_selectors.run_status(run)
+        return run_status(run)
     if column == "owner":
         return run.owner.get_username()
     if column == "created":

@@ -13,6 +13,7 @@ from runs.pipeline.models import PipelineRun, TrainingRun
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.sweeps.models import Sweep, SweepRun
 from runs.pipeline import selectors as run_selectors
+from runs.pipeline.status.run_status import run_status
 from runs.pipeline.launch.setting_bounds import MAX_SAMPLES
 from runs.projects.access import visible_q
 
@@ -44,7 +45,7 @@ class SweepRow:
     position: int
     run: PipelineRun
     settings: dict[str, str]  # swept key -> value as typed
-    status: str  # the run's status ("held" while its sweep holds it back: run_selectors.run_status)
+    status: str  # the run's status ("held" while its sweep holds it back: run_status)
     tau: float | None  # measured acceptance length, once its evaluate stage succeeded
     is_best: bool = False
     # Beside τ, what tells a sweep's runs apart before and besides acceptance: the lowest validation loss
@@ -93,7 +94,7 @@ def sweep_rows(*, sweep: Sweep, user=None) -> tuple[list[SweepRow], SweepBest]:
     rows = []
     for position, run_id, values in entries:
         run = runs[run_id]
-        status = run_selectors.run_status(run)
+        status = run_status(run)
         tau = run.shown_tau  # its best checkpoint's (runs.pipeline.best), else its evaluate stage's
         # In the sweep's order of keys: a JSON object column (jsonb) keeps no order of its own.
         settings = {key: values.get(key, "") for key in sweep.keys}

@@ -11,6 +11,7 @@ from django.db.models import Prefetch
 from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.pipeline import best, selectors
+from runs.pipeline.status.run_status import run_status
 from runs.pipeline.launch.setting_bounds import HELD_OUT
 from runs.projects.access import runs_visible
 from runs.tracking import curves
@@ -310,7 +311,7 @@ def run_comparison(*, run_ids: list[int], user=None, baseline_id: int | None = N
     metrics = [{"split": split, "key": key, "runs": [rows.get((split, key)) for rows in by_run]}
                for split, key in series_names]
     return {
-        "runs": [{"run": run, "status": selectors.run_status(run),
+        "runs": [{"run": run, "status": run_status(run),
                   "tau": run.shown_tau,
                   "evaluation_status": None if run.external else run.evaluation.status} for run in runs],
         "differ": differ,

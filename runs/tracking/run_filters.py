@@ -10,7 +10,7 @@ from eagle3web.storable_text import shown, unstorable_reason
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import FLOAT_FIELDS, INT_FIELDS, RunConfigError, renamed_setting
 from runs.pipeline.launch.setting_checks import parse_layer_ids
-from runs.pipeline.selectors import RUN_STATUSES
+from runs.pipeline.status.run_status import RUN_STATUSES
 from workers.contract.errors import InputError
 
 MAX_QUERY_CHARS = 200

@@ -20,8 +20,9 @@ from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.projects.models import Project
 from runs.pipeline.lifecycle.stages import STAGES
 from runs.tracking.run_search import searched, setting_match, tagged_run_ids
-from runs.pipeline.selectors import (RUN_HELD, RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, run_rows, run_status,
-                                     run_status_reason)
+from runs.pipeline.selectors import run_rows
+from runs.pipeline.status.run_status import (RUN_HELD, RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, run_status,
+                                             run_status_reason)
 # The parameters' names, the filters and their refusal: the callers of the list read them here too.
 from runs.tracking.run_filters import (  # noqa: F401
     ARCHIVED,
@@ -76,7 +77,7 @@ def _shown_columns(queryset: QuerySet[PipelineRun]) -> QuerySet[PipelineRun]:
 
 
 def with_columns(queryset: QuerySet[PipelineRun]) -> QuerySet[PipelineRun]:
-    """Status as selectors.run_status words it, duration, best validation loss; in SQL."""
+    """Status as runs.pipeline.status.run_status words it, duration, best validation loss; in SQL."""
     return _shown_columns(queryset).annotate(
         status=Case(
             When(external=True, then=F("training_run__status")),  # its one stage's status (run_status)

@@ -20,6 +20,8 @@ from runs.fleet import selectors as fleet_selectors
 from runs.pipeline.status import changes
 from runs.pipeline.dispatch import queue
 from runs.pipeline import selectors
+from runs.pipeline.status.run_status import run_stages
+from runs.pipeline.status.run_summary import run_summary, stage_warnings
 from runs.pipeline.lifecycle.failure_selectors import run_failure
 from runs.pipeline.launch.setting_bounds import HELD_OUT
 from runs.pipeline.lifecycle.stage_record import StageStatus
@@ -32,10 +34,10 @@ def _shared(*, run_id: int) -> tuple[dict, int]:
     prefetch_related_objects([run], "attempts")  # the summary's and the page's
     # Read once for the page and its summary (each read them, and their measurements and serve checks).
     checkpoints = selectors.run_checkpoints(run)
-    summary = selectors.run_summary(run, checkpoints=checkpoints)
+    summary = run_summary(run, checkpoints=checkpoints)
     extraction = selectors.run_extraction(run)
     manifest = getattr(extraction, "manifest", None)
-    running = any(record.status == StageStatus.RUNNING for _, _, record in selectors.run_stages(run))
+    running = any(record.status == StageStatus.RUNNING for _, _, record in run_stages(run))
     by_suite = {row["id"]: row["tau_by_suite"] for row in summary["checkpoints"]}
     for checkpoint in checkpoints:  # its τ on the run's evaluation suites, beside the held-out τ
         checkpoint.tau_by_suite = {k: v for k, v in by_suite.get(checkpoint.pk, {}).items() if k != HELD_OUT}
@@ -43,10 +45,10 @@ def _shared(*, run_id: int) -> tuple[dict, int]:
         "run": run,
         "summary": summary,
         "extraction": extraction,
-        "stages": [(name, label, record, selectors.stage_warnings(name, record))
-                   for name, label, record in selectors.run_stages(run)],
+        "stages": [(name, label, record, stage_warnings(name, record))
+                   for name, label, record in run_stages(run)],
         "status": summary["status"],
-        "failure": run_failure(selectors.run_stages(run)),
+        "failure": run_failure(run_stages(run)),
         "layers": selectors.target_layers(target=run.target, layer_ids=summary["extraction"]["layer_ids"])
         if run.target_id and not run.external else [],
         "manifest_json": json.dumps(manifest.data, indent=2) if manifest else None,

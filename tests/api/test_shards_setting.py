@@ -14,6 +14,7 @@ from django.utils import timezone
 from runs.fleet.models import Worker
 from runs.models import ExtractStage, PendingEnqueue, PipelineRun, StageShard, StageStatus
 from runs.pipeline import selectors, services
+from runs.pipeline.status.run_summary import run_summary
 from runs.pipeline.launch.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
@@ -73,7 +74,7 @@ def split_run(people, roots, django_capture_on_commit_callbacks):
 
 
 def test_the_summary_carries_each_stages_shards(split_run):
-    summary = selectors.run_summary(selectors.run_list().get(pk=split_run.pk))
+    summary = run_summary(selectors.run_list().get(pk=split_run.pk))
     extract = next(s for s in summary["stages"] if s["name"] == "extract")
     assert [{k: s[k] for k in ("index", "rows", "worker", "state", "attempts")} for s in extract["shards"]] == [
         {"index": 0, "rows": [0, 64], "worker": "a@host1", "state": "succeeded", "attempts": 1},

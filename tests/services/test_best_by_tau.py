@@ -19,6 +19,7 @@ from django.core.management import CommandError, call_command
 from runs.api import tokens
 from runs.models import Checkpoint, Evaluation, PipelineRun, ServeCheck, StageStatus
 from runs.pipeline import selectors, services
+from runs.pipeline.status.run_summary import run_summary
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.pipeline.lifecycle.result_records import evaluation_record, measured_alongside_record, serve_check_record
@@ -112,7 +113,7 @@ def _best_epoch(run) -> int:
 
 
 def _summary(run) -> dict:
-    return selectors.run_summary(selectors.run_list().get(pk=run.pk))
+    return run_summary(selectors.run_list().get(pk=run.pk))
 
 
 def test_by_tau_the_higher_tau_wins_over_the_lower_loss_once_every_checkpoint_is_measured(user, roots):
@@ -167,7 +168,7 @@ def test_a_measurement_with_other_settings_does_not_choose(user, roots):
     # Someone measures epoch 0 with 256 new tokens: τ 3.5, but not comparable with the run's measurements.
     Evaluation.objects.create(checkpoint=checkpoints[0], status=StageStatus.SUCCEEDED, tau=3.5, max_new_tokens=256,
                               num_prompts=4, num_speculative_tokens=3)
-    assert selectors.run_summary(selectors.run_list().get(pk=run.pk))["best"]["epoch"] == 2
+    assert run_summary(selectors.run_list().get(pk=run.pk))["best"]["epoch"] == 2
 
 
 def _serve_checked_run(user, roots, standard_error: float | None = STANDARD_ERROR):

@@ -74,6 +74,7 @@ def test_live_tau_with_suites_queues_each_suite_and_stops_on_the_suite_that_choo
     alone (here "code": flat there while held_out still rises), and the summary shows τ per suite while training."""
     from runs.pipeline.status.live_tau import training_tau_flat
     from runs.pipeline import selectors
+    from runs.pipeline.status.run_summary import run_summary
 
     settings.EAGLE3WEB_DATA_ROOTS = [tmp_path]
     chats = tmp_path / "chats.jsonl"
@@ -99,6 +100,6 @@ def test_live_tau_with_suites_queues_each_suite_and_stops_on_the_suite_that_choo
     assert live_taus(training_run_id=training_id) == [(0, 2.0), (1, 2.0)]
     reason = training_tau_flat(training_run_id=training_id, patience=1)
     assert reason.startswith("stopped early: τ stopped rising (stop_when_tau_flat=1)") and reason.endswith("τ on code")
-    summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))
+    summary = run_summary(selectors.run_list().get(pk=run.pk))
     assert [(c["epoch"], c["tau"], c["tau_by_suite"]) for c in summary["checkpoints"]] == [
         (0, 1.5, {"held_out": 1.5, "code": 2.0}), (1, 1.8, {"held_out": 1.8, "code": 2.0})]

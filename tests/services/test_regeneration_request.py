@@ -157,6 +157,7 @@ def test_no_worker_for_the_backend_is_refused_naming_its_queue(world, user):
 def test_lineage_in_the_launch_list_the_run_summary_and_the_comparison(world, user, tmp_path):
     from runs.data.regeneration import regeneration_record
     from runs.pipeline import selectors
+    from runs.pipeline.status.run_summary import run_summary
     from runs.pipeline.lifecycle.stage_services import stage_start
     from runs.tracking.comparison import run_settings
     from workers.stages.regenerate.base import RegenerateResult
@@ -190,11 +191,11 @@ def test_lineage_in_the_launch_list_the_run_summary_and_the_comparison(world, us
     off = services.run_launch(user=user, target_path=target.path, dataset_path=dataset.path,
                               config=RunConfig(draft_vocab_size=64), enqueue=False)
     assert run_data_policy(run=on).on_policy and not run_data_policy(run=off).on_policy
-    summary = selectors.run_summary(selectors.run_list().get(pk=on.pk))
+    summary = run_summary(selectors.run_list().get(pk=on.pk))
     assert summary["dataset"]["on_policy"] is True
     assert summary["regenerated_from"]["dataset_id"] == dataset.pk
     assert summary["regenerated_from"]["content_sha256"] == "ab" * 32
-    assert selectors.run_summary(selectors.run_list().get(pk=off.pk))["regenerated_from"] is None
+    assert run_summary(selectors.run_list().get(pk=off.pk))["regenerated_from"] is None
     assert run_settings(on)["data"].startswith("on-policy") and run_settings(off)["data"].startswith("off-policy")
     client = Client()
     client.force_login(user)

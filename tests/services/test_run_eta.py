@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from runs.models import Evaluation, StageStatus, TrainingRun
 from runs.pipeline import selectors, services
+from runs.pipeline.status.run_summary import run_summary
 from runs.pipeline.status.glance import run_eta
 from runs.pipeline.launch.run_config import RunConfig
 
@@ -71,7 +72,7 @@ def test_a_training_run_ends_after_its_measurement_at_the_rate_the_same_targets_
     TrainingRun.objects.filter(run=b).update(status=StageStatus.RUNNING, started_at=now - timedelta(seconds=50),
                                              progress_done=100, progress_total=400,
                                              lease_expires_at=now + timedelta(hours=1))
-    glance = selectors.run_summary(selectors.run_get(pk=b.pk))["glance"]
+    glance = run_summary(selectors.run_get(pk=b.pk))["glance"]
     assert glance["run_eta_seconds"] == pytest.approx(ends, abs=1.0)
     assert glance["eta_seconds"] == pytest.approx(150.0, abs=1.0)  # the stage's own, as before
     assert glance["run_eta_note"] == (f"assumes Train draft keeps the rate it has kept so far; Measure acceptance: "

@@ -151,6 +151,7 @@ def test_training_does_not_start_on_an_unverified_extraction_and_says_why(roots,
 def test_each_execution_is_an_attempt_and_a_retry_keeps_the_earlier_one(roots, user, django_capture_on_commit_callbacks,
                                                                        client):
     from runs.pipeline import selectors
+    from runs.pipeline.status.run_summary import run_summary
     from runs.models import StageAttempt
 
     with django_capture_on_commit_callbacks(execute=False):
@@ -164,7 +165,7 @@ def test_each_execution_is_an_attempt_and_a_retry_keeps_the_earlier_one(roots, u
     attempts = list(StageAttempt.objects.filter(run=run).order_by("number"))
     assert [(a.number, a.worker, a.outcome) for a in attempts] == [(1, "w1", "failed"), (2, "w2", "succeeded")]
     assert attempts[0].error == "OSError: disk full" and attempts[0].log_tail == "reading chats"
-    summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))
+    summary = run_summary(selectors.run_list().get(pk=run.pk))
     assert [(a["stage"], a["number"], a["outcome"]) for a in summary["attempts"]] == [
         ("prepare", 1, "failed"), ("prepare", 2, "succeeded")]
     client.login(username=user.username, password=user.raw_password)

@@ -11,6 +11,7 @@ import pytest
 
 from runs.models import SweepRun
 from runs.pipeline import selectors
+from runs.pipeline.status.run_summary import run_summary
 from runs.pipeline.launch.run_config import RunConfig
 from runs.sweeps import selectors as sweep_selectors
 from runs.sweeps.services import sweep_launch
@@ -68,5 +69,5 @@ def test_the_glance_shows_no_best_tau_until_the_evaluate_stage_decided_it(people
     glance = _summary(run)["glance"]
     assert glance["best_tau"] is None and glance["best_provisional"] is True
     _evaluated(run, checkpoints)
-    glance = selectors.run_summary(selectors.run_list().get(pk=run.pk))["glance"]
+    glance = run_summary(selectors.run_list().get(pk=run.pk))["glance"]
     assert (glance["best_tau"], glance["best_provisional"]) == (2.41, False)

@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from runs.models import PipelineRun
 from runs.pipeline import selectors
+from runs.pipeline.status.run_summary import run_summary
 from runs.tracking.comparison import (DELTA_STEPS, ComparisonError, acceptance_side_by_side, delta_tone, run_acceptance,
                                       run_comparison, run_settings)
 from tests.services.test_best_by_tau import _launch, _made, _served, _trained
@@ -97,9 +98,9 @@ def test_each_row_is_the_best_checkpoints_measurement_not_the_stage_row_when_the
     # C says so, with no cells.
     assert (rows[c.pk]["measured"], rows[c.pk]["cells"]) == (False, [])
     assert rows[c.pk]["why"] == "not measured yet: its evaluate stage is queued"
-    # The run page shows the same measurement for each run (runs.pipeline.selectors.run_summary).
+    # The run page shows the same measurement for each run (runs.pipeline.status.run_summary).
     for run in (a, b):
-        summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))
+        summary = run_summary(selectors.run_list().get(pk=run.pk))
         assert summary["acceptance"]["acceptance_per_position"] == rows[run.pk]["values"]
         assert summary["acceptance"]["id"] == rows[run.pk]["evaluation_id"]
 

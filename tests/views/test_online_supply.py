@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from runs.models import Extraction, Preparation, StageStatus, TrainingRun
 from runs.pipeline.online import services as online_services
 from runs.pipeline import selectors, services
+from runs.pipeline.status.run_summary import run_summary
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.pipeline.lifecycle.result_records import training_record
@@ -37,7 +38,7 @@ def online_run(roots, user, django_capture_on_commit_callbacks):
 
 
 def summary_of(run) -> dict:
-    return selectors.run_summary(selectors.run_list().get(pk=run.pk))
+    return run_summary(selectors.run_list().get(pk=run.pk))
 
 
 def supply_report() -> dict:

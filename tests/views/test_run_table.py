@@ -132,14 +132,15 @@ def test_run_page_lists_every_setting(client, user, roots):
 
 
 def test_the_lists_sql_status_agrees_with_run_status_for_every_mix_of_stage_statuses(user, roots):
-    """The status a list filters and sorts by (SQL) is the one each row shows (selectors.run_status),
+    """The status a list filters and sorts by (SQL) is the one each row shows (runs.pipeline.status.run_status),
     for every set of statuses a run's stages can hold (the rules look at which are present)."""
     from itertools import combinations
 
     from runs.models import PipelineRun
     from runs.pipeline.lifecycle.stages import STAGES
     from runs.tracking.run_table import with_columns
-    from runs.pipeline.selectors import run_rows, run_status
+    from runs.pipeline.selectors import run_rows
+    from runs.pipeline.status.run_status import run_status
 
     run = launch(roots, user)
     statuses = list(StageStatus)

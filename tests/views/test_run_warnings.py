@@ -4,6 +4,7 @@ import json
 import pytest
 
 from runs.pipeline import selectors, services
+from runs.pipeline.status.run_summary import run_summary
 from runs.models import Evaluation, Preparation, StageStatus, TrainingRun
 from runs.pipeline.launch.run_config import RunConfig
 
@@ -28,7 +29,7 @@ def run(tmp_path, settings, user, django_capture_on_commit_callbacks):
 def test_a_clean_run_shows_no_warning(run, client, user):
     Preparation.objects.filter(run=run).update(status=StageStatus.SUCCEEDED, num_excluded=0, num_turns_dropped=0,
                                                num_truncated_rows=0, truncated_loss_tokens=0, num_without_assistant=0)
-    summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))
+    summary = run_summary(selectors.run_list().get(pk=run.pk))
     assert all(stage["warnings"] == [] for stage in summary["stages"])
 
 
@@ -39,7 +40,7 @@ def test_truncated_rows_and_untrained_tokens_are_warnings_on_the_page_and_in_the
                                                loss_tokens_trained=900, split={"by": "row", "seed": 0})
     Evaluation.objects.filter(run=run).update(status=StageStatus.SUCCEEDED, tau=1.5, output_matches_greedy=False,
                                               mismatched_prompts=[4])
-    summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))
+    summary = run_summary(selectors.run_list().get(pk=run.pk))
     stages = {s["name"]: s for s in summary["stages"]}
     assert stages["prepare"]["warnings"] == [
         "2 conversation(s) excluded by curation",
@@ -64,7 +65,7 @@ def test_truncated_rows_and_untrained_tokens_are_warnings_on_the_page_and_in_the
 
 def test_a_resumed_training_says_from_which_step(run, client, user):
     TrainingRun.objects.filter(run=run).update(status=StageStatus.SUCCEEDED, resumed_from_step=1200)
-    summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))
+    summary = run_summary(selectors.run_list().get(pk=run.pk))
     train = next(s for s in summary["stages"] if s["name"] == "train")
     assert train["resumed_from_step"] == 1200
     assert train["warnings"] == ["resumed from step 1,200 after a lost or cancelled attempt: the curve and "
@@ -88,7 +89,7 @@ def test_how_a_training_ran_and_where_its_time_went_reach_the_page_and_the_summa
                          time_split_s={"data": 0.09, "copies": 0.03, "forward": 25.63, "backward": 14.0,
                                        "optimizer": 0.13})
     training_record(record_id=training.pk, result=result, log_tail="")
-    summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))
+    summary = run_summary(selectors.run_list().get(pk=run.pk))
     train = next(s for s in summary["stages"] if s["name"] == "train")
     assert train["step_config"] == "attention flex, loss fused, compute bfloat16"
     assert train["time_split_s"]["forward"] == 25.63

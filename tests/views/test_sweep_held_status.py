@@ -6,6 +6,8 @@ import pytest
 from runs.api import tokens
 from runs.models import PipelineRun, SweepRun
 from runs.pipeline import selectors as run_selectors
+from runs.pipeline.status.run_status import run_status, run_status_reason
+from runs.pipeline.status.run_summary import run_summary
 from runs.pipeline import services as run_services
 from runs.pipeline.launch.run_config import RunConfig
 from runs.sweeps.services import sweep_launch
@@ -35,17 +37,17 @@ def bearer(user) -> dict:
 def test_run_status_says_held_and_why(ids):
     first, second, _ = ids
     runs = {run.pk: run for run in run_selectors.run_rows().filter(pk__in=ids)}
-    assert [run_selectors.run_status(runs[pk]) for pk in ids] == ["queued", "held", "held"]
-    assert run_selectors.run_status_reason(runs[second]) == REASON
-    assert run_selectors.run_status_reason(runs[first]) == ""
-    summary = run_selectors.run_summary(run_selectors.run_get(pk=second))
+    assert [run_status(runs[pk]) for pk in ids] == ["queued", "held", "held"]
+    assert run_status_reason(runs[second]) == REASON
+    assert run_status_reason(runs[first]) == ""
+    summary = run_summary(run_selectors.run_get(pk=second))
     assert summary["status"] == "held" and summary["status_reason"] == REASON
 
 
 def test_a_held_run_cancelled_is_cancelled_not_held(user, ids):
     run_services.run_cancel(run=PipelineRun.objects.get(pk=ids[1]), user=user)
     run = run_selectors.run_get(pk=ids[1])
-    assert run_selectors.run_status(run) == "cancelled" and run_selectors.run_status_reason(run) == ""
+    assert run_status(run) == "cancelled" and run_status_reason(run) == ""
 
 
 def test_the_runs_list_shows_held_with_its_reason(client, user, ids):

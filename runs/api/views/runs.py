@@ -22,6 +22,7 @@ from runs.api.bodies.serializers import (CopySerializer, EmptySerializer, Extern
 from runs.pipeline.status import changes
 from runs.pipeline.online import services as online_services
 from runs.pipeline import selectors, services
+from runs.pipeline.status.run_summary import run_summary
 from runs.pipeline.status.live_summary import run_live_summary
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.projects import access
@@ -150,7 +151,7 @@ class RunStatus(ApiView):
             if part == "live":
                 summary = run_live_summary(run, state_version=counters.state_changes)
             else:
-                summary = {**selectors.run_summary(run), "state_version": counters.state_changes}
+                summary = {**run_summary(run), "state_version": counters.state_changes}
             running = any(stage["status"] == StageStatus.RUNNING for stage in summary["stages"])
             return live.json_bytes(summary), live.RUNNING_SECONDS if running else live.SETTLED_SECONDS
 
@@ -233,7 +234,7 @@ class RunStages(ApiView):
 
     def get(self, request, pk: int):
         """The run's five stages (prepare, extract, vocab, train, evaluate) as the run summary has them."""
-        summary = selectors.run_summary(selectors.run_get(pk=pk, user=request.user))
+        summary = run_summary(selectors.run_get(pk=pk, user=request.user))
         return Response({"run": pk, "status": summary["status"], "stages": summary["stages"]})
 
 
@@ -242,7 +243,7 @@ class RunAttempts(ApiView):
 
     def get(self, request, pk: int):
         """Every attempt at the run's stages: which worker, how it ended (a lost worker's stage is tried again)."""
-        summary = selectors.run_summary(selectors.run_get(pk=pk, user=request.user))
+        summary = run_summary(selectors.run_get(pk=pk, user=request.user))
         return Response({"run": pk, "attempts": summary["attempts"]})
 
 

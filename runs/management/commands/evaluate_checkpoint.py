@@ -7,7 +7,7 @@ from pathlib import Path
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.pipeline import selectors
+from runs.pipeline.status.run_summary import evaluation_dict
 from runs.checkpoints.imports import checkpoint_import
 from runs.checkpoints.evaluation import evaluation_request
 from runs.management.command_user import command_user
@@ -61,7 +61,7 @@ class Command(BaseCommand):
         stage_execute(stage_name="evaluate", record_id=evaluation.pk, worker="cli")
         evaluation = Evaluation.objects.select_related("checkpoint").get(pk=evaluation.pk)
         summary = {"evaluation_id": evaluation.pk, "checkpoint_path": ckpt.path,
-                   **selectors.evaluation_dict(evaluation, ckpt.simulated_tau), "error": evaluation.error}
+                   **evaluation_dict(evaluation, ckpt.simulated_tau), "error": evaluation.error}
         if as_json:
             self.stdout.write(json.dumps(summary))
         elif evaluation.status == StageStatus.SUCCEEDED:

@@ -9,6 +9,8 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.pipeline import selectors, services
+from runs.pipeline.status.run_status import run_is_finished
+from runs.pipeline.status.run_summary import run_summary
 from runs.management.command_user import command_user
 from runs.pipeline.models import PipelineRun
 from runs.pipeline.lifecycle.stage_record import StageStatus
@@ -180,7 +182,7 @@ class Command(BaseCommand):
             pipeline_run_inline(run_id=run.pk)
         elif opts["wait"]:
             self._wait(run, opts["timeout"])
-        summary = selectors.run_summary(selectors.run_list().get(pk=run.pk))  # as the stages left it
+        summary = run_summary(selectors.run_list().get(pk=run.pk))  # as the stages left it
         if opts["json"]:
             self.stdout.write(json.dumps(summary))
         else:
@@ -194,7 +196,7 @@ class Command(BaseCommand):
     def _wait(self, run: PipelineRun, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if selectors.run_is_finished(selectors.run_list().get(pk=run.pk)):
+            if run_is_finished(selectors.run_list().get(pk=run.pk)):
                 return
             time.sleep(1.0)
 

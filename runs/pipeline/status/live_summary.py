@@ -11,7 +11,8 @@ from __future__ import annotations
 from runs.pipeline.models import PipelineRun
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.pipeline.status.glance import run_glance
-from runs.pipeline.selectors import _stage_dict, run_is_finished, run_stages, run_status
+from runs.pipeline.status.run_status import run_is_finished, run_stages, run_status
+from runs.pipeline.status.run_summary import stage_dict
 
 # A stage's fields a progress report moves (runs.pipeline.status.changes.PROGRESS_FIELDS, with what derives from
 # them); every other field moves the state counter, which brings the whole summary.
@@ -24,7 +25,7 @@ GLANCE_OF_STATE = ("best_tau", "best_provisional", "warnings")
 def run_live_summary(run: PipelineRun, *, state_version: int) -> dict:
     """`run` from run_get (its stages joined). A running stage's log tail comes along; a stage not running
     cannot change its log without moving the state counter."""
-    stages = [_stage_dict(name, label, record) for name, label, record in run_stages(run)]
+    stages = [stage_dict(name, label, record) for name, label, record in run_stages(run)]
     glance = run_glance(stages=stages, training_run_id=run.training_run.pk, best=None, run=run)
     for key in GLANCE_OF_STATE:
         del glance[key]

@@ -275,6 +275,7 @@ def test_the_run_page_and_summary_show_how_many_conversations_were_kept_out(chat
     """Through the service the train task calls as soon as the split is made (on_split)."""
     from runs.models import StageStatus, TrainingRun
     from runs.pipeline import selectors
+    from runs.pipeline.status.run_summary import run_summary
     from runs.pipeline.lifecycle.stage_services import training_split_record
 
     facts = chats["facts"]
@@ -286,7 +287,7 @@ def test_the_run_page_and_summary_show_how_many_conversations_were_kept_out(chat
     with django_capture_on_commit_callbacks(execute=True):  # the page's cache counts the writes on commit
         TrainingRun.objects.filter(pk=training.pk).update(status=StageStatus.RUNNING)
         training_split_record(training_run_id=training.pk, split=info.as_dict())
-    summary = selectors.run_summary(selectors.run_list().get(pk=launched_run.pk))  # what run_pipeline --json prints
+    summary = run_summary(selectors.run_list().get(pk=launched_run.pk))  # what run_pipeline --json prints
     train = next(s for s in summary["stages"] if s["name"] == "train")
     assert train["split"]["held_out_duplicates_removed"] == CONVERSATIONS_SHARING
     assert json.loads(json.dumps(summary))["training"]["split"]["held_out_duplicates_removed"] == CONVERSATIONS_SHARING
