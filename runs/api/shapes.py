@@ -26,19 +26,17 @@ def api_url(request, name: str, *args) -> str:
 
 
 def run_row(run, request) -> dict:
-    """A row of the runs list: what the list's page shows of it (runs.tracking.run_table)."""
-    duration = getattr(run, "duration", None)
-    training = getattr(run, "training_run", None)
+    """A row of the runs list (runs.tracking.run_table.ListedRun): what the list's page shows of it."""
+    duration = run.duration
     return {
         "id": run.pk, "name": str(run), "status": run.status,
-        "status_reason": getattr(run, "status_reason", "") or None,  # "held: its sweep runs at most 2 at once"
-        "owner": _user(run.owner),
-        "external": run.external, "target": run.target.name if run.target_id else None,
-        "dataset": run.dataset.name if run.dataset_id else None, "created_at": _iso(run.created_at),
+        "status_reason": run.status_reason or None,  # "held: its sweep runs at most 2 at once"
+        "owner": run.owner_name,
+        "external": run.external, "target": run.target_name, "dataset": run.dataset_name,
+        "created_at": _iso(run.created_at),
         "duration_seconds": round(duration.total_seconds(), 1) if duration is not None else None,
-        "epochs": training.epochs if training else None, "best_epoch": training.best_epoch if training else None,
-        "best_val_loss": getattr(run, "best_val_loss", None), "tau": run.shown_tau,
-        "tags": [tag.name for tag in run.tags.all()], "project": run.project.name, "archived": run.archived,
+        "epochs": run.epochs, "best_epoch": run.best_epoch, "best_val_loss": run.best_val_loss, "tau": run.shown_tau,
+        "tags": run.tags, "project": run.project_name, "archived": run.archived,
         "url": api_url(request, "run_detail", run.pk), "page_url": request.build_absolute_uri(run.get_absolute_url()),
     }
 

@@ -11,6 +11,16 @@ from runs.pipeline.lifecycle.stage_record import StageRecord, StageStatus
 from runs.projects.models import default_project_pk
 
 
+def shown_tau_of(*, external: bool, best_tau: float | None, evaluated_tau: float | None,
+                 evaluation_status: str | None) -> float | None:
+    """PipelineRun.shown_tau from its parts, for rows read as values (runs.tracking.run_table.listed_runs)."""
+    if external:
+        return None
+    if best_tau is not None:
+        return best_tau
+    return evaluated_tau if evaluation_status == "succeeded" else None
+
+
 class PipelineRun(models.Model):
     """One launch: prepare -> extract -> vocab -> train, each stage a row of its own.
 
@@ -68,13 +78,11 @@ class PipelineRun(models.Model):
         """The τ the run is known by in lists, sweeps, compare and the API: its best checkpoint's once its rule
         decided (runs.pipeline.best keeps it on the training), else what its evaluate stage measured (the
         trainer's choice); None before that, and for a run trained elsewhere (it reports no τ of ours)."""
-        if self.external:
-            return None
         training = getattr(self, "training_run", None)
-        if training is not None and training.best_tau is not None:
-            return training.best_tau
         evaluation = getattr(self, "evaluation", None)
-        return evaluation.tau if evaluation is not None and evaluation.status == "succeeded" else None
+        return shown_tau_of(external=self.external, best_tau=training.best_tau if training is not None else None,
+                            evaluated_tau=evaluation.tau if evaluation is not None else None,
+                            evaluation_status=evaluation.status if evaluation is not None else None)
 
 
 class PendingEnqueue(models.Model):

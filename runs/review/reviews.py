@@ -47,15 +47,19 @@ def review_add(*, user: AbstractBaseUser, subject: Model, decision: str, text: s
     return Review.objects.create(author=user, decision=decision, text=text, **{field: subject})
 
 
-def review_states(*, subjects: Sequence[Model]) -> dict[int, Review]:
+def review_states(*, subjects: Sequence[Model] = (), kind: str = "", ids: Sequence[int] = ()) -> dict[int, Review]:
     """Each subject's latest approval or change request, by the subject's id, in one query whatever
-    the number of subjects: a list page asks once for all its rows, never once per row."""
-    if not subjects:
+    the number of subjects: a list page asks once for all its rows, never once per row. The subjects as
+    models, or as their kind (a key of SUBJECTS) and ids (the runs list's rows are values)."""
+    if subjects:
+        kind = next(name for name, model in SUBJECTS.items() if isinstance(subjects[0], model))
+        ids = [s.pk for s in subjects]
+    if not ids:
         return {}
-    field = next(name for name, model in SUBJECTS.items() if isinstance(subjects[0], model))
+    field = kind
     decisions = Review.objects.exclude(decision=Review.Decision.COMMENT)
     latest = decisions.filter(**{field: OuterRef(field)}).order_by("-created_at", "-id").values("id")[:1]
-    rows = decisions.filter(**{f"{field}__in": [s.pk for s in subjects]}, id=Subquery(latest))
+    rows = decisions.filter(**{f"{field}__in": list(ids)}, id=Subquery(latest))
     return {getattr(r, f"{field}_id"): r for r in rows.select_related("author")}
 
 

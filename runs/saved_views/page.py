@@ -7,12 +7,14 @@ from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils.safestring import mark_safe
 
 from runs.pipeline.status import changes
 from runs.projects import access
 from runs.review import reviews
 from runs.saved_views import selectors as view_selectors
+from runs.saved_views import table_rows
 from runs.tracking import comparison, run_table
 from runs import live
 
@@ -24,7 +26,7 @@ RUN_TABLE_SECONDS = 30
 def _run_table_html(*, filters: run_table.RunFilters, params: QueryDict, visible: list[int] | None) -> str:
     page, total = run_table.run_table(filters=filters, visible=visible)
     runs = list(page.object_list)
-    states = reviews.review_states(subjects=runs)
+    states = reviews.review_states(kind="run", ids=[run.pk for run in runs]) if "review" in filters.columns else {}
     rows = [(run, run.status, states.get(run.pk), run_table.duration_text(run.duration)) for run in runs]
     query = params.copy()
     query.pop("page", None)
@@ -39,7 +41,8 @@ def _run_table_html(*, filters: run_table.RunFilters, params: QueryDict, visible
                         "state": state})
     # No request: nothing of the viewer's may enter what every viewer of these projects is shown.
     return render_to_string("runs/tracking/_run_table.html", {
-        "rows": rows, "page": page, "total": total, "filters": filters, "query": query.urlencode(), "columns": columns,
+        "rows": rows, "body": table_rows.rows_html(rows, columns=filters.columns, launch_url=reverse("runs:run_launch")),
+        "page": page, "total": total, "filters": filters, "query": query.urlencode(), "columns": columns,
         "shown": set(filters.columns), "compare_max": comparison.MAX_COMPARED})
 
 

@@ -2,6 +2,8 @@
 the CLI and the runs list's SQL (runs.tracking.run_table) all follow these rules."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from runs.pipeline.models import PipelineRun
 from runs.pipeline.lifecycle.stage_record import StageRecord, StageStatus
 from runs.pipeline.lifecycle.stages import STAGES
@@ -42,13 +44,20 @@ def _sweep_entry(run: PipelineRun):
 def run_status(run: PipelineRun) -> str:
     """One word for the whole run, derived from its stages (and, for a sweep's run not yet handed to the
     queues, its sweep: RUN_HELD). The pages, the API and the CLI all read it from here."""
-    statuses = [record.status for _, _, record in run_stages(run)]
+    def held() -> bool:  # asked only of a queued run: the sweep entry may cost a query where it is not joined
+        entry = _sweep_entry(run)
+        return entry is not None and entry.released_at is None
+
+    return status_of([record.status for _, _, record in run_stages(run)], external=run.external, held=held)
+
+
+def status_of(statuses: list[str], *, external: bool, held: Callable[[], bool]) -> str:
+    """run_status's rules over the stages' statuses, for rows read as values (runs.tracking.run_table.listed_runs).
+    `held()`: whether the run is a sweep's that its sweep has not handed to the queues yet."""
     for quantifier, status in RUN_STATUS_RULES:
         if quantifier(s == status for s in statuses):
-            if status == StageStatus.QUEUED and not run.external:
-                entry = _sweep_entry(run)
-                if entry is not None and entry.released_at is None:
-                    return RUN_HELD
+            if status == StageStatus.QUEUED and not external and held():
+                return RUN_HELD
             return status
     return RUN_STATUS_OTHERWISE
 
@@ -56,9 +65,13 @@ def run_status(run: PipelineRun) -> str:
 def run_status_reason(run: PipelineRun, status: str | None = None) -> str:
     """Why the run waits, in words ("held: its sweep runs at most 2 at once"); "" when there is nothing to
     say. `status` when the caller has it already (run_status's)."""
-    if (status or run_status(run)) != RUN_HELD:
-        return ""
-    return f"{RUN_HELD}: its sweep runs at most {_sweep_entry(run).sweep.parallel} at once"
+    status = status or run_status(run)
+    return status_reason_of(status, sweep_parallel=_sweep_entry(run).sweep.parallel if status == RUN_HELD else None)
+
+
+def status_reason_of(status: str, *, sweep_parallel: int | None) -> str:
+    """run_status_reason's words, from the status and the holding sweep's `parallel`."""
+    return f"{RUN_HELD}: its sweep runs at most {sweep_parallel} at once" if status == RUN_HELD else ""
 
 
 def run_is_finished(run: PipelineRun) -> bool:
