@@ -237,15 +237,15 @@
   }
 
   function withLivePart(live) {
-    // A live part (runs.pipeline.status.live_summary): the running stage's progress and log, the header's latest
-    // figures; the rest of the summary held stays as it is until the run's state moves.
+    // A live part (runs.pipeline.status.live_summary): the running stages' duration, progress and log, the
+    // header's moving figures; the rest of the summary held stays as it is until the run's state moves.
     for (const part of live.stages) {
       const stage = shown.stages.find((s) => s.name === part.name);
-      if (stage) Object.assign(stage, part);
+      if (!stage) continue;
+      Object.assign(stage, part);
+      stage.progress = part.progress_total ? Math.min(1, part.progress_done / part.progress_total) : 0;
     }
     Object.assign(shown.glance, live.glance);
-    shown.status = live.status;
-    shown.finished = live.finished;
     return shown;
   }
 

@@ -148,11 +148,12 @@ class RunStatus(ApiView):
 
         def build():
             run = selectors.run_get(pk=pk, user=request.user)
-            if part == "live":
+            if part == "live":  # it holds the running stages alone
                 summary = run_live_summary(run, state_version=counters.state_changes)
+                running = bool(summary["stages"])
             else:
                 summary = {**run_summary(run), "state_version": counters.state_changes}
-            running = any(stage["status"] == StageStatus.RUNNING for stage in summary["stages"])
+                running = any(stage["status"] == StageStatus.RUNNING for stage in summary["stages"])
             return live.json_bytes(summary), live.RUNNING_SECONDS if running else live.SETTLED_SECONDS
 
         return live.json_answer(tag=tag, body=live.cached((part, pk, counters.changes), build))
