@@ -1,8 +1,9 @@
 """The run page as a browser keeps it open, for bench/load.py --viewers N (imported by it).
 
 Each viewer does what the page's scripts do, at the intervals read from those scripts themselves:
-- static/js/run_detail.js polls the run's status, waiting its interval after each answer: the whole summary
-  first, then `?since=<its state_version>` (the live part while the run's state stands still);
+- static/js/run_detail.js polls the run's status, waiting its interval after each answer, with `?since=<the
+  state_version it holds>` (the live part while the run's state stands still): the page's own summary's
+  first (templates/runs/pipeline/_run_body.html brings it), then that of each whole summary it gets;
 - static/js/curves.js polls the curves since the last step it holds (`?start=S&points=2000`), and
   reads the whole curves again (`?points=2000`) when its last whole read is older than its refresh;
 - static/js/live_fetch.js sends each poll's If-None-Match: the ETag of its loop's last answer from
@@ -90,11 +91,13 @@ class Viewer:
         return status, body
 
     def _load_page(self) -> None:
-        self._get("run_page", f"/runs/{self.run_id}/")
+        status, body = self._get("run_page", f"/runs/{self.run_id}/")
         self.etags.clear()
         self.last_steps.clear()
         self.last_refresh = 0.0
-        self.state_version = None
+        # As run_detail.js: the page brings its summary (its state_version), so the first poll asks since then.
+        held = re.search(rb'"state_version": (\d+)', body) if status == 200 else None
+        self.state_version = int(held[1]) if held else None
 
     def _poll_status(self) -> None:
         # As run_detail.js: once it holds a whole summary, what moved since its state (the live part).

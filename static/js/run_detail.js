@@ -226,7 +226,10 @@
       el("tbody", {}, rows)));
   }
 
-  let shown = null, shownAt = 0;  // the last summary drawn, and when it came
+  // The last summary drawn, and when it came. The page brings the summary as of the run's state, so the first
+  // poll asks for what moved since (the live part) instead of the whole summary again.
+  const embedded = document.getElementById("run-summary-data");
+  let shown = embedded ? JSON.parse(embedded.textContent) : null, shownAt = Date.now();
   function tickRunning() {
     // Nothing changed (304): only a running stage's duration moves, counted on from the last summary.
     for (const stage of shown ? shown.stages : []) {

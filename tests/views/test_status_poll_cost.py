@@ -4,6 +4,8 @@ real views, signed in, with the workers' own write paths committed (transactiona
 production."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.core.cache import cache
 from django.db import connection
@@ -99,3 +101,22 @@ def test_a_status_poll_while_only_progress_and_points_moved_is_small_and_carries
     # Nothing moved since: 304, no body.
     assert viewer.get(since, HTTP_IF_NONE_MATCH=moved["ETag"]).status_code == 304
 
+
+def test_the_run_page_is_not_built_again_while_only_progress_and_points_move(viewer, user, roots):
+    run, record = _training(user, roots, checkpoints=2, series=12, attempts=1)
+    page = viewer.get(f"/runs/{run.pk}/")
+    held = json.loads(page.content.decode().split('<script id="run-summary-data" type="application/json">')[1]
+                      .split("</script>")[0])
+    assert held["state_version"] == _whole(viewer, run)["state_version"] and len(held["checkpoints"]) == 2
+    stage_progress(stage_name="train", record_id=record.pk, done=21, total=400, log_tail="step 21")
+    metrics_record(training_run_id=record.pk, points=[{"split": "train", "key": "loss_0", "step": 21, "epoch": 0.21,
+                                                      "value": 0.125}])
+    # Neither the summary nor the page's body is built again: the page is the one built for this state.
+    with CaptureQueriesContext(connection) as queries:
+        again = viewer.get(f"/runs/{run.pk}/")
+    assert again.status_code == 200 and "runs/pipeline/_run_body.html" not in [t.name for t in again.templates]
+    assert not any("runs_checkpoint" in query["sql"] for query in queries.captured_queries)
+    assert str(again.context["body"]) in page.content.decode()
+    # The page's script brings it up to date with its first poll: the live part since the page's state.
+    live = viewer.get(f"/api/v1/runs/{run.pk}/status/?since={held['state_version']}").json()
+    assert live["live"] and live["stages"][0]["progress_done"] == 21 and live["glance"]["latest"]["step"] == 21
