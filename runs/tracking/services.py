@@ -86,7 +86,23 @@ def _chunks_write(*, created: list[MetricChunk], merging: dict) -> None:
             tail = len(pieces[-1]) if pieces and len(pieces[-1]) < CHUNK_POINTS else 0
             series.open_points, series.open_chunks = tail, int(tail > 0)
     if created:
-        MetricChunk.objects.bulk_create(created)
+        _chunks_insert(created)
+
+
+def _chunks_insert(chunks: list[MetricChunk]) -> None:
+    """New chunks in one statement. On PostgreSQL by binary COPY: the arrays travel as they are, where an INSERT
+    sent each as hex text inside the query (twice the bytes, parsed back by the server: 1.2-1.4 against
+    0.55-0.65 ms for a 1,000-point chunk; issue 40); elsewhere (SQLite, the demo) bulk_create."""
+    if connection.vendor != "postgresql":
+        MetricChunk.objects.bulk_create(chunks)
+        return
+    fields = [f for f in MetricChunk._meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(f'"{f.column}"' for f in fields)
+    with connection.cursor() as cursor, cursor.copy(
+            f'COPY "{MetricChunk._meta.db_table}" ({columns}) FROM STDIN (FORMAT BINARY)') as copy:
+        copy.set_types([f.db_type(connection) for f in fields])
+        for chunk in chunks:
+            copy.write_row([getattr(chunk, f.attname) for f in fields])
 
 
 def _chunk_fields(points: Points) -> dict:
@@ -156,12 +172,15 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
     series locked in one read, the new chunks in one insert, the summaries in one update, the run's
     change counters bumped once after commit. A loss series' first non-finite value is found in the
     batch's own arrays, and only then are the run's loss_nan rules asked (runs.alerts.events)."""
-    for p in points:
-        if not is_metric_name(p["key"]):
-            raise InputError(f"metric key {metric_name_shown(p['key'])} is not a metric name ({RULE})")
     by_series: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    named: set[str] = set()  # each key checked once, not at every point
     for p in points:
-        by_series[(str(p["split"]), str(p["key"]))].append(p)
+        key = p["key"]
+        if type(key) is not str or key not in named:
+            if not is_metric_name(key):
+                raise InputError(f"metric key {metric_name_shown(key)} is not a metric name ({RULE})")
+            named.add(key)
+        by_series[(str(p["split"]), key)].append(p)
     if not by_series:
         return 0
     series_of = _series_locked(training_run_id=training_run_id, names=list(by_series))

@@ -23,7 +23,9 @@ readers read the counter before the rows, so the worst they do is file newer row
 count, which the bump then retires; and no transaction holds a run's row while it waits for another
 lock (a worker failing a stage while a user cancels the run would otherwise deadlock). A bump that
 fails after its commit is logged and lost: pages miss that write until the run's next one or until
-the cached answers expire (runs.live: seconds for a running run, an hour otherwise).
+the cached answers expire (runs.live: seconds for a running run, an hour otherwise). A bump is
+committed without waiting for the disk (CounterBump), so a crash of PostgreSQL itself may lose the
+last ones the same way.
 """
 from __future__ import annotations
 
@@ -55,8 +57,21 @@ class CounterBump:
     counters: tuple[str, ...]
 
     def __call__(self) -> None:
-        _model("PipelineRun").objects.filter(**dict(self.run_filter)).update(
-            **{name: F(name) + 1 for name in self.counters})
+        runs = _model("PipelineRun").objects.filter(**dict(self.run_filter))
+        if connection.vendor != "postgresql" or connection.in_atomic_block:
+            runs.update(**{name: F(name) + 1 for name in self.counters})
+            return
+        # Committed without waiting for the disk (synchronous_commit off, for this statement's own transaction:
+        # two statements in one query run as one). Waiting flushed the WAL a second time per batch of points,
+        # 0.6 to 2.9 ms against 0.15 to 0.35 without (issue 40). A crash of PostgreSQL may lose the last such
+        # bumps, as a bump that fails is lost (this module's docstring): the next durable commit, a batch of
+        # points included, writes out every one before it.
+        ids, params = runs.values("pk").query.sql_with_params()
+        table = _model("PipelineRun")._meta.db_table
+        counted = ", ".join(f'"{name}" = "{name}" + 1' for name in self.counters)
+        with connection.cursor() as cursor:
+            cursor.execute(f'SET LOCAL synchronous_commit TO OFF; UPDATE "{table}" SET {counted} WHERE "id" IN ({ids})',
+                           params)
 
 
 def _bump(counters: tuple[str, ...], **run_filter) -> None:
