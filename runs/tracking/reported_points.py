@@ -22,7 +22,8 @@ from runs.tracking.models import MetricChunk, MetricSeries
 from runs.pipeline.status.changes import curves_changed
 from runs.tracking.chunks import CHUNK_POINTS, Points, split_chunks, unpack
 from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
-from runs.tracking.services import _append, _chunk_fields, _chunks_write, _columns, _points_of, _summary_rebuild, _summary_update
+from runs.tracking.services import (_append, _chunk_fields, _chunks_insert, _chunks_write, _columns, _points_of,
+                                    _series_locked, _summaries_write, _summary_rebuild, _summary_update)
 from workers.contract.errors import InputError
 
 MAX_POINTS = 10_000
@@ -134,33 +135,40 @@ def _rewrite_from(series: MetricSeries, new: Points) -> tuple[int, int, int]:
     order = np.argsort(merged.steps, kind="stable")
     merged = merged.take(order)
     MetricChunk.objects.filter(pk__in=[c.pk for c in chunks]).delete()
-    MetricChunk.objects.bulk_create([MetricChunk(series=series, **_chunk_fields(p)) for p in split_chunks(merged, 0)])
+    _chunks_insert([MetricChunk(series=series, **_chunk_fields(p)) for p in split_chunks(merged, 0)])
     _summary_rebuild(series)  # recounts the open chunks and every summary field from what is stored
     return accepted, unchanged, replaced
 
 
 @transaction.atomic
 def points_report(*, training_run_id: int, points: list[dict]) -> PointCounts:
-    """Store a checked batch (points_check) on a training's curves, idempotent by step."""
+    """Store a checked batch (points_check) on a training's curves, idempotent by step.
+
+    Points after their series' last step (a client's every batch but a resent one) cost what the workers'
+    write path costs, a fixed number of queries whatever the series (tests/curves/test_write_queries.py):
+    the series locked in one read, their new chunks in one insert, their summaries in one update. A series
+    with a point at or before its last step is rewritten on its own (_rewrite_from)."""
     by_series: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for p in points:
         by_series[(p["split"], p["key"])].append(p)
+    series_of = _series_locked(training_run_id=training_run_id, names=list(by_series))
     now = time.time()
     accepted = unchanged = replaced = 0
-    for (split, key), rows in sorted(by_series.items()):
-        MetricSeries.objects.get_or_create(training_run_id=training_run_id, split=split, key=key)
-        series = MetricSeries.objects.select_for_update().get(training_run_id=training_run_id, split=split, key=key)
+    appended, created, merging = [], [], {}
+    for name, rows in sorted(by_series.items()):
+        series = series_of[name]
         new = _points_of(rows, now)  # points_check let no step twice into a batch
         if series.last_step is None or int(new.steps[0]) > series.last_step:
-            created, merging = [], {}  # one series at a time here: its chunks are written before the next is read
             _append(series, new, created=created, merging=merging)
-            _chunks_write(created=created, merging=merging)
             _summary_update(series, new)
-            series.save()
+            appended.append(series)
             accepted += len(new)
             continue
         added, same, changed = _rewrite_from(series, new)
         accepted, unchanged, replaced = accepted + added, unchanged + same, replaced + changed
+    _chunks_write(created=created, merging=merging)
+    if appended:
+        _summaries_write(appended)
     if accepted or replaced:
         curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.status.changes)
     return PointCounts(accepted=accepted, unchanged=unchanged, replaced=replaced)

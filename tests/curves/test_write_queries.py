@@ -1,7 +1,8 @@
 """The tracker's hot paths ask the database a fixed number of questions whatever the number of series,
 rules or runs (issue 40): a batch of points (runs.tracking.services.metrics_record, its change counters
-and its alert check included), a curve read and the live status poll. 1 series and 20 cost the same,
-so a query per series (or per rule) fails here. Transactional: the counters' bump runs after commit, as
+and its alert check included; and a batch a client posts to the API), a curve read and the live status
+poll. 1 series and 20 cost the same, no rules and six the same, one run and eleven the same, so a query
+per series, per rule or per run fails here. Transactional: the counters' bump runs after commit, as
 in production, and is counted. The runs list's count is pinned in tests/views/test_list_queries.py and
 test_projects_and_views.py."""
 from __future__ import annotations
@@ -18,6 +19,7 @@ from runs.alerts.models import Alert
 from runs.alerts.services import RuleInput
 from runs.models import MetricChunk, MetricSeries, PipelineRun
 from runs.pipeline import services
+from runs.pipeline.launch.external import external_run_create
 from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.chunks import CHUNK_POINTS
 from runs.tracking.services import metrics_record
@@ -76,6 +78,45 @@ def test_a_batch_of_points_costs_the_same_queries_for_1_series_and_20_with_rules
     run = PipelineRun.objects.get(training_run__pk=many)
     assert run.curve_changes == 3  # once per batch, not once per series
     assert not Alert.objects.exists()
+
+
+def test_a_batch_of_1000_points_costs_the_same_queries_without_rules_and_with_six_and_among_eleven_runs(user, roots):
+    bare = _run(user, roots, "no rules").training_run.pk
+    keys = [f"loss_{i}" for i in range(5)]
+    metrics_record(training_run_id=bare, points=_batch(keys, [1]))
+    alone = _queries(training_run_id=bare, points=_batch(keys, range(2, 202)))  # 1,000 points, 5 series
+    # Six rules of the run's owner, ten more runs with curves of their own, and the same batch again.
+    for _ in range(3):
+        alert_services.rule_create(user=user, data=RuleInput(event="loss_nan"))
+        alert_services.rule_create(user=user, data=RuleInput(event="tau_below", threshold=2.0))
+    for i in range(10):
+        beside = _run(user, roots, f"beside {i}").training_run.pk
+        metrics_record(training_run_id=beside, points=_batch(keys, range(1, 202)))
+    among = _queries(training_run_id=bare, points=_batch(keys, range(202, 402)))
+    assert len(alone) == len(among) == BATCH_QUERIES, among
+    assert MetricSeries.objects.get(training_run_id=bare, key="loss_4").num_points == 401
+
+
+def _post_count(client, run_id: int, points: list[dict]) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.post(f"/api/v1/runs/{run_id}/metrics/", {"points": points}, content_type="application/json")
+    assert response.status_code == 200, response.content[:300]
+    assert response.json()["accepted"] == len(points)
+    return len(ctx)
+
+
+def test_a_batch_posted_to_the_api_costs_the_same_queries_for_1_series_and_5(client, user, rules):
+    client.force_login(user)
+    one, five = (external_run_create(user=user, name=name, config={"epochs": 1}) for name in ("one", "five"))
+    keys = [f"loss_{i}" for i in range(5)]
+    first = (_post_count(client, one.pk, _batch(keys[:1], [1, 2])), _post_count(client, five.pk, _batch(keys, [1, 2])))
+    assert first[0] == first[1]
+    steady = (_post_count(client, one.pk, _batch(keys[:1], range(3, 203))),
+              _post_count(client, five.pk, _batch(keys, range(3, 203))))
+    assert steady[0] == steady[1] < first[0]
+    series = MetricSeries.objects.get(training_run__run=five, key="loss_4")
+    assert (series.num_points, series.last_step, series.open_points) == (202, 202, 202)
+    assert PipelineRun.objects.get(pk=five.pk).curve_changes == 2
 
 
 def test_a_loss_going_nan_asks_the_rules_once_whatever_the_series(user, roots, rules):
