@@ -15,7 +15,7 @@ from runs.projects import access
 from runs.review import reviews
 from runs.saved_views import selectors as view_selectors
 from runs.saved_views import table_rows
-from runs.tracking import comparison, run_table
+from runs.tracking import comparison, run_filters, run_table
 from runs import live
 
 # The runs list's table says "3 minutes ago" and how long running runs have run (the page counts those
@@ -23,7 +23,7 @@ from runs import live
 RUN_TABLE_SECONDS = 30
 
 
-def _run_table_html(*, filters: run_table.RunFilters, params: QueryDict, visible: list[int] | None) -> str:
+def _run_table_html(*, filters: run_filters.RunFilters, params: QueryDict, visible: list[int] | None) -> str:
     page, total = run_table.run_table(filters=filters, visible=visible)
     runs = list(page.object_list)
     states = reviews.review_states(kind="run", ids=[run.pk for run in runs]) if "review" in filters.columns else {}
@@ -31,13 +31,13 @@ def _run_table_html(*, filters: run_table.RunFilters, params: QueryDict, visible
     query = params.copy()
     query.pop("page", None)
     columns = []
-    for key, label in run_table.COLUMNS:
+    for key, label in run_filters.COLUMNS:
         if key not in filters.columns:
             continue
         by_column = query.copy()
         by_column["sort"] = filters.sort_link(key)
         state = ("desc" if filters.descending else "asc") if key == filters.sort else ""
-        columns.append({"key": key, "label": label, "href": by_column.urlencode() if key in run_table.SORTS else "",
+        columns.append({"key": key, "label": label, "href": by_column.urlencode() if key in run_filters.SORTS else "",
                         "state": state})
     # No request: nothing of the viewer's may enter what every viewer of these projects is shown.
     return render_to_string("runs/tracking/_run_table.html", {
@@ -62,8 +62,8 @@ def run_list_response(request: HttpRequest, *, params: QueryDict | None = None, 
     if params is None:
         params, view = list_params(request)
     try:
-        filters = run_table.RunFilters.from_query(params)
-    except run_table.RunTableError as exc:
+        filters = run_filters.RunFilters.from_query(params)
+    except run_filters.RunTableError as exc:
         messages.error(request, str(exc))
         return redirect("runs:run_list")
     visible, project_names = access.visible_projects(request.user)
@@ -78,5 +78,5 @@ def run_list_response(request: HttpRequest, *, params: QueryDict | None = None, 
         "table": mark_safe(table), "filters": filters, "choices": choices,  # noqa: S308 - the template engine's
         "projects": project_names,
         "views": list(view_selectors.saved_views_for(user=request.user, visible=visible)), "view": view,
-        "query": query.urlencode(), "settings_text": run_table.settings_text(filters.settings),
+        "query": query.urlencode(), "settings_text": run_filters.settings_text(filters.settings),
         "form_errors": form_errors or {}}, status=status)

@@ -10,7 +10,7 @@ from runs.projects.models import Project, ProjectMember
 from runs.saved_views.models import SavedView
 from runs.projects import access
 from runs.saved_views.models import MAX_VIEW_NAME_CHARS
-from runs.tracking import run_table
+from runs.tracking import run_filters
 from workers.contract.errors import InputError
 
 MAX_VIEWS_PER_USER = 200
@@ -29,17 +29,17 @@ def view_params(params) -> dict[str, str]:
     for key in params:
         if key in ("page", "view"):
             continue
-        if key not in run_table.PARAMS and not key.startswith(run_table.SETTING_PREFIX):
-            raise SavedViewError(f"params: unknown parameter {str(key)[:40]!r} (known: {', '.join(run_table.PARAMS)}, "
-                                 f"{run_table.SETTING_PREFIX}<setting>)", field="params")
+        if key not in run_filters.PARAMS and not key.startswith(run_filters.SETTING_PREFIX):
+            raise SavedViewError(f"params: unknown parameter {str(key)[:40]!r} (known: {', '.join(run_filters.PARAMS)}, "
+                                 f"{run_filters.SETTING_PREFIX}<setting>)", field="params")
         value = ",".join(params.getlist(key)) if hasattr(params, "getlist") else params.get(key)
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise SavedViewError(f"params: {key} must be text or a number", field="params")
         if str(value).strip():
             kept[str(key)] = str(value).strip()
     try:
-        run_table.RunFilters.from_query(kept)
-    except run_table.RunTableError as exc:
+        run_filters.RunFilters.from_query(kept)
+    except run_filters.RunTableError as exc:
         raise SavedViewError(f"params: {exc}", field="params") from None
     return kept
 

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 
 from runs.projects import bulk
 from runs.saved_views import page, selectors, services
-from runs.tracking import run_table
+from runs.tracking import run_filters
 from workers.contract.errors import InputError
 
 MAX_QUERY_CHARS = 4000
@@ -26,8 +26,8 @@ def _refused(request: HttpRequest, exc: InputError, query: QueryDict) -> HttpRes
     field = getattr(exc, "field", None) or "__all__"
     messages.error(request, str(exc))
     try:
-        run_table.RunFilters.from_query(query)
-    except run_table.RunTableError:  # the refused query itself: the list is shown unfiltered under the message
+        run_filters.RunFilters.from_query(query)
+    except run_filters.RunTableError:  # the refused query itself: the list is shown unfiltered under the message
         query = QueryDict()
     return page.run_list_response(request, params=query, status=400, form_errors={field: str(exc)})
 

@@ -24,20 +24,7 @@ from runs.pipeline.lifecycle.stages import STAGES
 from runs.tracking.run_search import searched, setting_match, tagged_run_ids
 from runs.pipeline.status.run_status import (RUN_HELD, RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, status_of,
                                              status_reason_of)
-# The parameters' names, the filters and their refusal: the callers of the list read them here too.
-from runs.tracking.run_filters import (  # noqa: F401
-    ARCHIVED,
-    COLUMN_KEYS,
-    COLUMNS,
-    PARAMS,
-    SETTING_FIELDS,
-    SETTING_PREFIX,
-    SORTS,
-    STATUSES,
-    RunFilters,
-    RunTableError,
-    settings_text,
-)
+from runs.tracking.run_filters import COLUMNS, SETTING_FIELDS, SORTS, STATUSES, RunFilters
 
 PAGE_SIZE = 50
 # The default order, newest first, as the index run_newest keeps it (migration 0024).

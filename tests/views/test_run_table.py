@@ -165,7 +165,7 @@ def test_the_newest_first_fast_path_gives_the_general_querys_pages_and_counts(us
     from django.utils import timezone
 
     from runs.models import PipelineRun, Project
-    from runs.tracking import run_table as table
+    from runs.tracking import run_filters, run_table as table
 
     a, b = Project.objects.create(name="pa"), Project.objects.create(name="pb")
     now = timezone.now()
@@ -193,7 +193,7 @@ def test_the_newest_first_fast_path_gives_the_general_querys_pages_and_counts(us
                 expected = [pk for _, pk in expected]
                 for number in (1, 2, 3, 9):
                     answered.clear()
-                    page, count = table.run_table(filters=table.RunFilters(project=project, archived=archived, page=number),
+                    page, count = table.run_table(filters=run_filters.RunFilters(project=project, archived=archived, page=number),
                                                   visible=visible)
                     # a page past the last asks again for the last: each answer, both ways, must agree
                     assert answered[0][0] and all(fast == general for _, fast, general in answered), \
@@ -201,4 +201,4 @@ def test_the_newest_first_fast_path_gives_the_general_querys_pages_and_counts(us
                     last = max(1, -(-len(expected) // 3))
                     shown = min(number, last)
                     assert count == len(expected) and [r.pk for r in page.object_list] == expected[(shown - 1) * 3:shown * 3]
-    assert not table.run_table(filters=table.RunFilters(project="pb"), visible=[a.pk])[1]  # b's runs hidden
+    assert not table.run_table(filters=run_filters.RunFilters(project="pb"), visible=[a.pk])[1]  # b's runs hidden

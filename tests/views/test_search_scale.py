@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from runs.models import PipelineRun, RunTag
-from runs.tracking import run_search as search, run_table as table
+from runs.tracking import run_filters, run_search as search, run_table as table
 from tests.views import test_run_table
 from tests.views.test_run_table import launch
 
@@ -69,7 +69,7 @@ def test_setting_filters_find_the_runs_with_that_exact_setting(roots, user):
     for settings, expected in (("lr=0.0003", {small, short, long}), ("lr=3e-4", {small, short, long}),
                                ("epochs=3", {large}), ("layer_ids=2,4,6,8", {short}),
                                ("layer_ids=2,4,6,7,8", {long}), ("layer_ids=2,4,6", set()), ("lr=0.001; epochs=3", {large})):
-        filters = table.RunFilters.from_query({"settings": settings})
+        filters = run_filters.RunFilters.from_query({"settings": settings})
         found = {r.pk for r in table.run_table(filters=filters)[0].object_list}
         slow = PipelineRun.objects.all()
         for name, value in filters.settings:
@@ -81,7 +81,7 @@ def test_setting_filters_find_the_runs_with_that_exact_setting(roots, user):
 def test_search_and_settings_read_the_indexes_not_every_row(searchable):
     """With sequential scans priced out, the old OR of subqueries still had to read every row (no index
     serves it); the search's and a setting's filters must come from migration 0033's indexes."""
-    filters = table.RunFilters.from_query({"q": "qwen", "settings": "epochs=2"})
+    filters = run_filters.RunFilters.from_query({"q": "qwen", "settings": "epochs=2"})
     searched = search.searched(PipelineRun.objects.all(), "qwen")
     by_setting = PipelineRun.objects.filter(search.setting_match("epochs", 2))
     with connection.cursor() as cursor:

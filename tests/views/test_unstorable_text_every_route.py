@@ -13,7 +13,7 @@ import pytest
 from django.urls import Resolver404, resolve
 from rest_framework.views import APIView
 
-from runs.tracking import run_table
+from runs.tracking import run_filters
 from tests.views.test_authorization_matrix import ROUTES, World, entry_for, fingerprint
 
 pytestmark = pytest.mark.django_db
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db
 NUL, SURROGATE = "\x00", "\ud800"
 # Besides those a route declares or its sample URL carries: the runs list's filters (the 500s), which
 # any page may be asked with.
-FILTERS = tuple(name for name in run_table.PARAMS if name != "page")
+FILTERS = tuple(name for name in run_filters.PARAMS if name != "page")
 
 
 @pytest.fixture

@@ -27,10 +27,10 @@ from runs.pipeline.status.live_summary import run_live_summary
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.projects import access
 from runs.review import tags as tag_services
-from runs.tracking import curve_api, run_table
+from runs.tracking import curve_api, run_filters, run_table
 from runs import live
 
-LIST_PARAMS = run_table.PARAMS  # and setting.<name>
+LIST_PARAMS = run_filters.PARAMS  # and setting.<name>
 
 
 class RunList(ApiView):
@@ -41,17 +41,17 @@ class RunList(ApiView):
     field_names = launch.BODY_NAMES
     query_params = {"GET": [
         ("q", "string", "search names, targets, datasets, owners, exact tags, or a run id"),
-        ("status", "string", f"one of {', '.join(run_table.STATUSES)} (held: a sweep's run its sweep has not "
-                             "handed to the queues yet; each row's status_reason says why)", run_table.STATUSES),
+        ("status", "string", f"one of {', '.join(run_filters.STATUSES)} (held: a sweep's run its sweep has not "
+                             "handed to the queues yet; each row's status_reason says why)", run_filters.STATUSES),
         ("target", "string", "target name"), ("dataset", "string", "dataset name"),
         ("owner", "string", "owner's username"), ("tag", "string", "a tag"),
         ("project", "string", "a project's name (only the projects you are a member of are ever listed)"),
         ("sweep", "integer", "a sweep's id"), ("tau_min", "number", "τ at least"), ("tau_max", "number", "τ at most"),
-        ("archived", "string", "empty: archived runs left out; with: shown too; only: them alone", run_table.ARCHIVED),
+        ("archived", "string", "empty: archived runs left out; with: shown too; only: them alone", run_filters.ARCHIVED),
         ("settings", "string", "settings the run launched with, `epochs=2; lr=0.0003` (or one parameter each: "
                                "setting.epochs=2)"),
-        ("columns", "string", f"comma-separated, of {', '.join(run_table.COLUMN_KEYS)} (the page's columns)"),
-        ("sort", "string", f"{', '.join(run_table.SORTS)}; '-' first for descending (default -created)"),
+        ("columns", "string", f"comma-separated, of {', '.join(run_filters.COLUMN_KEYS)} (the page's columns)"),
+        ("sort", "string", f"{', '.join(run_filters.SORTS)}; '-' first for descending (default -created)"),
         ("page", "integer", f"from 1; {run_table.PAGE_SIZE} runs a page")]}
     header_params = {"POST": [
         (idempotency.HEADER, "string", "optional, 1-200 characters without control characters (a uuid4): the "
@@ -69,13 +69,13 @@ class RunList(ApiView):
         Unknown parameters are refused (400) rather than ignored: a misspelt filter would otherwise
         answer every run."""
         unknown = sorted(name for name in set(request.query_params) - set(LIST_PARAMS)
-                         if not name.startswith(run_table.SETTING_PREFIX))
+                         if not name.startswith(run_filters.SETTING_PREFIX))
         if unknown:
             raise ApiInputError(f"unknown parameter {unknown[0][:40]!r} (known: {', '.join(LIST_PARAMS)})",
                                 field=unknown[0][:40])
         try:
-            filters = run_table.RunFilters.from_query(request.query_params)
-        except run_table.RunTableError as exc:
+            filters = run_filters.RunFilters.from_query(request.query_params)
+        except run_filters.RunTableError as exc:
             field = next((p for p in LIST_PARAMS if str(exc).startswith(p)), None)
             raise ApiInputError(str(exc), field=field) from None
         page, total = run_table.run_table(filters=filters, visible=access.visible_project_ids(request.user))
