@@ -253,7 +253,7 @@ def regenerated_dataset_name(job: DatasetRegeneration) -> str:
 
 @transaction.atomic
 def regeneration_record(*, record_id: int, result, log_tail: str, started_at=None) -> Dataset:
-    """The worker finished (`result`: workers.stages.regenerate.RegenerateResult): register the file it
+    """The worker finished (`result`: workers.stages.regenerate.base.RegenerateResult): register the file it
     wrote as a Dataset whose lineage is this job, record the counts, and catalogue the new file."""
     from runs.pipeline.jobs.services import dataset_catalogue_request
     from runs.pipeline.lifecycle.result_records import result_columns

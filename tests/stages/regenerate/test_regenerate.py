@@ -174,7 +174,8 @@ def test_a_killed_process_resumes_without_repeating_an_id(talker, tmp_path):
     whole = _run(talker, src, tmp_path / "whole.jsonl")
     out = tmp_path / "out.jsonl"
     partial = Path(str(out) + ".partial")
-    code = ("from pathlib import Path; from workers.stages.regenerate import regenerate, RegenerateSettings; "
+    code = ("from pathlib import Path; from workers.stages.regenerate.base import RegenerateSettings; "
+            "from workers.stages.regenerate.stage import regenerate; "
             f"regenerate(target_dir=Path({str(talker.target_dir)!r}), source_path=Path({str(src)!r}), "
             f"out_path=Path({str(out)!r}), backend='transformers', device='cpu', "
             f"settings=RegenerateSettings(max_new_tokens={MAX_NEW}))")
@@ -272,7 +273,8 @@ def test_check_target_names_what_is_missing(tiny_target, tmp_path):
         regenerate_check_target(no_config)
 
 
-def test_the_package_imports_no_torch():
-    code = "import sys, workers.stages.regenerate; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+def test_the_stage_modules_import_no_torch():
+    code = ("import sys; from workers.stages.regenerate import base, merge, stage, target; "
+            "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
