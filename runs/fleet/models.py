@@ -24,7 +24,8 @@ class Worker(models.Model):
     # Its latest sample of itself (main process and pool), written with each heartbeat: cpu_percent (100 =
     # one core), host_cpu_percent, rss_bytes, host_memory_used_bytes/_total_bytes, disk_read/write_bytes_per_s,
     # gpus [{index, util_percent, memory_used_bytes, memory_total_bytes}]; what could not be read is absent.
-    system = models.JSONField(default=dict, blank=True, help_text="its latest system sample (workers.system_metrics)")
+    system = models.JSONField(default=dict, blank=True,
+                              help_text="its latest system sample (workers.orchestration.system_metrics)")
     system_at = models.DateTimeField(null=True, blank=True, help_text="when that sample was taken")
 
     class Meta:
