@@ -9,9 +9,9 @@ What each side does:
   runs it (sync workers, DEBUG off), as bench/load.py does. eagle3web_client.Client creates an external
   run and sends the points with runs.log_metrics, one batch at a time (POST /api/v1/runs/<id>/metrics/).
 - MLflow: `mlflow server` from .venv-mlflow with its backend store in a PostgreSQL database of its own on
-  the same server as ours (bench_api_mlflow), as many workers as gunicorn has; one experiment, one run; the same points in the same batches, each a
-  POST /api/2.0/mlflow/runs/log-batch (at most 1,000 metrics a call, MLflow's limit, hence --batch-size
-  at most 1,000 for both), through an httpx.Client kept open as the client keeps its own.
+  the same server as ours (bench_api_mlflow), as many workers as gunicorn has; one experiment, one run; the same points
+  in the same batches, each a POST /api/2.0/mlflow/runs/log-batch (at most 1,000 metrics a call, MLflow's limit, hence
+  --batch-size at most 1,000 for both), through an httpx.Client kept open as the client keeps its own.
 Both from this one process, one after the other, one request at a time. The points are what a speculators
 training reports: --keys curves per step (loss, loss_k, full_acc_k, cond_acc_k, lr, tokens_per_s), steps in
 order. Afterwards each side's stored count is checked (every point once). Prints points/s for each, the

@@ -169,7 +169,8 @@ def extraction_on(*, workers: int, shards: int, assets, user, work: Path, conver
         extraction["merge_files_s"] = None if merge_files is None else round(merge_files, 3)
         extraction["merge_files_share"] = (None if merge_files is None else
                                            round(merge_files / extraction["wall_s"], 4))
-        _workers_idle(len(logs))  # the run's next stage, cancelled, may still hold a worker: not the regeneration's time
+        # the run's next stage, cancelled, may still hold a worker: not the regeneration's time
+        _workers_idle(len(logs))
         asked = RegenerationSettings(backend="transformers", max_new_tokens=regen["new_tokens"], temperature=0.0,
                                      seed=regen["seed"], shards=shards)
         job, queued = dataset_regenerate_request(dataset=regen["dataset"], target=regen["target"], settings=asked,

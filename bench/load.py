@@ -6,8 +6,8 @@
 What each side does:
 - Database: creates the PostgreSQL database `bench_load_<its pid>` (dropped at the end; a name of its own,
   as two runs at once would drop each other's), migrates it, adds a user per client or viewer, one more
-  and --runs runs (services.run_launch). All but one are finished: stage rows and attempts succeeded with 2 kB logs, a 100-step curve and two checkpoints (the workers' metrics_record and
-  checkpoints_register), an approval.
+  and --runs runs (services.run_launch). All but one are finished: stage rows and attempts succeeded with 2 kB logs, a
+  100-step curve and two checkpoints (the workers' metrics_record and checkpoints_register), an approval.
 - The training run: --trainer worker (default) starts a real Celery worker (redis db 5) that
   prepares, extracts and trains the demo target (300 chats, built once into data/bench-load-assets)
   on the CPU with one torch thread, for up to 1,000 epochs; measuring starts once its training has

@@ -18,8 +18,8 @@ curves of 500 points. Timed in this process through Django's test client (server
 Timed as a web process serves (eagle3web.wsgi): after two untimed rounds of the three requests (a full
 garbage collection timed then, with the process's objects tracked and once they are frozen:
 `gc_full_collection`), the process's objects frozen out of the garbage collector's generations
-(eagle3web.gc_freeze); then the cold requests again with them unfrozen, after one untimed collection (`gc_not_frozen`: what
-EAGLE3WEB_GC_FREEZE_AFTER_REQUESTS=0 serves), in the same run.
+(eagle3web.gc_freeze); then the cold requests again with them unfrozen, after one untimed collection (`gc_not_frozen`:
+what EAGLE3WEB_GC_FREEZE_AFTER_REQUESTS=0 serves), in the same run.
 
 Each figure: median and p95 wall time of the request, and of the web process's own CPU time (the part
 other processes on a shared machine cannot slow down; PostgreSQL's work is in the wall time only).

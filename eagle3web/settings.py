@@ -209,7 +209,8 @@ EAGLE3WEB_VLLM_PREFLIGHT_SECONDS = env_int("EAGLE3WEB_VLLM_PREFLIGHT_SECONDS", 6
 # The evaluate stage measures τ for every k from 1 to a draft's trained steps plus this many (at most 16;
 # workers.stages.evaluate.k_table); below 0, no k table.
 EAGLE3WEB_K_BEYOND_TRAINED = env_int("EAGLE3WEB_K_BEYOND_TRAINED", 2)
-# Padded tokens per extraction forward; 0: the default measured for the device (workers.stages.extract.with_transformers).
+# Padded tokens per extraction forward; 0: the default measured for the device
+# (workers.stages.extract.with_transformers).
 # Lower it when a large target's activations do not fit the accelerator beside its weights.
 EAGLE3WEB_EXTRACT_BATCH_TOKENS = env_int("EAGLE3WEB_EXTRACT_BATCH_TOKENS", 0)
 # Flags this worker adds to every run of speculators' trainer, as a shell would split them

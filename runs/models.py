@@ -38,7 +38,8 @@ from runs.pipeline.models import (  # noqa: F401
     VocabMapping,
 )
 from runs.pipeline.shards.models import StageShard  # noqa: F401
-from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES, StageRecord, StageStatus  # noqa: F401 - the models' vocabulary
+# the models' vocabulary
+from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES, StageRecord, StageStatus  # noqa: F401
 from runs.projects.models import Project, ProjectMember  # noqa: F401
 from runs.reports.models import Report, ReportVersion  # noqa: F401
 from runs.review.models import Review, RunTag  # noqa: F401

@@ -59,8 +59,8 @@ def vllm_launch_check_off(settings):
 
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread_inline():
-    """Stages run inline set torch's threads from the setting (workers.orchestration.tasks), which pytest-django read before
-    the environment above was set: the setting says one too, for the whole session (module fixtures that run a
+    """Stages run inline set torch's threads from the setting (workers.orchestration.tasks), which pytest-django read
+    before the environment above was set: the setting says one too, for the whole session (module fixtures that run a
     pipeline included)."""
     from django.conf import settings
 

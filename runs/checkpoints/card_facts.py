@@ -1,8 +1,8 @@
 """What a checkpoint's model card states (workers.contract.model_card renders it), read from the database.
 
 Every figure is a stored one: τ from the checkpoint's succeeded evaluations (the latest per prompt source
-and k), the speed-up at each concurrency from its latest succeeded serve check (ServeCheck.concurrency_results), the lineage from its run's dataset, regeneration,
-preparation and curation. Nothing measured is re-derived here.
+and k), the speed-up at each concurrency from its latest succeeded serve check (ServeCheck.concurrency_results), the
+lineage from its run's dataset, regeneration, preparation and curation. Nothing measured is re-derived here.
 
 τ by k and the recommended k come from the newest measurement's k table (Evaluation.k_table,
 recommended_k); τ by named evaluation suite from its `tau_by_suite` once measurements store one (issue 39's

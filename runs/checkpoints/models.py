@@ -73,7 +73,8 @@ class Evaluation(StageRecord):
     run = models.OneToOneField("runs.PipelineRun", on_delete=models.CASCADE, null=True, blank=True, related_name="evaluation")
     checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, null=True, blank=True,
                                    related_name="evaluations")
-    # The runs whose pages show it: its own run's, and the run that trained the checkpoint (runs.pipeline.status.changes).
+    # The runs whose pages show it: its own run's, and the run that trained the checkpoint
+    # (runs.pipeline.status.changes).
     RUN_LOOKUPS = ("run_id", "checkpoint__training_run__run_id")
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     prompts_path = models.CharField(max_length=1000, blank=True, help_text="empty: the run's validation conversations")

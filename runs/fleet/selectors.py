@@ -103,8 +103,8 @@ def stage_refusals(*, config: dict, stage_names: list[str], live: list[Worker] |
                    weight_bytes: int | None = None) -> list[tuple[str | None, str]]:
     """(field, why) for each of these stages of a run with `config` that no live worker takes and can
     run now; empty when each can. Extraction, training and measuring acceptance are judged by
-    launch_options (their queue follows a backend and GPU count: runs.pipeline.dispatch.routing.ROUTED_STAGES), the other
-    stages by whether a live worker takes their queue. With no worker live at all only the default
+    launch_options (their queue follows a backend and GPU count: runs.pipeline.dispatch.routing.ROUTED_STAGES), the
+    other stages by whether a live worker takes their queue. With no worker live at all only the default
     backends on one device pass, and the other stages are not judged: a demo's worker may start after
     its web server. `weight_bytes`, the target's (None when unknown, e.g. a config-only directory): a
     GPU backend that loads the target also needs a live worker taking its queue whose GPUs hold it

@@ -61,8 +61,8 @@ class WorkerRow:
 
     @property
     def system(self) -> dict:
-        """Its latest system sample (workers.orchestration.system_metrics), {} when it has none; a live worker's is its now
-        (one heartbeat old at most), an offline one's is what it last said."""
+        """Its latest system sample (workers.orchestration.system_metrics), {} when it has none; a live worker's is its
+        now (one heartbeat old at most), an offline one's is what it last said."""
         return self.worker.system if self.worker.system_at else {}
 
     @property

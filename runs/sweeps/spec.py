@@ -72,7 +72,8 @@ FORM_NAMES = {"dataset_path": "dataset"}
 
 
 def _normalised(text: str) -> str:
-    """'Learning rate' -> learning_rate, '--max-seq-len' -> max_seq_len, 'Chat dataset (JSONL)' -> chat_dataset_jsonl."""
+    """'Learning rate' -> learning_rate, '--max-seq-len' -> max_seq_len, 'Chat dataset (JSONL)' ->
+    chat_dataset_jsonl."""
     return re.sub(r"[^a-z0-9]+", "_", text.strip().lower()).strip("_")
 
 

@@ -170,5 +170,6 @@ def points_report(*, training_run_id: int, points: list[dict]) -> PointCounts:
     if appended:
         _summaries_write(appended)
     if accepted or replaced:
-        curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.status.changes)
+        # live pages' polls see the points (runs.pipeline.status.changes)
+        curves_changed(training_run_id=training_run_id)
     return PointCounts(accepted=accepted, unchanged=unchanged, replaced=replaced)

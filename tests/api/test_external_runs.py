@@ -275,7 +275,8 @@ def test_the_pages_show_it_beside_pipeline_runs_with_its_badge(scripts, roots):
     loss_row = metrics[metrics.index("<th>train loss_0</th>"):]
     loss_row = loss_row[:loss_row.index("</tr>")]
     # 4 significant digits (a learning rate of 3e-05 printed with 4 decimals read 0.0000).
-    assert loss_row.count(">1.25<") + loss_row.count(">1.25 ·") == 2 and '<span class="hint">–</span>' in loss_row  # its last and min; ours none
+    # its last and min; ours none
+    assert loss_row.count(">1.25<") + loss_row.count(">1.25 ·") == 2 and '<span class="hint">–</span>' in loss_row
     assert "not measured here" in compare and compare.count('class="badge external"') == 1
     launcher("POST", f"/api/v1/runs/{run['id']}/end/", {"status": "succeeded"})
     status, listed, _ = scripts["viewer"]("GET", "/api/v1/runs/?status=succeeded")

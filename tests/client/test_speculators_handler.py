@@ -1,6 +1,6 @@
 """An external run fed by Eagle3WebMetricsHandler from a real run of speculators' trainer: torchrun runs the
-docs' example (docs/runs/speculators.md) (client/examples/speculators_train.py) against a live server, and the run's curves read
-back through GET /api/v1/runs/<id>/metrics/ equal what the trainer logged, as the dashboard's own record
+docs' example (docs/runs/speculators.md) (client/examples/speculators_train.py) against a live server, and the run's
+curves read back through GET /api/v1/runs/<id>/metrics/ equal what the trainer logged, as the dashboard's own record
 writer copied it beside (the known answer). Its checkpoints are registered. A batch sent again is not
 doubled, a lost answer to a batch is asked again, and a refused batch is counted, never raised.
 
@@ -86,7 +86,8 @@ def test_speculators_trainer_reports_its_curves_and_checkpoints_through_the_hand
         train_data_ratio=0.8, extra_args=CPU_ARGS)
     at = command.index("-m")
     assert command[at + 1] == ENTRY_MODULE
-    command[at:at + 2] = [str(ENTRY)]  # the docs' example (docs/runs/speculators.md) script in place of the workers' entry module
+    # the docs' example (docs/runs/speculators.md) script in place of the workers' entry module
+    command[at:at + 2] = [str(ENTRY)]
     records = tmp_path / "records.jsonl"
     env = {**os.environ, **CPU_SEAM_ENV, "PYTHONPATH": os.pathsep.join([CPU_SEAM_ENV["PYTHONPATH"], str(REPO)]),
            "EAGLE3WEB_URL": live_server.url, "EAGLE3WEB_TOKEN": launcher_token, "EAGLE3WEB_RUN_ID": str(run["id"]),

@@ -1,5 +1,5 @@
-"""workers.orchestration.system_metrics.GpuMeter against NVML's calls, with a stand-in `pynvml` module: MOCKED, there is no
-GPU or NVIDIA driver on the machines these tests run on. What this checks is our side: which devices a
+"""workers.orchestration.system_metrics.GpuMeter against NVML's calls, with a stand-in `pynvml` module: MOCKED, there is
+no GPU or NVIDIA driver on the machines these tests run on. What this checks is our side: which devices a
 process sees under CUDA_VISIBLE_DEVICES (indices, UUIDs, CUDA's stop at the first bad entry), the
 figures taken from NVML's structs, a figure NVML refuses left out rather than written as 0, and the
 series keys the run page charts. NVML's own answers on a real card were not seen here."""

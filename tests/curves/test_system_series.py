@@ -1,6 +1,6 @@
-"""A run's system series (runs.tracking.system_series): the samples a worker measures (workers.orchestration.system_metrics)
-stored by time, kept apart from the training's curves, and the meter's figures checked against work of
-known size done by a child process."""
+"""A run's system series (runs.tracking.system_series): the samples a worker measures
+(workers.orchestration.system_metrics) stored by time, kept apart from the training's curves, and the meter's figures
+checked against work of known size done by a child process."""
 from __future__ import annotations
 
 import subprocess

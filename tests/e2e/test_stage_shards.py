@@ -1,7 +1,7 @@
 """A stage split into shards (issue 36) over two real Celery workers with different names (standing for two
 hosts), on PostgreSQL and Redis: a run's prepare, extraction and evaluation, and a regeneration, are made by
-both, their outputs one worker's (files byte for byte, the same τ), a worker SIGKILLed in the middle of a shard costs that shard one more attempt, and a failed shard fails
-the stage, naming it, while Retry runs only that shard."""
+both, their outputs one worker's (files byte for byte, the same τ), a worker SIGKILLed in the middle of a shard costs
+that shard one more attempt, and a failed shard fails the stage, naming it, while Retry runs only that shard."""
 import json
 import time
 from contextlib import ExitStack, contextmanager

@@ -1,8 +1,8 @@
 """Every URL of the URL map against every role, anonymous included.
 
 The URL map is walked recursively, so a URL added without an entry (matrix_pages.py for the pages and
-the admin site, matrix_api.py for the API) fails `test_every_url_has_an_entry`. Each entry states, per role, what a GET answers and, for a URL that
-changes state, what a POST answers; a refused POST must leave the database as it was.
+the admin site, matrix_api.py for the API) fails `test_every_url_has_an_entry`. Each entry states, per role, what a GET
+answers and, for a URL that changes state, what a POST answers; a refused POST must leave the database as it was.
 
 Roles come from runs/roles.py: viewer reads; launcher launches, imports, evaluates and verifies, and
 cancels, retries and tags its own runs (the world's runs are the admin's: a launcher is refused them,

@@ -70,7 +70,8 @@ class WorkerHeartbeat(threading.Thread):
         self.meter: SystemMeter | None = None
 
     def _system(self) -> dict | None:
-        """This worker's figures now (its main process and pool, workers.orchestration.system_metrics); None when unreadable."""
+        """This worker's figures now (its main process and pool, workers.orchestration.system_metrics); None when
+        unreadable."""
         try:
             self.meter = self.meter or SystemMeter()
             return self.meter.sample()

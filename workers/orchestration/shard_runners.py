@@ -1,5 +1,5 @@
-"""The stages that split into shards (issue 36) and, for each, what the shard framework (workers.orchestration.shard_tasks)
-asks of it. The seam, for a stage joining SHARDABLE:
+"""The stages that split into shards (issue 36) and, for each, what the shard framework
+(workers.orchestration.shard_tasks) asks of it. The seam, for a stage joining SHARDABLE:
 
 - `rows(record) -> int`: how many rows the stage will do, counted cheaply (no model load); the
   planner splits them (with the run's `shards`, or workers.stages.shards.shards_default).
@@ -21,7 +21,8 @@ asks of it. The seam, for a stage joining SHARDABLE:
   part for Retry to merge again.
 
 prepare, regenerate (a job: its row's `shards`) and evaluate are in workers.orchestration.shard_stage_runners.
-Each runner turns the row into plain paths and calls Django-free stage functions, as workers.orchestration.stage_runners do.
+Each runner turns the row into plain paths and calls Django-free stage functions, as workers.orchestration.stage_runners
+do.
 """
 from __future__ import annotations
 

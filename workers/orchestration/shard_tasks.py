@@ -42,8 +42,8 @@ logger = logging.getLogger(__name__)
 
 
 def shards_wanted(*, stage_name: str, record) -> int:
-    """The run's `shards` (a regeneration's own), or left out: one per live worker that takes the stage's queue, at most one per
-    64 rows (workers.stages.shards.shards_default)."""
+    """The run's `shards` (a regeneration's own), or left out: one per live worker that takes the stage's queue, at most
+    one per 64 rows (workers.stages.shards.shards_default)."""
     run = getattr(record, "run", None)
     # A run's stage: the run's setting; a job (a regeneration): its own row's.
     asked = (run.config or {}).get("shards") if run is not None else getattr(record, "shards", None)

@@ -1,8 +1,8 @@
 """Each stage's (and job's) runner: it turns the stage's row into the plain paths and settings its stage
 function takes, calls it with the reporter's progress and stop callbacks, and returns the stage's result;
 STAGE_BODIES maps stage names to them for workers.orchestration.tasks.stage_execute. Apart from the Celery tasks so that
-workers.orchestration.tasks stays the seam (start, heartbeat, record, fail) and each stage's call reads in one place; the
-StageReporter lives here because the runners name it and nothing may import workers.orchestration.tasks back.
+workers.orchestration.tasks stays the seam (start, heartbeat, record, fail) and each stage's call reads in one place;
+the StageReporter lives here because the runners name it and nothing may import workers.orchestration.tasks back.
 """
 from __future__ import annotations
 
@@ -197,7 +197,8 @@ def train_arguments(record) -> dict:
 
 
 def train_plan(training_id: int) -> tuple[dict, str, int]:
-    """A rank's view of a training across nodes (workers.orchestration.node_runner): its arguments, backend and GPU count."""
+    """A rank's view of a training across nodes (workers.orchestration.node_runner): its arguments, backend and GPU
+    count."""
     record = TrainingRun.objects.select_related("run__target", "run__dataset").get(pk=training_id)
     backend, gpus = _backend(record.run, "train")
     return train_arguments(record), backend, gpus

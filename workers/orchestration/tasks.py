@@ -1,8 +1,8 @@
 """The seam between the queue, the database and the stages.
 
 Each task takes an id, marks its stage row running, calls one pure stage function with plain paths
-and a progress callback (through its runner, workers.orchestration.stage_runners), and hands the result to a service. The same `stage_execute` runs inline
-for `run_pipeline --inline` and `evaluate_checkpoint`.
+and a progress callback (through its runner, workers.orchestration.stage_runners), and hands the result to a service.
+The same `stage_execute` runs inline for `run_pipeline --inline` and `evaluate_checkpoint`.
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ from runs.pipeline.dispatch.launch_order import stage_choose
 from runs.pipeline.dispatch.message_claims import claims_reconcile, message_claim_drop
 from runs.pipeline.lifecycle.stage_services import HAND_OVER_NEXT
 from workers.orchestration.claims import broker_mark_check  # also: every worker claims the messages it takes
-from workers.orchestration.shard_tasks import stage_shards_start  # also: registers the shards' task (eagle3web.stage_shard)
+# also: registers the shards' task (eagle3web.stage_shard)
+from workers.orchestration.shard_tasks import stage_shards_start
 from runs.pipeline.shards.reconcile import shards_reconcile
 from workers.contract.errors import StopRequested
 from workers.contract.failures import failure_explain, trace_for_developers
@@ -71,8 +72,8 @@ class Heartbeat(threading.Thread):
 
 
 def stage_execute(*, stage_name: str, record_id: int, worker: str, may_shard: bool = False) -> bool:
-    """Run one stage row; True if it succeeded (or, `may_shard`, was handed to its shards: workers.orchestration.shard_tasks).
-    Failures are recorded, not raised.
+    """Run one stage row; True if it succeeded (or, `may_shard`, was handed to its shards:
+    workers.orchestration.shard_tasks). Failures are recorded, not raised.
 
     Every write here rides out a locked or unreachable database (eagle3web.db.db_retry): a task that
     raised before marking its row would leave it queued with its message gone, and one that raised

@@ -1,8 +1,9 @@
 """The API's JSON bodies, read with limits: nesting deeper than MAX_DEPTH is refused (400) before the
 body is parsed, a body over DATA_UPLOAD_MAX_MEMORY_SIZE is refused by Django as it is read (413,
 runs.api.base), and text PostgreSQL cannot store (the escapes \u0000 and a lone \ud800) is refused naming
-where it sits, key or value at any depth (400; eagle3web/storable_text.py). No body of ours nests past a few levels (an external run's trainer config the
-deepest), while Python's json recurses once per level and fails past ~1,000 with a RecursionError."""
+where it sits, key or value at any depth (400; eagle3web/storable_text.py). No body of ours nests past a few levels (an
+external run's trainer config the deepest), while Python's json recurses once per level and fails past ~1,000 with a
+RecursionError."""
 from __future__ import annotations
 
 from itertools import accumulate

@@ -57,7 +57,8 @@ class ServeCheck(StageRecord):
     checkpoint = models.ForeignKey("runs.Checkpoint", on_delete=models.CASCADE, related_name="serve_checks")
     evaluation = models.ForeignKey("runs.Evaluation", on_delete=models.SET_NULL, null=True, blank=True,
                                    related_name="serve_checks", help_text="whose prompts and τ it compares with")
-    # The runs whose pages show it: the measured run's, and the run that trained the checkpoint (runs.pipeline.status.changes).
+    # The runs whose pages show it: the measured run's, and the run that trained the checkpoint
+    # (runs.pipeline.status.changes).
     RUN_LOOKUPS = ("evaluation__run_id", "checkpoint__training_run__run_id")
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                                      related_name="+")

@@ -38,7 +38,8 @@ class RunConfig:
     # Worker hosts the training spans: each takes one rank's message and starts torchrun --nnodes train_nodes
     # (workers.stages.train.nodes); refused at launch beyond the live workers that take the training's queue.
     train_nodes: int = 1
-    # After measuring acceptance, vLLM itself serves the best checkpoint and counts it (runs.pipeline.jobs.models.ServeCheck).
+    # After measuring acceptance, vLLM itself serves the best checkpoint and counts it
+    # (runs.pipeline.jobs.models.ServeCheck).
     serve_check: bool = False
     # The concurrencies the serve check measures vLLM's speed-up at (with the draft and without), each 1..256.
     serve_concurrency: list[int] = field(default_factory=lambda: list(DEFAULT_SERVE_CONCURRENCY))
@@ -54,8 +55,8 @@ class RunConfig:
     capture_urls: list[str] = field(default_factory=list)
     capture_servers: int = 1
     hidden_states_cache_gib: float = DEFAULT_CACHE_GIB
-    # How many workers one stage is split over (issue 36; workers.orchestration.shard_tasks): None decides when the stage
-    # starts, one shard per live worker that takes its queue, at most one per 64 rows.
+    # How many workers one stage is split over (issue 36; workers.orchestration.shard_tasks): None decides when
+    # the stage starts, one shard per live worker that takes its queue, at most one per 64 rows.
     shards: int | None = None
     # {name: chat file}: measured on every checkpoint besides the held-out prompts (HELD_OUT); a name given
     # with an empty path is a suite registered before (runs.data.suites.eval_suites_register resolves both).

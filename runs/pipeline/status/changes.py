@@ -44,7 +44,8 @@ ALL, PROGRESS, CURVES = ("changes", "state_changes"), ("changes",), ("changes", 
 
 
 def _model(name: str):
-    # By name: the stage rows' manager (runs.pipeline.lifecycle.stage_record) uses this module, and the models import it.
+    # By name: the stage rows' manager (runs.pipeline.lifecycle.stage_record) uses this module, and the models
+    # import it.
     return apps.get_model("runs", name)
 
 

@@ -48,11 +48,11 @@ class StageEstimate:
 
 
 def evaluate_estimate(*, run) -> StageEstimate | None:
-    """The measure-acceptance stage of `run` before it starts, counted as its progress counts (workers.orchestration.stage_runners
-    _evaluate): its prompts (eval_prompts; a suite's file may hold fewer) x its checkpoints (epochs: one each)
-    x its prompt sets (the held-out prompts and each of eval_suites) x the passes over each (the measurement, then
-    the k table's probes: workers.contract.acceptance.evaluation_phases), at the seconds per unit that the latest
-    measured run of the same target took. None without one."""
+    """The measure-acceptance stage of `run` before it starts, counted as its progress counts
+    (workers.orchestration.stage_runners _evaluate): its prompts (eval_prompts; a suite's file may hold fewer) x its
+    checkpoints (epochs: one each) x its prompt sets (the held-out prompts and each of eval_suites) x the passes over
+    each (the measurement, then the k table's probes: workers.contract.acceptance.evaluation_phases), at the seconds per
+    unit that the latest measured run of the same target took. None without one."""
     config = run.config or {}
     units = (int(config.get("eval_prompts") or 0) * int(config.get("epochs") or 0)
              * (1 + len(config.get("eval_suites") or {})) * evaluation_phases(settings.EAGLE3WEB_K_BEYOND_TRAINED))

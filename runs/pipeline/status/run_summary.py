@@ -87,7 +87,8 @@ def stage_dict(name: str, label: str, record: StageRecord, shards: list[dict] | 
             "num_truncated_rows", "truncated_loss_tokens", "loss_tokens", "mask_source")})
     elif name == "extract":
         entry.update({"device": record.device, "time_split_s": record.time_split_s})
-        # An online run's stage extracts nothing (runs.pipeline.online.selectors); said beside the stage, not only in its log.
+        # An online run's stage extracts nothing (runs.pipeline.online.selectors); said beside the stage, not only
+        # in its log.
         entry["note"] = online_note(record.run.config) if is_online(record.run.config) else ""
     elif name == "train":
         entry.update({key: getattr(record, key) for key in (

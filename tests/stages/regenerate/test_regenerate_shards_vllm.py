@@ -3,8 +3,8 @@ byte for byte, with sampled replies: each request carries its row's seed (turn_s
 batches it with (other conversations in flight, which differ between one worker and a shard) does not
 change it. One `vllm serve` of the talker, started with the stage's own command line, serves one
 worker's run and both shards (a vLLM start takes minutes here), of the session's tiny target (the
-talker of the other vLLM tests takes minutes more to train; sampled replies differ without it); a prompt too long for the target fails
-in its shard as in one worker's run. Skips without vLLM unless EAGLE3WEB_REQUIRE_VLLM=1."""
+talker of the other vLLM tests takes minutes more to train; sampled replies differ without it); a prompt too long
+for the target fails in its shard as in one worker's run. Skips without vLLM unless EAGLE3WEB_REQUIRE_VLLM=1."""
 from __future__ import annotations
 
 import filecmp

@@ -1,7 +1,7 @@
 """How the Transformers extraction groups the prepared rows into forward batches, and the rows' lengths it
 groups them by. Torch-free and Django-free: the worker that plans a split extraction
-(workers.orchestration.shard_runners._extract_spans) puts the shards' edges at these batches' edges without importing torch
-and Transformers, which took it 3.6-7.1 s on the shared machine (docs/results.md); the extraction itself
+(workers.orchestration.shard_runners._extract_spans) puts the shards' edges at these batches' edges without importing
+torch and Transformers, which took it 3.6-7.1 s on the shared machine (docs/results.md); the extraction itself
 (workers.stages.extract.with_transformers) plans with these same functions, so both see the same batches.
 """
 from __future__ import annotations

@@ -30,7 +30,8 @@ from workers.stages.train.online.source import OnlineSource, SupplyReport
 
 log = logging.getLogger(__name__)
 
-REQUESTS_PER_SERVER = 16  # in flight per live server: vLLM batches them into one forward (4 left a CPU server half idle)
+# In flight per live server: vLLM batches them into one forward (4 left a CPU server half idle).
+REQUESTS_PER_SERVER = 16
 REQUEST_TIMEOUT_S = 600.0  # a stalled server's request fails after this and goes to another server
 SUPPLY_BOUND_WAIT = 0.10  # above this share of step time waiting for data, the run is supply-bound
 

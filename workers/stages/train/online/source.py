@@ -46,8 +46,8 @@ class SupplyReport:
     time the trainer waited for a sample that was neither cached nor fetched ahead; capture_tokens_per_s:
     tokens the capture servers delivered per second of capture (all servers together); cache_hit_rate:
     samples read from the cache over samples read, per epoch; peak_cache_bytes: the most the cache
-    held and set aside (for files being written) at once, which bounds the cache folder's size on disk; served_by: samples each server captured; bound: "supply" or "compute"; advice: what
-    the measured rates imply, in words."""
+    held and set aside (for files being written) at once, which bounds the cache folder's size on disk; served_by:
+    samples each server captured; bound: "supply" or "compute"; advice: what the measured rates imply, in words."""
 
     hidden_states: str = "offline"
     fetch_wait_fraction: float = 0.0
