@@ -6,23 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runs.pipeline.lifecycle.stage_record import StageRecord, StageStatus
-from workers.contract.failures import RETRYABLE_KINDS, WHY, failure_from_text
+from workers.contract.failures import Failure, failure_from_text
 
 
 @dataclass(frozen=True)
-class FailureShown:
-    stage: str        # the stage's (or job's) name
-    sentence: str     # what stopped and what to change
-    kind: str         # workers.contract.failures.KINDS
-    field: str        # the launch form's field at fault, or ""
-
-    @property
-    def retryable(self) -> bool:
-        return self.kind in RETRYABLE_KINDS
-
-    @property
-    def why(self) -> str:
-        return WHY[self.kind]
+class FailureShown(Failure):
+    """A stored failure as the pages and the API show it: the contract's Failure (what stopped and what to change,
+    its kind, the launch form's field at fault or "", and whether a retry can help and why), with its stage."""
+    stage: str = ""   # the stage's (or job's) name
 
     def as_dict(self) -> dict:
         return {"stage": self.stage, "error": self.sentence, "kind": self.kind, "field": self.field,
