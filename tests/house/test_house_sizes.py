@@ -26,8 +26,7 @@ FOLDERS_OVER = {
     "workers/stages/extract": 13,
     "workers/stages/train": 19,
 }
-FILES_OVER = {
-}
+FILES_OVER: dict[str, int] = {}
 
 
 def _entries(folder: Path) -> int:
