@@ -1,6 +1,7 @@
 """Views call services and selectors only: the web tier's request handlers (runs/web/views.py,
 and the REST API's in runs/api/) import nothing of runs.models and run no queries
-of their own; every read goes through runs/pipeline/selectors.py, every write through a service."""
+of their own; every read goes through a selector (runs/pipeline/selectors.py, a run's status and summary in
+runs/pipeline/status/), every write through a service."""
 import ast
 
 import pytest
