@@ -11,7 +11,8 @@ with `dropdb`). The timed mode runs each checkout's code in a process of its own
 times, on the database as migrated by the newest checkout (run `migrate` with it first): each URL requested
 twice untimed, then `--requests` times with the shared cache emptied before each (the table built every
 time), through Django's test client in the process. Prints per checkout and URL the median and p95 of the
-request's wall time, of this process's CPU time (Python's part), of the SQL time Django measured, the slowest query's median, and the 1-minute load.
+request's wall time, of this process's CPU time (Python's part), of the SQL time Django measured, the slowest query's
+median, and the 1-minute load.
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ writer copied it beside (the known answer). Its checkpoints are registered. A ba
 doubled, a lost answer to a batch is asked again, and a refused batch is counted, never raised.
 
 speculators 0.9 cannot run on a host without an accelerator: the test named `..._cpu_device_patched` runs
-it with the test-only seam (tests/stages/train/with_speculators/speculators_cpu_seam/) that maps its device-0 calls to the CPU."""
+it with the test-only seam (tests/stages/train/with_speculators/speculators_cpu_seam/) that maps its device-0 calls to
+the CPU."""
 from __future__ import annotations
 
 import json

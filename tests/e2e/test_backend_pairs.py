@@ -5,8 +5,8 @@ records each stage leaves (extraction and manifest, curves, checkpoints, accepta
 Boundaries we cannot reach here, named in the test: the GPU (the worker's device probe is told this
 host has one, FAKE_GPU), vLLM (tests/standins/vllm on PATH, which writes what vLLM's hidden-states
 connector writes, computed with the real target) and speculators' device-0 move (its CPU seam,
-tests/stages/train/with_speculators/speculators_cpu_seam). Everything else is real: prepare, the vocabulary, speculators'
-own trainer under torchrun, our evaluation of its checkpoint, PostgreSQL."""
+tests/stages/train/with_speculators/speculators_cpu_seam). Everything else is real: prepare, the vocabulary,
+speculators' own trainer under torchrun, our evaluation of its checkpoint, PostgreSQL."""
 import json
 import os
 import sys
