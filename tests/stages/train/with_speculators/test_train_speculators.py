@@ -3,8 +3,8 @@ target: speculators' dataset reads the run through its data link, and speculator
 real under torchrun, is stopped, and resumes.
 
 speculators 0.9 cannot run on a host without an accelerator (no device option; see
-tests/stages/train/with_speculators/speculators_cpu_seam/sitecustomize.py). Tests named `..._cpu_device_patched` run it with
-that test-only seam on the subprocess's PYTHONPATH, which maps its device-0 calls to the CPU; the
+tests/stages/train/with_speculators/speculators_cpu_seam/sitecustomize.py). Tests named `..._cpu_device_patched` run it
+with that test-only seam on the subprocess's PYTHONPATH, which maps its device-0 calls to the CPU; the
 command line, data, model, loss, DDP, metric records, checkpoints and resume are speculators' own."""
 import json
 import re

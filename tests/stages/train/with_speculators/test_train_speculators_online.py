@@ -3,8 +3,8 @@ real vLLM capture server (the CPU build, `make vllm`) for every sample's hidden 
 
 One capture server, started once for the module by the online loop's own CaptureFleet, serves the
 tests (a start takes one to two minutes on two cores); the training reaches it by URL. speculators'
-Trainer runs on the CPU through the test-only seam of tests/stages/train/with_speculators/test_train_speculators.py. Where
-vLLM is not installed the tests that need it skip, saying so (CI sets EAGLE3WEB_REQUIRE_VLLM=1: they
+Trainer runs on the CPU through the test-only seam of tests/stages/train/with_speculators/test_train_speculators.py.
+Where vLLM is not installed the tests that need it skip, saying so (CI sets EAGLE3WEB_REQUIRE_VLLM=1: they
 fail there instead)."""
 from __future__ import annotations
 
