@@ -7,7 +7,8 @@ checkpoints and an approval; the last training, its curve 500 steps long with po
 2 s by the workers' own write path), in its own PostgreSQL database (`bench_request_costs`, dropped
 at the end). One signed-in client (Django's test client, no HTTP, no server) asks for each page of
 the load benchmark's loop --repeat times, one request at a time, after two warm-up requests; prints
-per page the median and p90 ms and the SQL queries one request runs; the run's status and curve
+per page the median and p90 ms and the SQL queries one request runs (`status_poll_live`: the status poll
+with `?since=` the state of the summary it holds, as the run page polls it); the run's status and curve
 polls also as the page sends them, with the ETag of an answer just before (304 unless a write came in
 between). It says what a request costs
 the server, which with no waiting bounds the throughput bench/load.py can reach on these cores.
@@ -62,6 +63,9 @@ def main() -> None:
                  "curve_full": f"/api/v1/runs/{run.pk}/metrics/?points=2000",
                  "curve_poll": f"/api/v1/runs/{run.pk}/metrics/?start=490",
                  "status_poll": f"/api/v1/runs/{run.pk}/status/"}
+        # The status poll as the run page sends it while it holds a summary: what moved since its state.
+        state = client.get(pages["status_poll"]).json()["state_version"]
+        pages["status_poll_live"] = f"{pages['status_poll']}?since={state}"
         # The polls again as the page sends them, with the ETag of an answer got just before (untimed):
         # 304 unless the writer moved the counter in between (`not_modified` says how many were).
         conditional = {"status_poll_304": pages["status_poll"], "curve_poll_304": pages["curve_poll"]}
