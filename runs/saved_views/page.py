@@ -46,27 +46,32 @@ def _run_table_html(*, filters: run_filters.RunFilters, params: QueryDict, visib
         "shown": set(filters.columns), "compare_max": comparison.MAX_COMPARED})
 
 
-def list_params(request: HttpRequest) -> tuple[QueryDict, object]:
-    """The list's parameters, with the saved view `?view=<id>` applied (Http404: not one the user finds)."""
+def _view_asked(request: HttpRequest, views: list) -> object:
+    """The saved view `?view=<id>` among those the user finds (`views`), or None; Http404 for any other."""
     raw = request.GET.get("view", "")
     if not raw:
-        return request.GET, None
+        return None
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise Http404(f"no saved view {raw[:20]!r}")
-    view = view_selectors.saved_view_get(user=request.user, pk=int(raw))
-    return view_selectors.view_query(view, request.GET), view
+    view = next((v for v in views if v.pk == int(raw)), None)
+    if view is None:  # in the words of view_selectors.saved_view_get: a view of others reads as a missing one
+        raise Http404(f"no saved view {int(raw)}")
+    return view
 
 
 def run_list_response(request: HttpRequest, *, params: QueryDict | None = None, view=None, status: int = 200,
                       form_errors: dict | None = None) -> HttpResponse:
+    visible, project_names = access.visible_projects(request.user)
+    # The views menu's, which the view asked for is one of: one query for both, the projects read once.
+    views = list(view_selectors.saved_views_for(user=request.user, visible=visible))
     if params is None:
-        params, view = list_params(request)
+        view = _view_asked(request, views)
+        params = request.GET if view is None else view_selectors.view_query(view, request.GET)
     try:
         filters = run_filters.RunFilters.from_query(params)
     except run_filters.RunTableError as exc:
         messages.error(request, str(exc))
         return redirect("runs:run_list")
-    visible, project_names = access.visible_projects(request.user)
     # What every viewer of the same projects sees alike, cached until a run, review or tag changes.
     version = changes.runs_list_version()
     table = live.cached(("run_table", version, visible, sorted(params.lists())), lambda: (
@@ -76,7 +81,6 @@ def run_list_response(request: HttpRequest, *, params: QueryDict | None = None, 
     query.pop("page", None)
     return render(request, "runs/tracking/run_list.html", {
         "table": mark_safe(table), "filters": filters, "choices": choices,  # noqa: S308 - the template engine's
-        "projects": project_names,
-        "views": list(view_selectors.saved_views_for(user=request.user, visible=visible)), "view": view,
+        "projects": project_names, "views": views, "view": view,
         "query": query.urlencode(), "settings_text": run_filters.settings_text(filters.settings),
         "form_errors": form_errors or {}}, status=status)

@@ -68,7 +68,8 @@ def curve_query(request: HttpRequest) -> curves.CurveQuery:
 def run_metrics(request: HttpRequest, pk: int) -> HttpResponse:
     """304 while the run's curves took no point (the ETag: their change counter and the query), else
     the answer cached for every viewer asking the same until a point arrives (runs.live)."""
-    owner = curves.curve_owner(run_id=pk)  # with the counter, read first: the points read after are newer
+    # With the counter, read first: the points read after are newer. Http404 outside the user's projects.
+    owner = curves.curve_owner(run_id=pk, user=request.user)
     try:
         query = curve_query(request)
     except InputError as exc:
@@ -108,7 +109,7 @@ def _json_rows(series_head: dict, points_iter):
 
 def run_metrics_export(request: HttpRequest, pk: int):
     """One series at full resolution: `?key=loss_0&split=train&format=csv|json`."""
-    owner = curves.curve_owner(run_id=pk)
+    owner = curves.curve_owner(run_id=pk, user=request.user)
     try:
         keys = _keys(request.GET.get("key", ""))
         split = _split(request)

@@ -282,8 +282,7 @@ class RunMetrics(ApiView):
 
         The run page's own windowed read (runs.tracking.curve_api): ask again from a series'
         `last_step` + 1 to follow a live run."""
-        selectors.run_visible_check(pk=pk, user=request.user)  # 404 outside the caller's projects
-        return _curve_answer(curve_api.run_metrics(request._request, pk))
+        return _curve_answer(curve_api.run_metrics(request._request, pk))  # 404 outside the caller's projects
 
 
 class RunMetricsExport(ApiView):
@@ -293,5 +292,4 @@ class RunMetricsExport(ApiView):
 
     def get(self, request, pk: int):
         """One series at full resolution, streamed (the run page's export)."""
-        selectors.run_visible_check(pk=pk, user=request.user)  # 404 outside the caller's projects
-        return _curve_answer(curve_api.run_metrics_export(request._request, pk))
+        return _curve_answer(curve_api.run_metrics_export(request._request, pk))  # 404 outside the caller's projects
