@@ -1,5 +1,5 @@
 """A sweep of two runs with validation losses, NaN among them, on whatever database DATABASE_URL names,
-and what the sweep's selector answers for each run's val loss (tests/views/test_sweep_val_loss.py):
+and what the sweep's selector answers for each run's val loss (tests/views/sweeps/test_sweep_val_loss.py):
 
     DATABASE_URL=sqlite:///DB python -m tests.sqlite_sweep_site ROOT
 

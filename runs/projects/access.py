@@ -8,7 +8,7 @@ one does not see is answered 404, as if it did not exist, on its page and in the
 The one rule for everything a URL, a form or a service names (a run, checkpoint, extraction, sweep, dataset,
 regeneration, a worker's current job, an alert's baseline) is KINDS (what each belongs to), `visible` and
 `visible_or_404` (the same "no <kind> <id>" whether it does not exist or is in a project one does not see),
-and `rule` (role × object × action), the table tests/views/test_project_wall.py walks every route with."""
+and `rule` (role × object × action), the table tests/views/projects/test_project_wall.py walks every route with."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -58,7 +58,7 @@ class Varied:
     values: tuple[Any, ...]
 
 
-# The launch form's labels (runs/web/forms.py; tests/views/test_sweep_form_errors.py keeps them in step) and
+# The launch form's labels (runs/web/forms.py; tests/views/sweeps/test_sweep_form_errors.py keeps them in step) and
 # its field names where they differ from the key, normalised as normalise_key does, so that a line written
 # as the form words a setting ("Learning rate = 1e-4, 3e-4") or names it (dataset_path) sweeps that key.
 LABELS = {"layer_ids": "Layer ids", "max_seq_len": "Max seq len", "max_samples": "Max rows",

@@ -1,7 +1,7 @@
 """Reads for comparing runs side by side: the settings that differ, each curve's summary, tau, and the
 acceptance per draft position of each run's best checkpoint against a baseline run.
 
-A compare of N runs asks the database the same number of questions whatever N is (tests/views/
+A compare of N runs asks the database the same number of questions whatever N is (tests/views/tracking/
 test_compare_acceptance.py): the runs with their stages in one query, the data policy of each run's
 dataset in it too, the curves' summaries in one, the best checkpoints and their measurements in two."""
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Compare's acceptance table in headless Chromium, under the Content-Security-Policy: choosing another
 baseline run in its select changes every delta and colour (static/js/acceptance_heatmap.js asks
 GET /api/v1/compare/acceptance/), and a reload keeps the choice, with no console error. The runs are those of
-tests/views/test_compare_acceptance.py: A (k=3, best epoch 2: 80, 60, 40 %) and B (k=2, best epoch 1: 78, 52 %)."""
+tests/views/tracking/test_compare_acceptance.py: A (k=3, best epoch 2: 80, 60, 40 %) and B (k=2, best epoch 1:
+78, 52 %)."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ from playwright.sync_api import expect
 
 from tests.browser.test_hostile_strings import Watch
 from tests.browser.test_pages_at_a_glance import _log_in
-from tests.views.test_compare_acceptance import A, B, _measured_run
+from tests.views.tracking.test_compare_acceptance import A, B, _measured_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -1,6 +1,6 @@
 """A failed `make demo` build, in headless Chromium: the launch page says why and its "Build the demo target
 again" button queues the build again, after which the page shows the new build's progress
-(tests/views/test_demo_build_failed.py has the rest: CSRF, the outbox, who may press it)."""
+(tests/views/pipeline/test_demo_build_failed.py has the rest: CSRF, the outbox, who may press it)."""
 import pytest
 from playwright.sync_api import expect
 

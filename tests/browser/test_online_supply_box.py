@@ -15,7 +15,7 @@ from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.services import metrics_record
 from tests.browser.test_pages_at_a_glance import _log_in
-from tests.views.test_online_supply import URLS, record_training, supply_report
+from tests.views.pipeline.test_online_supply import URLS, record_training, supply_report
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -3,7 +3,7 @@ rules or runs (issue 40): a batch of points (runs.tracking.services.metrics_reco
 and its alert check included; and a batch a client posts to the API), a curve read and the live status
 poll. 1 series and 20 cost the same, no rules and six the same, one run and eleven the same, so a query
 per series, per rule or per run fails here. Transactional: the counters' bump runs after commit, as
-in production, and is counted. The runs list's count is pinned in tests/views/test_list_queries.py and
+in production, and is counted. The runs list's count is pinned in tests/views/tracking/test_list_queries.py and
 test_projects_and_views.py."""
 from __future__ import annotations
 

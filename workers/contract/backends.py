@@ -15,7 +15,7 @@ Routing by queue (what a stage asks for decides where it goes):
 started with no -Q, or with -Q cpu, still takes what its GPUs can run.
 
 torch is imported inside functions only: the web tier imports this module for the names and the
-queue rule and must stay torch-free (tests/views/test_web_without_torch.py). Run as
+queue rule and must stay torch-free (tests/views/url_map/test_web_without_torch.py). Run as
 `python -m workers.contract.backends` it prints host_capabilities() as JSON; a worker calls that in a
 child process, because initialising CUDA in Celery's parent process breaks its forked pool.
 """

@@ -10,7 +10,7 @@ weights. tests/services/test_launch_preflight.py compares it with the config.jso
 Run as `python -m workers.stages.train.draft_config` (from the project root) it reads one JSON request on
 stdin, {"target": DIR, "aux_layer_ids": [...], "draft_vocab_size": N, "ttt_steps": k, "out_dir": DIR},
 writes out_dir/config.json and prints {"ok": true} or {"ok": false, "error": "..."}: the web tier imports
-neither torch nor speculators (tests/views/test_web_without_torch.py), so a launch runs it as a child.
+neither torch nor speculators (tests/views/url_map/test_web_without_torch.py), so a launch runs it as a child.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The authorization matrix's words (tests/views/test_authorization_matrix.py): the roles, what a
+"""The authorization matrix's words (tests/views/url_map/test_authorization_matrix.py): the roles, what a
 request can come to, and an entry per URL pattern."""
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ from django.db import connection
 
 from runs.models import PipelineRun, RunTag
 from runs.tracking import run_filters, run_search as search, run_table as table
-from tests.views import test_run_table
-from tests.views.test_run_table import launch
+from tests.views.tracking import test_run_table
+from tests.views.tracking.test_run_table import launch
 
 roots = test_run_table.roots  # the fixture
 

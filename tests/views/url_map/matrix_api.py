@@ -2,8 +2,8 @@
 (/api/v1/); the API is asked with each role's token and JSON bodies (Entry.api), as a script would."""
 from __future__ import annotations
 
-from tests.views.matrix_vocabulary import (FORBIDDEN, LOGIN, NOT_FOUND, OK, OWNERS, POST_ONLY, READ, REDIRECT, UNAUTHORIZED,
-                                           Entry, by_role)
+from tests.views.url_map.matrix_vocabulary import (FORBIDDEN, LOGIN, NOT_FOUND, OK, OWNERS, POST_ONLY, READ, REDIRECT,
+                                                   UNAUTHORIZED, Entry, by_role)
 
 API_READ = by_role(UNAUTHORIZED, OK, OK, OK, OK)
 API_POST_ONLY = by_role(UNAUTHORIZED, "405", "405", "405", "405")

@@ -1,11 +1,11 @@
-"""The project wall's entries (tests/views/test_project_wall.py): per pattern of the URL map, what object of
+"""The project wall's entries (tests/views/projects/test_project_wall.py): per pattern of the URL map, what object of
 runs.projects.access.KINDS it names and which action of access.ACTIONS it takes, as one or more probes.
 
 A probe's URL holds {id}, the object's id: the test asks it with an object of the user's own project, one of
 the other project and an id that does not exist, and reads runs.projects.access.rule for what each role
 should get. A pattern that names no object (a list, a form, one's own reports, rules and tokens) is probed
 with GET for names of the other project, which no one but staff may read there. The admin site is for staff
-only (tests/views/test_authorization_matrix.py). A pattern of the URL map without an entry here fails.
+only (tests/views/url_map/test_authorization_matrix.py). A pattern of the URL map without an entry here fails.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ WALL = {
     "checkpoints/<int:pk>/evaluate/": page("/checkpoints/{id}/evaluate/", "checkpoint", "evaluate", "POST", "evaluate"),
     "checkpoints/<int:pk>/serve-check/": page("/checkpoints/{id}/serve-check/", "checkpoint", "evaluate", "POST"),
     "checkpoints/<int:pk>/export/": page("/checkpoints/{id}/export/", "checkpoint", "export", "POST"),
-    # A project's page answers its members (tests/views/test_project_members.py); read here for names.
+    # A project's page answers its members (tests/views/projects/test_project_members.py); read here for names.
     "projects/<int:pk>/": page("/projects/1/"),
     "projects/": page("/projects/"),
     "reviews/<str:subject>/<int:pk>/": (page("/reviews/run/{id}/", "run", "review", "POST", "review")

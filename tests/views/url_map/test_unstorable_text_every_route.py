@@ -1,7 +1,8 @@
-"""Every route of the URL map, walked as tests/views/test_authorization_matrix.py walks it (a route added later is
-covered with no change here), refuses text PostgreSQL cannot store with a 400 naming the field: in each query
-parameter the route reads, in each field of its form or JSON body (keys and values at any depth), and in its
-path. Never a 500, nothing stored; the API answers in its JSON, the pages with the page (eagle3web/storable_text.py).
+"""Every route of the URL map, walked as tests/views/url_map/test_authorization_matrix.py walks it (a route added
+later is covered with no change here), refuses text PostgreSQL cannot store with a 400 naming the field: in each
+query parameter the route reads, in each field of its form or JSON body (keys and values at any depth), and in
+its path. Never a 500, nothing stored; the API answers in its JSON, the pages with the page
+(eagle3web/storable_text.py).
 
 Asked as the admin, the role that reaches furthest into every view."""
 from __future__ import annotations
@@ -14,7 +15,7 @@ from django.urls import Resolver404, resolve
 from rest_framework.views import APIView
 
 from runs.tracking import run_filters
-from tests.views.test_authorization_matrix import ROUTES, World, entry_for, fingerprint
+from tests.views.url_map.test_authorization_matrix import ROUTES, World, entry_for, fingerprint
 
 pytestmark = pytest.mark.django_db
 

@@ -1,11 +1,11 @@
 """The authorization matrix's entries for the web pages and the admin site: a page's entry per URL pattern,
 and the rules by which every admin URL of a model is expected to answer. Its own module, as the API's
-entries are matrix_api.py's, so that tests/views/test_authorization_matrix.py keeps the world and the tests."""
+entries are matrix_api.py's, so that tests/views/url_map/test_authorization_matrix.py keeps the world and the tests."""
 from __future__ import annotations
 
-from tests.views.matrix_vocabulary import (ADMIN_OK, ANY_LOGIN, FORBIDDEN, LAUNCHERS, LAUNCHERS_PAGE, LOGIN, NOT_ALLOWED,
-                                           NOT_FOUND, OK, OWNERS, POST_ONLY, READ, REDIRECT, REVIEWERS, STAFF, STAFF_WRITE,
-                                           VERIFIERS, Entry, by_role)
+from tests.views.url_map.matrix_vocabulary import (ADMIN_OK, ANY_LOGIN, FORBIDDEN, LAUNCHERS, LAUNCHERS_PAGE, LOGIN,
+                                                   NOT_ALLOWED, NOT_FOUND, OK, OWNERS, POST_ONLY, READ, REDIRECT,
+                                                   REVIEWERS, STAFF, STAFF_WRITE, VERIFIERS, Entry, by_role)
 
 # The web pages' URLs, one entry per pattern of the URL map (the API's are matrix_api.py's).
 PAGES = {
@@ -57,7 +57,7 @@ PAGES = {
     "checkpoints/<int:pk>/serve-check/": Entry("/checkpoints/{checkpoint}/serve-check/", get=POST_ONLY, post=LAUNCHERS),
     # Refused past the roles (its folder does not exist): a message on the checkpoint's page.
     "checkpoints/<int:pk>/export/": Entry("/checkpoints/{checkpoint}/export/", get=POST_ONLY, post=LAUNCHERS),
-    # Anyone signed in may comment (tests/views/test_reviews.py); the matrix tries an approval.
+    # Anyone signed in may comment (tests/views/review/test_reviews.py); the matrix tries an approval.
     "reviews/<str:subject>/<int:pk>/": Entry("/reviews/extraction/{extraction}/", get=POST_ONLY, post=REVIEWERS,
                                              data="approve_form"),
 }

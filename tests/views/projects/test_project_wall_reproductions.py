@@ -1,6 +1,6 @@
 """The reproductions of issue 34's project findings (3, 4, 5, 6 and 8), each as the probe made it: a
 launcher, viewer or reviewer of one closed project against a run of another. Each failed before the one
-rule (runs.projects.access) answered them; tests/views/test_project_wall.py walks every route the same way."""
+rule (runs.projects.access) answered them; tests/views/projects/test_project_wall.py walks every route the same way."""
 from __future__ import annotations
 
 import json

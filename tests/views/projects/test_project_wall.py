@@ -6,7 +6,7 @@ checkpoint's or extraction's folder, to anyone but staff.
 
 Two closed projects: "alpha", where the viewer (project viewer), launcher (owner), reviewer (viewer) and
 admin (the site's admin role, not staff: projects still apply; editor) are members, and "beta", of a
-stranger. Staff see both. The entries per route are tests/views/matrix_projects.py's; a route of the URL map
+stranger. Staff see both. The entries per route are tests/views/projects/matrix_projects.py's; a route of the URL map
 without one fails `test_every_route_is_on_the_wall`. Real views, PostgreSQL and services throughout.
 """
 from __future__ import annotations
@@ -34,8 +34,8 @@ from runs.projects import access
 from runs.projects.services import project_create, project_member_set
 from runs.sweeps.services import sweep_launch
 from runs.sweeps.spec import parse_vary
-from tests.views.matrix_projects import BODIES, WALL
-from tests.views.test_authorization_matrix import ROUTES
+from tests.views.projects.matrix_projects import BODIES, WALL
+from tests.views.url_map.test_authorization_matrix import ROUTES
 
 pytestmark = pytest.mark.django_db
 
@@ -146,7 +146,7 @@ APP_ROUTES = [route for route in ROUTES if not route.startswith("admin/")]  # th
 
 def test_every_route_is_on_the_wall():
     missing = [route for route in APP_ROUTES if route not in WALL]
-    assert missing == [], f"routes with no entry in tests/views/matrix_projects.py: {missing}"
+    assert missing == [], f"routes with no entry in tests/views/projects/matrix_projects.py: {missing}"
     assert [route for route in WALL if route not in ROUTES] == [], "entries for routes the URL map no longer has"
 
 

@@ -1,7 +1,7 @@
-"""No page or API answer shows Python's traceback banner: every GET of the URL map (tests/views/matrix_projects.py),
-asked by staff (who see everything) about objects whose stage and every kind of job failed, some with the
-traceback an older row stored in its error. A failure reads as its sentence; the frames sit under
-"details for developers" without the banner (workers.contract.failures)."""
+"""No page or API answer shows Python's traceback banner: every GET of the URL map
+(tests/views/projects/matrix_projects.py), asked by staff (who see everything) about objects whose stage and
+every kind of job failed, some with the traceback an older row stored in its error. A failure reads as its
+sentence; the frames sit under "details for developers" without the banner (workers.contract.failures)."""
 from __future__ import annotations
 
 import pytest
@@ -9,8 +9,8 @@ import pytest
 from runs.models import Checkpoint, DatasetCatalogue, Evaluation, StageAttempt, VerificationRequest
 from runs.pipeline.jobs.models import DemoBuild, ServeCheck
 from runs.pipeline.lifecycle.stage_services import stage_fail
-from tests.views.test_project_wall import APP_ROUTES, Wall
-from tests.views.matrix_projects import WALL
+from tests.views.projects.test_project_wall import APP_ROUTES, Wall
+from tests.views.projects.matrix_projects import WALL
 from workers.contract.failures import trace_for_developers
 
 pytestmark = pytest.mark.django_db

@@ -34,11 +34,12 @@ from runs.models import (Checkpoint, CurationAction, Evaluation, PendingEnqueue,
                          StageAttempt, Verification, VerificationOverride)
 from runs.pipeline.lifecycle.stages import STAGES
 from runs.pipeline.launch.run_config import RunConfig
-from tests.views.matrix_api import API
-from tests.views.matrix_pages import (ADMIN, ADMIN_SHAPES, ADMIN_WRITES, AUDIT_LOGS, PAGES, READ_ONLY, WRITTEN_BY_LAUNCHES,
-                                      WRITTEN_BY_SERVICES, WRITTEN_BY_SIGN_INS)
-from tests.views.matrix_vocabulary import (ADMIN_LOGIN, ADMIN_OK, ANY_LOGIN, FORBIDDEN, LOGIN, NOT_ALLOWED, NOT_TRIED, OK,
-                                           REDIRECT, ROLES, STAFF, STAFF_WRITE, UNAUTHORIZED, Entry)
+from tests.views.url_map.matrix_api import API
+from tests.views.url_map.matrix_pages import (ADMIN, ADMIN_SHAPES, ADMIN_WRITES, AUDIT_LOGS, PAGES, READ_ONLY,
+                                              WRITTEN_BY_LAUNCHES, WRITTEN_BY_SERVICES, WRITTEN_BY_SIGN_INS)
+from tests.views.url_map.matrix_vocabulary import (ADMIN_LOGIN, ADMIN_OK, ANY_LOGIN, FORBIDDEN, LOGIN, NOT_ALLOWED,
+                                                   NOT_TRIED, OK, REDIRECT, ROLES, STAFF, STAFF_WRITE, UNAUTHORIZED,
+                                                   Entry)
 
 pytestmark = pytest.mark.django_db
 
