@@ -53,7 +53,7 @@ def data_root(tmp_path_factory, settings):
 @pytest.fixture(autouse=True)
 def vllm_launch_check_off(settings):
     """vLLM's launch check (runs.pipeline.launch.preflight) costs seconds per new target wherever `make vllm` ran:
-    off unless a test turns it on (tests/services/test_launch_preflight.py does)."""
+    off unless a test turns it on (tests/services/launch/test_launch_preflight.py does)."""
     settings.EAGLE3WEB_VLLM_PREFLIGHT_SECONDS = 0
 
 

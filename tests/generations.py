@@ -62,7 +62,7 @@ def result_of(*, checkpoint, found: Measured):
     """What the evaluate stage's worker hands over for `checkpoint` (an EvaluationResult)."""
     from pathlib import Path
 
-    from tests.services.test_best_by_tau import _made
+    from tests.services.checkpoints.test_best_by_tau import _made
     from workers.stages.evaluate.measure import EvaluationResult
 
     m = found.measurement

@@ -9,7 +9,7 @@ import pytest
 from runs.checkpoints.models import CheckpointGenerations
 from tests.api.conftest import ApiClient
 from tests.generations import FULL_CHAINS, K, MAX_NEW, measured, record
-from tests.services.test_best_by_tau import _launch, _trained
+from tests.services.checkpoints.test_best_by_tau import _launch, _trained
 
 pytestmark = pytest.mark.django_db
 

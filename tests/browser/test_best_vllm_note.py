@@ -1,7 +1,7 @@
 """The run page in headless Chromium while a serve check of the run's best lands: the best stays the
 one our τ chose, vLLM's figure appears beside ours in the best's sentence, and the note that the two
 disagree beyond the prompts' noise appears without a reload (static/js/loss_tau.js, from the polled
-summary). The run is tests/services/test_best_by_tau.py's: epoch 3 best by our τ (2.41, standard error
+summary). The run is tests/services/checkpoints/test_best_by_tau.py's: epoch 3 best by our τ (2.41, standard error
 0.04 over 4 prompts), which vLLM serves at 2.20."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from runs.models import ServeCheck
 from tests.browser.test_hostile_strings import Watch
 from tests.browser.test_pages_at_a_glance import _log_in
 from tests.fleet import fake_gpu_worker
-from tests.services.test_best_by_tau import NOTE, _evaluated, _launch, _served, _trained
+from tests.services.checkpoints.test_best_by_tau import NOTE, _evaluated, _launch, _served, _trained
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 
 from runs.models import Checkpoint
 from tests.browser.test_pages_at_a_glance import _log_in
-from tests.services.test_best_by_tau import _launch
+from tests.services.checkpoints.test_best_by_tau import _launch
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

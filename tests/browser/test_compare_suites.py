@@ -1,6 +1,7 @@
 """Compare's runs × suites table in headless Chromium: two runs measured on the held-out prompts and on the
-suite "code" (the checkpoints of tests/services/test_eval_suites.py), one choosing its best by held_out, the
-other by code; each row shows its best's τ on each suite, the suite that chose it in bold, with no console error."""
+suite "code" (the checkpoints of tests/services/checkpoints/test_eval_suites.py), one choosing its best by
+held_out, the other by code; each row shows its best's τ on each suite, the suite that chose it in bold, with no
+console error."""
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,8 @@ from playwright.sync_api import expect
 
 from tests.browser.test_hostile_strings import Watch
 from tests.browser.test_pages_at_a_glance import _log_in
-from tests.services.test_best_by_tau import _launch, _trained
-from tests.services.test_eval_suites import CHAT, CODE, _evaluated
+from tests.services.checkpoints.test_best_by_tau import _launch, _trained
+from tests.services.checkpoints.test_eval_suites import CHAT, CODE, _evaluated
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -24,7 +24,7 @@ def test_the_client_asks_for_a_regeneration_with_its_shards(live_server, launche
     from runs.models import DatasetRegeneration
     from runs.pipeline import services
     from tests.fleet import cpu_worker
-    from tests.services.test_regeneration_request import _target
+    from tests.services.data.test_regeneration_request import _target
 
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"q {i}"},

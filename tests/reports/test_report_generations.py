@@ -14,7 +14,7 @@ from runs.reports import services
 from tests.browser.test_hostile_strings import Watch
 from tests.browser.test_pages_at_a_glance import _log_in
 from tests.generations import FULL_CHAINS, MAX_NEW, measured, record
-from tests.services.test_best_by_tau import _launch, _trained
+from tests.services.checkpoints.test_best_by_tau import _launch, _trained
 
 
 @pytest.fixture(scope="module")

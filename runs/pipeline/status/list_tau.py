@@ -13,7 +13,7 @@ from runs.pipeline.models import PipelineRun, TrainingRun
 
 
 def list_tau_expression() -> Coalesce:
-    """The definition, per run in SQL: what list_tau must equal (tests/services/test_list_tau.py)."""
+    """The definition, per run in SQL: what list_tau must equal (tests/services/status/test_list_tau.py)."""
     return Coalesce(Subquery(TrainingRun.objects.filter(run_id=OuterRef("pk")).values("best_tau")[:1]),
                     Subquery(Evaluation.objects.filter(run_id=OuterRef("pk")).values("tau")[:1]))
 

@@ -3,7 +3,7 @@ checkpoint's acceptance per position, as our evaluate stage measured it (runs.tr
 acceptance_side_by_side), each cell's delta against a baseline run, blank past a run's k, a row that says
 why where a run has no measurement; and compare costs the same queries for 3 runs and 10.
 
-Run A (k=3) is the run of tests/services/test_best_by_tau.py: its evaluate stage's own row measured
+Run A (k=3) is the run of tests/services/checkpoints/test_best_by_tau.py: its evaluate stage's own row measured
 epoch 1 (the trainer's mark, the lowest validation loss), and the best by τ moved to epoch 2. Run B's
 draft proposes 2 tokens and its best is its stage row's epoch 1. Run C's evaluate stage has not run."""
 from __future__ import annotations
@@ -19,14 +19,14 @@ from runs.pipeline import selectors
 from runs.pipeline.status.run_summary import run_summary
 from runs.tracking.comparison import (DELTA_STEPS, ComparisonError, acceptance_side_by_side, delta_tone, run_acceptance,
                                       run_comparison, run_settings)
-from tests.services.test_best_by_tau import _launch, _made, _served, _trained
+from tests.services.checkpoints.test_best_by_tau import _launch, _made, _served, _trained
 
 pytestmark = pytest.mark.django_db
 
 # Per epoch, the acceptance per position each measurement reports (τ = 1 + its sum).
 A = {0: [0.6, 0.4, 0.2], 1: [0.7, 0.5, 0.3], 2: [0.8, 0.6, 0.4]}  # τ 2.2, 2.5, 2.8: epoch 2 best
 B = {0: [0.5, 0.3], 1: [0.78, 0.52], 2: [0.7, 0.5]}  # τ 1.8, 2.3, 2.2: epoch 1 best, the stage's own
-VLLM_ACCEPTANCE = [0.5, 0.3, 0.2]  # what tests.services.test_best_by_tau._served reports for vLLM
+VLLM_ACCEPTANCE = [0.5, 0.3, 0.2]  # what tests.services.checkpoints.test_best_by_tau._served reports for vLLM
 
 
 def _result(checkpoint, acceptance: list[float]):
@@ -44,7 +44,7 @@ def _result(checkpoint, acceptance: list[float]):
 
 
 def _evaluated(run, checkpoints, acceptance: dict[int, list[float]]) -> None:
-    """The evaluate stage as a worker plays it (tests.services.test_best_by_tau._evaluated), with these
+    """The evaluate stage as a worker plays it (tests.services.checkpoints.test_best_by_tau._evaluated), with these
     acceptances: every other checkpoint beside the stage's, then the stage's own row, of the trainer's mark."""
     from runs.pipeline.lifecycle.result_records import evaluation_record, measured_alongside_record
     from runs.models import Evaluation

@@ -5,7 +5,7 @@ speculators' Eagle3SpeculatorConfig, built as `Eagle3DraftModel.from_training_ar
 arguments workers/stages/train/draft_model.py build_draft_model gives it (speculators' eagle3 defaults), and the
 keys a checkpoint's save adds (SingleGPUCheckpointer.save_checkpoint: the model class in `architectures`,
 bf16 tensors, untied embeddings), without building the model, whose embeddings would read the target's
-weights. tests/services/test_launch_preflight.py compares it with the config.json of a real checkpoint.
+weights. tests/services/launch/test_launch_preflight.py compares it with the config.json of a real checkpoint.
 
 Run as `python -m workers.stages.train.draft_config` (from the project root) it reads one JSON request on
 stdin, {"target": DIR, "aux_layer_ids": [...], "draft_vocab_size": N, "ttt_steps": k, "out_dir": DIR},

@@ -15,8 +15,8 @@ from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.run_filters import RunFilters
 from runs.tracking.run_table import run_table
 from tests.api.conftest import people  # noqa: F401 - the users
-from tests.services import test_shown_tau
-from tests.services.test_best_by_tau import _trained
+from tests.services.status import test_shown_tau
+from tests.services.checkpoints.test_best_by_tau import _trained
 
 pytestmark = pytest.mark.django_db
 two_runs = test_shown_tau.two_runs  # A best 2.41 (not its stage row's 2.30), B best 2.35

@@ -18,7 +18,7 @@ from runs.models import Checkpoint, EvalSuite, Evaluation, PipelineRun
 from runs.pipeline.lifecycle.result_records import evaluation_record, measured_alongside_record
 from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.pipeline.lifecycle.stage_services import stage_start
-from tests.services.test_best_by_tau import TAUS, _launch, _result, _summary, _trained
+from tests.services.checkpoints.test_best_by_tau import TAUS, _launch, _result, _summary, _trained
 
 pytestmark = pytest.mark.django_db
 
@@ -201,7 +201,7 @@ def test_the_serve_k_and_the_card_read_the_held_out_k_and_every_suites_tau(user,
     every request is served with, in the summary, the serve command and the card, stays the held-out
     measurement's; the card states τ on each suite as the database holds it."""
     from runs.checkpoints.card_facts import checkpoint_card_facts
-    from tests.services.test_best_by_tau import _summary
+    from tests.services.checkpoints.test_best_by_tau import _summary
 
     run = _launch(user, roots, eval_suites={"code": str(code_file)})
     _evaluated(run, _trained(run), {"code": CODE})

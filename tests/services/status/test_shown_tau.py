@@ -20,7 +20,7 @@ from runs.tracking.comparison import run_comparison
 from runs.tracking.run_filters import RunFilters
 from runs.tracking.run_table import run_table
 from tests.api.conftest import ApiClient, people  # noqa: F401 - the users and tokens of the API tests
-from tests.services.test_best_by_tau import LOSSES, _evaluated, _summary, _trained
+from tests.services.checkpoints.test_best_by_tau import LOSSES, _evaluated, _summary, _trained
 
 pytestmark = pytest.mark.django_db
 

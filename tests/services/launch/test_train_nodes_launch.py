@@ -76,7 +76,7 @@ def test_a_ranks_messages_wait_in_the_outbox_while_the_broker_is_down_then_reach
     from runs.pipeline.dispatch import queue
     from runs.pipeline.nodes.services import nodes_open
     from tests.outage import celery_broker, private_redis
-    from tests.services.test_message_claims import _queued_in_broker
+    from tests.services.dispatch.test_message_claims import _queued_in_broker
 
     for host in "abc":
         cpu_worker(f"cpu@host-{host}")

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from tests.services.test_best_by_tau import _launch, _result, _summary, _trained
+from tests.services.checkpoints.test_best_by_tau import _launch, _result, _summary, _trained
 from runs.models import Evaluation
 from runs.pipeline.lifecycle.result_records import evaluation_record, measured_alongside_record
 from runs.pipeline.lifecycle.stage_services import stage_start
