@@ -42,7 +42,7 @@ from workers.stages.vocab import build_vocab  # noqa: E402
 class FolderPeak(threading.Thread):
     """A folder's bytes of hidden-state files (`pattern` under it: by default every *.safetensors* file at any
     depth, the capture servers' and the .part copies included), sampled every 20 ms until `done` is set;
-    `peak` the largest (tests/stages/train/online/test_online_*.py and tests/e2e/test_online_run.py sample caches
+    `peak` the largest (tests/stages/train/online/test_online_*.py and tests/e2e/vllm/test_online_run.py sample caches
     with it too)."""
 
     def __init__(self, folder: Path, *, pattern: str = "**/*.safetensors*"):

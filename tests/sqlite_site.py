@@ -1,4 +1,4 @@
-"""The rows of tests/e2e/test_sqlite_writers.py, written by a process of their own on the test's
+"""The rows of tests/e2e/faults/test_sqlite_writers.py, written by a process of their own on the test's
 SQLite file (DATABASE_URL), beside the workers and the web server that use the same file:
 
     DATABASE_URL=sqlite:///DB python -m tests.sqlite_site ROOT CHATS EXTRACTIONS

@@ -1,5 +1,5 @@
 """On-policy data end to end, with the transformers backend on the demo target (the vLLM backend's own
-tests are in tests/e2e/test_regenerate_vllm.py): `regenerate_dataset --inline` makes a dataset with its
+tests are in tests/e2e/vllm/test_regenerate_vllm.py): `regenerate_dataset --inline` makes a dataset with its
 lineage, asking again returns it, a run trains on it and says it is on-policy; a real Celery worker killed
 mid-way is replaced and the file holds each conversation once."""
 from __future__ import annotations

@@ -10,8 +10,8 @@ from playwright.sync_api import expect
 
 from runs.models import Checkpoint
 from runs.reports import selectors, services
-from tests.browser.test_hostile_strings import Watch
-from tests.browser.test_pages_at_a_glance import _log_in
+from tests.browser.every_page.test_hostile_strings import Watch
+from tests.browser.every_page.test_pages_at_a_glance import _log_in
 from tests.reports.test_reports import HOSTILE, _run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -11,8 +11,8 @@ import pytest
 from playwright.sync_api import expect
 
 from runs.reports import services
-from tests.browser.test_hostile_strings import Watch
-from tests.browser.test_pages_at_a_glance import _log_in
+from tests.browser.every_page.test_hostile_strings import Watch
+from tests.browser.every_page.test_pages_at_a_glance import _log_in
 from tests.generations import FULL_CHAINS, MAX_NEW, measured, record
 from tests.services.checkpoints.test_best_by_tau import _launch, _trained
 

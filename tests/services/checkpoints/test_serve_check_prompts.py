@@ -1,6 +1,6 @@
 """A serve check decodes the prompts its measurement decoded, whatever measurement it starts from: the
 run's own, or one the pipeline made of another of the run's checkpoints (whose rows once kept
-max_prompts at its default, 32, while they decoded the run's eval_prompts). tests/e2e/test_real_vllm.py
+max_prompts at its default, 32, while they decoded the run's eval_prompts). tests/e2e/vllm/test_real_vllm.py
 checks the same on a real run's prepared prompts; here the prompts' source is a stand-in, loaded as a
 worker would load the PromptSource the plan names (the first `limit` of SOURCE)."""
 from pathlib import Path

@@ -1,6 +1,6 @@
 """Hand-overs between stages and messages a worker took but never ran (runs.pipeline.dispatch.message_claims),
 against PostgreSQL and a real Redis of the test's own; the workers themselves are in
-tests/e2e/test_lost_messages.py.
+tests/e2e/faults/test_lost_messages.py.
 
 Each test names the worker state it builds (a heartbeat row written here, as a worker's thread would)
 and checks what the reconciler does about it: the outbox rows it writes are what the broker is handed."""

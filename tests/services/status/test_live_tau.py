@@ -1,5 +1,5 @@
 """τ while training (runs.pipeline.status.live_tau): which checkpoint a live measurement measures, and the rule
-that stops training when τ is flat. The real workers: tests/e2e/test_live_tau.py."""
+that stops training when τ is flat. The real workers: tests/e2e/fleet/test_live_tau.py."""
 from __future__ import annotations
 
 import json

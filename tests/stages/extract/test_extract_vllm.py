@@ -1,6 +1,6 @@
 """The vLLM extraction backend's client and its faults, against a stand-in `vllm` executable on PATH.
 
-Real vLLM (its CPU build, `make vllm`) extracts in tests/e2e/test_real_vllm.py: that is where the
+Real vLLM (its CPU build, `make vllm`) extracts in tests/e2e/vllm/test_real_vllm.py: that is where the
 files are proven equal to transformers'. The stand-in (tests/standins/vllm) stays for what real vLLM
 cannot be made to do here on demand, in seconds: a server that exits at start or mid-run, one that is
 never healthy, one that writes a file a token short, a stop while it starts, a SIGKILLed worker; and

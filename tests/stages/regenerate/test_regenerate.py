@@ -1,6 +1,6 @@
 """The regenerate stage with the transformers backend: replies against an independent greedy decoding,
 the rows' shape and counts, our readers reading the output back, resume (torn line, a SIGKILLed
-process), curation, max_samples, failures and the checks of a target. vLLM: tests/e2e/test_regenerate_vllm.py."""
+process), curation, max_samples, failures and the checks of a target. vLLM: tests/e2e/vllm/test_regenerate_vllm.py."""
 from __future__ import annotations
 
 import json

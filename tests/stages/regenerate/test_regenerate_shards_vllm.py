@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 import pytest
 
-from tests.e2e.test_regenerate_vllm import serve_command
+from tests.e2e.vllm.test_regenerate_vllm import serve_command
 from tests.regenerate_data import TOO_LONG_TEXT, demo_rows, shaped_rows, write_jsonl
 from tests.vllm_here import vllm_or_skip
 from workers.stages.regenerate.base import RegenerateSettings

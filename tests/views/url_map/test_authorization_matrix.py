@@ -6,7 +6,7 @@ answers and, for a URL that changes state, what a POST answers; a refused POST m
 
 Roles come from runs/roles.py: viewer reads; launcher launches, imports, evaluates and verifies, and
 cancels, retries and tags its own runs (the world's runs are the admin's: a launcher is refused them,
-tests/api/test_run_ownership.py has the rest of that rule); reviewer verifies, reviews and overrides;
+tests/api/runs/test_run_ownership.py has the rest of that rule); reviewer verifies, reviews and overrides;
 admin (a staff superuser) does everything, and only staff reach the admin site.
 
 The API (/api/v1/) is asked with each role's token (anonymous: none) and JSON bodies, and answers

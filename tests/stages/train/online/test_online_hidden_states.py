@@ -2,7 +2,7 @@
 
 Two capture servers are started once for the module (CaptureFleet, as the train stage starts them) and
 handed to the trainings by URL; the last test kills one of them mid-run. The offline baseline reads the
-transformers extraction of the same rows (tests/e2e/test_real_vllm.py proves vLLM's files equal to it
+transformers extraction of the same rows (tests/e2e/vllm/test_real_vllm.py proves vLLM's files equal to it
 within bf16 rounding), so the online losses are compared within what one bf16 step of hidden-state
 difference moves the loss, measured here by training offline on states nudged by one bf16 step.
 """
