@@ -6,7 +6,7 @@
         [--regen-conversations 48] [--regen-new-tokens 16]
 
 Each side is a real run: services.run_launch on PostgreSQL and Redis (the database is created and migrated
-if missing), its stages done by `celery worker` processes with distinct -n names (tests.worker.celery_worker),
+if missing), its stages done by `celery worker` processes with distinct -n names (tests.helpers.worker.celery_worker),
 each one pool slot and one torch thread (EAGLE3WEB_TORCH_THREADS=1, OMP_NUM_THREADS=1). The target is the
 tiny demo target (workers.stages.demo.assets), built offline. The run is cancelled once its extraction
 has succeeded (vocabulary and training are not what is measured here).
@@ -143,7 +143,7 @@ def extraction_on(*, workers: int, shards: int, assets, user, work: Path, conver
     from runs.pipeline import services
     from runs.pipeline.jobs.models import DatasetRegeneration
     from runs.pipeline.launch.run_config import RunConfig
-    from tests.worker import celery_worker
+    from tests.helpers.worker import celery_worker
 
     logs = [work / f"worker-{chr(97 + i)}-{workers}.log" for i in range(workers)]
     with ExitStack() as stack:

@@ -4,7 +4,7 @@
 
 The replies are decoded for real: the demo's tiny target (built here, offline) answers its first --prompts
 chat prompts with up to --max-new-tokens tokens each, speculatively, with the stand-in drafts of
-tests/generations.py (epoch 0: right at draft position 1 only; epoch 1: the target's own continuation),
+tests/helpers/generations.py (epoch 0: right at draft position 1 only; epoch 1: the target's own continuation),
 and the evaluate stage's recording stores them (PostgreSQL database `bench_generations`, created and
 dropped here). The page is served by `manage.py runserver`; each of --loads loads of the checkpoint page
 reads the performance measure "generations-render" that static/js/generations.js records for its draw
@@ -39,7 +39,7 @@ def measure_checkpoints(workdir: Path, args) -> tuple[object, object, dict]:
     from workers.stages.demo.assets import build_demo_assets
 
     from runs.models import Checkpoint, TrainingRun
-    from tests.generations import measured, record
+    from tests.helpers.generations import measured, record
 
     assets = build_demo_assets(Path(args.assets), num_conversations=150, train_steps=12, seed=0)
     _user, runs, training = make_runs(1, workdir=workdir)

@@ -101,7 +101,7 @@ def user(django_user_model):
 @pytest.fixture
 def worker(data_root, transactional_db, tmp_path):
     """A real Celery worker process on the tests' PostgreSQL database and Redis broker."""
-    from tests.worker import celery_worker
+    from tests.helpers.worker import celery_worker
 
     log_path = tmp_path / "worker.log"
     with celery_worker(data_root=data_root, log_path=log_path) as proc:

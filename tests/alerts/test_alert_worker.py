@@ -11,7 +11,7 @@ from runs.alerts import services
 from runs.alerts.models import AlertDelivery
 from runs.alerts.services import RuleInput
 from runs.pipeline.lifecycle.stage_services import stage_fail
-from tests.worker import celery_worker
+from tests.helpers.worker import celery_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -2,7 +2,7 @@
 (static/js/generations.js): each token coloured by the draft position that proposed it, one outlined span
 per verification forward, the prompts filtered by length and τ, and another checkpoint's reply to the same
 prompt beside each one. Epoch 0 was measured with the oracle stand-in (every draft accepted), epoch 1 with
-the one right at position 1 only (tests/generations.py), on the same three prompts, EOS off."""
+the one right at position 1 only (tests/helpers/generations.py), on the same three prompts, EOS off."""
 from __future__ import annotations
 
 import re
@@ -12,7 +12,7 @@ from playwright.sync_api import expect
 
 from tests.browser.every_page.test_hostile_strings import Watch
 from tests.browser.every_page.test_pages_at_a_glance import _log_in
-from tests.generations import FULL_CHAINS, MAX_NEW, measured, record
+from tests.helpers.generations import FULL_CHAINS, MAX_NEW, measured, record
 from tests.services.checkpoints.test_best_by_tau import _launch, _trained
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

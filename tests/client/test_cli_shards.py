@@ -23,7 +23,7 @@ def test_the_client_asks_for_a_regeneration_with_its_shards(live_server, launche
     settings with another split answer the same job, the split asked last kept; 0 refused naming `shards`."""
     from runs.models import DatasetRegeneration
     from runs.pipeline import services
-    from tests.fleet import cpu_worker
+    from tests.helpers.fleet import cpu_worker
     from tests.services.data.test_regeneration_request import _target
 
     chats = tmp_path / "chats.jsonl"

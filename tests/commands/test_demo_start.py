@@ -131,9 +131,9 @@ def test_make_demo_starts_a_worker_for_the_cpu_queue_apart_from_the_one_that_tra
     from runs.fleet.models import Worker
     from runs.models import StageAttempt
     from runs.pipeline.jobs.services import extraction_verify_request
-    from tests.outage import free_port
+    from tests.helpers.outage import free_port
     from tests.contract.test_verify import H, N, write_flat
-    from tests.worker import BASE_DIR, test_database_url
+    from tests.helpers.worker import BASE_DIR, test_database_url
 
     port = free_port()
     recipe = subprocess.run(["make", "-n", "demo", f"PORT={port}"], cwd=BASE_DIR, capture_output=True, text=True,

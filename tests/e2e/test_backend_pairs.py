@@ -18,7 +18,7 @@ from runs.pipeline import services
 from runs.models import Checkpoint, MetricSeries, StageStatus
 from runs.pipeline.dispatch.routing import stage_backend
 from runs.pipeline.launch.run_config import RunConfig
-from tests.fleet import fake_gpu_worker
+from tests.helpers.fleet import fake_gpu_worker
 from workers.contract import backends, vllm_env
 from workers.orchestration.tasks import pipeline_run_inline
 

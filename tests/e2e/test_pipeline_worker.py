@@ -10,7 +10,7 @@ from django.core.management import call_command
 from runs.pipeline import services
 from runs.models import MetricSeries, PipelineRun, StageStatus, Verification
 from runs.pipeline.launch.run_config import RunConfig
-from tests.worker import wait_for_run
+from tests.helpers.worker import wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -18,7 +18,7 @@ from runs.data.regeneration import RegenerationSettings, dataset_regenerate_requ
 from runs.models import Dataset, DatasetSample, StageAttempt, StageStatus
 from runs.pipeline import services
 from runs.pipeline.jobs.models import DatasetRegeneration
-from tests.worker import celery_worker, kill_worker_hard
+from tests.helpers.worker import celery_worker, kill_worker_hard
 
 pytestmark = [pytest.mark.slow]
 

@@ -21,7 +21,7 @@ FOLDERS_OVER = {
     "runs/pipeline": 13,
     "runs/tracking": 14,
     "static/js": 20,
-    "tests": 28,
+    "tests": 19,
     "workers/contract": 25,
     "workers/stages": 15,
     "workers/stages/extract": 13,

@@ -1,4 +1,4 @@
-"""A generations block with replies measured for real (tests/generations.py: the tiny target decoding its
+"""A generations block with replies measured for real (tests/helpers/generations.py: the tiny target decoding its
 chat prompts with the oracle stand-in, every draft accepted, k = 3, EOS off): the page's script draws the
 first `prompts` replies from the generations API, and the export carries them, each drafted token in
 the class of the draft position that proposed it."""
@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 from runs.reports import services
 from tests.browser.every_page.test_hostile_strings import Watch
 from tests.browser.every_page.test_pages_at_a_glance import _log_in
-from tests.generations import FULL_CHAINS, MAX_NEW, measured, record
+from tests.helpers.generations import FULL_CHAINS, MAX_NEW, measured, record
 from tests.services.checkpoints.test_best_by_tau import _launch, _trained
 
 

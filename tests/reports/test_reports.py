@@ -14,7 +14,7 @@ from runs.pipeline import services as run_services
 from runs.pipeline.launch.run_config import RunConfig
 from runs.reports import services
 from runs.tracking.services import metrics_record
-from tests.fleet import cpu_worker
+from tests.helpers.fleet import cpu_worker
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.db import ProgrammingError, connection, transaction
 
 from eagle3web.db import db_retry
-from tests.worker import test_database_url as database_url  # renamed: pytest would collect it
+from tests.helpers.worker import test_database_url as database_url  # renamed: pytest would collect it
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

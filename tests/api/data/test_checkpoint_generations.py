@@ -1,14 +1,14 @@
 """GET /api/v1/checkpoints/<id>/generations/: a checkpoint's replies token by token, as the evaluate stage
 recorded them (runs.pipeline.lifecycle.result_records.measured_alongside_record). Epoch 0 of the run was measured
 with the oracle stand-in (every draft accepted), epoch 1 with the one right at position 1 only, on the
-same three prompts of the tiny target (tests/generations.py), EOS off."""
+same three prompts of the tiny target (tests/helpers/generations.py), EOS off."""
 from __future__ import annotations
 
 import pytest
 
 from runs.checkpoints.models import CheckpointGenerations
 from tests.api.conftest import ApiClient
-from tests.generations import FULL_CHAINS, K, MAX_NEW, measured, record
+from tests.helpers.generations import FULL_CHAINS, K, MAX_NEW, measured, record
 from tests.services.checkpoints.test_best_by_tau import _launch, _trained
 
 pytestmark = pytest.mark.django_db
@@ -115,7 +115,7 @@ def test_the_stage_rows_own_measurement_is_recorded_and_the_latest_one_answers(a
     from runs.models import Evaluation
     from runs.pipeline.lifecycle.result_records import evaluation_record
     from runs.pipeline.lifecycle.stage_services import stage_start
-    from tests.generations import result_of
+    from tests.helpers.generations import result_of
 
     run = _launch(user, roots)
     trained = _trained(run)

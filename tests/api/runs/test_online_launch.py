@@ -17,7 +17,7 @@ from runs.pipeline.dispatch.routing import stage_queue
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.pipeline.selectors import launch_copy_initial
-from tests.fleet import cpu_worker, fake_gpu_worker
+from tests.helpers.fleet import cpu_worker, fake_gpu_worker
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from runs.models import PendingEnqueue, PipelineRun
 from runs.pipeline.dispatch.queue import RETRY_AFTER, outbox_flush
 from tests.api.conftest import ApiClient
 from tests.api.runs.test_api_runs import body
-from tests.outage import celery_broker, private_redis
+from tests.helpers.outage import celery_broker, private_redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,7 +19,7 @@ from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.lifecycle.stage_services import stage_progress
 from runs.tracking.services import metrics_record
-from tests.fleet import cpu_worker
+from tests.helpers.fleet import cpu_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -2,14 +2,14 @@
 what no live worker can run is offered disabled with the reason, and a run launched with vLLM and
 speculators' trainer says so on its page and waits in the queue of a worker that fits it.
 
-The GPU host is a FAKE worker row (tests/fleet.py): no GPU or second host exists here."""
+The GPU host is a FAKE worker row (tests/helpers/fleet.py): no GPU or second host exists here."""
 import re
 
 import pytest
 from playwright.sync_api import expect
 
 from runs.models import PipelineRun
-from tests.fleet import cpu_worker, fake_gpu_worker
+from tests.helpers.fleet import cpu_worker, fake_gpu_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

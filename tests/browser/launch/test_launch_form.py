@@ -6,7 +6,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.fleet import cpu_worker
+from tests.helpers.fleet import cpu_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 from runs.models import ServeCheck
 from tests.browser.every_page.test_hostile_strings import Watch
 from tests.browser.every_page.test_pages_at_a_glance import _log_in
-from tests.fleet import fake_gpu_worker
+from tests.helpers.fleet import fake_gpu_worker
 from tests.services.checkpoints.test_best_by_tau import NOTE, _evaluated, _launch, _served, _trained
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -14,7 +14,7 @@ from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.lifecycle.stage_services import MAX_ATTEMPTS, stage_record_id, stage_start, stages_reconcile
 from tests.browser.launch.test_launch_form import log_in
-from tests.worker import wait_for_run
+from tests.helpers.worker import wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -4,8 +4,8 @@ import pytest
 
 from runs.models import PendingEnqueue, StageStatus
 from tests.e2e.faults.test_worker_faults import wait_until
-from tests.outage import celery_broker, private_redis
-from tests.worker import celery_worker, wait_for_run
+from tests.helpers.outage import celery_broker, private_redis
+from tests.helpers.worker import celery_worker, wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -11,9 +11,9 @@ from runs.tracking.curves import series_points
 from runs.models import MetricSeries, StageAttempt, StageStatus, TrainingRun
 from runs.pipeline.launch.run_config import RunConfig
 from tests.e2e.faults.test_worker_faults import wait_until
-from tests.outage import tcp_proxy
-from tests.worker import celery_worker, wait_for_run
-from tests.worker import test_database_url as database_url  # renamed: pytest would collect it
+from tests.helpers.outage import tcp_proxy
+from tests.helpers.worker import celery_worker, wait_for_run
+from tests.helpers.worker import test_database_url as database_url  # renamed: pytest would collect it
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -21,8 +21,8 @@ from runs.models import ExtractStage, PendingEnqueue, Preparation, StageStatus, 
 from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 from tests.e2e.faults.test_worker_faults import wait_until
-from tests.outage import celery_broker, private_redis
-from tests.worker import celery_worker, kill_worker_hard, wait_for_run
+from tests.helpers.outage import celery_broker, private_redis
+from tests.helpers.worker import celery_worker, kill_worker_hard, wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

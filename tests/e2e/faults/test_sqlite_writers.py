@@ -30,8 +30,8 @@ from typing import Iterator
 import pytest
 from django.conf import settings
 
-from tests.outage import free_port, wait_for_port
-from tests.worker import BASE_DIR, celery_worker
+from tests.helpers.outage import free_port, wait_for_port
+from tests.helpers.worker import BASE_DIR, celery_worker
 
 pytestmark = pytest.mark.slow
 
@@ -133,7 +133,7 @@ def test_two_workers_and_the_web_server_write_to_one_sqlite_file_at_once(tmp_pat
                                               extra_env={"DATABASE_URL": env["DATABASE_URL"]}))
         base = stack.enter_context(web_server(env, logs[2]))
         made = json.loads(subprocess.run(
-            [sys.executable, "-m", "tests.sqlite_site", str(data_dir), str(CHATS), str(EXTRACTIONS)], env=env,
+            [sys.executable, "-m", "tests.helpers.sqlite_site", str(data_dir), str(CHATS), str(EXTRACTIONS)], env=env,
             cwd=BASE_DIR, check=True, capture_output=True, text=True, timeout=300).stdout)
         # The catalogue is queued: one worker takes it; the other is free for the verifications.
         users = [Browser(base, username="writer", password=made["password"]) for _ in range(USERS)]

@@ -14,7 +14,7 @@ from runs.pipeline import services
 from runs.tracking.curves import series_points
 from runs.models import Checkpoint, ExtractStage, Extraction, MetricSeries, StageAttempt, StageStatus, TrainingRun
 from runs.pipeline.launch.run_config import RunConfig
-from tests.worker import celery_worker, kill_worker_hard, wait_for_run
+from tests.helpers.worker import celery_worker, kill_worker_hard, wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -8,7 +8,7 @@ from runs.pipeline import services
 from runs.pipeline.dispatch.routing import stage_queue
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.lifecycle.stages import STAGES
-from tests.worker import wait_for_run
+from tests.helpers.worker import wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

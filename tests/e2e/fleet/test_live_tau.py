@@ -14,7 +14,7 @@ from django.test import Client
 from runs.models import StageStatus, TrainingRun
 from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
-from tests.worker import celery_worker
+from tests.helpers.worker import celery_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from runs.models import Evaluation, ExtractStage, Preparation, StageShard, Stage
 from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES
-from tests.worker import celery_worker, kill_worker_hard, wait_for_run
+from tests.helpers.worker import celery_worker, kill_worker_hard, wait_for_run
 from workers.stages.prepare_merge import prepare_count_rows
 from workers.stages.shards import shard_dir
 

@@ -17,7 +17,7 @@ from runs.pipeline.lifecycle.stages import STAGES
 from runs.tracking.curves import series_points
 from tests.e2e.fleet.test_worker_fleet import wait_for
 from tests.contract.test_backends import torch_gpus
-from tests.worker import celery_worker
+from tests.helpers.worker import celery_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.worker import BASE_DIR
+from tests.helpers.worker import BASE_DIR
 
 # The sampler reads as fast as it can while the main thread imports torch; it counts the reads it made while
 # torch sat half-imported in sys.modules (the window the bug needs), so that the test shows it was exercised.

@@ -17,8 +17,8 @@ from runs.models import Checkpoint, MetricSeries, StageAttempt, StageStatus, Tra
 from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.curves import series_points
-from tests.fleet import cpu_worker
-from tests.worker import celery_worker, wait_for_run
+from tests.helpers.fleet import cpu_worker
+from tests.helpers.worker import celery_worker, wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -13,9 +13,9 @@ from runs.pipeline import services
 from runs.fleet.models import Worker
 from runs.models import StageStatus
 from runs.pipeline.launch.run_config import RunConfig
-from tests.fleet import fake_gpu_worker
+from tests.helpers.fleet import fake_gpu_worker
 from tests.contract.test_backends import torch_gpus
-from tests.worker import celery_worker
+from tests.helpers.worker import celery_worker
 from workers.contract.backends import host_queues
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from tests.vllm_here import vllm_or_skip
+from tests.helpers.vllm_here import vllm_or_skip
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 

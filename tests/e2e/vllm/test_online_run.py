@@ -14,7 +14,7 @@ from django.core.management import call_command
 
 from bench.online import FolderPeak
 from runs.pipeline.online.selectors import CACHE_DIRNAME
-from tests.vllm_here import vllm_or_skip
+from tests.helpers.vllm_here import vllm_or_skip
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 

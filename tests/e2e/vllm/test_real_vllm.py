@@ -1,7 +1,7 @@
 """vLLM itself (its CPU build, installed by `make vllm`) in the loop: extraction through `vllm serve`
 with our CPU-safe connector, and the serve check of a draft trained here.
 
-The serve check is of a draft of the regeneration tests' talker (tests/regenerate_data.py), trained on
+The serve check is of a draft of the regeneration tests' talker (tests/helpers/regenerate_data.py), trained on
 the talker's own replies: the session's tiny_target repeats one token and never reaches its end
 token, so any draft that repeats would agree with vLLM there. The talker's replies differ from prompt
 to prompt, some end at its end token and some at max_new_tokens, and a draft trained for two epochs
@@ -26,7 +26,7 @@ import torch
 from django.core.management import call_command
 from django.utils import timezone
 from safetensors.torch import load_file
-from tests.vllm_here import vllm_or_skip
+from tests.helpers.vllm_here import vllm_or_skip
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -85,7 +85,7 @@ def vllm_run(vllm_install, tiny_target, django_db_setup, django_db_blocker, tmp_
 def talker_replies(vllm_install, tmp_path_factory):
     """(the talker, a chat file of its own greedy replies to its chats' user turns), answered by vLLM
     (the regenerate stage; its replies equal the transformers backend's, tests/e2e/vllm/test_regenerate_vllm.py)."""
-    from tests.regenerate_data import talking_target
+    from tests.helpers.regenerate_data import talking_target
     from workers.stages.regenerate.base import RegenerateSettings
     from workers.stages.regenerate.stage import regenerate
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.vllm_here import vllm_or_skip
+from tests.helpers.vllm_here import vllm_or_skip
 
 from workers.contract.target import default_layer_ids, read_target_config
 from workers.stages.extract.shards import extract_merge

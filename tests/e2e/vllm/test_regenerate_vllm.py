@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.vllm_here import vllm_or_skip
-from tests.regenerate_data import TOO_LONG_TEXT, demo_rows, read_jsonl, shaped_rows, talking_target, write_jsonl
+from tests.helpers.vllm_here import vllm_or_skip
+from tests.helpers.regenerate_data import TOO_LONG_TEXT, demo_rows, read_jsonl, shaped_rows, talking_target, write_jsonl
 from workers.stages.regenerate.base import RegenerateError, RegenerateSettings
 from workers.stages.regenerate.stage import regenerate
 

@@ -26,7 +26,7 @@ from runs.pipeline.lifecycle.result_records import evaluation_record, measured_a
 from runs.pipeline.lifecycle.stage_services import stage_start
 from runs.web.forms import LaunchForm
 from tests.api.conftest import ApiClient
-from tests.fleet import fake_gpu_worker
+from tests.helpers.fleet import fake_gpu_worker
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from runs.pipeline.launch.setting_bounds import RunConfigError
 from runs.checkpoints.serve_check_services import serve_check_request
 from runs.pipeline.lifecycle.result_records import evaluation_record
 from runs.pipeline.lifecycle.stage_services import stage_start
-from tests.fleet import cpu_worker, fake_gpu_worker
+from tests.helpers.fleet import cpu_worker, fake_gpu_worker
 
 pytestmark = pytest.mark.django_db
 

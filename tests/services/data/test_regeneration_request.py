@@ -24,7 +24,7 @@ from runs.models import DatasetSample, PendingEnqueue, StageStatus
 from runs.pipeline import services
 from runs.pipeline.jobs.models import DatasetRegeneration
 from runs.pipeline.launch.run_config import RunConfig
-from tests.fleet import cpu_worker
+from tests.helpers.fleet import cpu_worker
 
 pytestmark = pytest.mark.django_db
 

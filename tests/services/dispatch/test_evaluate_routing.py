@@ -20,7 +20,7 @@ from runs.pipeline.dispatch.routing import stage_backend, stage_problem, stage_q
 from runs.pipeline.lifecycle.stages import STAGES
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import RunConfigError
-from tests.fleet import cpu_worker, fake_gpu_worker
+from tests.helpers.fleet import cpu_worker, fake_gpu_worker
 from workers.contract import backends
 
 pytestmark = pytest.mark.django_db

@@ -30,7 +30,7 @@ from runs.pipeline.dispatch.message_claims import (
 from runs.pipeline.dispatch.queue import STAGE_TASK, run_next_stage
 from runs.pipeline.lifecycle.stage_services import HAND_OVER_NEXT, stage_record_id, stage_start, stage_succeed
 from workers.orchestration.claims import broker_mark_check
-from tests.outage import celery_broker, private_redis, tcp_proxy
+from tests.helpers.outage import celery_broker, private_redis, tcp_proxy
 from tests.services.launch.test_run_launch import launch
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,7 @@ from runs.models import PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline.lifecycle.stages import STAGES
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import RunConfigError
-from tests.fleet import cpu_host_capabilities, cpu_worker, fake_gpu_worker
+from tests.helpers.fleet import cpu_host_capabilities, cpu_worker, fake_gpu_worker
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from runs.models import PendingEnqueue, PipelineRun, StageStatus
 from runs.pipeline.dispatch.routing import stage_queue
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import RunConfigError
-from tests.fleet import (
+from tests.helpers.fleet import (
     cpu_host_capabilities,
     cpu_worker,
     fake_gpu_host_capabilities,

@@ -13,7 +13,7 @@ from runs.pipeline import services
 from runs.models import PendingEnqueue, PipelineRun, TargetModel
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import RunConfigError
-from tests.fleet import cpu_worker, fake_gpu_worker
+from tests.helpers.fleet import cpu_worker, fake_gpu_worker
 from workers.contract import backends
 from workers.contract.target import target_weight_bytes
 

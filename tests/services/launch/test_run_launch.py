@@ -207,7 +207,7 @@ def test_a_retried_training_keeps_its_curves_and_checkpoints_up_to_where_it_resu
 
     with django_capture_on_commit_callbacks(execute=False):
         run = launch(roots, user)
-    from tests.artifacts import extraction_written
+    from tests.helpers.artifacts import extraction_written
 
     extraction = extraction_written(run, path=f"{run.output_dir}/extraction")
     Verification.objects.create(extraction=extraction, passed=True, layout="flat_v1", seconds=0.1)

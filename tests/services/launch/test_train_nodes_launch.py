@@ -9,7 +9,7 @@ from runs.models import PendingEnqueue, PipelineRun
 from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import RunConfigError
-from tests.fleet import cpu_worker
+from tests.helpers.fleet import cpu_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -75,7 +75,7 @@ def test_a_ranks_messages_wait_in_the_outbox_while_the_broker_is_down_then_reach
     from runs.models import TrainingRun
     from runs.pipeline.dispatch import queue
     from runs.pipeline.nodes.services import nodes_open
-    from tests.outage import celery_broker, private_redis
+    from tests.helpers.outage import celery_broker, private_redis
     from tests.services.dispatch.test_message_claims import _queued_in_broker
 
     for host in "abc":

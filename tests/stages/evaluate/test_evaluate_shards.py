@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.long_chats import write_long_chats
+from tests.helpers.long_chats import write_long_chats
 from tests.stages.evaluate.test_evaluate import inputs, prompts, trained_checkpoint  # noqa: F401 - fixtures
 from workers.contract.prompt_source import EvaluationInputError
 from workers.stages.evaluate.prompts import prompts_from_file

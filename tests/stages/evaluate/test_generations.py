@@ -1,6 +1,6 @@
 """What a measurement records of each reply, token by token (workers.stages.evaluate.speculative.token_trace
 and workers.stages.evaluate.generations), against answers known before decoding: the real tiny target
-decodes with the stand-in proposers of tests/generations.py (an oracle: every draft accepted, τ = k + 1;
+decodes with the stand-in proposers of tests/helpers/generations.py (an oracle: every draft accepted, τ = k + 1;
 an always-wrong one: none, every token the target's; one right at position 1 only: τ = 2), EOS off so
 that every reply is exactly MAX_NEW tokens."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import hashlib
 
 import pytest
 
-from tests.generations import FULL_CHAINS, K, MAX_NEW, measured
+from tests.helpers.generations import FULL_CHAINS, K, MAX_NEW, measured
 from tests.stages.evaluate.test_evaluate import chat_prompts, inputs, untrained_checkpoint  # noqa: F401 - fixtures
 from workers.stages.evaluate import generations
 from workers.stages.evaluate.measure import evaluate

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.long_chats import long_chat_rows
+from tests.helpers.long_chats import long_chat_rows
 from workers.contract.chats import DatasetFormatError
 from workers.stages.prepare import prepare
 

@@ -13,7 +13,7 @@ from dataclasses import asdict
 
 import pytest
 
-from tests.long_chats import long_chat_rows
+from tests.helpers.long_chats import long_chat_rows
 from workers.contract.chats import parse_row
 from workers.stages import prepare as prepare_module
 from workers.stages.prepare import prepare

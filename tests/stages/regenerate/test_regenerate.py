@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.regenerate_data import (
+from tests.helpers.regenerate_data import (
     TOO_LONG_TEXT,
     GreedyReference,
     demo_rows,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.regenerate_data import TOO_LONG_TEXT, demo_rows, read_jsonl, shaped_rows, talking_target, write_jsonl
+from tests.helpers.regenerate_data import TOO_LONG_TEXT, demo_rows, read_jsonl, shaped_rows, talking_target, write_jsonl
 from workers.stages.regenerate.base import RegenerateError, RegenerateSettings
 from workers.stages.regenerate.stage import regenerate, regenerate_count_rows
 from workers.stages.regenerate.merge import regenerate_merge

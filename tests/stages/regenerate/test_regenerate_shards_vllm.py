@@ -13,8 +13,8 @@ from dataclasses import asdict
 import pytest
 
 from tests.e2e.vllm.test_regenerate_vllm import serve_command
-from tests.regenerate_data import TOO_LONG_TEXT, demo_rows, shaped_rows, write_jsonl
-from tests.vllm_here import vllm_or_skip
+from tests.helpers.regenerate_data import TOO_LONG_TEXT, demo_rows, shaped_rows, write_jsonl
+from tests.helpers.vllm_here import vllm_or_skip
 from workers.stages.regenerate.base import RegenerateSettings
 from workers.stages.regenerate.stage import regenerate, regenerate_count_rows
 from workers.stages.regenerate.merge import regenerate_merge

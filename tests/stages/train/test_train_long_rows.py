@@ -2,14 +2,14 @@
 every supervised token, splits by conversation and says what it did.
 
 Inputs go through the real prepare stage (so rows carry `source_id`), then the target's hidden
-states for each row (tests/long_chats.py)."""
+states for each row (tests/helpers/long_chats.py)."""
 import json
 import logging
 
 import pytest
 import torch
 
-from tests.long_chats import build_training_inputs, write_long_chats
+from tests.helpers.long_chats import build_training_inputs, write_long_chats
 from workers.stages.device import device_label, resolve_device
 from workers.stages.train.data import HiddenStateSamples, iter_batches, plan_training_steps
 from workers.stages.train.loop import train

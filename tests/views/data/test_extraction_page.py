@@ -21,7 +21,7 @@ def run_extraction(tmp_path, user, config_only_target, django_capture_on_commit_
     """A run's own extraction, its stage having measured load time and throughput."""
     from runs.pipeline.launch.run_config import RunConfig
     from runs.pipeline.services import run_launch
-    from tests.artifacts import extraction_written
+    from tests.helpers.artifacts import extraction_written
     from tests.contract.test_verify import write_flat
 
     with django_capture_on_commit_callbacks(execute=False):

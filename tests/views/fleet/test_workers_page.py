@@ -16,7 +16,7 @@ from runs.fleet.services import worker_heartbeat, worker_stopped
 from runs.models import PendingEnqueue, StageStatus
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.lifecycle.stage_services import stage_start
-from tests.fleet import cpu_worker, fake_gpu_worker
+from tests.helpers.fleet import cpu_worker, fake_gpu_worker
 
 pytestmark = pytest.mark.django_db
 

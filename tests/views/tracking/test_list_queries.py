@@ -15,7 +15,7 @@ from runs.pipeline import services
 from runs.models import Checkpoint, Evaluation, Review, StageStatus, Verification
 from runs.review.reviews import review_add, review_state, review_states
 from runs.pipeline.launch.run_config import RunConfig
-from tests.artifacts import extraction_written
+from tests.helpers.artifacts import extraction_written
 
 pytestmark = pytest.mark.django_db
 

@@ -35,7 +35,7 @@ from django.test import Client  # noqa: E402
 from django.urls import reverse  # noqa: E402
 
 from runs.models import Checkpoint, Dataset, Extraction, PipelineRun, Verification  # noqa: E402
-from tests.artifacts import extraction_written  # noqa: E402
+from tests.helpers.artifacts import extraction_written  # noqa: E402
 
 call_command("migrate", verbosity=0)
 paths = json.loads(os.environ["WEB_TEST_PATHS"])

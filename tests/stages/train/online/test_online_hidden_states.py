@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from bench.online import FolderPeak  # the benchmark's own sampler of the cache folder
 from tests.stages.train.test_train import write_training_inputs
-from tests.vllm_here import vllm_or_skip
+from tests.helpers.vllm_here import vllm_or_skip
 from workers.contract.target import default_layer_ids, read_target_config
 from workers.stages.extract.with_transformers import extract
 from workers.stages.train.loop import train

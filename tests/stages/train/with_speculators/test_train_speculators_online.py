@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from tests.stages.train.with_speculators.test_train_speculators import CPU_ARGS, CPU_SEAM_ENV, DRAFT_VOCAB
-from tests.vllm_here import vllm_or_skip
+from tests.helpers.vllm_here import vllm_or_skip
 
 from workers.contract.target import default_layer_ids
 from workers.stages.train.online.staging import CaptureRefused

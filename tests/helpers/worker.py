@@ -12,7 +12,7 @@ from typing import Iterator
 from django.conf import settings
 from django.db import connection
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parents[2]
 
 
 def test_database_url() -> str:

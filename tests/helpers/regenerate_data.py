@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.long_chats import ENGLISH, ODD
+from tests.helpers.long_chats import ENGLISH, ODD
 
 TALKER_STEPS = 150
 TALKER_CONVERSATIONS = 400

@@ -1,7 +1,7 @@
 """A sweep of two runs with validation losses, NaN among them, on whatever database DATABASE_URL names,
 and what the sweep's selector answers for each run's val loss (tests/views/sweeps/test_sweep_val_loss.py):
 
-    DATABASE_URL=sqlite:///DB python -m tests.sqlite_sweep_site ROOT
+    DATABASE_URL=sqlite:///DB python -m tests.helpers.sqlite_sweep_site ROOT
 
 migrates DB, writes a target and a chat file under ROOT, and prints the sweep's val losses as JSON."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The rows of tests/e2e/faults/test_sqlite_writers.py, written by a process of their own on the test's
 SQLite file (DATABASE_URL), beside the workers and the web server that use the same file:
 
-    DATABASE_URL=sqlite:///DB python -m tests.sqlite_site ROOT CHATS EXTRACTIONS
+    DATABASE_URL=sqlite:///DB python -m tests.helpers.sqlite_site ROOT CHATS EXTRACTIONS
 
 makes a superuser, EXTRACTIONS small imported extractions (verified once here) and a chat file of
 CHATS conversations under ROOT, registers it (which queues its catalogue for a worker), and prints

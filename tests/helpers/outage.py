@@ -191,7 +191,7 @@ def tcp_proxy(*, upstream: tuple[str, int]) -> AbstractContextManager[TcpProxy]:
 @contextmanager
 def celery_broker(url: str) -> Iterator[None]:
     """Point this process's Celery app (the web side: launches, the outbox) and the workers that
-    tests.worker starts from here at `url`, then back."""
+    tests.helpers.worker starts from here at `url`, then back."""
     from django.conf import settings
 
     from eagle3web.celery import celery_app
