@@ -7,7 +7,7 @@ chat prompts with up to --max-new-tokens tokens each, speculatively, with the st
 tests/helpers/generations.py (epoch 0: right at draft position 1 only; epoch 1: the target's own continuation),
 and the evaluate stage's recording stores them (PostgreSQL database `bench_generations`, created and
 dropped here). The page is served by `manage.py runserver`; each of --loads loads of the checkpoint page
-reads the performance measure "generations-render" that static/js/generations.js records for its draw
+reads the performance measure "generations-render" that static/js/runs/generations.js records for its draw
 (building the rows, the legend and the filter pass, up to the layout they cause; replies out of view are
 laid out when scrolled near, CSS content-visibility), then the same after choosing the other checkpoint
 to compare with (twice the replies). The target is 200 ms (issue 28), p95 over the loads."""

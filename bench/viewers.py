@@ -1,12 +1,12 @@
 """The run page as a browser keeps it open, for bench/load.py --viewers N (imported by it).
 
 Each viewer does what the page's scripts do, at the intervals read from those scripts themselves:
-- static/js/run_detail.js polls the run's status, waiting its interval after each answer, with `?since=<the
+- static/js/runs/run_detail.js polls the run's status, waiting its interval after each answer, with `?since=<the
   state_version it holds>` (the live part while the run's state stands still): the page's own summary's
   first (templates/runs/pipeline/_run_body.html brings it), then that of each whole summary it gets;
-- static/js/curves.js polls the curves since the last step it holds (`?start=S&points=2000`), and
+- static/js/runs/curves.js polls the curves since the last step it holds (`?start=S&points=2000`), and
   reads the whole curves again (`?points=2000`) when its last whole read is older than its refresh;
-- static/js/live_fetch.js sends each poll's If-None-Match: the ETag of its loop's last answer from
+- static/js/shared/live_fetch.js sends each poll's If-None-Match: the ETag of its loop's last answer from
   the same URL, and keeps what it has on a 304;
 - and the viewer reloads the page every minute: the page's HTML, then both loops from scratch (no
   ETag, the whole curves), as a browser does (its static files are cached; not requested).
@@ -46,14 +46,14 @@ def get(port: int, path: str, *, cookies: dict, headers: dict) -> tuple[int, byt
 
 def page_timings() -> dict[str, float]:
     """The run page's own intervals, read from its scripts (so that the benchmark follows them)."""
-    detail = (REPO / "static/js/run_detail.js").read_text()
-    curves = (REPO / "static/js/curves.js").read_text()
+    detail = (REPO / "static/js/runs/run_detail.js").read_text()
+    curves = (REPO / "static/js/runs/curves.js").read_text()
     status = re.search(r"setTimeout\(poll, (\d+)\)", detail)
     curve = re.search(r"setTimeout\(poll, (\d+)\)", curves)
     refresh = re.search(r"Date\.now\(\) - lastRefresh > (\d+)", curves)
     points = re.search(r"const POINTS = (\d+);", curves)
     if not (status and curve and refresh and points) or int(points[1]) != POINTS:
-        raise SystemExit("static/js/run_detail.js or curves.js no longer poll as bench/viewers.py expects: update it")
+        raise SystemExit("static/js/runs/run_detail.js or curves.js no longer poll as bench/viewers.py expects: update it")
     return {"status_s": int(status[1]) / 1000, "curves_s": int(curve[1]) / 1000, "refresh_s": int(refresh[1]) / 1000}
 
 

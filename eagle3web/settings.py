@@ -81,11 +81,11 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
-# Pages escape what they show of data (templates autoescape; static/js/dom.js builds elements from
+# Pages escape what they show of data (templates autoescape; static/js/shared/dom.js builds elements from
 # text); this policy is the second line: were a string ever to reach a page as HTML, the browser would
 # run no script but our static files, load nothing from elsewhere and let no other site frame the page.
 # Every page's scripts and styles are files under static/ (plotly.js included): no inline <script>, no
-# on*="" handler, no style="" attribute or <style> block (static/js/page.js does what those did). Styles
+# on*="" handler, no style="" attribute or <style> block (static/js/shared/page.js does what those did). Styles
 # a script sets through CSSOM (an element's style object, plotly's rules inserted into app.css's sheet:
 # see base.html) are not inline styles to CSP, so style-src needs no 'unsafe-inline'. 'unsafe-eval':
 # plotly's WebGL traces (scattergl curves, the sweep's parallel coordinates) compile their draw calls

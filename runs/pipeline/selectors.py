@@ -48,7 +48,7 @@ def run_rows() -> QuerySet[PipelineRun]:
     dataset in one query, each stage's status in one query per stage. Logs, configs and histograms stay
     in the database. One query joining the five stage tables (run_list()) spent longer in PostgreSQL's
     planner than these six queries take together (measured: 18-28 ms against 13-20 ms for 50 runs)."""
-    # prepare's start: a running run's duration, which the list counts on from it (static/js/run_list.js).
+    # prepare's start: a running run's duration, which the list counts on from it (static/js/runs/run_list.js).
     shown = {"prepare": ["started_at"], "extract": ["layer_ids"], "train": ["epochs", "best_epoch", "best_tau", "started_at"],
              "evaluate": ["tau"]}
     stages = [Prefetch(stage.related_name, queryset=stage.model.objects.only(

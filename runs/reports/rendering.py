@@ -135,7 +135,7 @@ def _generations(index: int, d: Directive, checkpoints: set[int], *, export: boo
 
 
 def _shown(text: str) -> str:
-    """A token as the checkpoint page shows it (static/js/generations.js): line breaks and tabs drawn."""
+    """A token as the checkpoint page shows it (static/js/runs/generations.js): line breaks and tabs drawn."""
     return str(text).replace("\n", "↵\n").replace("\t", "→\t") or "∅"
 
 

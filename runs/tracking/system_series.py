@@ -4,7 +4,7 @@ They live in the run's metric store beside its training curves (runs.tracking.mo
 SYSTEM_SPLIT and keys starting "system/" (e.g. system/cpu_percent, system/gpu0_util_percent). A point's
 step is its wall-clock time in milliseconds: the stages of a run run one after another, so the samples
 of all of them make one series ordered in time, and the run page draws them against time
-(static/js/curves.js, "System"). A training's steps mean nothing to them: the curve reads for lists,
+(static/js/runs/curves.js, "System"). A training's steps mean nothing to them: the curve reads for lists,
 compare and the default curves query leave them out, and a resumed training's truncation keeps them."""
 from __future__ import annotations
 

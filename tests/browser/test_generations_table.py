@@ -1,5 +1,5 @@
 """The checkpoint page's generations table in headless Chromium, under the Content-Security-Policy
-(static/js/generations.js): each token coloured by the draft position that proposed it, one outlined span
+(static/js/runs/generations.js): each token coloured by the draft position that proposed it, one outlined span
 per verification forward, the prompts filtered by length and τ, and another checkpoint's reply to the same
 prompt beside each one. Epoch 0 was measured with the oracle stand-in (every draft accepted), epoch 1 with
 the one right at position 1 only (tests/helpers/generations.py), on the same three prompts, EOS off."""

@@ -20,7 +20,6 @@ FOLDERS_OVER = {
     "runs/management/commands": 14,
     "runs/pipeline": 13,
     "runs/tracking": 14,
-    "static/js": 20,
     "tests": 19,
     "workers/contract": 25,
     "workers/stages": 15,

@@ -48,7 +48,7 @@ def test_freezes_before_the_request_after_the_warmup_and_again_after_ten_times_a
 def test_static_files_do_not_count(unfrozen):
     app = FreezeAfterWarmup(_answer, requests=2)
     for _ in range(10):
-        _get(app, "/static/js/page.js")
+        _get(app, "/static/js/shared/page.js")
     _get(app, "/runs/compare/")
     _get(app, "/api/v1/runs/")
     assert gc.get_freeze_count() == 0

@@ -107,7 +107,7 @@ def online_refusal(*, config: RunConfig, check: str, live: list | None = None) -
 def data_volume_free_bytes() -> int | None:
     """Free bytes on the volume that holds the runs' folders (EAGLE3WEB_RUNS_DIR, or its nearest existing
     parent before the first run made it); None when none can be read. The launch form compares an offline
-    extraction's size with it and offers online when it would not fit (static/js/launch.js)."""
+    extraction's size with it and offers online when it would not fit (static/js/runs/launch.js)."""
     folder = Path(settings.EAGLE3WEB_RUNS_DIR).absolute()
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -158,7 +158,7 @@ def supply_dict(*, run: PipelineRun) -> dict:
 
 
 def _bytes_text(n: int | None) -> str | None:
-    """8_700_000 -> "8.7 MB": decimal units, as the launch form's (static/js/launch.js)."""
+    """8_700_000 -> "8.7 MB": decimal units, as the launch form's (static/js/runs/launch.js)."""
     if n is None:
         return None
     value, unit = float(n), "bytes"
@@ -171,7 +171,7 @@ def _bytes_text(n: int | None) -> str | None:
 
 def supply_rows(supply: dict) -> list[dict]:
     """The supply box's lines as text ({key, label, text}; "–" until measured), worded once here for the
-    page's first render and its live updates (static/js/supply.js) alike."""
+    page's first render and its live updates (static/js/runs/supply.js) alike."""
     def text(value, fmt) -> str:
         return "–" if value is None else fmt(value)
 

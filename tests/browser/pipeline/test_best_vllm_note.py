@@ -1,6 +1,6 @@
 """The run page in headless Chromium while a serve check of the run's best lands: the best stays the
 one our τ chose, vLLM's figure appears beside ours in the best's sentence, and the note that the two
-disagree beyond the prompts' noise appears without a reload (static/js/loss_tau.js, from the polled
+disagree beyond the prompts' noise appears without a reload (static/js/runs/loss_tau.js, from the polled
 summary). The run is tests/services/checkpoints/test_best_by_tau.py's: epoch 3 best by our τ (2.41, standard error
 0.04 over 4 prompts), which vLLM serves at 2.20."""
 from __future__ import annotations

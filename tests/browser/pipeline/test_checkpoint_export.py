@@ -1,5 +1,5 @@
 """The run page's Export button in headless Chromium: the checkpoints table is rendered once for every
-viewer, without a CSRF token of its own (static/js/checkpoint_export.js adds the page's); a click writes the
+viewer, without a CSRF token of its own (static/js/runs/checkpoint_export.js adds the page's); a click writes the
 folder under the runs folder's exports/ and the run page says where, with the serve line."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The run page's polls in headless Chromium: each sends back the ETag of its last answer (If-None-Match,
-set by static/js/live_fetch.js), gets 304 while nothing changed and keeps what it shows (a running
+set by static/js/shared/live_fetch.js), gets 304 while nothing changed and keeps what it shows (a running
 stage's duration still counts on), and gets 200 with the new figures once a point or a step arrives."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The sweep page in headless Chromium while staff move its runs away: the page's poll
-(static/js/sweep.js, GET /api/v1/sweeps/<id>/) reloads when runs leave the viewer's sight, and says so and
+(static/js/compare/sweep.js, GET /api/v1/sweeps/<id>/) reloads when runs leave the viewer's sight, and says so and
 stops following the sweep when none is left, with no console error but the poll's own 404."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Compare's acceptance table in headless Chromium, under the Content-Security-Policy: choosing another
-baseline run in its select changes every delta and colour (static/js/acceptance_heatmap.js asks
+baseline run in its select changes every delta and colour (static/js/compare/acceptance_heatmap.js asks
 GET /api/v1/compare/acceptance/), and a reload keeps the choice, with no console error. The runs are those of
 tests/views/tracking/test_compare_acceptance.py: A (k=3, best epoch 2: 80, 60, 40 %) and B (k=2, best epoch 1:
 78, 52 %)."""

@@ -271,7 +271,7 @@ def test_the_run_page_says_provisional_then_shows_both_choices_when_they_differ(
     page = client.get(run.get_absolute_url()).content.decode()
     assert "best by τ: epoch 3 (τ 2.41); lowest validation loss: epoch 2 (τ 2.30)." in page
     assert "provisional" not in page
-    assert 'id="plot-loss-tau"' in page and "js/loss_tau.js" in page
+    assert 'id="plot-loss-tau"' in page and "js/runs/loss_tau.js" in page
     other = _launch(user, roots)
     compare = client.get(f"/runs/compare/?ids={run.pk},{other.pk}").content.decode()
     assert 'id="compare-loss-tau"' in compare and f'data-url="/api/v1/runs/{run.pk}/status/"' in compare

@@ -143,7 +143,7 @@ def test_the_extraction_page_shows_a_verification_the_broker_refused(
         client.post(f"/extractions/{extraction.pk}/verify/", {"full": "on"})
     page = client.get(f"/extractions/{extraction.pk}/").content.decode()
     assert "Waiting for the broker" in page and "Connection refused" in page
-    assert "js/follow_jobs.js" in page  # the page follows the job while it is unfinished (not while typing)
+    assert "js/data/follow_jobs.js" in page  # the page follows the job while it is unfinished (not while typing)
 
 
 def test_asking_again_hands_a_queued_job_whose_message_was_lost_to_the_broker_again(

@@ -162,7 +162,7 @@ def test_the_page_shows_the_table_with_its_definition_deltas_and_the_unmeasured_
     select = page.split('id="acceptance-baseline"')[1].split("</select>")[0]
     assert f'value="{a.pk}" selected' in select and f'value="{b.pk}"' in select and f'value="{c.pk}"' not in select
     assert f'data-api="/api/v1/compare/acceptance/?ids={a.pk},{b.pk},{c.pk}"' in table
-    assert "js/acceptance_heatmap.js" in page
+    assert "js/compare/acceptance_heatmap.js" in page
     assert 'id="compare-loss-tau"' in page  # the loss-vs-τ scatter stays
 
 

@@ -217,7 +217,7 @@
       el("td", {}, el("code", {}, c.path), " ", el("a", {href: c.url}, "details, review, measure")),
       el("td", {class: "recommended-k"}, c.recommended_k == null ? "–" : String(c.recommended_k)),
       el("td", {}, el("code", {class: "copy"}, c.serve_command)),
-      // No token of its own, as on the page's table: static/js/checkpoint_export.js adds the page's on submit.
+      // No token of its own, as on the page's table: static/js/runs/checkpoint_export.js adds the page's on submit.
       el("td", {}, c.path ? el("form", {method: "post", class: "export-checkpoint", action: `/checkpoints/${c.id}/export/`},
         el("input", {type: "hidden", name: "next", value: runUrl}),
         el("button", {type: "submit", title: "a new folder under the runs folder's exports/ with config.json, the weights and a README.md model card"}, "Export")) : null)));
@@ -262,7 +262,7 @@
 
   async function poll() {
     try {
-      const answer = await window.liveJson("status", pollUrl());  // null: unchanged (static/js/live_fetch.js)
+      const answer = await window.liveJson("status", pollUrl());  // null: unchanged (static/js/shared/live_fetch.js)
       const summary = answer && answer.live ? withLivePart(answer) : answer;
       if (summary) {
         renderStages(summary);

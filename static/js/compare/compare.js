@@ -160,7 +160,7 @@
       text: measured.map((r) => r.tau.toFixed(2)), textposition: "auto", hovertemplate: "%{x}: τ %{y:.3f}<extra></extra>"}],
       {title: {text: "τ measured"}, height: 320, margin: {l: 50, r: 10, t: 40, b: 80}, yaxis: {rangemode: "tozero"}},
       {displaylogo: false, responsive: true});
-    // The acceptance per draft position is the table above it (static/js/acceptance_heatmap.js): the best
+    // The acceptance per draft position is the table above it (static/js/compare/acceptance_heatmap.js): the best
     // checkpoint's measurement of each run against a baseline run.
   }
 

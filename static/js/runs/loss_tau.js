@@ -6,7 +6,7 @@
 // Data reaches the page as text: numbers and names go through dom.plotlyText, never through innerHTML.
 (function () {
   "use strict";
-  // On the compare page a run has the colour its id gives it there (window.runColour, static/js/compare.js).
+  // On the compare page a run has the colour its id gives it there (window.runColour, static/js/compare/compare.js).
   const LAYOUT = {height: 340, margin: {l: 60, r: 20, t: 20, b: 50},
     xaxis: {title: {text: "validation loss"}}, yaxis: {title: {text: "τ measured (tokens per target forward)"}},
     legend: {orientation: "h", y: -0.25}};
