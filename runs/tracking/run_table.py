@@ -208,7 +208,7 @@ def listed_runs(shown: QuerySet[PipelineRun], ids: list[int]) -> dict[int, Liste
                          .order_by("runtag__name").values_list("pipelinerun_id", "runtag__name")):
         tags[run_id].append(name)
     out = {}
-    for row in shown.filter(pk__in=ids).values(*_columns()):
+    for row in shown.filter(pk__in=ids).order_by().values(*_columns()):  # the page orders them by its ids
         external = row["external"]
         statuses = ({_TRAINING: row[f"{_TRAINING}__status"]} if external else
                     {stage.related_name: row[f"{stage.related_name}__status"] for stage in STAGES})
