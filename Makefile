@@ -27,7 +27,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt client
 	touch $@
 
 # vLLM in its own environment (.venv-vllm): the CPU build here, the CUDA build on a host with NVIDIA's
-# driver; workers find it there (workers/contract/vllm_env.py). deploy/install_vllm.sh says why apart.
+# driver; workers find it there (workers/contract/host/vllm_env.py). deploy/install_vllm.sh says why apart.
 vllm: $(VLLM_VENV)/.installed
 
 $(VLLM_VENV)/.installed: deploy/install_vllm.sh constraints.txt

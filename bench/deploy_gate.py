@@ -39,7 +39,7 @@ def evaluate_one(target_dir: str, checkpoint_dir: str, prepared_dir: str, out_pa
 
     from workers.stages.evaluate.measure import evaluate
     from workers.stages.evaluate.prompts import prompts_from_prepared
-    from workers.contract.prompt_source import validation_rows
+    from workers.contract.chats.prompt_source import validation_rows
 
     torch.set_num_threads(threads)
     started = time.perf_counter()
@@ -85,8 +85,8 @@ class LiveEvaluator:
 def serve_table(*, target_dir: Path, prepared_dir: Path, checkpoints, measured: list[dict], concurrency: list[int],
                 work: Path) -> dict:
     """The serve check's speed-up table of the last checkpoint, at the k its measurement recommended."""
-    from workers.contract.backends import vllm_executable
-    from workers.contract.vllm_env import vllm_install
+    from workers.contract.host.backends import vllm_executable
+    from workers.contract.host.vllm_env import vllm_install
     from workers.stages.evaluate.prompts import prompts_from_prepared, validation_rows
     from workers.stages.evaluate.serve_check import serve_check
 

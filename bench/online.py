@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workers.contract.target import default_layer_ids, read_target_config  # noqa: E402
-from workers.contract.vllm_env import vllm_install  # noqa: E402
+from workers.contract.host.vllm_env import vllm_install  # noqa: E402
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from workers.stages.extract.with_vllm import extract_with_vllm  # noqa: E402
 from workers.stages.prepare import prepare  # noqa: E402

@@ -36,8 +36,8 @@ import torch  # noqa: E402
 
 from bench.demo_draft import train_demo_draft  # noqa: E402
 from runs.pipeline.launch.run_config import RunConfig  # noqa: E402
-from workers.contract.chats import read_conversations  # noqa: E402
-from workers.contract.vllm_env import find_vllm_executable, vllm_install_at  # noqa: E402
+from workers.contract.chats.jsonl import read_conversations  # noqa: E402
+from workers.contract.host.vllm_env import find_vllm_executable, vllm_install_at  # noqa: E402
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from workers.stages.evaluate.measure import evaluate  # noqa: E402
 from workers.stages.evaluate.prompts import prompts_from_file  # noqa: E402

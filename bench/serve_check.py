@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from runs.pipeline.launch.run_config import RunConfig  # noqa: E402
-from workers.contract.backends import vllm_executable  # noqa: E402
+from workers.contract.host.backends import vllm_executable  # noqa: E402
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from bench.demo_draft import train_demo_draft  # noqa: E402
 from workers.stages.evaluate.measure import evaluate  # noqa: E402

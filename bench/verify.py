@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from workers.contract.verify import verify_extraction  # noqa: E402
+from workers.contract.extraction.verify import verify_extraction  # noqa: E402
 
 H, L, N = 16, 4, 8
 

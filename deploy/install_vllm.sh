@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vLLM in an environment of its own (default .venv-vllm), found by the workers (workers/contract/vllm_env.py).
+# vLLM in an environment of its own (default .venv-vllm), found by the workers (workers/contract/host/vllm_env.py).
 #
 # Why apart from .venv: vLLM's dependencies need numpy < 2.4 (mistral_common) where we pin 2.4.6, and
 # pull torchvision/torchaudio/torchcodec, which break transformers' import beside the CPU torch build.

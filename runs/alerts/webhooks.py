@@ -1,7 +1,7 @@
 """Where a webhook may go, and posting to it.
 
 A webhook URL is a request the server makes on a user's behalf, so it follows the one rule for such URLs
-(workers.contract.host_rule, shared with capture servers): its host must be listed in
+(workers.contract.inputs.host_rule, shared with capture servers): its host must be listed in
 EAGLE3WEB_WEBHOOK_ALLOWED_HOSTS, and every address the name resolves to must be public, unless that
 address (or a network holding it) is listed too. The POST then connects to the very address checked (no
 second resolution that could answer otherwise) and follows no redirect."""
@@ -11,7 +11,7 @@ import json
 
 from django.conf import settings
 
-from workers.contract.host_rule import Destination, HostRefused, check_url, pinned_request
+from workers.contract.inputs.host_rule import Destination, HostRefused, check_url, pinned_request
 
 TIMEOUT_SECONDS = 10
 ANSWER_BYTES = 2000

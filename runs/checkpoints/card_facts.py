@@ -1,4 +1,4 @@
-"""What a checkpoint's model card states (workers.contract.model_card renders it), read from the database.
+"""What a checkpoint's model card states (workers.contract.checkpoints.model_card renders it), read from the database.
 
 Every figure is a stored one: τ from the checkpoint's succeeded evaluations (the latest per prompt source
 and k), the speed-up at each concurrency from its latest succeeded serve check (ServeCheck.concurrency_results), the
@@ -19,8 +19,8 @@ from runs.checkpoints.models import Checkpoint
 from runs.data.models import CurationAction, DatasetSample
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from workers.contract.errors import InputError
-from workers.contract.jsonfile import read_json_object
-from workers.contract.serving import DEFAULT_SPECULATIVE_TOKENS, vllm_serve_command
+from workers.contract.inputs.jsonfile import read_json_object
+from workers.contract.checkpoints.serving import DEFAULT_SPECULATIVE_TOKENS, vllm_serve_command
 
 MAX_CURATION_ACTIONS = 20  # the card lists the latest exclusions and inclusions; the counts cover them all
 

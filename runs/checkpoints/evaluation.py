@@ -13,7 +13,7 @@ from runs.data.paths import check_under_data_roots
 from runs.pipeline.dispatch.queue import evaluation_enqueue
 from runs.roles import require
 from workers.contract.errors import InputError
-from workers.contract.prompt_source import PromptSource, validation_rows
+from workers.contract.chats.prompt_source import PromptSource, validation_rows
 
 MAX_PROMPTS_LIMIT = 1000
 MAX_NEW_TOKENS_LIMIT = 4096

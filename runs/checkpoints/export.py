@@ -18,9 +18,9 @@ from runs.checkpoints.card_facts import checkpoint_card_facts
 from runs.data.paths import check_under_data_roots
 from runs.checkpoints.models import Checkpoint
 from runs.roles import require
-from workers.contract.checkpoint_export import ExportError, export_folder
+from workers.contract.checkpoints.export import ExportError, export_folder
 from workers.contract.errors import InputError
-from workers.contract.model_card import model_card_markdown
+from workers.contract.checkpoints.model_card import model_card_markdown
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from runs.data.paths import check_under_data_roots
 from runs.roles import require
 from runs.pipeline.status.upstream_commands import recorded_speculative_tokens
 from workers.contract.errors import InputError
-from workers.contract.jsonfile import read_json_object
-from workers.contract.regular_file import special_entries
+from workers.contract.inputs.jsonfile import read_json_object
+from workers.contract.inputs.regular_file import special_entries
 from workers.contract.target import read_target_config, read_target_json
 
 PASS_VERIFIER = ("pass --verifier PATH naming a local copy of the target it was trained for "

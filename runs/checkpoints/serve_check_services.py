@@ -26,7 +26,7 @@ from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.pipeline.dispatch.queue import job_enqueue, pending_enqueue
 from runs.roles import require
 from workers.contract.errors import InputError
-from workers.contract.prompt_source import PromptSource
+from workers.contract.chats.prompt_source import PromptSource
 
 PENDING = (StageStatus.QUEUED, StageStatus.RUNNING)
 

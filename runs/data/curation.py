@@ -11,7 +11,7 @@ from django.db.models import Q, QuerySet
 
 from eagle3web.db import db_retry
 from runs.data.models import CurationAction, Dataset, DatasetSample
-from workers.contract.chats import read_conversations
+from workers.contract.chats.jsonl import read_conversations
 from workers.contract.errors import InputError
 
 

@@ -17,8 +17,8 @@ from runs.projects import access
 from runs.roles import require
 from runs.pipeline.services import target_register
 from workers.contract.errors import InputError
-from workers.contract.verify import VerificationReport, verify_extraction
-from workers.contract.extraction_layout import detect_layout, read_manifest
+from workers.contract.extraction.verify import VerificationReport, verify_extraction
+from workers.contract.extraction.layout import detect_layout, read_manifest
 
 
 def _target_for(*, target_path: str | Path | None, model_path: str | None) -> TargetModel:

@@ -86,7 +86,7 @@ class DatasetSample(models.Model):
     excluded = models.BooleanField(default=False, db_index=True)
     tags = models.CharField(max_length=500, blank=True, help_text="comma-separated")
     notes = models.TextField(blank=True)
-    # sha256 of the conversation (workers.contract.chats.content_hash): curation follows it when a row
+    # sha256 of the conversation (workers.contract.chats.jsonl.content_hash): curation follows it when a row
     # without an "id" moves to another line. "" until a catalogue pass after migration 0018 fills it.
     content_hash = models.CharField(max_length=64, blank=True, db_index=True)
 
@@ -169,7 +169,7 @@ class Extraction(models.Model):
     @property
     def floor_bytes_per_token(self) -> int | None:
         """L x H elements of the stored dtype per token (bfloat16, the layouts' default, when unrecorded)."""
-        from workers.contract.dtypes import floor_bytes_per_token
+        from workers.contract.extraction.dtypes import floor_bytes_per_token
 
         return floor_bytes_per_token(len(self.layer_ids or []), self.hidden_size, self.dtype or "bfloat16")
 

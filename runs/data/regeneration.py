@@ -86,7 +86,7 @@ def regeneration_backend(*, requested: str, gpus: int, where: str) -> str:
     Refuses, naming each reason, when nothing can run it."""
     from runs.fleet.fit import worker_unfit
     from runs.fleet.selectors import workers_live
-    from workers.contract.backends import BackendUnavailable, backend_require, stage_queue
+    from workers.contract.host.backends import BackendUnavailable, backend_require, stage_queue
 
     reasons = []
     for name in BACKENDS if requested == "auto" else (requested,):
@@ -122,7 +122,7 @@ def dataset_regenerate_request(*, dataset: Dataset, target: TargetModel, setting
     """(the job, whether it was queued now). The job that made this output with these settings is
     returned as it is when it succeeded and its file is there, or when it is queued or running; one
     that failed or was cancelled (or whose file went) is queued again and resumes its file."""
-    from workers.contract.chat_template import target_chat_check
+    from workers.contract.chats.template import target_chat_check
 
     if user is not None:
         require(user, "launch")

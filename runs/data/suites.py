@@ -12,7 +12,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from runs.data.paths import PathNotAllowed, check_under_data_roots
 from runs.data.models import EvalSuite
 from runs.pipeline.launch.setting_bounds import RunConfigError
-from workers.contract.chats import read_conversations
+from workers.contract.chats.jsonl import read_conversations
 from workers.contract.errors import InputError
 
 

@@ -1,6 +1,6 @@
 """Whether one worker fits a stage: it takes the stage's queue and can run the stage there.
 
-The queue decides where a stage goes (workers.contract.backends.stage_queue): a worker that could run
+The queue decides where a stage goes (workers.contract.host.backends.stage_queue): a worker that could run
 vLLM on 4 GPUs but was started with `EAGLE3WEB_WORKER_GPU_QUEUES=0 -Q vllm.1,vllm.2` never receives
 a stage sent to vllm.4, so what a worker advertises it could run counts only for the queues it takes.
 One rule for the launch form's options and the launch refusals. host_refusals judges this host
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from runs.fleet.models import Worker
 from runs.pipeline.dispatch.routing import ROUTED_STAGES, backend_field, gpus_field, stage_backend, stage_problem
 from runs.pipeline.launch.run_config import RunConfig
-from workers.contract import backends as this_host  # detect_gpus read through the module: a test may stand one in
-from workers.contract.backends import (
+from workers.contract.host import backends as this_host  # detect_gpus read through the module: a test may stand one in
+from workers.contract.host.backends import (
     BACKENDS_BY_NAME,
     DEFAULT_GPU_QUEUE,
     BackendUnavailable,
@@ -239,7 +239,7 @@ def nodes_refusal(*, config: dict, live: list[Worker]) -> tuple[str, str] | None
 
 def host_refusals(*, config: RunConfig, weight_bytes: int | None = None) -> list[tuple[str, str]]:
     """(field, why) for each backend choice of `config` this host cannot run, by its own probe
-    (workers.contract.backends.backend_require, as a stage does at start); empty when it can run them.
+    (workers.contract.host.backends.backend_require, as a stage does at start); empty when it can run them.
     Measuring acceptance counts too: it runs Transformers on the extraction's GPU count here. The live
     workers do not matter: none of them will run these stages. `weight_bytes` (the target's, None when
     unknown): a GPU backend loading the target must find it room on this host's GPUs."""

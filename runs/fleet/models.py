@@ -15,7 +15,7 @@ class Worker(models.Model):
 
     name = models.CharField(max_length=200, unique=True, help_text="Celery node name, e.g. gpu-1@host")
     hostname = models.CharField(max_length=200)
-    # workers.contract.backends.host_capabilities(): gpus, backends, max_gpus, more_gpus, versions, cpu_count
+    # workers.contract.host.backends.host_capabilities(): gpus, backends, max_gpus, more_gpus, versions, cpu_count
     capabilities = models.JSONField(default=dict)
     queues = models.JSONField(default=list, help_text="the queues it consumes")
     started_at = models.DateTimeField()

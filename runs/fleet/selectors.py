@@ -21,7 +21,7 @@ from runs.pipeline.lifecycle.stages import STAGES, STAGES_BY_NAME
 from runs.pipeline.online.selectors import capture_text, is_online, train_capture_queue
 from runs.pipeline.dispatch.routing import BACKEND_SETTINGS, ROUTED_STAGES, stage_backend, stage_problem, stage_queue
 from runs.pipeline.launch.run_config import RunConfig
-from workers.contract.backends import BACKENDS, BACKENDS_BY_NAME, DEFAULT_GPU_QUEUE, MAX_GPUS, Backend
+from workers.contract.host.backends import BACKENDS, BACKENDS_BY_NAME, DEFAULT_GPU_QUEUE, MAX_GPUS, Backend
 
 MISSED_HEARTBEATS = 3
 

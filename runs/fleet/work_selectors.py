@@ -22,7 +22,7 @@ from runs.pipeline.shards.models import StageShard
 from runs.pipeline.dispatch.routing import stage_problem, stage_queue
 from runs.pipeline.lifecycle.stages import STAGES, STAGES_BY_NAME
 from runs.projects import access
-from workers.contract.backends import BACKENDS
+from workers.contract.host.backends import BACKENDS
 
 STAGE_NAMES = frozenset(stage.name for stage in STAGES)
 VERSION_ORDER = ("python", "torch", "transformers", "accelerate", "speculators", "vllm")
@@ -92,7 +92,7 @@ JOB_QUEUE_FIELDS = {"serve_check": ("tensor_parallel_size",), "regenerate": ("ba
 
 def _job_row_queue(job_name: str, row) -> str:
     """The queue runs.pipeline.dispatch.queue.job_queue sent this job to, from the row in hand."""
-    from workers.contract.backends import stage_queue as backend_queue
+    from workers.contract.host.backends import stage_queue as backend_queue
 
     if job_name == "serve_check":
         return backend_queue(backend="vllm", gpus=row.tensor_parallel_size or 1)

@@ -19,7 +19,7 @@ from runs.sweeps.services import MAX_PARALLEL
 from runs.sweeps.spec import ITEM_SEPARATOR, MODES, SweepError, Varied, parse_vary_lines
 from runs.data.regeneration import MAX_NEW_TOKENS_LIMIT, MAX_SEED as MAX_REGENERATE_SEED, MAX_TEMPERATURE, RegenerationSettings
 from runs.data.models import TargetModel
-from workers.contract.backends import BACKENDS, MAX_GPUS
+from workers.contract.host.backends import BACKENDS, MAX_GPUS
 
 
 class BackendSelect(forms.Select):

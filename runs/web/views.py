@@ -37,7 +37,7 @@ from runs.tracking import comparison
 from runs.web import run_page
 from runs.web.forms import LaunchForm, RegenerateForm
 from workers.contract.errors import InputError
-from workers.contract.regular_file import open_regular
+from workers.contract.inputs.regular_file import open_regular
 
 
 def run_list(request: HttpRequest) -> HttpResponse:

@@ -21,7 +21,7 @@ from eagle3web_client import ApiError, Client, Eagle3WebMetricsHandler, record_p
 from runs.models import Checkpoint
 from tests.stages.train.with_speculators.test_train_speculators import (CPU_ARGS, CPU_SEAM_ENV, DRAFT_VOCAB,
                                                                       pipeline_run_folder)
-from workers.contract.speculators_layout import speculators_data_link
+from workers.contract.extraction.speculators_layout import speculators_data_link
 from workers.stages.train.results import METRIC_KEY  # the dashboard's own trainings' names
 from workers.stages.train.with_speculators.trainer import ENTRY_MODULE, default_torchrun, speculators_command
 

@@ -11,9 +11,9 @@ from django.db import connection
 
 from runs.models import Checkpoint
 from tests.commands.test_import_checkpoint_verifier import made_elsewhere, placed  # noqa: F401  (fixtures)
-from workers.contract.jsonfile import read_json_value
-from workers.contract.regular_file import NotARegularFile, open_regular, special_entries
-from workers.contract.tensor_headers import read_safetensors_header
+from workers.contract.inputs.jsonfile import read_json_value
+from workers.contract.inputs.regular_file import NotARegularFile, open_regular, special_entries
+from workers.contract.extraction.tensor_headers import read_safetensors_header
 
 pytestmark = pytest.mark.django_db
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from workers.contract import backends
+from workers.contract.host import backends
 from workers.stages.extract import with_transformers as extract_module
-from workers.contract.backends import (
+from workers.contract.host.backends import (
     BACKENDS_BY_NAME,
     BackendUnavailable,
     backend_require,
@@ -59,7 +59,7 @@ def test_a_host_without_gpus_runs_the_default_backends_on_its_cpu_and_says_why_n
 
 
 def test_vllm_counts_where_its_cpu_build_is_installed_and_says_why_where_it_is_not(monkeypatch, tmp_path):
-    from workers.contract import vllm_env
+    from workers.contract.host import vllm_env
 
     install = vllm_env.vllm_install()
     caps = host_capabilities()
@@ -112,12 +112,12 @@ def test_extract_on_several_gpus_refuses_a_host_without_them_before_loading_the_
 
 
 def test_the_registry_and_its_json_probe_import_no_torch_in_the_caller():
-    script = ("import sys, workers.contract.backends as b; "
+    script = ("import sys, workers.contract.host.backends as b; "
               "q = b.stage_queue(backend='vllm', gpus=2); caps = b.host_capabilities_isolated(); "
               "print(q, 'torch' in sys.modules, len(caps['gpus']))")
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          check=True).stdout.split()
     assert out == ["vllm.2", "False", str(len(torch_gpus()))]
-    printed = subprocess.run([sys.executable, "-m", "workers.contract.backends"], cwd=ROOT, capture_output=True,
+    printed = subprocess.run([sys.executable, "-m", "workers.contract.host.backends"], cwd=ROOT, capture_output=True,
                              text=True, timeout=300, check=True).stdout
     assert json.loads(printed)["backends"]["transformers"] is None

@@ -5,7 +5,7 @@ import shlex
 
 import pytest
 
-from workers.contract.serving import (CheckpointConfigError, checkpoint_recorded_verifier, checkpoint_speculative_tokens,
+from workers.contract.checkpoints.serving import (CheckpointConfigError, checkpoint_recorded_verifier, checkpoint_speculative_tokens,
                                     vllm_serve_command)
 
 

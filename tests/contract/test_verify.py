@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from workers.contract.extraction_layout import LayoutError, ManifestError, detect_layout, read_manifest
-from workers.contract.verify import verify_extraction
+from workers.contract.extraction.layout import LayoutError, ManifestError, detect_layout, read_manifest
+from workers.contract.extraction.verify import verify_extraction
 
 H, L, N = 16, 4, 8  # hidden size, layers captured, target decoder layers
 LENGTHS = [5, 9, 3, 7]

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from workers.contract.extraction_layout import detect_layout, prepared_beside
-from workers.contract.verify import verify_extraction
+from workers.contract.extraction.layout import detect_layout, prepared_beside
+from workers.contract.extraction.verify import verify_extraction
 
 H, L, N = 16, 4, 8
 LENGTHS = [6, 11, 4, 9]

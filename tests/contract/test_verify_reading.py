@@ -10,8 +10,8 @@ from safetensors.torch import save_file
 
 from tests.contract.test_verify import H, L, LENGTHS, _fail, _sample, flat_manifest, write_09, write_flat, write_v04
 from tests.contract.test_verify import target  # noqa: F401 - the fixture: a target config of H and N
-from workers.contract.dtypes import floor_bytes_per_token
-from workers.contract.verify import verify_extraction
+from workers.contract.extraction.dtypes import floor_bytes_per_token
+from workers.contract.extraction.verify import verify_extraction
 
 
 class _Exploit:
@@ -102,8 +102,8 @@ PT_OBJECTS = {
 
 @pytest.mark.parametrize("kind", sorted(PT_OBJECTS))
 def test_pt_headers_read_without_torch_agree_with_torch_load(tmp_path, kind, monkeypatch):
-    from workers.contract import extraction_samples
-    from workers.contract.tensor_headers import NeedsTorch
+    from workers.contract.extraction import samples as extraction_samples
+    from workers.contract.extraction.tensor_headers import NeedsTorch
 
     path = tmp_path / "data_0.pt"
     torch.save(PT_OBJECTS[kind](*_sample(0, 5)), path)
@@ -144,7 +144,7 @@ def test_header_and_token_checks_never_import_torch(tmp_path, target):
     rows.save_to_disk(str(tmp_path / "prep"))
     dirs = [str(write_09(tmp_path / "a")), str(write_flat(tmp_path / "b")), str(write_v04(tmp_path / "c"))]
     script = (
-        "import json, sys\nfrom pathlib import Path\nfrom workers.contract.verify import verify_extraction\n"
+        "import json, sys\nfrom pathlib import Path\nfrom workers.contract.extraction.verify import verify_extraction\n"
         f"dirs, target, prep = {dirs!r}, Path({str(target)!r}), Path({str(tmp_path / 'prep')!r})\n"
         "passed = [verify_extraction(Path(d), target_dir=target).passed for d in dirs]\n"
         "passed += [verify_extraction(Path(d), target_dir=target, prepared_dir=prep, full=True).passed for d in dirs[:2]]\n"

@@ -19,7 +19,7 @@ from runs.models import Checkpoint, MetricSeries, StageStatus
 from runs.pipeline.dispatch.routing import stage_backend
 from runs.pipeline.launch.run_config import RunConfig
 from tests.helpers.fleet import fake_gpu_worker
-from workers.contract import backends, vllm_env
+from workers.contract.host import backends, vllm_env
 from workers.orchestration.tasks import pipeline_run_inline
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]

@@ -1,7 +1,7 @@
 """Worker rows for tests: this host without its GPUs, and a GPU host we do not have here.
 
 The GPU host is a stand-in (no GPU on the development machines): its capabilities are what
-workers.contract.backends.host_capabilities() gives with that host's GPUs and libraries standing in
+workers.contract.host.backends.host_capabilities() gives with that host's GPUs and libraries standing in
 for this one's, and named FAKE. The CPU worker is this host probed for real with its GPUs hidden, so
 that a fleet built here is the same on a GPU host."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from runs.fleet.models import Worker
 from runs.fleet.services import worker_heartbeat
-from workers.contract import backends, vllm_env
-from workers.contract.backends import host_capabilities, host_queues
+from workers.contract.host import backends, vllm_env
+from workers.contract.host.backends import host_capabilities, host_queues
 
 H100_BYTES = 85_899_345_920  # what torch reports as total_memory for an 80 GiB H100
 

@@ -8,8 +8,8 @@ import pytest
 
 
 def vllm_or_skip():
-    """The installed vLLM (workers.contract.vllm_env.VllmInstall); skips or fails the test without one."""
-    from workers.contract.vllm_env import vllm_install
+    """The installed vLLM (workers.contract.host.vllm_env.VllmInstall); skips or fails the test without one."""
+    from workers.contract.host.vllm_env import vllm_install
 
     install = vllm_install()
     if isinstance(install, str):

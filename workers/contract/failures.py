@@ -145,7 +145,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("TrainingProcessDied",), r"", TRANSIENT, "",
          _quoted("The training's process died (", "), most often killed for memory by the host. Retry, or lower "
                  "max_tokens_per_step if it happens again.")),
-    # Routing sent it to the wrong worker (workers.contract.backends): one that can run it may come back.
+    # Routing sent it to the wrong worker (workers.contract.host.backends): one that can run it may come back.
     Rule(("BackendUnavailable",), r"", TRANSIENT, "extraction_backend", _backend, ("extract",)),
     Rule(("BackendUnavailable",), r"", TRANSIENT, "training_backend", _backend, ("train",)),
     Rule(("BackendUnavailable",), r"", TRANSIENT, "", _backend),

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from workers.contract.errors import InputError
-from workers.contract.jsonfile import read_json_object
+from workers.contract.inputs.jsonfile import read_json_object
 
 
 class TargetConfigError(InputError):

@@ -3,7 +3,7 @@ GPUs serve, and from then on writes a heartbeat (runs.fleet.models.Worker) with 
 queues and a sample of its CPU, memory, GPU and disk (workers.orchestration.system_metrics) every
 EAGLE3WEB_STAGE_LEASE_SECONDS/2; a clean shutdown says so at once.
 
-Queues (workers.contract.backends): a worker consumes what -Q gives it ("cpu" when no -Q is given)
+Queues (workers.contract.host.backends): a worker consumes what -Q gives it ("cpu" when no -Q is given)
 and, on a host with GPUs, also "gpu" plus "<backend>.<n>" for every backend it can run on n GPUs,
 so that `celery -A eagle3web worker --concurrency 1` on a GPU host takes GPU stages with no -Q.
 EAGLE3WEB_WORKER_GPU_QUEUES=0 turns that off: the worker then takes exactly its -Q queues (e.g. to
@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from runs.fleet.selectors import heartbeat_seconds
 from runs.fleet.services import worker_heartbeat, worker_stopped
-from workers.contract.backends import host_capabilities_isolated, host_queues
+from workers.contract.host.backends import host_capabilities_isolated, host_queues
 from workers.orchestration.system_metrics import SystemMeter
 
 logger = logging.getLogger(__name__)

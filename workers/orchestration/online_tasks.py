@@ -35,7 +35,7 @@ def online_source(run):
     """An online run's OnlineSource (workers.stages.train.online); None for an offline run."""
     if not online_run.is_online(run.config):
         return None
-    from workers.contract.backends import backend_require, vllm_executable
+    from workers.contract.host.backends import backend_require, vllm_executable
     from workers.stages.train.online.source import OnlineSource
 
     config = run.config

@@ -78,7 +78,7 @@ def _extract_device_type() -> str:
 
     capabilities = node_capabilities()
     if capabilities is None:
-        from workers.contract.backends import detect_gpus
+        from workers.contract.host.backends import detect_gpus
 
         return "cuda" if detect_gpus() else "cpu"
     return "cuda" if capabilities.get("gpus") else "cpu"
@@ -122,7 +122,7 @@ def _extract_shard(record, reporter, index: int, rows: range, batch_tokens: int 
     common = dict(**_extract_paths(record), out_dir=shard_dir(_extraction_dir(record), index), rows=rows,
                   on_progress=reporter.progress)
     if backend == "vllm":
-        from workers.contract.backends import vllm_executable
+        from workers.contract.host.backends import vllm_executable
         from workers.stages.extract.with_vllm import extract_with_vllm
 
         shard = extract_with_vllm(**common, tensor_parallel_size=gpus, vllm_executable=vllm_executable(),

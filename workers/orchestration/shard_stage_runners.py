@@ -91,7 +91,7 @@ def regenerate_rows(record) -> int:
 
 
 def regenerate_shard(record, reporter, index: int, rows: range) -> dict:
-    from workers.contract.backends import vllm_executable
+    from workers.contract.host.backends import vllm_executable
     from workers.stages.regenerate.stage import regenerate
 
     plan, common = _regenerate_common(record)

@@ -126,7 +126,7 @@ def _prepare(record, reporter: StageReporter):
 def _backend(run, stage_name: str) -> tuple[str, int]:
     """The run's backend and GPU count for this stage, refused (naming both and why) on a worker
     that cannot run them: routing sends them elsewhere, so this only catches a misrouted message."""
-    from workers.contract.backends import backend_require
+    from workers.contract.host.backends import backend_require
 
     backend, gpus = stage_backend(stage_name=stage_name, config=run.config or {})
     backend_require(name=backend, gpus=gpus)
@@ -144,7 +144,7 @@ def _extract(record, reporter: StageReporter):
                   out_dir=_resumable_dir(Path(run.output_dir) / "extraction", marker=RESUME_NAME),
                   layer_ids=record.layer_ids, on_progress=reporter.progress)
     if backend == "vllm":
-        from workers.contract.backends import vllm_executable
+        from workers.contract.host.backends import vllm_executable
         from workers.stages.extract.with_vllm import extract_with_vllm
 
         return extract_with_vllm(**common, tensor_parallel_size=gpus, vllm_executable=vllm_executable(),
@@ -155,7 +155,7 @@ def _extract(record, reporter: StageReporter):
 
 
 def _vocab(record, reporter: StageReporter):
-    from workers.contract.speculators_layout import run_data_link
+    from workers.contract.extraction.speculators_layout import run_data_link
     from workers.stages.vocab import build_vocab
 
     run = record.run
@@ -297,7 +297,7 @@ def _verify(record, reporter: StageReporter):
 
 def _serve_check(record, reporter: StageReporter):
     from runs.checkpoints.serve_check_services import serve_check_plan
-    from workers.contract.backends import vllm_executable
+    from workers.contract.host.backends import vllm_executable
     from workers.stages.evaluate.prompts import prompts_load
     from workers.stages.evaluate.serve_check import serve_check
 
@@ -313,7 +313,7 @@ def _serve_check(record, reporter: StageReporter):
 
 def _regenerate(record, reporter: StageReporter):
     from runs.data.regeneration import regeneration_plan
-    from workers.contract.backends import vllm_executable
+    from workers.contract.host.backends import vllm_executable
     from workers.stages.regenerate.base import RegenerateSettings
     from workers.stages.regenerate.stage import regenerate
 

@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from workers.contract.chats import DatasetFormatError, read_conversations  # noqa: E402
+from workers.contract.chats.jsonl import DatasetFormatError, read_conversations  # noqa: E402
 from workers.contract.progress import ProgressFn  # noqa: E402
 # What prepare renders with.
 from workers.stages.prepare_render import MASK_SOURCE, ChatRenderer, load_tokenizer, outcome_of  # noqa: E402

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from workers.contract.chats import read_conversations
+from workers.contract.chats.jsonl import read_conversations
 from workers.contract.errors import InputError
 from workers.contract.progress import ProgressFn
 from workers.stages.prepare import PrepareResult, _checked, _features, prepared_write

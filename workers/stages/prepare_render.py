@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from workers.contract.chats import Conversation
+from workers.contract.chats.jsonl import Conversation
 from workers.contract.errors import InputError
 
 MASK_SOURCE = "render_boundary"  # speculators prepare-data's rule; Preparation.mask_source records it

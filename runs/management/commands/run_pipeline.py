@@ -19,7 +19,7 @@ from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import (BEST_BY, HELD_OUT, HIDDEN_STATES, MAX_CAPTURE_SERVERS,
                                                  RENAMED_SETTINGS, RunConfigError, renamed_setting)
 from runs.pipeline.launch.setting_checks import parse_layer_ids, parse_pairs, parse_serve_concurrency, parse_weights
-from workers.contract.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
+from workers.contract.host.backends import EXTRACTION_BACKENDS, TRAINING_BACKENDS
 from workers.contract.errors import InputError
 
 

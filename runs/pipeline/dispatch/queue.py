@@ -95,13 +95,13 @@ def job_queue(*, job_name: str, record_id: int) -> str:
     regeneration its backend's."""
     if job_name == "serve_check":
         from runs.pipeline.jobs.models import ServeCheck
-        from workers.contract.backends import stage_queue as backend_queue
+        from workers.contract.host.backends import stage_queue as backend_queue
 
         gpus = ServeCheck.objects.filter(pk=record_id).values_list("tensor_parallel_size", flat=True).first() or 1
         return backend_queue(backend="vllm", gpus=gpus)
     if job_name == "regenerate":
         from runs.pipeline.jobs.models import DatasetRegeneration
-        from workers.contract.backends import stage_queue as backend_queue
+        from workers.contract.host.backends import stage_queue as backend_queue
 
         row = DatasetRegeneration.objects.filter(pk=record_id).values_list("backend", "tensor_parallel_size").first()
         return backend_queue(backend=row[0], gpus=row[1]) if row else STAGES_BY_NAME[job_name].queue

@@ -1,13 +1,13 @@
 """Where each stage of a run is sent: the queue follows the run's backend and GPU count for
-extraction and training (workers.contract.backends.stage_queue), the extraction's GPU count for
+extraction and training (workers.contract.host.backends.stage_queue), the extraction's GPU count for
 measuring acceptance, the stage's own queue otherwise."""
 from __future__ import annotations
 
 from runs.pipeline.online.selectors import train_capture_queue
 from runs.pipeline.lifecycle.stages import STAGES, STAGES_BY_NAME
 from runs.pipeline.launch.run_config import RunConfig
-from workers.contract.backends import BACKENDS_BY_NAME, MAX_GPUS
-from workers.contract.backends import stage_queue as backend_queue
+from workers.contract.host.backends import BACKENDS_BY_NAME, MAX_GPUS
+from workers.contract.host.backends import stage_queue as backend_queue
 
 # (backend setting, GPU-count setting) of the stages whose backend a run chooses on the launch form.
 BACKEND_SETTINGS = {

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import models
 
 from runs.pipeline.lifecycle.stage_record import StageRecord
-from workers.contract.prompt_source import TAU_WARNING
+from workers.contract.chats.prompt_source import TAU_WARNING
 
 
 class DatasetCatalogue(StageRecord):

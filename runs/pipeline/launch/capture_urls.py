@@ -7,7 +7,7 @@ import unicodedata
 from urllib.parse import urlsplit
 
 from runs.pipeline.launch.setting_bounds import MAX_CAPTURE_SERVERS, MAX_CAPTURE_URL_CHARS, RunConfigError
-from workers.contract.host_rule import HostRefused, check_url
+from workers.contract.inputs.host_rule import HostRefused, check_url
 
 
 # How an error names the i-th URL (1-based): the API's and RunConfig's words; the form and run_pipeline
@@ -51,7 +51,7 @@ def check_capture_url(url: object, *, index: int, named: str = URL_NAMED) -> str
 
 
 def _check_capture_host(url: str, *, at: str, shown: str) -> None:
-    """The capture host rule (workers.contract.host_rule, as for webhooks): a worker will send this URL GET and
+    """The capture host rule (workers.contract.inputs.host_rule, as for webhooks): a worker will send this URL GET and
     POST requests, so its host must be in EAGLE3WEB_CAPTURE_ALLOWED_HOSTS and resolve to public addresses
     unless they are listed too. The worker checks again when it uses the URL."""
     from django.conf import settings

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runs.pipeline.launch.setting_bounds import RunConfigError
-from workers.contract.chats import Conversation, read_conversations
+from workers.contract.chats.jsonl import Conversation, read_conversations
 
 HEAD_CONVERSATIONS = 1000
 HEAD_BYTES = 32 * 1024 * 1024

@@ -4,7 +4,7 @@ What the stages would otherwise find out hours in:
 * the tokenizer: every id it can produce must index the target's embedding (config.json vocab_size),
   or the vocab stage (workers/stages/vocab.py) refuses token_freq.pt, and d2t/t2d cannot be built, after
   prepare and extraction ran. Read from tokenizer.json with the standard library, no model loaded.
-* vLLM: where this host has it (workers/contract/vllm_env.py), its own config classes are asked whether
+* vLLM: where this host has it (workers/contract/host/vllm_env.py), its own config classes are asked whether
   they take the target and the draft this run will train, as `vllm serve TARGET --speculative-config
   '{"method": "eagle3", "model": DRAFT, "num_speculative_tokens": k}'` builds them, with the draft's
   config.json written the way training writes it (workers/stages/train/draft_config.py) and no weights.
@@ -13,7 +13,7 @@ What the stages would otherwise find out hours in:
 are checked by run_launch itself, before these.)
 
 vLLM lives in an environment of its own, so the question goes to a child process run by vLLM's Python
-(workers/contract/vllm_preflight.py), and the draft's config is written by a child of ours (the web tier
+(workers/contract/host/vllm_preflight.py), and the draft's config is written by a child of ours (the web tier
 imports no torch nor speculators); they cost their imports of vLLM and torch, seconds, so the check is
 only asked where vLLM is installed, within EAGLE3WEB_VLLM_PREFLIGHT_SECONDS, and each answer is kept for
 the process's later launches of the same target and draft (a sweep's runs, say). What the check found
@@ -41,8 +41,8 @@ from django.conf import settings
 from eagle3web.env import env_int
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import RunConfigError
-from workers.contract.regular_file import open_regular
-from workers.contract.vllm_env import VllmInstall, _interpreter, vllm_install
+from workers.contract.inputs.regular_file import open_regular
+from workers.contract.host.vllm_env import VllmInstall, _interpreter, vllm_install
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ VLLM_CHECK_KEY = "vllm_check"
 SECONDS_SETTING = "EAGLE3WEB_VLLM_PREFLIGHT_SECONDS"  # a Django setting, else the environment; 0 turns it off
 DEFAULT_SECONDS = 60
 ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "workers" / "contract" / "vllm_preflight.py"
+SCRIPT = ROOT / "workers" / "contract" / "host" / "vllm_preflight.py"
 # tokenizer.json of the largest public vocabularies (~260k tokens) is ~35 MB; a larger file is not read.
 MAX_TOKENIZER_BYTES = 64 * 1024 * 1024
 MAX_CACHED = 256

@@ -12,7 +12,7 @@ from runs.pipeline.launch.setting_bounds import (BEST_BY, DEFAULT_CACHE_GIB, DEF
                                                  MAX_SEQ_LEN, MAX_SHARDS, MAX_TAU_PATIENCE, MAX_TRAIN_NODES,
                                                  MIN_SEQ_LEN, WEIGHTS_TOLERANCE, RunConfigError)
 from runs.pipeline.launch.setting_checks import check_layer_ids, check_serve_concurrency, check_suite_name
-from workers.contract.backends import BACKENDS_BY_NAME, EXTRACTION_BACKENDS, MAX_GPUS, TRAINING_BACKENDS
+from workers.contract.host.backends import BACKENDS_BY_NAME, EXTRACTION_BACKENDS, MAX_GPUS, TRAINING_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class RunConfig:
     max_tokens_per_step: int | None = None  # packing budget; raised to the longest row; None: 512 or the longest
     eval_prompts: int = 32  # held-out conversations decoded to measure acceptance
     eval_max_new_tokens: int = 64
-    # Where extraction and training run (workers.contract.backends); what a live worker can run is
+    # Where extraction and training run (workers.contract.host.backends); what a live worker can run is
     # checked at launch (runs.fleet.selectors.launch_refusals).
     extraction_backend: str = "transformers"  # or "vllm"
     training_backend: str = "eagle3web"  # our loop (workers/stages/train/loop.py), or "speculators" under torchrun

@@ -18,8 +18,8 @@ from django.urls import reverse
 
 from runs.pipeline.models import PipelineRun
 from runs.pipeline.launch.run_config import RunConfig
-from workers.contract.backends import BackendUnavailable, backend_require
-from workers.contract.backends import stage_queue as backend_queue
+from workers.contract.host.backends import BackendUnavailable, backend_require
+from workers.contract.host.backends import stage_queue as backend_queue
 
 CACHE_DIRNAME = "hidden_states_cache"  # <run output_dir>/hidden_states_cache/: the run's bounded cache
 KEPT_DIRNAME = "extraction"  # where "keep the cache" writes: the folder an offline run's extraction has
@@ -73,7 +73,7 @@ def online_extract(*, run: PipelineRun) -> OnlineCaptured:
 
 def train_capture_queue(config: dict) -> str | None:
     """The queue of an online run's train stage when it starts capture servers: vLLM's, on the GPU count a
-    vLLM extraction of the run would use (workers.contract.backends.stage_queue); None otherwise (its
+    vLLM extraction of the run would use (workers.contract.host.backends.stage_queue); None otherwise (its
     training backend's queue, as offline: capture URLs alone need no vLLM on the trainer's worker)."""
     if not is_online(config) or not int(config.get("capture_servers") or 0):
         return None

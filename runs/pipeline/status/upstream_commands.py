@@ -11,13 +11,13 @@ from runs.data.models import Extraction
 from runs.pipeline.models import PipelineRun, VocabMapping
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from workers.contract.errors import InputError
-from workers.contract.speculators_layout import default_data_dir, speculators_train_command
+from workers.contract.extraction.speculators_layout import default_data_dir, speculators_train_command
 
 
 def recorded_speculative_tokens(checkpoint_dir: Path) -> int | None:
     """How many tokens the draft proposes per step, as its config.json says; None when that file is
     missing or unreadable. Read once, when a checkpoint is registered, into Checkpoint.speculative_tokens."""
-    from workers.contract.serving import checkpoint_speculative_tokens
+    from workers.contract.checkpoints.serving import checkpoint_speculative_tokens
 
     try:
         return checkpoint_speculative_tokens(Path(checkpoint_dir))
@@ -29,7 +29,7 @@ def checkpoint_serve_command(checkpoint: Checkpoint, *, verifier: str | None = N
     """`vllm serve` for this draft: its target (the run's, or the local copy an import recorded) with
     the draft in --speculative-config, proposing the k its newest measurement recommends, else as many tokens
     as its config.json said when it was registered (read again only if it could not be read then)."""
-    from workers.contract.serving import DEFAULT_SPECULATIVE_TOKENS, checkpoint_recorded_verifier, vllm_serve_command
+    from workers.contract.checkpoints.serving import DEFAULT_SPECULATIVE_TOKENS, checkpoint_recorded_verifier, vllm_serve_command
 
     if verifier is None:
         if checkpoint.verifier_path:

@@ -11,7 +11,7 @@ import pytest
 from runs.models import Checkpoint, Evaluation, StageStatus
 from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
-from workers.contract.model_card import card_facts_read
+from workers.contract.checkpoints.model_card import card_facts_read
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from runs.models import PendingEnqueue, PipelineRun
-from workers.contract.host_rule import HostRefused, check_url
+from workers.contract.inputs.host_rule import HostRefused, check_url
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from runs.pipeline.launch.run_config import RunConfig
 from tests.helpers.fleet import fake_gpu_worker
 from tests.contract.test_backends import torch_gpus
 from tests.helpers.worker import celery_worker
-from workers.contract.backends import host_queues
+from workers.contract.host.backends import host_queues
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

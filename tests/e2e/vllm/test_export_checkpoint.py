@@ -77,7 +77,7 @@ def _served_row(checkpoint_id: int):
 
 def test_export_writes_the_served_files_and_a_card_whose_figures_are_the_databases(run, tmp_path):
     from runs.models import Checkpoint, DatasetSample
-    from workers.contract.model_card import card_facts_read
+    from workers.contract.checkpoints.model_card import card_facts_read
 
     assert [s["status"] for s in run["stages"]] == ["succeeded"] * 5, run["stages"]
     best = next(c for c in run["checkpoints"] if c["is_best"])
@@ -147,7 +147,7 @@ def test_export_refuses_a_folder_outside_the_roots_or_one_that_exists_and_writes
 
 def test_the_exported_folder_is_served_by_real_vllm_with_its_draft(run, tiny_target, tmp_path):
     """vLLM (CPU build) loads the exported folder as the draft, by the card's own serve line, and drafts with it."""
-    from workers.contract.vllm_env import kvcache_gib, server_environment
+    from workers.contract.host.vllm_env import kvcache_gib, server_environment
     from workers.stages.evaluate.serve_check import parse_spec_counters
     from workers.stages.extract.vllm_server import HOST, VllmServer, free_port
     from workers.contract.target import read_target_json, target_dtype

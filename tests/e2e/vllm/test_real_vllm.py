@@ -117,7 +117,7 @@ def talker_run(talker_replies, django_db_setup, django_db_blocker, tmp_path_fact
 
 def test_inline_run_extracts_with_real_vllm_like_transformers_does(vllm_run, tiny_target, tmp_path):
     from workers.stages.extract.with_transformers import extract
-    from workers.contract.verify import verify_extraction
+    from workers.contract.extraction.verify import verify_extraction
 
     assert [s["status"] for s in vllm_run["stages"]] == ["succeeded"] * 5, vllm_run["stages"]
     out = Path(vllm_run["manifest_path"]).parent
@@ -144,7 +144,7 @@ def test_inline_run_extracts_with_real_vllm_like_transformers_does(vllm_run, tin
 def _held_out_prompts(run: dict, limit: int) -> list[list[int]]:
     """The first `limit` prompts of the run's held-out conversations, read here without the app's plan."""
     from workers.stages.evaluate.prompts import prompts_from_prepared
-    from workers.contract.prompt_source import validation_rows
+    from workers.contract.chats.prompt_source import validation_rows
 
     best = next(c for c in run["checkpoints"] if c["is_best"])
     return prompts_from_prepared(Path(run["output_dir"]) / "prepared", validation_rows(Path(best["path"]).parent),
@@ -239,7 +239,7 @@ def test_a_checkpoint_vllm_refuses_fails_quoting_its_log_and_stores_no_result(vl
 
 
 def test_a_stop_request_mid_check_leaves_no_vllm_process(vllm_run, tiny_target, tmp_path):
-    from workers.contract.backends import vllm_executable
+    from workers.contract.host.backends import vllm_executable
     from workers.stages.evaluate.serve_check import ServeCheckStopped, serve_check
 
     best = next(c for c in vllm_run["checkpoints"] if c["is_best"])

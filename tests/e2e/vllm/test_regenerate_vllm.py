@@ -40,7 +40,7 @@ def talker(tmp_path_factory):
 def serve_command(vllm_install, talker) -> tuple[list[str], dict, int]:
     """(command, environment, port) of `vllm serve` of the talker as regenerate() starts it."""
     from workers.contract.target import read_target_json
-    from workers.contract.vllm_env import kvcache_gib, server_environment
+    from workers.contract.host.vllm_env import kvcache_gib, server_environment
     from workers.stages.extract.vllm_server import free_port
     from workers.stages.regenerate.with_vllm import DEFAULT_CONCURRENCY, regenerate_serve_command
 

@@ -12,7 +12,7 @@ from runs.checkpoints.evaluation import EvaluationPlan
 from runs.pipeline.lifecycle.result_records import measured_alongside_record
 from runs.checkpoints.serve_check_services import ServeCheckRequestError, serve_check_plan, serve_check_request
 from runs.models import Checkpoint, Evaluation, StageStatus
-from workers.contract.prompt_source import PromptSource
+from workers.contract.chats.prompt_source import PromptSource
 from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 

@@ -6,7 +6,7 @@ import pytest
 
 from runs.data.extractions import extraction_import
 from runs.models import Extraction, Manifest, TargetModel
-from workers.contract.extraction_layout import ManifestError
+from workers.contract.extraction.layout import ManifestError
 from workers.contract.errors import InputError
 
 pytestmark = pytest.mark.django_db

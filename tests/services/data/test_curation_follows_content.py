@@ -10,7 +10,7 @@ from runs.pipeline import services
 from runs.data.curation import dataset_exclusions
 from runs.models import CurationAction, Dataset, DatasetSample, Preparation
 from runs.pipeline.launch.run_config import RunConfig
-from workers.contract.chats import content_hash
+from workers.contract.chats.jsonl import content_hash
 from workers.orchestration.tasks import stage_execute
 
 pytestmark = pytest.mark.django_db
@@ -55,7 +55,7 @@ def sample(dataset: Dataset, sample_id: str) -> DatasetSample:
 def test_content_hash_is_canonical_over_role_content_and_thinking():
     from pathlib import Path
 
-    from workers.contract.chats import parse_row
+    from workers.contract.chats.jsonl import parse_row
 
     sharegpt = parse_row(json.dumps({"conversations": [{"from": "human", "value": "hi"},
                                                        {"from": "gpt", "value": "yo", "thinking": "hm"}]}),

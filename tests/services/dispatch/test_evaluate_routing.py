@@ -21,7 +21,7 @@ from runs.pipeline.lifecycle.stages import STAGES
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import RunConfigError
 from tests.helpers.fleet import cpu_worker, fake_gpu_worker
-from workers.contract import backends
+from workers.contract.host import backends
 
 pytestmark = pytest.mark.django_db
 

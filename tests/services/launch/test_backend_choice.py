@@ -26,7 +26,7 @@ from tests.helpers.fleet import (
     fake_gpu_worker,
     this_host_capabilities,
 )
-from workers.contract.backends import host_queues
+from workers.contract.host.backends import host_queues
 
 pytestmark = pytest.mark.django_db
 
@@ -229,7 +229,7 @@ def test_cli_inline_checks_this_host_not_the_fleet(user, roots):
 def test_an_inline_launch_is_accepted_by_this_hosts_probe_whatever_the_fleet(user, roots, monkeypatch):
     from dataclasses import replace
 
-    from workers.contract import backends
+    from workers.contract.host import backends
 
     # FAKE probe: this host runs vLLM (as a vLLM box would); no Celery worker is live anywhere.
     monkeypatch.setitem(backends.BACKENDS_BY_NAME, "vllm", replace(backends.BACKENDS_BY_NAME["vllm"],
@@ -272,7 +272,7 @@ def test_each_choice_goes_to_the_queue_only_fitting_workers_take():
 def test_a_misrouted_stage_fails_at_start_naming_the_backend_and_why(user, roots):
     from workers.orchestration.tasks import stage_execute
 
-    from workers.contract.backends import BACKENDS_BY_NAME
+    from workers.contract.host.backends import BACKENDS_BY_NAME
 
     # FAKE: lets the launch through; this host has no vLLM, or only its CPU build, or fewer than 8 GPUs
     fake_gpu_worker("fake-gpu@fake-gpu-host")

@@ -8,7 +8,7 @@ from runs.pipeline import services
 from runs.models import Dataset, PipelineRun, TargetModel
 from runs.pipeline.launch.run_config import RunConfig
 from workers.contract.errors import InputError
-from workers.contract.jsonfile import MAX_JSON_BYTES, MAX_JSON_DEPTH
+from workers.contract.inputs.jsonfile import MAX_JSON_BYTES, MAX_JSON_DEPTH
 from workers.contract.target import (
     MAX_HIDDEN_SIZE,
     MAX_NUM_LAYERS,

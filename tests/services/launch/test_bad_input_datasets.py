@@ -8,7 +8,7 @@ import pytest
 from runs.pipeline import services
 from runs.models import Dataset, DatasetSample, PipelineRun, TargetModel
 from runs.pipeline.launch.run_config import RunConfig
-from workers.contract.chats import MAX_LINE_BYTES, MAX_TURNS, DatasetFormatError, read_conversations
+from workers.contract.chats.jsonl import MAX_LINE_BYTES, MAX_TURNS, DatasetFormatError, read_conversations
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
 

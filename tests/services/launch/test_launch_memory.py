@@ -14,7 +14,7 @@ from runs.models import PendingEnqueue, PipelineRun, TargetModel
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.launch.setting_bounds import RunConfigError
 from tests.helpers.fleet import cpu_worker, fake_gpu_worker
-from workers.contract import backends
+from workers.contract.host import backends
 from workers.contract.target import target_weight_bytes
 
 pytestmark = pytest.mark.django_db

@@ -21,7 +21,7 @@ from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 from workers.contract.errors import InputError
 from workers.contract.target import TargetConfigError, validate_layer_ids
-from workers.contract.vllm_env import VllmInstall
+from workers.contract.host.vllm_env import VllmInstall
 from tests.helpers.vllm_here import vllm_or_skip
 
 pytestmark = pytest.mark.django_db

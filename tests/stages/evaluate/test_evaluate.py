@@ -9,7 +9,7 @@ import torch
 
 from tests.stages.train.test_train import write_training_inputs
 from workers.stages.evaluate.measure import DraftRunner, evaluate, load_draft
-from workers.contract.prompt_source import EvaluationInputError, validation_rows
+from workers.contract.chats.prompt_source import EvaluationInputError, validation_rows
 from workers.stages.evaluate.prompts import prompts_from_file, prompts_from_prepared
 from workers.stages.extract.model import load_target
 from workers.stages.evaluate.speculative import TargetRunner

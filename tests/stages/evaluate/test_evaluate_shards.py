@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers.long_chats import write_long_chats
 from tests.stages.evaluate.test_evaluate import inputs, prompts, trained_checkpoint  # noqa: F401 - fixtures
-from workers.contract.prompt_source import EvaluationInputError
+from workers.contract.chats.prompt_source import EvaluationInputError
 from workers.stages.evaluate.prompts import prompts_from_file
 from workers.stages.evaluate.measure import evaluate
 from workers.stages.evaluate.merge import evaluate_merge

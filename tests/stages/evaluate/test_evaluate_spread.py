@@ -9,7 +9,7 @@ import torch
 
 from tests.stages.evaluate.test_evaluate import chat_prompts, inputs, untrained_checkpoint  # noqa: F401 - fixtures
 from workers.stages.extract import model as extract_model
-from workers.contract.prompt_source import EvaluationInputError
+from workers.contract.chats.prompt_source import EvaluationInputError
 from workers.stages.evaluate.measure import evaluate
 
 

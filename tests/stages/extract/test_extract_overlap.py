@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.stages.extract.test_extract import layer_ids, prepared  # noqa: F401  (fixtures: 10 demo chats)
-from workers.contract.verify import verify_extraction
+from workers.contract.extraction.verify import verify_extraction
 from workers.stages.extract import files as files_module
 from workers.stages.extract.resume import sample_is_whole
 from workers.stages.extract.files import WRITES_IN_FLIGHT

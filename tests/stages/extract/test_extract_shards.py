@@ -106,7 +106,7 @@ import json, sys, types
 import django
 django.setup()
 from workers.orchestration import fleet
-from workers.contract.backends import host_capabilities_isolated
+from workers.contract.host.backends import host_capabilities_isolated
 from workers.orchestration.shard_runners import SHARDABLE
 fleet._node.update(capabilities=host_capabilities_isolated())
 run = types.SimpleNamespace(config={}, preparation=types.SimpleNamespace(out_dir=sys.argv[1], num_rows=int(sys.argv[2])),

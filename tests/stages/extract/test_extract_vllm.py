@@ -33,7 +33,7 @@ from workers.stages.extract.with_vllm import (
 )
 from workers.stages.prepare import prepare
 from workers.contract.target import default_layer_ids
-from workers.contract.verify import verify_extraction
+from workers.contract.extraction.verify import verify_extraction
 from workers.stages.extract.vllm_server import VllmServerError, serve_command
 
 STANDINS = Path(__file__).resolve().parents[2] / "standins"

@@ -14,7 +14,7 @@ from dataclasses import asdict
 import pytest
 
 from tests.helpers.long_chats import long_chat_rows
-from workers.contract.chats import parse_row
+from workers.contract.chats.jsonl import parse_row
 from workers.stages import prepare as prepare_module
 from workers.stages.prepare import prepare
 from workers.stages.prepare_merge import PrepareMergeError, prepare_count_rows, prepare_merge, prepare_shard

@@ -202,7 +202,7 @@ def test_a_conversation_whose_history_renders_unstably_loses_every_row_as_upstre
 def test_recorded_reasoning_reaches_the_chat_template_under_both_names_as_upstream_passes_it():
     from pathlib import Path
 
-    from workers.contract.chats import parse_row
+    from workers.contract.chats.jsonl import parse_row
 
     row = {"messages": [{"role": "user", "content": "q"},
                         {"role": "assistant", "content": "a", "reasoning_content": "think ✓"}]}

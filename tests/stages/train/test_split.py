@@ -1,7 +1,7 @@
 """The train/validation split: whole conversations on one side, deterministic for a seed."""
 import pytest
 
-from workers.contract.prompt_source import EvaluationInputError, validation_rows
+from workers.contract.chats.prompt_source import EvaluationInputError, validation_rows
 from workers.stages.train.with_speculators.plan import speculators_split
 from workers.stages.train.split import SplitError, split_record, split_train_val, write_split
 

@@ -11,7 +11,7 @@ import pytest
 from django.db import transaction
 
 from workers.stages.evaluate.prompts import prompts_from_prepared
-from workers.contract.prompt_source import validation_rows
+from workers.contract.chats.prompt_source import validation_rows
 from workers.stages.train.prompt_keys import context_key, prompt_context, prompt_context_keys, read_prompt_keys
 from workers.stages.train.split import split_record, split_train_val, write_split
 from workers.stages.train.with_speculators.plan import read_rows, speculators_split

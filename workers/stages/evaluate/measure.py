@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from workers.contract.prompt_source import EvaluationInputError  # noqa: E402
+from workers.contract.chats.prompt_source import EvaluationInputError  # noqa: E402
 from workers.stages.evaluate.speculative import (  # noqa: E402
     Measurement,
     PromptResult,

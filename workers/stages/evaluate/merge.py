@@ -9,7 +9,7 @@ from pathlib import Path
 from workers.stages.evaluate.k_table import k_table_of
 from workers.stages.evaluate.measure import evaluation_result
 from workers.stages.evaluate.parts import part_read
-from workers.contract.prompt_source import EvaluationInputError
+from workers.contract.chats.prompt_source import EvaluationInputError
 from workers.stages.evaluate.speculative import PromptResult, measurement_of
 
 

@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from workers.contract.prompt_source import EvaluationInputError
+from workers.contract.chats.prompt_source import EvaluationInputError
 from workers.stages.evaluate.speculative import Measurement
 
 PART_NAME = "evaluation_part.json"

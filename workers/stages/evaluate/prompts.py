@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 # Planned by the web tier, which may import only the contract: the error and the prompt source live there.
-from workers.contract.prompt_source import EvaluationInputError, PromptSource
+from workers.contract.chats.prompt_source import EvaluationInputError, PromptSource
 
 
 def prompts_load(source: PromptSource) -> list[list[int]]:
@@ -46,7 +46,7 @@ def prompts_from_file(path: Path, tokenizer_dir: Path, *, limit: int) -> list[li
     """Prompts from a chat file in any dataset format: each conversation up to its first reply
     (or whole, when it ends with a user turn), rendered with the generation prompt."""
     from workers.stages.prepare_render import load_tokenizer
-    from workers.contract.chats import read_conversations
+    from workers.contract.chats.jsonl import read_conversations
 
     tokenizer = load_tokenizer(Path(tokenizer_dir))
     prompts = []

@@ -2,7 +2,7 @@
 
 Our evaluate stage measures τ with our own decoding loop (workers/stages/evaluate/speculative.py); this stage
 asks the engine users deploy. It starts `vllm serve` with exactly the line a checkpoint's page prints
-(workers.contract.serving.vllm_serve_command) plus the serving settings of this check (port, dtype,
+(workers.contract.checkpoints.serving.vllm_serve_command) plus the serving settings of this check (port, dtype,
 context length), sends each prompt as token ids to /v1/completions (greedy, one at a time), reads
 vLLM's speculative-decoding counters from /metrics (`vllm:spec_decode_num_drafts_total`,
 `..._num_accepted_tokens_total`, `..._num_accepted_tokens_per_pos_total`) and its count of decode steps
@@ -28,7 +28,7 @@ The prompts are hashed (prompts_digest) so that the record says which list both 
 
 Like with like: the target runs in the dtype our evaluation loads it in (its config's), since vLLM
 would otherwise downcast a float32 target to bfloat16. Pure: no Django, no torch (vLLM runs in its
-own environment, workers.contract.vllm_env).
+own environment, workers.contract.host.vllm_env).
 """
 from __future__ import annotations
 
@@ -45,9 +45,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from workers.contract.errors import InputError, StopRequested
-from workers.contract.serving import checkpoint_speculative_tokens, vllm_serve_command
+from workers.contract.checkpoints.serving import checkpoint_speculative_tokens, vllm_serve_command
 from workers.contract.target import read_target_json, target_dtype
-from workers.contract.vllm_env import kvcache_gib, server_environment, vllm_install_at
+from workers.contract.host.vllm_env import kvcache_gib, server_environment, vllm_install_at
 from workers.stages.evaluate.serve_load import LoadError, LoadFigures, load_measure, speedup_table
 from workers.stages.extract.vllm_server import HOST, VllmServer, VllmServerError, free_port, log_tail
 

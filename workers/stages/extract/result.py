@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from workers.contract.dtypes import floor_bytes_per_token
+from workers.contract.extraction.dtypes import floor_bytes_per_token
 from workers.stages.extract.resume import write_json_atomic
 
 HIDDEN_STATES_DIRNAME = "hidden_states"

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.contract.tensor_headers import HeaderError, read_safetensors_header, read_safetensors_ints
+from workers.contract.extraction.tensor_headers import HeaderError, read_safetensors_header, read_safetensors_ints
 
 RESUME_NAME = "resume.json"
 RESUME_FORMAT = 1

@@ -50,7 +50,7 @@ def serve_command(*, vllm_executable: str, target_dir: Path, layer_ids: list[int
 
     launch_vllm.py spells the two configs `--speculative_config` / `--kv_transfer_config`; vLLM's
     FlexibleArgumentParser reads underscores and dashes alike, and we use its documented dashes.
-    `connector`: kv_transfer_config's connector keys (workers.contract.vllm_env.hidden_states_connector),
+    `connector`: kv_transfer_config's connector keys (workers.contract.host.vllm_env.hidden_states_connector),
     the stock ExampleHiddenStatesConnector when not given."""
     speculative_config = {
         "method": "extract_hidden_states",

@@ -59,7 +59,7 @@ from workers.stages.extract.shards import ExtractionShard, shard_fingerprint
 from workers.stages.extract.stable_header import sort_header_metadata
 from workers.contract.progress import ProgressFn
 from workers.contract.target import read_target_config, read_target_json, validate_layer_ids
-from workers.contract.vllm_env import hidden_states_connector, kvcache_gib, server_environment, vllm_install_at
+from workers.contract.host.vllm_env import hidden_states_connector, kvcache_gib, server_environment, vllm_install_at
 from workers.stages.extract.vllm_server import VllmServer, VllmServerError, free_port, log_tail, serve_command
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workers.contract.chats import Conversation, DatasetFormatError, _read_line, parse_row
+from workers.contract.chats.jsonl import Conversation, DatasetFormatError, _read_line, parse_row
 from workers.stages.regenerate.base import ConversationFailed, Reply, RegenerateError, turn_seed
 
 Answer = Callable[[list[dict], int], Reply]  # (history as role/content dicts, seed) -> the target's reply
@@ -58,7 +58,7 @@ def file_sha256(path: Path) -> str:
 
 
 def iter_rows(path: Path) -> Iterator[tuple[Conversation, dict]]:
-    """Each non-blank line's conversation (read by workers.contract.chats, with its limits and errors)
+    """Each non-blank line's conversation (read by workers.contract.chats.jsonl, with its limits and errors)
     and the row's JSON object as written."""
     with open(path, "rb") as fh:
         lineno = 0

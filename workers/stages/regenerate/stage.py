@@ -284,7 +284,7 @@ def _backend_version(backend: str, vllm_executable: str | None) -> str:
         from importlib.metadata import version
 
         return version("transformers")
-    from workers.contract.vllm_env import find_vllm_executable, vllm_install_at
+    from workers.contract.host.vllm_env import find_vllm_executable, vllm_install_at
 
     executable = vllm_executable or find_vllm_executable()
     install = vllm_install_at(executable) if executable else None

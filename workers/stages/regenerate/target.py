@@ -1,11 +1,11 @@
 """What the regenerate stage needs of a target directory: that it can chat, its dtype and its length.
 
-Torch-free and cheap; the chat check itself is workers.contract.chat_template's, which the web tier runs too."""
+Torch-free and cheap; the chat check itself is workers.contract.chats.template's, which the web tier runs too."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from workers.contract.chat_template import TargetCannotChat, target_chat_check
+from workers.contract.chats.template import TargetCannotChat, target_chat_check
 from workers.contract.target import read_target_json
 from workers.stages.regenerate.base import RegenerateError
 

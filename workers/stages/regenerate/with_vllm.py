@@ -1,7 +1,7 @@
 """Replies from `vllm serve` (the target alone, no draft), asked over its OpenAI chat API.
 
 The server is started as the serve check starts one (workers/stages/evaluate/serve_check.py): vLLM's
-environment from workers.contract.vllm_env (on the CPU build its KV cache size), the target's dtype
+environment from workers.contract.host.vllm_env (on the CPU build its KV cache size), the target's dtype
 named explicitly (like for like with the transformers backend), its own process group, a log whose
 tail every error quotes. Each reply is one POST /v1/chat/completions with the history so far, the
 reply's seed, max_tokens and temperature; vLLM renders the chat template itself. A 400 (a prompt longer
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from workers.contract.target import read_target_json
-from workers.contract.vllm_env import find_vllm_executable, kvcache_gib, server_environment, vllm_install_at
+from workers.contract.host.vllm_env import find_vllm_executable, kvcache_gib, server_environment, vllm_install_at
 from workers.stages.extract.vllm_server import HOST, VllmServer, VllmServerError, free_port, log_tail
 from workers.stages.regenerate.base import ConversationFailed, RegenerateError, RegenerateStopped, Reply
 

@@ -9,7 +9,7 @@ from datasets import Dataset
 from safetensors.torch import save_file
 
 from workers.contract.errors import InputError
-from workers.contract.verify import verify_extraction
+from workers.contract.extraction.verify import verify_extraction
 from workers.stages.train.online.keep import CacheIncomplete, keep_cache_as_extraction
 
 LAYER_IDS = [2, 4, 5, 8]

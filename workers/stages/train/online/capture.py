@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.contract.host_rule import excerpt
+from workers.contract.inputs.host_rule import excerpt
 from workers.stages.extract.vllm_server import VllmServerError
 from workers.stages.extract.with_vllm import LOCK_TIMEOUT_S, VllmOutputError, check_sample
 from workers.stages.train.online.cache import CacheFullError, SampleCache

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from workers.contract.errors import InputError
-from workers.contract.verify import prepared_input_ids
+from workers.contract.extraction.verify import prepared_input_ids
 from workers.stages.extract.resume import ReusedSamples, sample_is_whole
 from workers.stages.extract.result import HIDDEN_STATES_DIRNAME, MANIFEST_NAME, ExtractionResult, write_manifest
 

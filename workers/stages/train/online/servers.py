@@ -4,7 +4,7 @@ train stage (as the extract stage starts one) or already running at a URL.
 A started server writes into its own folder under the run's cache folder (same filesystem: a
 checked sample moves into the cache without a copy) and runs under child_guard like every child of
 a worker. A server given by URL is a stranger: its URL must pass the capture host rule
-(workers.contract.host_rule, EAGLE3WEB_CAPTURE_ALLOWED_HOSTS, checked again here at use time), every
+(workers.contract.inputs.host_rule, EAGLE3WEB_CAPTURE_ALLOWED_HOSTS, checked again here at use time), every
 request goes to the address checked then (no second resolution, no redirect), and the files it names
 are taken only from the capture staging folder this worker creates (EAGLE3WEB_CAPTURE_STAGING_DIR, where
 its operator points its connector's shared_storage_path: a filesystem both share, as speculators' own
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers.contract.errors import InputError, StopRequested
-from workers.contract.host_rule import Destination, HostRefused, check_url as check_host, excerpt, loopback, \
+from workers.contract.inputs.host_rule import Destination, HostRefused, check_url as check_host, excerpt, loopback, \
     pinned_request
 from workers.contract.target import read_target_config
-from workers.contract.vllm_env import hidden_states_connector
+from workers.contract.host.vllm_env import hidden_states_connector
 from workers.stages.extract.vllm_server import VllmServer, VllmServerError, free_port, log_tail, serve_command
 from workers.stages.extract.with_vllm import STORE_DTYPE, install_and_environment
 

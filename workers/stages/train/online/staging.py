@@ -23,7 +23,7 @@ import stat
 import time
 from pathlib import Path
 
-from workers.contract.host_rule import excerpt
+from workers.contract.inputs.host_rule import excerpt
 from workers.stages.extract.with_vllm import VllmOutputError
 
 SUFFIX = ".safetensors"

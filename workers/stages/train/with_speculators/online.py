@@ -36,7 +36,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.contract.host_rule import excerpt
+from workers.contract.inputs.host_rule import excerpt
 from workers.contract.target import read_target_config
 from workers.stages.extract.vllm_server import VllmServerError
 from workers.stages.extract.with_vllm import LOCK_TIMEOUT_S, VllmOutputError, check_sample, max_model_len

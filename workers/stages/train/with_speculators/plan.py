@@ -155,7 +155,7 @@ def total_seq_len_for(requested: int | None, lengths: list[int]) -> int:
 def check_hidden_states(hidden_states_dir: Path, lengths: list[int], *, layers: int, width: int) -> str:
     """Every row's file is there with its row's token count and the run's shape (headers only);
     returns the hidden-states backend its dtype needs ("fp8" dequantizes float8 files)."""
-    from workers.contract.extraction_samples import read_sample
+    from workers.contract.extraction.samples import read_sample
     from workers.stages.train.data import TrainInputError
 
     bad: list[str] = []

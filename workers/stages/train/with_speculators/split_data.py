@@ -7,7 +7,7 @@ straddle the boundary and prompts repeated from earlier rows land. To train on o
 first: the dataset rewritten in that order (token ids only: a fraction of a per-mille of the hidden
 states' bytes), `hidden_states/hs_{p}.safetensors` a relative link to the extraction's
 `hs_{order[p]}.safetensors`, and the draft vocabulary linked from the run's links folder
-(workers.contract.speculators_layout), which stays as it was for users who point speculators at a run
+(workers.contract.extraction.speculators_layout), which stays as it was for users who point speculators at a run
 themselves. `split_order.json` records the order; a folder without it is never replaced.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from workers.contract.errors import InputError
-from workers.contract.speculators_layout import swap_in
+from workers.contract.extraction.speculators_layout import swap_in
 
 ORDER_FILE = "split_order.json"
 DATASET_ENTRIES = ("state.json", "dataset_info.json")  # with data-*.arrow: what save_to_disk writes

@@ -10,7 +10,7 @@ What runs (read from the installed speculators 0.9.0, speculators/train/):
   handler (workers.stages.train.with_speculators.entry); the flags are `train/config/schema.py`'s. The data
   directory holds the run's rows in our split's order, train rows first (with_speculators/split_data.py;
   R puts speculators' positional boundary exactly between the sides), beside RUN/speculators_data, the
-  links into the run (workers.contract.speculators_layout): `d2t-V.npy`/`t2d-V.npy` are found there by
+  links into the run (workers.contract.extraction.speculators_layout): `d2t-V.npy`/`t2d-V.npy` are found there by
   `cli.py parse_vocab_mappings`, `hidden_states/` by the file backend.
 - `--on-missing raise`: its default, `generate`, asks a vLLM server for hidden states it lacks; an online
   run (`online`) uses it, with an empty `hidden_states/` and one capture server (with_speculators/online.py).
@@ -52,7 +52,7 @@ from pathlib import Path
 
 from workers.stages.child_process import die_with_parent, guarded, stop_group
 from workers.stages.train.with_speculators.entry import METRICS_PATH_ENV
-from workers.contract.speculators_layout import default_data_dir, speculators_data_link
+from workers.contract.extraction.speculators_layout import default_data_dir, speculators_data_link
 from workers.stages.train.with_speculators.ledger import ledger_open
 from workers.stages.train.with_speculators.online import speculators_endpoint
 from workers.stages.train.with_speculators.plan import (

@@ -1,6 +1,6 @@
 """Does vLLM's own configuration accept a target and an EAGLE-3 draft? Run by vLLM's Python, not ours.
 
-vLLM lives in an environment of its own (workers/contract/vllm_env.py), so a launch asks it through a
+vLLM lives in an environment of its own (workers/contract/host/vllm_env.py), so a launch asks it through a
 child process: vLLM's Python runs this file (runpy, from an empty folder) and reads one JSON request
 on stdin once vLLM is imported,
 

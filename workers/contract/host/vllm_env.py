@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROJECT_VLLM = ROOT / ".venv-vllm" / "bin" / "vllm"
 PLUGINS_DIR = ROOT / "workers" / "vllm_plugins"
 CPU_CONNECTOR = ("CpuHiddenStatesConnector", "eagle3web_cpu_connector")

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
-from workers.contract.dtypes import DTYPE_BYTES, ST_DTYPES
-from workers.contract.regular_file import open_regular
+from workers.contract.extraction.dtypes import DTYPE_BYTES, ST_DTYPES
+from workers.contract.inputs.regular_file import open_regular
 
 ST_MAX_HEADER = 100_000_000  # safetensors' own limit
 # every dtype safetensors 0.8 knows, in bits per element

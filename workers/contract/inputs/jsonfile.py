@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workers.contract.regular_file import NotARegularFile, open_regular
+from workers.contract.inputs.regular_file import NotARegularFile, open_regular
 
 MAX_JSON_BYTES = 8 * 1024 * 1024
 MAX_JSON_DEPTH = 64

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.contract.dtypes import ST_DTYPES
-from workers.contract.tensor_headers import (
+from workers.contract.extraction.dtypes import ST_DTYPES
+from workers.contract.extraction.tensor_headers import (
     HeaderError,
     TensorMeta,
     read_pt_header,

@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 
 from workers.contract.errors import InputError
-from workers.contract.jsonfile import read_json_object
+from workers.contract.inputs.jsonfile import read_json_object
 
 DEFAULT_SPECULATIVE_TOKENS = 3  # speculators' default proposal length for EAGLE-3
 

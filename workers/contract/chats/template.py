@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workers.contract.errors import InputError
-from workers.contract.jsonfile import read_json_object
+from workers.contract.inputs.jsonfile import read_json_object
 from workers.contract.target import TargetConfigError, read_target_config
 
 # Where transformers and vLLM find a tokenizer: a fast tokenizer, a sentencepiece or tiktoken model, or

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.contract.errors import InputError
-from workers.contract.extraction_samples import SampleInfo, read_sample
-from workers.contract.jsonfile import MAX_JSON_BYTES, read_json_value
+from workers.contract.extraction.samples import SampleInfo, read_sample
+from workers.contract.inputs.jsonfile import MAX_JSON_BYTES, read_json_value
 from workers.contract.target import MAX_HIDDEN_SIZE, MAX_NUM_LAYERS
 
 MANIFEST_NAME = "data_config.json"

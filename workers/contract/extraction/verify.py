@@ -6,8 +6,8 @@ checks it (offsets cover every byte; speculators' `find_corrupt_hidden_state_ind
 same), a `.pt` archive's pickle is followed through an allowlist and its storages are sized. Full
 mode also scans values for NaN/inf. Neither imports torch for safetensors files (the web tier runs
 both: import from the browser, "Verify now"); a `.pt` file's values, and any `.pt` the header
-reader cannot follow, go to torch.load(weights_only=True). Layouts and manifests:
-`extraction_layout`; one file: `extraction_samples`; the byte formats: `tensor_headers`.
+reader cannot follow, go to torch.load(weights_only=True). Layouts and manifests: `layout`; one file:
+`samples`; the byte formats: `tensor_headers` (all in this folder).
 """
 from __future__ import annotations
 
@@ -18,25 +18,20 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from workers.contract.dtypes import floor_bytes_per_token
+from workers.contract.extraction.dtypes import floor_bytes_per_token
 from workers.contract.errors import InputError
-from workers.contract.extraction_layout import (
+from workers.contract.extraction.layout import (
     SAMPLE_RE,
-    Layout,
-    LayoutError,
     ManifestClaims,
-    ManifestError,
     detect_layout,
     prepared_beside,
     read_manifest,
     resolve_layer_convention,
 )
-from workers.contract.extraction_samples import SampleInfo, read_sample
+from workers.contract.extraction.samples import SampleInfo, read_sample
 from workers.contract.progress import ProgressFn
 from workers.contract.target import TargetConfig, default_layer_ids, read_target_config
 
-__all__ = ["Check", "Layout", "LayoutError", "ManifestClaims", "ManifestError", "VerificationReport", "detect_layout",
-           "read_manifest", "verify_extraction"]
 log = logging.getLogger(__name__)
 
 MAX_OFFENDERS = 10

@@ -13,8 +13,8 @@ from functools import cached_property
 from pathlib import Path
 
 from workers.contract.errors import InputError
-from workers.contract.jsonfile import parse_json
-from workers.contract.regular_file import open_regular
+from workers.contract.inputs.jsonfile import parse_json
+from workers.contract.inputs.regular_file import open_regular
 
 ROLE_ALIASES = {
     "human": "user",

@@ -16,7 +16,7 @@ started with no -Q, or with -Q cpu, still takes what its GPUs can run.
 
 torch is imported inside functions only: the web tier imports this module for the names and the
 queue rule and must stay torch-free (tests/views/url_map/test_web_without_torch.py). Run as
-`python -m workers.contract.backends` it prints host_capabilities() as JSON; a worker calls that in a
+`python -m workers.contract.host.backends` it prints host_capabilities() as JSON; a worker calls that in a
 child process, because initialising CUDA in Celery's parent process breaks its forked pool.
 """
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _probe_eagle3web(gpus: int, have: int) -> str | None:
 
 
 def _probe_vllm(gpus: int, have: int) -> str | None:
-    from workers.contract.vllm_env import vllm_install
+    from workers.contract.host.vllm_env import vllm_install
 
     install = vllm_install()
     if isinstance(install, str):
@@ -168,8 +168,8 @@ def backend_require(*, name: str, gpus: int) -> None:
 
 
 def vllm_executable() -> str:
-    """`vllm` as this worker finds it (workers.contract.vllm_env), for the stages that start it."""
-    from workers.contract.vllm_env import find_vllm_executable
+    """`vllm` as this worker finds it (workers.contract.host.vllm_env), for the stages that start it."""
+    from workers.contract.host.vllm_env import find_vllm_executable
 
     return find_vllm_executable() or "vllm"
 
@@ -212,7 +212,7 @@ def host_memory_bytes() -> int:
 
 def vllm_description() -> dict | None:
     """The vLLM a stage here would start (executable, version, build), None when there is none."""
-    from workers.contract.vllm_env import vllm_install
+    from workers.contract.host.vllm_env import vllm_install
 
     install = vllm_install()
     return None if isinstance(install, str) else install.as_dict()
@@ -220,7 +220,7 @@ def vllm_description() -> dict | None:
 
 def host_capabilities() -> dict:
     """What this host can run, as JSON-ready data (the worker's heartbeat stores it)."""
-    from workers.contract.vllm_env import vllm_install
+    from workers.contract.host.vllm_env import vllm_install
 
     gpus = detect_gpus()
     most = {b.name: b.max_gpus(len(gpus)) for b in BACKENDS}
@@ -237,14 +237,14 @@ def host_capabilities() -> dict:
         "versions": {"python": platform.python_version(),
                      **{d: version_of(d) for d in ("torch", "transformers", "accelerate", "speculators")},
                      "vllm": None if isinstance(vllm, str) else vllm.version},
-        # The vLLM a stage would start (its own environment, see workers.contract.vllm_env): path and build.
+        # The vLLM a stage would start (its own environment, see workers.contract.host.vllm_env): path and build.
         "vllm": None if isinstance(vllm, str) else vllm.as_dict(),
     }
 
 
 def host_capabilities_isolated(*, timeout: float = 300) -> dict:
     """host_capabilities() computed in a child Python, so that this process never initialises CUDA."""
-    proc = subprocess.run([sys.executable, "-m", "workers.contract.backends"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "workers.contract.host.backends"], capture_output=True, text=True,
                           timeout=timeout, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"probing this host's backends failed: {proc.stderr.strip()[-2000:]}")
