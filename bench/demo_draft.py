@@ -9,7 +9,7 @@ from runs.pipeline.launch.run_config import RunConfig
 from workers.stages.evaluate.prompts import prompts_from_prepared
 from workers.contract.chats.prompt_source import validation_rows
 from workers.stages.extract.with_transformers import extract
-from workers.stages.prepare import prepare
+from workers.stages.prepare.stage import prepare
 from workers.contract.target import default_layer_ids, read_target_config
 from workers.stages.train.results import TrainResult
 from workers.stages.train.loop import train

@@ -125,7 +125,7 @@ def main() -> None:
     from workers.contract.target import default_layer_ids, read_target_config
     from workers.stages.demo.assets import build_demo_assets
     from workers.stages.extract.with_transformers import extract
-    from workers.stages.prepare import prepare
+    from workers.stages.prepare.stage import prepare
     from workers.stages.train import loop as train_stage
     from workers.stages.vocab import build_vocab
 

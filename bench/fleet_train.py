@@ -35,7 +35,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from workers.contract.target import default_layer_ids, read_target_config  # noqa: E402
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from workers.stages.extract.with_transformers import extract  # noqa: E402
-from workers.stages.prepare import prepare  # noqa: E402
+from workers.stages.prepare.stage import prepare  # noqa: E402
 from workers.stages.train.draft_model import build_draft_model  # noqa: E402
 from workers.stages.train.loop import train  # noqa: E402
 from workers.stages.train.nodes import NodePlace, free_port, train_on_node  # noqa: E402

@@ -166,7 +166,7 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
 
     from workers.stages.device import device_label, resolve_device
     from workers.stages.extract.with_transformers import extract
-    from workers.stages.prepare import prepare
+    from workers.stages.prepare.stage import prepare
     from workers.contract.target import default_layer_ids
     from workers.stages.train.draft_model import build_draft_model
     from workers.stages.train.loop import train

@@ -54,7 +54,7 @@ def write_long_chats(path: Path, target_dir: Path, demo_chats: Path, shape: dict
     """Single-reply chats of min..max tokens (uniform), their texts drawn from the demo chats:
     one prepared row each, about 1/8 prompt and 7/8 reply."""
     from workers.stages.demo.chats import read_chat_messages
-    from workers.stages.prepare_render import load_tokenizer
+    from workers.stages.prepare.render import load_tokenizer
 
     tokenizer = load_tokenizer(target_dir)
     texts = [m["content"] for chat in read_chat_messages(demo_chats) for m in chat]

@@ -33,7 +33,7 @@ from workers.contract.target import default_layer_ids, read_target_config  # noq
 from workers.contract.host.vllm_env import vllm_install  # noqa: E402
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from workers.stages.extract.with_vllm import extract_with_vllm  # noqa: E402
-from workers.stages.prepare import prepare  # noqa: E402
+from workers.stages.prepare.stage import prepare  # noqa: E402
 from workers.stages.train.loop import train  # noqa: E402
 from workers.stages.train.online.source import OnlineSource  # noqa: E402
 from workers.stages.vocab import build_vocab  # noqa: E402

@@ -45,7 +45,7 @@ from workers.stages.extract.batch_plan import batch_token_budget, open_prepared 
 from workers.stages.extract.with_transformers import extract, iter_hidden_states  # noqa: E402
 from workers.stages.extract.model import load_target  # noqa: E402
 from workers.stages.device import resolve_device  # noqa: E402
-from workers.stages.prepare import prepare  # noqa: E402
+from workers.stages.prepare.stage import prepare  # noqa: E402
 from workers.contract.target import default_layer_ids, read_target_config  # noqa: E402
 from workers.stages.vocab import build_vocab  # noqa: E402
 

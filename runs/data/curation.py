@@ -247,7 +247,7 @@ def samples_tag(*, samples: QuerySet[DatasetSample], tag: str, user: AbstractBas
 
 @dataclass(frozen=True)
 class Exclusions:
-    """What a preparation skips (workers.stages.prepare's exclude_* arguments)."""
+    """What a preparation skips (workers.stages.prepare.stage's exclude_* arguments)."""
     ids: frozenset[str]  # excluded samples without a content hash yet: matched by id, as before
     hashes: frozenset[str]  # excluded conversations, matched by content in rows without an "id"
     own_ids: frozenset[str]  # ids of the excluded samples with a hash, matched in rows carrying that "id"

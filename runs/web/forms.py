@@ -66,7 +66,7 @@ class LaunchForm(forms.Form):
     )
     max_seq_len = forms.IntegerField(min_value=MIN_SEQ_LEN, max_value=MAX_SEQ_LEN, initial=512)
     # A run counts rows as speculators counts samples: one per assistant reply that trains (a conversation
-    # fans out into a row per reply), read from the start of the file (workers.stages.prepare).
+    # fans out into a row per reply), read from the start of the file (workers.stages.prepare.stage).
     max_samples = forms.IntegerField(
         min_value=2, max_value=MAX_SAMPLES, required=False, label="Max rows",
         help_text="Training rows read from the start of the dataset, one per assistant reply (a conversation "

@@ -98,7 +98,7 @@ def test_a_stage_this_host_cannot_run_is_refused_naming_backend_and_reason():
 
 def test_extract_on_several_gpus_refuses_a_host_without_them_before_loading_the_model(tmp_path, monkeypatch,
                                                                                        tiny_target):
-    from workers.stages.prepare import prepare
+    from workers.stages.prepare.stage import prepare
 
     prepared = prepare(tokenizer_dir=tiny_target.target_dir, dataset_path=tiny_target.chats_path,
                        out_dir=tmp_path / "prepared", max_seq_len=128, max_samples=4)

@@ -17,7 +17,7 @@ from workers.contract.failures import (
     failure_headline,
     trace_for_developers,
 )
-from workers.stages.prepare import prepare
+from workers.stages.prepare.stage import prepare
 
 BANNER = "Traceback (most recent call last)"
 

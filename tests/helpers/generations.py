@@ -45,7 +45,7 @@ def measured(tiny_target, proposer: str, *, prompts: int = 3, max_new_tokens: in
     from workers.stages.evaluate.prompts import prompts_from_file
     from workers.stages.evaluate.speculative import eos_ids, greedy_decode, measure
     from workers.stages.extract.model import load_target
-    from workers.stages.prepare_render import load_tokenizer
+    from workers.stages.prepare.render import load_tokenizer
 
     model = load_target(tiny_target.target_dir, torch.device("cpu"))
     chat_prompts = prompts_from_file(tiny_target.chats_path, tiny_target.target_dir, limit=prompts)

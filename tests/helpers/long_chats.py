@@ -82,7 +82,7 @@ def build_training_inputs(target_dir: Path, chats_path: Path, out: Path, *, max_
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
     from transformers import LlamaForCausalLM
 
-    from workers.stages.prepare import prepare
+    from workers.stages.prepare.stage import prepare
     from workers.contract.target import default_layer_ids
 
     prepared = prepare(tokenizer_dir=target_dir, dataset_path=chats_path, out_dir=out / "prepared",

@@ -21,7 +21,6 @@ FOLDERS_OVER = {
     "runs/pipeline": 13,
     "runs/tracking": 14,
     "tests": 19,
-    "workers/stages": 15,
     "workers/stages/extract": 13,
     "workers/stages/train": 19,
 }

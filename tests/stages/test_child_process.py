@@ -77,7 +77,7 @@ TREE = [sys.executable, "-c", (
 def _group_outlives_a_killed_worker(start, tmp_path, within_s: float = 10.0) -> bool:
     """As above, for the child's whole process group: True if any of it is left `within_s` after the
     worker's SIGKILL (what is left is then killed)."""
-    from workers.stages.child_guard import _group_alive
+    from workers.stages.children.child_guard import _group_alive
 
     pgid_file = tmp_path / "group.pid"
     worker = os.fork()
@@ -126,7 +126,7 @@ def test_without_the_guard_the_grandchild_outlives_the_worker(tmp_path):
     """What the guard is for: the parent-death signal alone reaches the child, not the grandchild."""
     import subprocess
 
-    from workers.stages.child_process import die_with_parent
+    from workers.stages.children.child_process import die_with_parent
 
     def start():
         return subprocess.Popen(TREE, start_new_session=True, preexec_fn=die_with_parent()).pid
@@ -137,7 +137,7 @@ def test_without_the_guard_the_grandchild_outlives_the_worker(tmp_path):
 def test_the_guard_passes_the_exit_code_and_a_requested_stop_through(tmp_path):
     import subprocess
 
-    from workers.stages.child_process import guarded, stop_group
+    from workers.stages.children.child_process import guarded, stop_group
 
     done = subprocess.run(guarded([sys.executable, "-c", "import sys; print('out'); sys.exit(7)"]),
                           capture_output=True, text=True, timeout=60)
@@ -146,7 +146,7 @@ def test_the_guard_passes_the_exit_code_and_a_requested_stop_through(tmp_path):
     time.sleep(1.0)
     killed = stop_group(proc, grace_s=3.0)  # the grandchild ignores SIGTERM: SIGKILL after the grace
     assert killed and proc.returncode is not None
-    from workers.stages.child_guard import _group_alive
+    from workers.stages.children.child_guard import _group_alive
     # SIGKILL is delivered at once but a loaded host takes a moment to tear the processes down (CI once
     # saw the grandchild still listed right after): gone within 5 s, not at the very instant.
     deadline = time.monotonic() + 5.0
@@ -168,7 +168,7 @@ def test_a_worker_that_dies_while_the_guard_starts_still_takes_the_command_down(
     """The guard is told the worker's pid: one that is gone before the guard runs is noticed."""
     import subprocess
 
-    from workers.stages.child_process import GUARD
+    from workers.stages.children.child_process import GUARD
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -199,11 +199,11 @@ def test_a_worker_killed_while_the_guard_starts_its_command_leaves_nothing_behin
     1 s; the worker is SIGKILLed in that second."""
     import subprocess
 
-    from workers.stages.child_guard import _group_alive
+    from workers.stages.children.child_guard import _group_alive
 
     (tmp_path / "sitecustomize.py").write_text(SLOW_FORK)
     marker = tmp_path / "starting"
-    starter = ("import subprocess, sys, time; from workers.stages.child_process import die_with_parent, guarded; "
+    starter = ("import subprocess, sys, time; from workers.stages.children.child_process import die_with_parent, guarded; "
                "guard = subprocess.Popen(guarded(sys.argv[1:]), start_new_session=True, preexec_fn=die_with_parent()); "
                "print(guard.pid, flush=True); time.sleep(120)")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "GUARD_STARTING_MARKER": str(marker)}

@@ -38,13 +38,13 @@ def _prepare_common(record) -> dict:
 
 
 def prepare_rows(record) -> int:
-    from workers.stages.prepare_merge import prepare_count_rows
+    from workers.stages.prepare.merge import prepare_count_rows
 
     return prepare_count_rows(Path(record.run.dataset.path))
 
 
 def prepare_shard(record, reporter, index: int, rows: range) -> dict:
-    from workers.stages.prepare_merge import prepare_shard as prepare_part
+    from workers.stages.prepare.merge import prepare_shard as prepare_part
 
     excluded = dataset_exclusions(dataset=record.run.dataset)
     part = prepare_part(tokenizer_dir=_target_dir(record.run), **_prepare_common(record),
@@ -55,7 +55,7 @@ def prepare_shard(record, reporter, index: int, rows: range) -> dict:
 
 
 def prepare_merge_shards(record, shards: list, reporter):
-    from workers.stages.prepare_merge import prepare_merge
+    from workers.stages.prepare.merge import prepare_merge
 
     return prepare_merge(part_dirs=[shard_dir(prepare_parts_dir(record), s.index) for s in shards],
                          out_dir=_fresh_dir(Path(record.run.output_dir) / "prepared"), **_prepare_common(record),

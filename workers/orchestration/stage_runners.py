@@ -106,7 +106,7 @@ def _target_dir(run) -> Path:
 
 
 def _prepare(record, reporter: StageReporter):
-    from workers.stages.prepare import prepare
+    from workers.stages.prepare.stage import prepare
 
     run = record.run
     excluded = dataset_exclusions(dataset=run.dataset)

@@ -1,6 +1,6 @@
 """Whether a launch's chat file can give the prepare stage one training row, from a quick read of its head.
 
-The prepare stage (workers/stages/prepare.py) fails after the launch with "no training rows" when the file
+The prepare stage (workers/stages/prepare/stage.py) fails after the launch with "no training rows" when the file
 is empty or no conversation in it trains; a launch refuses such a file now, naming the file and counting
 why, with nothing stored. A conversation trains when an assistant turn follows its first message
 (prepare's rows start at the second turn) and the text before that reply is shorter than max_seq_len

@@ -14,7 +14,7 @@ from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.lifecycle.stage_record import FINISHED_STATUSES
 from tests.helpers.worker import celery_worker, kill_worker_hard, wait_for_run
-from workers.stages.prepare_merge import prepare_count_rows
+from workers.stages.prepare.merge import prepare_count_rows
 from workers.stages.shards import shard_dir
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -89,7 +89,7 @@ def shard_files(hs_dir: Path) -> dict[str, tuple[int, int]]:
 
 
 def one_worker_preparation(tiny_target, run, out_dir):
-    from workers.stages.prepare import prepare
+    from workers.stages.prepare.stage import prepare
 
     return prepare(tokenizer_dir=tiny_target.target_dir, dataset_path=tiny_target.chats_path, out_dir=out_dir,
                    max_seq_len=run.config["max_seq_len"], max_samples=run.config.get("max_samples"))

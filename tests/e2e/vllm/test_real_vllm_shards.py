@@ -15,7 +15,7 @@ from workers.contract.target import default_layer_ids, read_target_config
 from workers.stages.extract.shards import extract_merge
 from workers.stages.extract.batch_plan import open_prepared
 from workers.stages.extract.with_vllm import LOG_NAME, extract_with_vllm
-from workers.stages.prepare import prepare
+from workers.stages.prepare.stage import prepare
 from workers.stages.shards import shard_dir, spans_split
 
 pytestmark = [pytest.mark.slow]

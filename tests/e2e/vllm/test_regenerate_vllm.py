@@ -189,7 +189,7 @@ def test_a_worker_killed_while_vllm_serves_leaves_no_vllm_process_after_10_s(vll
     import sys
     import time
 
-    from workers.stages.child_guard import _group_alive
+    from workers.stages.children.child_guard import _group_alive
 
     command, env, port = serve_command(vllm_install, talker)
     worker = subprocess.Popen(

@@ -30,7 +30,7 @@ def wrong(tiny_target):
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_target):
-    from workers.stages.prepare_render import load_tokenizer
+    from workers.stages.prepare.render import load_tokenizer
 
     return load_tokenizer(tiny_target.target_dir)
 

@@ -14,7 +14,7 @@ from workers.stages.extract.files import HiddenBatch, _check_batch
 from workers.stages.extract.batch_plan import batch_token_budget, open_prepared, plan_forward_batches
 from workers.stages.extract.with_transformers import extract, iter_hidden_states
 from workers.stages.extract.model import load_target
-from workers.stages.prepare import prepare
+from workers.stages.prepare.stage import prepare
 from workers.contract.target import TargetConfigError, default_layer_ids
 
 SUBSET = 10

@@ -12,7 +12,7 @@ import pytest
 
 from workers.stages.extract.with_transformers import extract
 from workers.stages.extract.resume import RESUME_NAME, sample_is_whole
-from workers.stages.prepare import prepare
+from workers.stages.prepare.stage import prepare
 from workers.contract.target import default_layer_ids
 
 CONVERSATIONS = 12

@@ -14,7 +14,7 @@ from workers.contract.target import default_layer_ids, read_target_config
 from workers.stages.extract.shards import WRITE_TOKENS_PER_ROW, batch_spans, batch_work, extract_merge
 from workers.stages.extract.batch_plan import DEFAULT_BATCH_TOKENS, open_prepared, plan_forward_batches
 from workers.stages.extract.with_transformers import extract
-from workers.stages.prepare import prepare
+from workers.stages.prepare.stage import prepare
 from workers.stages.shards import shard_dir
 
 CONVERSATIONS = 40

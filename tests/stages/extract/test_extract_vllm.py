@@ -31,7 +31,7 @@ from workers.stages.extract.with_vllm import (
     VllmOutputError,
     extract_with_vllm,
 )
-from workers.stages.prepare import prepare
+from workers.stages.prepare.stage import prepare
 from workers.contract.target import default_layer_ids
 from workers.contract.extraction.verify import verify_extraction
 from workers.stages.extract.vllm_server import VllmServerError, serve_command
@@ -102,7 +102,7 @@ def _requests(log_path: Path) -> int:
 def _processes_using(path: Path) -> list[int]:
     """The process groups of live stand-in servers whose command line names path (each one's names its
     staging directory): one per server, led by the guard the stage starts it under
-    (workers/stages/child_guard.py), which is there from the moment the stage starts the server."""
+    (workers/stages/children/child_guard.py), which is there from the moment the stage starts the server."""
     groups = set()
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         cmdline = proc.info["cmdline"] or []

@@ -8,7 +8,7 @@ import torch
 
 from tests.helpers.long_chats import long_chat_rows
 from workers.contract.chats.jsonl import DatasetFormatError
-from workers.stages.prepare import prepare
+from workers.stages.prepare.stage import prepare
 
 SUBSET = 24  # conversations; enough for multi-turn rows, fast on 2 cores
 

@@ -15,9 +15,9 @@ import pytest
 
 from tests.helpers.long_chats import long_chat_rows
 from workers.contract.chats.jsonl import parse_row
-from workers.stages import prepare as prepare_module
-from workers.stages.prepare import prepare
-from workers.stages.prepare_merge import PrepareMergeError, prepare_count_rows, prepare_merge, prepare_shard
+from workers.stages.prepare import stage as prepare_module
+from workers.stages.prepare.stage import prepare
+from workers.stages.prepare.merge import PrepareMergeError, prepare_count_rows, prepare_merge, prepare_shard
 from workers.stages.shards import shard_dir, spans_split
 
 MAX_SEQ_LEN = 384  # the long chats run to hundreds of tokens a row: several are truncated here

@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from workers.stages.prepare_render import MASK_SOURCE
-from workers.stages.prepare import prepare
+from workers.stages.prepare.render import MASK_SOURCE
+from workers.stages.prepare.stage import prepare
 
 ODD = [
     "👩‍👩‍👧 family, e\u0301 (combining), مرحبا, 漢字かな, zero\u200bwidth",

@@ -126,7 +126,7 @@ def test_counts_are_those_of_the_written_rows(regenerated, source_rows):
 
 def test_our_chats_reader_and_prepare_read_the_output(regenerated, talker, tmp_path):
     from workers.contract.chats.jsonl import read_conversations
-    from workers.stages.prepare import prepare
+    from workers.stages.prepare.stage import prepare
 
     convs = list(read_conversations(Path(regenerated.out_path)))
     written = read_jsonl(regenerated.out_path)

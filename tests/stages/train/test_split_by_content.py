@@ -87,7 +87,7 @@ def oracle_sharing(rows: list[dict]) -> set[str]:
 
 @pytest.fixture(scope="module")
 def chats(tiny_target, tmp_path_factory):
-    from workers.stages.prepare import prepare
+    from workers.stages.prepare.stage import prepare
 
     root = tmp_path_factory.mktemp("content-split")
     rows = build_chats()

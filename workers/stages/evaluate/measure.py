@@ -226,7 +226,7 @@ def _generations(target_dir: Path, prompts: list[list[int]], results: list[Promp
     """The replies token by token with their texts, or nothing (said in the log) where the target has no
     tokenizer to decode them with: τ was measured all the same."""
     from workers.stages.evaluate.generations import generation_table
-    from workers.stages.prepare_render import load_tokenizer
+    from workers.stages.prepare.render import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(target_dir)

@@ -45,7 +45,7 @@ def prompts_from_prepared(prepared_dir: Path, row_indices: list[int], *, limit: 
 def prompts_from_file(path: Path, tokenizer_dir: Path, *, limit: int) -> list[list[int]]:
     """Prompts from a chat file in any dataset format: each conversation up to its first reply
     (or whole, when it ends with a user turn), rendered with the generation prompt."""
-    from workers.stages.prepare_render import load_tokenizer
+    from workers.stages.prepare.render import load_tokenizer
     from workers.contract.chats.jsonl import read_conversations
 
     tokenizer = load_tokenizer(Path(tokenizer_dir))

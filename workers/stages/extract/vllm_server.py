@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.stages.child_process import die_with_parent, guarded, stop_group
+from workers.stages.children.child_process import die_with_parent, guarded, stop_group
 
 HOST = "127.0.0.1"
 HEALTH_POLL_SECONDS = 1.0

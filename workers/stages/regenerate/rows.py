@@ -23,7 +23,7 @@ Answer = Callable[[list[dict], int], Reply]  # (history as role/content dicts, s
 
 @dataclass(frozen=True)
 class Exclusions:
-    """Curation's exclusions, read as the prepare stage reads them (workers/stages/prepare.py _excluded):
+    """Curation's exclusions, read as the prepare stage reads them (workers/stages/prepare/stage.py _excluded):
     `ids` by source id whatever the row; a row without an "id" (keyed by its line) by content hash; a
     row's own "id" by `own_ids`."""
 

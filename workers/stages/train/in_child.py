@@ -18,7 +18,7 @@ child's log records reach the worker's loggers (the stage's log tail). The child
 back as the same exception with the child's traceback as a note; a child that dies without an answer
 (killed, out of memory, a crash) raises TrainingProcessDied, naming how it ended. The worker's
 heartbeat thread renews the stage's lease meanwhile. A child dies with the worker (PR_SET_PDEATHSIG,
-workers.stages.child_process), and the worker stops the child's process group if it leaves early.
+workers.stages.children.child_process), and the worker stops the child's process group if it leaves early.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from workers.stages.child_process import die_with_parent, stop_group
+from workers.stages.children.child_process import die_with_parent, stop_group
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ the last saved state.
 Our loop: each node runs one process (workers.stages.train.in_rank) that reaches this worker over a
 Unix socket and runs as workers.stages.train.in_child's child does (callbacks, log records, result).
 
-No process is left behind: torchrun runs under workers/stages/child_guard.py in a process group of its
+No process is left behind: torchrun runs under workers/stages/children/child_guard.py in a process group of its
 own (the group goes when the worker dies, or when stop_group ends it); torchrun starts each rank in a
 session of its own, so the rank dies with torchrun itself (PR_SET_PDEATHSIG in in_rank). `watch()`,
 called about twice a second while the training runs, raises when the gang broke (another node failed,
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from workers.stages.child_process import die_with_parent, guarded, stop_group
+from workers.stages.children.child_process import die_with_parent, guarded, stop_group
 from workers.stages.train.in_child import CALLBACKS, REPO_ROOT, TrainingProcessDied, _serve
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The content key that decides what may be held out: a reply's prompt context, as the target saw it.
 
-A prepared row holds one assistant reply and everything before it (workers/stages/prepare.py); the
+A prepared row holds one assistant reply and everything before it (workers/stages/prepare/stage.py); the
 tokens before its first supervised token are the rendered system and user turns (and earlier replies)
 the reply was written after. For a conversation's first row that is exactly the prompt the evaluate
 stage measures τ on (workers/stages/evaluate/prompts.py takes it from here, so the two cannot drift).

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from workers.stages.extract.with_transformers import extract
-from workers.stages.prepare import prepare
+from workers.stages.prepare.stage import prepare
 from workers.contract.extraction.speculators_layout import SpeculatorsLayoutError, run_data_link, speculators_data_link
 from workers.stages.train.with_speculators.plan import plan_epochs, read_rows
 from workers.contract.target import default_layer_ids

@@ -71,7 +71,7 @@ def test_speculators_asks_one_endpoint_and_the_rest_are_named_as_unused(tmp_path
 @pytest.fixture(scope="module")
 def run_dir(tiny_target, tmp_path_factory):
     """prepared/ and vocab/ of a run from the first chats: no extraction at all."""
-    from workers.stages.prepare import prepare
+    from workers.stages.prepare.stage import prepare
     from workers.stages.vocab import build_vocab
 
     root = tmp_path_factory.mktemp("spec-online")

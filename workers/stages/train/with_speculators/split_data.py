@@ -59,7 +59,7 @@ def write_split_data(*, prepared_dir: Path, hidden_states_dir: Path | None, link
     if staging.exists():
         shutil.rmtree(staging)
     # save_to_disk writes the rows as the index mapping gives them and keeps the dataset's format (torch,
-    # which speculators' reader relies on; see workers/stages/prepare.py).
+    # which speculators' reader relies on; see workers/stages/prepare/stage.py).
     load_from_disk(str(prepared_dir)).select(order).save_to_disk(str(staging))
     for entry in sorted(links_dir.iterdir()):
         if entry.name == HIDDEN_STATES or _is_dataset_file(entry.name) or entry.name.startswith("."):

@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from workers.stages.child_process import die_with_parent, guarded, stop_group
+from workers.stages.children.child_process import die_with_parent, guarded, stop_group
 from workers.stages.train.with_speculators.entry import METRICS_PATH_ENV
 from workers.contract.extraction.speculators_layout import default_data_dir, speculators_data_link
 from workers.stages.train.with_speculators.ledger import ledger_open

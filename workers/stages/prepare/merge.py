@@ -2,7 +2,7 @@
 merge writes the prepared dataset from the parts exactly as one worker writes it from the file.
 
 A shard's rows are conversations (non-blank lines of the chat file) numbered 0.. in file order. A part
-keeps, per conversation, what prepare's loop needs (workers.stages.prepare_render.Outcome: excluded or not,
+keeps, per conversation, what prepare's loop needs (workers.stages.prepare.render.Outcome: excluded or not,
 its rows with their truncation, the turns it lost), so the merge feeds the very same loop
 (prepared_write): the same max_samples cut, the same write batches, the same counts, histogram and
 token frequencies, and the same bytes. A part's folder appears whole (written aside, then renamed),
@@ -25,8 +25,8 @@ from pathlib import Path
 from workers.contract.chats.jsonl import read_conversations
 from workers.contract.errors import InputError
 from workers.contract.progress import ProgressFn
-from workers.stages.prepare import PrepareResult, _checked, _features, prepared_write
-from workers.stages.prepare_render import ChatRenderer, Outcome, Row, load_tokenizer, outcome_of
+from workers.stages.prepare.stage import PrepareResult, _checked, _features, prepared_write
+from workers.stages.prepare.render import ChatRenderer, Outcome, Row, load_tokenizer, outcome_of
 
 PART_ARROW, PART_OUTCOMES, PART_META = "part.arrow", "outcomes.jsonl", "part.json"
 

@@ -6,7 +6,7 @@ child and takes the whole group down with it when the worker that started it die
 A process started with PR_SET_PDEATHSIG gets its signal when its parent dies, but its own children do
 not: a SIGKILLed worker left vLLM's API server shutting down slowly and `VLLM::EngineCore`, re-parented
 to PID 1, holding the GPU for up to a minute (a probe saw it). This guard is the process the worker
-starts (workers.stages.child_process.guarded). On the worker's death signal it sends SIGTERM to its
+starts (workers.stages.children.child_process.guarded). On the worker's death signal it sends SIGTERM to its
 whole process group; on any SIGTERM it waits for the group to end. When the worker asked (a cancel:
 speculators saves its state meanwhile) the worker's own stop_group sends SIGKILL after its grace; when
 the worker is gone (its death signal, or a parent that changed) the guard sends SIGKILL to the group

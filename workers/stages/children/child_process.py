@@ -28,7 +28,7 @@ GUARD = str(Path(__file__).with_name("child_guard.py"))
 
 
 def guarded(command: list[str]) -> list[str]:
-    """`command` run under workers/stages/child_guard.py, the process group's leader that takes the whole
+    """`command` run under workers/stages/children/child_guard.py, the process group's leader that takes the whole
     group down (vLLM's engine cores, torchrun's ranks) when the worker dies; PR_SET_PDEATHSIG alone
     reaches only the process the worker started."""
     return [sys.executable, GUARD, str(os.getpid()), "--", *command]

@@ -1,6 +1,6 @@
 """Prepare stage: a JSONL chat file -> speculators 0.9 prepared dataset + token_freq.pt.
 
-Each conversation is rendered into rows with upstream's loss mask by workers.stages.prepare_render (its
+Each conversation is rendered into rows with upstream's loss mask by workers.stages.prepare.render (its
 docstring says how, line by line against speculators 0.9 `data_generation/preprocessing.py`); this module
 reads the file, counts, and writes as upstream writes:
 - `build_speculator_training_dataset` ends with `set_format("torch")`, which `save_to_disk`
@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from workers.contract.chats.jsonl import DatasetFormatError, read_conversations  # noqa: E402
 from workers.contract.progress import ProgressFn  # noqa: E402
 # What prepare renders with.
-from workers.stages.prepare_render import MASK_SOURCE, ChatRenderer, load_tokenizer, outcome_of  # noqa: E402
+from workers.stages.prepare.render import MASK_SOURCE, ChatRenderer, load_tokenizer, outcome_of  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def prepare(
     before content hashes were kept), `exclude_hashes` skip rows without an "id" by content,
     `exclude_own_ids` skip rows carrying that "id" of their own.
 
-    One shard's part of a preparation (issue 36) is workers.stages.prepare_merge.prepare_shard's.
+    One shard's part of a preparation (issue 36) is workers.stages.prepare.merge.prepare_shard's.
     """
     dataset_path, out_dir = _checked(dataset_path, out_dir, max_seq_len, max_samples)
     renderer = ChatRenderer(load_tokenizer(Path(tokenizer_dir)))

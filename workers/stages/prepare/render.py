@@ -1,4 +1,4 @@
-"""The prepare stage's rendering (workers.stages.prepare): a conversation through the target tokenizer's
+"""The prepare stage's rendering (workers.stages.prepare.stage): a conversation through the target tokenizer's
 own chat template into training rows and their loss masks, and what curation excluded.
 
 Mirrors speculators 0.9 `data_generation/preprocessing.py` (what `speculators prepare-data` runs), which
