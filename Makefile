@@ -66,7 +66,7 @@ docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(VENV)/.installed
-	$(PY) bench/pipeline.py --json
+	$(PY) bench/pipeline/pipeline.py --json
 
 # Compose for tests/settings/test_compose.py, which loads docker-compose.yml with it: the Docker CLI's
 # plugin where there is one, else Debian's docker-compose (1.29.2 on bookworm; it needs no Docker engine).
@@ -78,7 +78,7 @@ compose-deps:
 browser-deps:
 	test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
 
-# MLflow's tracking server in its own environment (.venv-mlflow), for bench/api.py's comparison only:
+# MLflow's tracking server in its own environment (.venv-mlflow), for bench/tracker/api.py's comparison only:
 # nothing of eagle3web imports it.
 MLFLOW_VENV := .venv-mlflow
 MLFLOW_VERSION ?= 3.17.2

@@ -1,7 +1,7 @@
 """Keep Python's full garbage collections off the request path's tail.
 
 A web process holds well over 100,000 objects once Django, the views and numpy are loaded, and a full
-(generation-2) collection walks them all: `bench/metrics.py --scale-only` prints what one costs
+(generation-2) collection walks them all: `bench/tracker/metrics.py --scale-only` prints what one costs
 (`gc_full_collection`: 133 ms for 265,732 objects in its process on this 2-core machine) and what it
 costs once they are frozen (under 0.1 ms). What a process loaded to serve its first requests lives as
 long as the process, so after them it is moved out of the collector's sight (gc.freeze(), as the CPython

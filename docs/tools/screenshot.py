@@ -21,7 +21,7 @@ from playwright.sync_api import sync_playwright
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from bench.web_server import runserver  # noqa: E402
+from bench.tracker.web_server import runserver  # noqa: E402
 
 
 def manage(*args: str) -> str:

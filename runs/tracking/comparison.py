@@ -18,7 +18,7 @@ from runs.tracking import curves
 from workers.contract.errors import InputError
 
 MIN_RUNS, MAX_RUNS = 2, 10  # MAX_RUNS: what a sweep's compare link opens, its highest τ first
-MAX_COMPARED = 50  # what one compare takes, ticked on the runs list (bench/metrics.py times 50)
+MAX_COMPARED = 50  # what one compare takes, ticked on the runs list (bench/tracker/metrics.py times 50)
 
 
 class ComparisonError(InputError):

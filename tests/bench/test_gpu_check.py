@@ -1,4 +1,4 @@
-"""bench/gpu_check.py: the GPU check's own code path, run small on the CPU, and its table of peaks."""
+"""bench/gpu/gpu_check.py: the GPU check's own code path, run small on the CPU, and its table of peaks."""
 import json
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 
 from gpu_peaks import achieved, bf16_peak  # noqa: E402
 
@@ -25,7 +25,7 @@ def test_bf16_peak_by_device_name(name, tflops):
 
 
 def test_unknown_gpu_and_cpu_have_no_peak_and_say_why():
-    assert bf16_peak("NVIDIA A10G") == (None, "'NVIDIA A10G' is not in bench/gpu_peaks.py's table of datasheet peaks; add it there")
+    assert bf16_peak("NVIDIA A10G") == (None, "'NVIDIA A10G' is not in bench/gpu/gpu_peaks.py's table of datasheet peaks; add it there")
     peak, reason = bf16_peak(None)
     assert peak is None and reason.startswith("no GPU")
 
@@ -38,7 +38,7 @@ def test_achieved_is_flops_times_tokens_over_the_peak():
 @pytest.mark.slow
 def test_tiny_cpu_run_reports_every_stage(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "bench/gpu_check.py", "--device", "cpu", "--tiny", "--rows", "8", "--threads", "1",
+        [sys.executable, "bench/gpu/gpu_check.py", "--device", "cpu", "--tiny", "--rows", "8", "--threads", "1",
          "--work-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)

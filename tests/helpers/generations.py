@@ -1,7 +1,7 @@
 """Generations measured for real: the tiny demo target decodes its chat prompts speculatively with the
 STAND-IN proposers of tests/stages/evaluate/test_tau_known_answers.py, whose acceptance is known in advance, and
 workers.stages.evaluate.generations turns the replies into what a measurement records. Shared by the
-recording, API, browser tests and bench/generations_render.py.
+recording, API, browser tests and bench/tracker/generations_render.py.
 
 - OracleProposer: proposes the target's own continuation, every draft accepted (τ = k + 1);
 - AlwaysWrongProposer: never the target's token, none accepted (τ = 1);

@@ -15,7 +15,6 @@ FILE_ROOTS = ("runs", "workers", "eagle3web", "templates", "static/js", "bench",
 SKIPPED = {"migrations", "old_migrations", "__pycache__", "vendor"}
 
 FOLDERS_OVER = {
-    "bench": 32,
     "runs": 21,
     "runs/management/commands": 14,
     "runs/pipeline": 13,

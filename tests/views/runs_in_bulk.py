@@ -1,5 +1,5 @@
 """Many runs fast for the list tests: one launched for real, the others copies of its rows made in bulk
-(as bench/metrics.py makes its 10,000)."""
+(as bench/tracker/metrics.py makes its 10,000)."""
 from runs.models import PipelineRun
 from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig

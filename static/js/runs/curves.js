@@ -157,7 +157,7 @@
     if (!all) return;  // no point since the last whole read, so none since the polls either
     for (const s of all) series[sid(s)] = s;
     drawAll();
-    // When the charts were first drawn, in ms since navigation began (read by bench/metrics.py).
+    // When the charts were first drawn, in ms since navigation began (read by bench/tracker/metrics.py).
     if (!root.dataset.drawnAt && Object.keys(series).length) root.dataset.drawnAt = String(Math.round(performance.now()));
   }
 

@@ -42,7 +42,7 @@
   }
 
   // A token's title is made when the pointer first rests on it: two thousand titles made up front were a
-  // third of a draw's time (bench/generations_render.py).
+  // third of a draw's time (bench/tracker/generations_render.py).
   const tokenOf = new WeakMap();  // token span -> its token from the API
   function titleOnHover(ev) {
     const span = ev.target;
@@ -103,7 +103,7 @@
       el("div", {class: "hint"}, "τ " + tau(match.tau)), reply(match));
   }
 
-  // Each draw, laid out, is timed as the performance measure "generations-render" (bench/generations_render.py
+  // Each draw, laid out, is timed as the performance measure "generations-render" (bench/tracker/generations_render.py
   // reads it).
   function draw() {
     const started = performance.now();

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from bench.online import FolderPeak
+from bench.pipeline.online import FolderPeak
 from runs.pipeline.online.selectors import CACHE_DIRNAME
 from tests.helpers.vllm_here import vllm_or_skip
 

@@ -1,7 +1,7 @@
 """The extract stage's overlapped path: files written on a bounded writer thread while the next
 forwards run. On the CPU there is no side stream or pinned memory, but the writer, its bound and
 its failures are the same code as on CUDA, where extract() overlaps by default (the side-stream
-copies into pinned buffers run only where a GPU is, e.g. bench/gpu_check.py's extraction)."""
+copies into pinned buffers run only where a GPU is, e.g. bench/gpu/gpu_check.py's extraction)."""
 import json
 import threading
 import time

@@ -20,7 +20,7 @@ from runs.pipeline.lifecycle.stage_services import stage_progress
 from runs.tracking.services import metrics_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
-# What the demo's training writes each step (bench/load_rows.py): 12 curves.
+# What the demo's training writes each step (bench/load/load_rows.py): 12 curves.
 KEYS = ("loss", "loss_0", "loss_1", "loss_2", "full_acc_0", "full_acc_1", "full_acc_2",
         "cond_acc_0", "cond_acc_1", "cond_acc_2", "lr", "tokens_per_s")
 # The live part's bound: the old code's answer to the same poll was 1,154 bytes (every stage's progress, the

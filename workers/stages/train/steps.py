@@ -170,7 +170,7 @@ def prefetch(batches: Iterator[dict], *, device: torch.device, depth: int = 2) -
     """On CUDA: yield `batches` as a thread reads and collates them ahead, at most `depth` waiting
     (back-pressure, bounded memory), each batch's tensors in pinned memory so that its copy to the GPU
     is asynchronous; an error in the thread is raised here, at the batch it happened on. On the CPU:
-    `batches` as they are, since the step already keeps every core busy (bench/pipeline.py on 2 cores:
+    `batches` as they are, since the step already keeps every core busy (bench/pipeline/pipeline.py on 2 cores:
     with a reading thread beside it the stage ran at 0.54x of the bare loop, without it 0.84x)."""
     if device.type != "cuda":
         return iter(batches)

@@ -1,5 +1,5 @@
 """The online hidden-states cache alone (no vLLM): several capture threads reserving room and putting
-files at once, the cache folder measured from disk by the benchmark's own sampler (bench/online.py's
+files at once, the cache folder measured from disk by the benchmark's own sampler (bench/pipeline/online.py's
 FolderPeak, every 20 ms), never over the limit."""
 import os
 import threading
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.online import FolderPeak
+from bench.pipeline.online import FolderPeak
 from workers.stages.train.online.cache import CacheFullError, SampleCache
 
 SAMPLE = 1_000_000  # bytes of one sample file: large enough that a copy takes a while

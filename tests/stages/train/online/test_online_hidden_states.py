@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bench.online import FolderPeak  # the benchmark's own sampler of the cache folder
+from bench.pipeline.online import FolderPeak  # the benchmark's own sampler of the cache folder
 from tests.stages.train.test_train import write_training_inputs
 from tests.helpers.vllm_here import vllm_or_skip
 from workers.contract.target import default_layer_ids, read_target_config

@@ -267,7 +267,7 @@ def speculators_loss_args(extra_args: Sequence[str]) -> tuple[list[str], str]:
     """(flags to add, what the run's summary says). speculators 0.9's fused loss fails under dynamo
     with torch 2.11 (on an H200: "AssertionError: ListVariable(length=21) is already tracked for
     mutation" in speculators/losses/fused.py), which ended the run; its compiled forward with the eager
-    loss trained there (bench/gpu_check.py, 2026-12-04). So eager is the default; a
+    loss trained there (bench/gpu/gpu_check.py, 2026-12-04). So eager is the default; a
     --loss-implementation among the worker's or the run's flags wins."""
     if any(a == "--loss-implementation" or a.startswith("--loss-implementation=") for a in extra_args):
         return [], "speculators' compiled forward, loss implementation as given in its flags"
