@@ -13,7 +13,7 @@ too rather than matching nothing, so a pasted stray byte is shown, not silently 
 - The API's JSON bodies are checked by runs.api.bodies.parsers as they are parsed, keys and values at any depth,
   the field named by where it sits (config.schedule[0].name).
 - Text a form field carries inside it (the saved view's `query`, a query string) is checked where it is
-  parsed (runs.tracking.run_filters.RunFilters.from_query).
+  parsed (runs.tracking.runs_list.run_filters.RunFilters.from_query).
 """
 from __future__ import annotations
 

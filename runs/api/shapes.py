@@ -26,7 +26,7 @@ def api_url(request, name: str, *args) -> str:
 
 
 def run_row(run, request) -> dict:
-    """A row of the runs list (runs.tracking.run_table.ListedRun): what the list's page shows of it."""
+    """A row of the runs list (runs.tracking.runs_list.run_table.ListedRun): what the list's page shows of it."""
     duration = run.duration
     return {
         "id": run.pk, "name": str(run), "status": run.status,

@@ -20,7 +20,7 @@ def _search_index():
     from django.contrib.postgres.indexes import GinIndex
     from django.contrib.postgres.search import SearchVector
 
-    # The same expression run_table's search filters by (runs.tracking.run_search.search_vector).
+    # The same expression run_table's search filters by (runs.tracking.runs_list.run_search.search_vector).
     return GinIndex(SearchVector("name", "notes", config="simple"), name=SEARCH_INDEX)
 
 

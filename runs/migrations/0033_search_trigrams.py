@@ -12,7 +12,7 @@ CONFIG_GIN = "run_config_gin"
 
 def gin_indexes_add(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        # The expression Django's icontains compares (runs.tracking.run_search.searched): the index serves
+        # The expression Django's icontains compares (runs.tracking.runs_list.run_search.searched): the index serves
         # exactly that filter and no other spelling of it.
         schema_editor.execute(f'CREATE INDEX "{NAME_TRIGRAMS}" ON "runs_pipelinerun" '
                               'USING gin ((UPPER("name"::text)) gin_trgm_ops)')

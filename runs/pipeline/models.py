@@ -13,7 +13,7 @@ from runs.projects.models import default_project_pk
 
 def shown_tau_of(*, external: bool, best_tau: float | None, evaluated_tau: float | None,
                  evaluation_status: str | None) -> float | None:
-    """PipelineRun.shown_tau from its parts, for rows read as values (runs.tracking.run_table.listed_runs)."""
+    """PipelineRun.shown_tau from its parts, for rows read as values (runs.tracking.runs_list.run_table.listed_runs)."""
     if external:
         return None
     if best_tau is not None:
@@ -62,7 +62,7 @@ class PipelineRun(models.Model):
         # instead of updating it in place; progress and curves bump the other counters and keep that.
         indexes = [models.Index(fields=["state_changes"], name="run_state_changes"),
                    # The runs list's default page, newest first, and its count of the projects a viewer sees
-                   # from the index alone (runs.tracking.run_table._page_ids; issue 40).
+                   # from the index alone (runs.tracking.runs_list.run_table._page_ids; issue 40).
                    models.Index(models.F("created_at").desc(), models.F("id").desc(), name="run_newest"),
                    # With the id, search's count reads a viewer's runs from the index alone (migration 0033).
                    models.Index(fields=["project", "archived", "id"], name="run_project_archived_id")]

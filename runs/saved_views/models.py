@@ -8,7 +8,7 @@ MAX_VIEW_NAME_CHARS = 100
 
 
 class SavedView(models.Model):
-    """`params`: the runs list's query parameters ({name: value}, as runs.tracking.run_filters.RunFilters
+    """`params`: the runs list's query parameters ({name: value}, as runs.tracking.runs_list.run_filters.RunFilters
     reads them: filters, `columns`, `sort`), checked when saved. Shared: every member of `project` sees
     it in their menu; otherwise only its owner does."""
 

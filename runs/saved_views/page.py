@@ -15,7 +15,8 @@ from runs.projects import access
 from runs.review import reviews
 from runs.saved_views import selectors as view_selectors
 from runs.saved_views import table_rows
-from runs.tracking import comparison, run_filters, run_table
+from runs.tracking import comparison
+from runs.tracking.runs_list import run_filters, run_table
 from runs import live
 
 # The runs list's table says "3 minutes ago" and how long running runs have run (the page counts those

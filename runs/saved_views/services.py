@@ -10,7 +10,7 @@ from runs.projects.models import Project, ProjectMember
 from runs.saved_views.models import SavedView
 from runs.projects import access
 from runs.saved_views.models import MAX_VIEW_NAME_CHARS
-from runs.tracking import run_filters
+from runs.tracking.runs_list import run_filters
 from workers.contract.errors import InputError
 
 MAX_VIEWS_PER_USER = 200

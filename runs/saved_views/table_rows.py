@@ -107,7 +107,7 @@ CELLS: dict[str, Callable] = {
 
 def rows_html(rows: list[tuple], *, columns: tuple[str, ...], launch_url: str) -> SafeString:
     """The table body's rows: `rows` as (ListedRun, status, review, duration text), the columns shown in
-    runs.tracking.run_filters.COLUMNS' order (the run's name always first)."""
+    runs.tracking.runs_list.run_filters.COLUMNS' order (the run's name always first)."""
     cells = [CELLS[key] for key in columns if key in CELLS]
     out = []
     for run, status, review, duration in rows:

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 
 from runs.projects import bulk
 from runs.saved_views import page, selectors, services
-from runs.tracking import run_filters
+from runs.tracking.runs_list import run_filters
 from workers.contract.errors import InputError
 
 MAX_QUERY_CHARS = 4000

@@ -18,7 +18,6 @@ FOLDERS_OVER = {
     "runs": 21,
     "runs/management/commands": 14,
     "runs/pipeline": 13,
-    "runs/tracking": 14,
     "tests": 19,
     "workers/stages/extract": 13,
     "workers/stages/train": 19,

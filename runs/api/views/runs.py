@@ -27,7 +27,8 @@ from runs.pipeline.status.live_summary import run_live_summary
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.projects import access
 from runs.review import tags as tag_services
-from runs.tracking import curve_api, run_filters, run_table
+from runs.tracking import curve_api
+from runs.tracking.runs_list import run_filters, run_table
 from runs import live
 
 LIST_PARAMS = run_filters.PARAMS  # and setting.<name>

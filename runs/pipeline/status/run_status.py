@@ -1,5 +1,5 @@
 """A run's status in one word, derived from its stages' (and, for a sweep's run, its sweep's): the pages, the API,
-the CLI and the runs list's SQL (runs.tracking.run_table) all follow these rules."""
+the CLI and the runs list's SQL (runs.tracking.runs_list.run_table) all follow these rules."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -52,7 +52,7 @@ def run_status(run: PipelineRun) -> str:
 
 
 def status_of(statuses: list[str], *, external: bool, held: Callable[[], bool]) -> str:
-    """run_status's rules over the stages' statuses, for rows read as values (runs.tracking.run_table.listed_runs).
+    """run_status's rules over the stages' statuses, for rows read as values (runs.tracking.runs_list.run_table.listed_runs).
     `held()`: whether the run is a sweep's that its sweep has not handed to the queues yet."""
     for quantifier, status in RUN_STATUS_RULES:
         if quantifier(s == status for s in statuses):

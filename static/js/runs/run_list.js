@@ -22,7 +22,7 @@
   if (!table) return;
   const LIVE = 'tr[data-status="held"], tr[data-status="queued"], tr[data-status="running"]';
 
-  function durationText(seconds) {  // runs.tracking.run_table.duration_text
+  function durationText(seconds) {  // runs.tracking.runs_list.run_table.duration_text
     seconds = Math.max(0, Math.floor(seconds));
     if (seconds < 60) return seconds + " s";
     if (seconds < 3600) return Math.floor(seconds / 60) + " min " + String(seconds % 60).padStart(2, "0") + " s";

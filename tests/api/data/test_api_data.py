@@ -154,7 +154,7 @@ def test_the_openapi_document_describes_every_endpoint_and_its_body(api):
                                                                 "EAGLE-3's default"}
     assert {p["name"] for p in paths["/api/v1/runs/"]["get"]["parameters"]} == {
         "q", "status", "target", "dataset", "owner", "tag", "sort", "page",
-        # The runs list's filters and columns (runs.tracking.run_filters.RunFilters), as the page takes them.
+        # The runs list's filters and columns (runs.tracking.runs_list.run_filters.RunFilters), as the page takes them.
         "project", "sweep", "tau_min", "tau_max", "archived", "settings", "columns"}
     assert paths["/api/v1/runs/{id}/cancel/"]["post"]["responses"]["403"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/Error"}

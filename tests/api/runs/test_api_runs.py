@@ -11,7 +11,7 @@ from django.test import Client
 from runs.models import PipelineRun, StageAttempt
 from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
-from runs.tracking import run_table
+from runs.tracking.runs_list import run_table
 from runs.tracking.services import metrics_record
 
 pytestmark = pytest.mark.django_db

@@ -15,7 +15,7 @@ from django.http import QueryDict
 from runs.models import PendingEnqueue, PipelineRun, SavedView, Sweep
 from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
-from runs.tracking.run_filters import RunTableError, RunFilters
+from runs.tracking.runs_list.run_filters import RunTableError, RunFilters
 from workers.orchestration.online_tasks import online_source
 
 pytestmark = pytest.mark.django_db

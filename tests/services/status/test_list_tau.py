@@ -12,8 +12,8 @@ from runs.models import PipelineRun
 from runs.pipeline import services
 from runs.pipeline.status.list_tau import list_tau_expression
 from runs.pipeline.launch.run_config import RunConfig
-from runs.tracking.run_filters import RunFilters
-from runs.tracking.run_table import run_table
+from runs.tracking.runs_list.run_filters import RunFilters
+from runs.tracking.runs_list.run_table import run_table
 from tests.api.conftest import people  # noqa: F401 - the users
 from tests.services.status import test_shown_tau
 from tests.services.checkpoints.test_best_by_tau import _trained

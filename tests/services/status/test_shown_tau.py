@@ -17,8 +17,8 @@ from runs.sweeps import selectors as sweep_selectors
 from runs.sweeps.services import sweep_launch
 from runs.sweeps.spec import parse_vary
 from runs.tracking.comparison import run_comparison
-from runs.tracking.run_filters import RunFilters
-from runs.tracking.run_table import run_table
+from runs.tracking.runs_list.run_filters import RunFilters
+from runs.tracking.runs_list.run_table import run_table
 from tests.api.conftest import ApiClient, people  # noqa: F401 - the users and tokens of the API tests
 from tests.services.checkpoints.test_best_by_tau import LOSSES, _evaluated, _summary, _trained
 

@@ -8,7 +8,7 @@ from django.contrib.auth.models import Group
 from runs.pipeline import services
 from runs.models import Checkpoint, RunTag, StageStatus
 from runs.pipeline.launch.run_config import RunConfig
-from runs.tracking.run_table import PAGE_SIZE
+from runs.tracking.runs_list.run_table import PAGE_SIZE
 from runs.review.tags import run_tags_set
 
 pytestmark = pytest.mark.django_db
@@ -138,7 +138,7 @@ def test_the_lists_sql_status_agrees_with_run_status_for_every_mix_of_stage_stat
 
     from runs.models import PipelineRun
     from runs.pipeline.lifecycle.stages import STAGES
-    from runs.tracking.run_table import with_columns
+    from runs.tracking.runs_list.run_table import with_columns
     from runs.pipeline.selectors import run_rows
     from runs.pipeline.status.run_status import run_status
 
@@ -165,7 +165,7 @@ def test_the_newest_first_fast_path_gives_the_general_querys_pages_and_counts(us
     from django.utils import timezone
 
     from runs.models import PipelineRun, Project
-    from runs.tracking import run_filters, run_table as table
+    from runs.tracking.runs_list import run_filters, run_table as table
 
     a, b = Project.objects.create(name="pa"), Project.objects.create(name="pb")
     now = timezone.now()

@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from runs.models import PipelineRun, RunTag
-from runs.tracking import run_filters, run_search as search, run_table as table
+from runs.tracking.runs_list import run_filters, run_search as search, run_table as table
 from tests.views.tracking import test_run_table
 from tests.views.tracking.test_run_table import launch
 

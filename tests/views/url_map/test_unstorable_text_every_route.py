@@ -14,7 +14,7 @@ import pytest
 from django.urls import Resolver404, resolve
 from rest_framework.views import APIView
 
-from runs.tracking import run_filters
+from runs.tracking.runs_list import run_filters
 from tests.views.url_map.test_authorization_matrix import ROUTES, World, entry_for, fingerprint
 
 pytestmark = pytest.mark.django_db

@@ -1,6 +1,6 @@
 """The runs list as a tracker shows it: searchable, filterable, sortable, paginated, every column
 computed in the list's own query (status, duration, best validation loss, tau), never per row. The query's
-parameters are read and checked in runs.tracking.run_filters, its search in runs.tracking.run_search."""
+parameters are read and checked in runs.tracking.runs_list.run_filters, its search in runs.tracking.runs_list.run_search."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,10 +21,10 @@ from runs.pipeline.models import PipelineRun, shown_tau_of
 from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.projects.models import Project
 from runs.pipeline.lifecycle.stages import STAGES
-from runs.tracking.run_search import searched, setting_match, tagged_run_ids
+from runs.tracking.runs_list.run_search import searched, setting_match, tagged_run_ids
 from runs.pipeline.status.run_status import (RUN_HELD, RUN_STATUS_OTHERWISE, RUN_STATUS_RULES, status_of,
                                              status_reason_of)
-from runs.tracking.run_filters import COLUMNS, SETTING_FIELDS, SORTS, STATUSES, RunFilters
+from runs.tracking.runs_list.run_filters import COLUMNS, SETTING_FIELDS, SORTS, STATUSES, RunFilters
 
 PAGE_SIZE = 50
 # The default order, newest first, as the index run_newest keeps it (migration 0024).

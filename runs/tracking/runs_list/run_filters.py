@@ -1,5 +1,5 @@
 """The runs list's query parameters (the page's, the API's and a saved view's): each read, checked and
-refused naming the parameter, into one RunFilters; runs.tracking.run_table turns that into the query."""
+refused naming the parameter, into one RunFilters; runs.tracking.runs_list.run_table turns that into the query."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""The runs list's search box and setting filters (runs.tracking.run_table): each a slow definition that says
+"""The runs list's search box and setting filters (runs.tracking.runs_list.run_table): each a slow definition that says
 what it finds and the form PostgreSQL serves from indexes at 100,000 runs (migration 0033, issue 40)."""
 from __future__ import annotations
 
