@@ -4,14 +4,14 @@
 
 The tiny demo target (workers.stages.demo.assets), its chats prepared, extracted and mapped by the stages
 themselves. `one_node`: workers.stages.train.loop.train in this process. `two_nodes`: the same training
-through workers.stages.train.nodes.train_on_node twice (two torchruns, c10d rendezvous on 127.0.0.1,
+through workers.stages.train.processes.nodes.train_on_node twice (two torchruns, c10d rendezvous on 127.0.0.1,
 gloo), as two workers on two hosts run it, each with one torch thread. Step time is the training's own
 (TrainResult.seconds counts model building and validation too, so steps are timed from the training's
 train seconds: tokens / tokens_per_second over its steps).
 
 The all-reduce's share: DDP all-reduces the gradients inside backward; here the same all-reduce (one
 float32 tensor of the draft's trainable parameter count, plus the loop's two small ones per step:
-workers.stages.train.ddp) is timed alone in a 2-process gloo group on this host, and divided by the
+workers.stages.train.processes.ddp) is timed alone in a 2-process gloo group on this host, and divided by the
 2-node step time. On one host the "network" is loopback: between hosts add the wire's time.
 """
 from __future__ import annotations
@@ -36,9 +36,9 @@ from workers.contract.target import default_layer_ids, read_target_config  # noq
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from workers.stages.extract.with_transformers import extract  # noqa: E402
 from workers.stages.prepare.stage import prepare  # noqa: E402
-from workers.stages.train.draft_model import build_draft_model  # noqa: E402
+from workers.stages.train.draft.model import build_draft_model  # noqa: E402
 from workers.stages.train.loop import train  # noqa: E402
-from workers.stages.train.nodes import NodePlace, free_port, train_on_node  # noqa: E402
+from workers.stages.train.processes.nodes import NodePlace, free_port, train_on_node  # noqa: E402
 from workers.stages.vocab import build_vocab  # noqa: E402
 
 REPEATS = 30

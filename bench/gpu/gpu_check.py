@@ -168,10 +168,10 @@ def main() -> None:  # noqa: C901 - one straight run of stages, each measured th
     from workers.stages.extract.with_transformers import extract
     from workers.stages.prepare.stage import prepare
     from workers.contract.target import default_layer_ids
-    from workers.stages.train.draft_model import build_draft_model
+    from workers.stages.train.draft.model import build_draft_model
     from workers.stages.train.loop import train
     from workers.stages.vocab import build_vocab
-    from workers.stages.train.steps import compiled_graphs
+    from workers.stages.train.step.stepper import compiled_graphs
 
     device = resolve_device(args.device)
     shape = dict(SHAPES["tiny" if args.tiny else "full"])

@@ -1,5 +1,5 @@
 """bench/gpu/gpu_check.py's `train_kimi_width` stage: a draft for Kimi-K2.5's width trained for a few steps
-from synthetic hidden states, through the training loop's own step (workers.stages.train.steps).
+from synthetic hidden states, through the training loop's own step (workers.stages.train.step.stepper).
 
 The target is not needed to train: the draft reads the target's config, its embeddings, final norm
 and lm_head (speculators' load_verifier_weights), so the target folder here holds Kimi-K2.5's
@@ -76,8 +76,8 @@ def train_kimi_width(work: Path, device: torch.device, *, steps: int, tokens_per
                      draft_vocab: int = KIMI_DRAFT_VOCAB) -> dict:
     from gpu_peaks import draft_train_flops_per_token
 
-    from workers.stages.train.draft_model import build_draft_model, make_optimizer
-    from workers.stages.train.steps import DraftStepper
+    from workers.stages.train.draft.model import build_draft_model, make_optimizer
+    from workers.stages.train.step.stepper import DraftStepper
 
     started = time.perf_counter()
     target = write_kimi_target(work / "kimi-target", device, shape)

@@ -37,8 +37,8 @@ import torch  # noqa: E402
 
 from workers.stages.train import loop as train_stage  # noqa: E402
 from workers.stages.train.data import HiddenStateSamples, iter_batches, plan_training_steps, token_budget  # noqa: E402
-from workers.stages.train.draft_model import build_draft_model, make_optimizer  # noqa: E402
-from workers.stages.train.split import split_train_val  # noqa: E402
+from workers.stages.train.draft.model import build_draft_model, make_optimizer  # noqa: E402
+from workers.stages.train.holdout.split import split_train_val  # noqa: E402
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from workers.stages.extract.result import ExtractionResult  # noqa: E402
 from workers.stages.extract.batch_plan import batch_token_budget, open_prepared  # noqa: E402
@@ -95,14 +95,14 @@ def measure_extraction(target_dir: Path, prepared_dir: Path, work: Path, layer_i
 
 
 def bare_train_tokens_per_s(*, target_dir, prepared_dir, hs_dir, vocab, layer_ids, ttt_steps, lr, seed=0) -> float:
-    """The stage's own batches, model and step (workers.stages.train.steps.DraftStepper: the same attention,
+    """The stage's own batches, model and step (workers.stages.train.step.stepper.DraftStepper: the same attention,
     loss and dtype), with none of its metrics, progress, prefetching or checkpoints."""
-    from workers.stages.train.steps import DraftStepper
+    from workers.stages.train.step.stepper import DraftStepper
 
     hidden = read_target_config(target_dir).hidden_size
     samples = HiddenStateSamples(prepared_dir=prepared_dir, hidden_states_dir=hs_dir,
                                              layer_ids=layer_ids, hidden_size=hidden)
-    from workers.stages.train.prompt_keys import prompt_context_keys
+    from workers.stages.train.holdout.prompt_keys import prompt_context_keys
 
     train_idx, _, _ = split_train_val(samples.source_ids, val_fraction=0.1, seed=seed,
                                                   num_rows=len(samples), prompt_keys=prompt_context_keys(samples.rows))

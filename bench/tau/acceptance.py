@@ -33,7 +33,7 @@ from runs.pipeline.launch.run_config import RunConfig  # noqa: E402
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
 from bench.tau.demo_draft import train_demo_draft  # noqa: E402
 from workers.stages.evaluate.measure import evaluate  # noqa: E402
-from workers.stages.train.draft_model import build_draft_model  # noqa: E402
+from workers.stages.train.draft.model import build_draft_model  # noqa: E402
 
 
 def main() -> None:

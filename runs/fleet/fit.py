@@ -222,7 +222,7 @@ def routed_refusal(*, stage_name: str, config: dict, options: dict[str, BackendO
 
 def nodes_refusal(*, config: dict, live: list[Worker]) -> tuple[str, str] | None:
     """("train_nodes", why) when fewer live workers take the training's queue and can run it than the
-    run's train_nodes (each worker holds one rank: workers.stages.train.nodes); None when enough do."""
+    run's train_nodes (each worker holds one rank: workers.stages.train.processes.nodes); None when enough do."""
     nodes = int(config.get("train_nodes") or 1)
     if nodes <= 1:
         return None

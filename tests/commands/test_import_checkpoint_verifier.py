@@ -39,7 +39,7 @@ def made_elsewhere(tmp_path_factory):
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
     from workers.contract.target import default_layer_ids
-    from workers.stages.train.draft_model import build_draft_model
+    from workers.stages.train.draft.model import build_draft_model
 
     work = tmp_path_factory.mktemp("ckpt-src")
     target = _llama(work / "target")

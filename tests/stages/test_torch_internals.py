@@ -21,8 +21,9 @@ from workers.stages import torch_internals
 from workers.stages.torch_internals import SUPPORTED_TORCH, TorchInternalsMissing, compiled_graph_count, missing_names
 
 REPO = Path(__file__).resolve().parents[2]
-CUDA_PATH_MODULES = ("workers.stages.train.packed_attention", "workers.stages.train.packed_step",
-                     "workers.stages.train.steps", "workers.stages.train.loop", "workers.stages.train.in_child",
+CUDA_PATH_MODULES = ("workers.stages.train.step.packed_attention", "workers.stages.train.step.packed_step",
+                     "workers.stages.train.step.stepper", "workers.stages.train.loop",
+                     "workers.stages.train.processes.in_child",
                      "workers.stages.extract.with_transformers")
 
 

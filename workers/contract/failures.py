@@ -237,7 +237,7 @@ def trace_for_developers(exc: BaseException) -> str:
     line (chained causes included), without Python's "Traceback (most recent call last)" banner,
     which the pages never show."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    # A child process's trace rides in a note (workers.stages.train.in_child), banner and all.
+    # A child process's trace rides in a note (workers.stages.train.processes.in_child), banner and all.
     kept = [line for line in text.splitlines(keepends=True) if not line.strip().startswith(BANNER)]
     return "Frames, innermost last:\n" + "".join(kept)
 

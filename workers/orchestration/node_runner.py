@@ -1,5 +1,5 @@
 """A worker's part in a training across nodes (a run's train_nodes > 1): holding a rank, waiting for the
-gang, running the node's torchrun (workers.stages.train.nodes) and recording how its rank ended.
+gang, running the node's torchrun (workers.stages.train.processes.nodes) and recording how its rank ended.
 
 The stage's own worker leads (training_lead): it holds rank 0, opens the attempt's rows and sends the
 other ranks' messages (runs.pipeline.nodes.services); the training's callbacks (progress, metrics,
@@ -100,9 +100,9 @@ def _gang_wait(node_id: int, *, lead: bool) -> None:
 
 
 def _run_node(*, place, backend: str, gpus: int, watch, arguments: dict):
-    """Our loop's node (workers.stages.train.nodes), or speculators' Trainer under the same torchrun options:
+    """Our loop's node (workers.stages.train.processes.nodes), or speculators' Trainer under the same torchrun options:
     speculators runs its own DDP/FSDP over the ranks; `watch` is asked as its stop request."""
-    from workers.stages.train.nodes import torchrun_args, train_on_node
+    from workers.stages.train.processes.nodes import torchrun_args, train_on_node
 
     if backend != "speculators":
         return train_on_node(place=place, watch=watch, **arguments)
@@ -130,7 +130,7 @@ def _other_rank_failed(node_id: int, *, within: float = 15.0) -> str | None:
 def node_train(*, node_id: int, arguments: dict, backend: str, gpus: int, lead: bool = False):
     """Run this worker's rank: wait for the gang, then its torchrun; the training's result on rank 0's
     node (None elsewhere). The row ends succeeded or failed, with the node's log tail."""
-    from workers.stages.train.nodes import NodePlace
+    from workers.stages.train.processes.nodes import NodePlace
 
     lines = _Lines()
     watched = [logging.getLogger("workers"), logging.getLogger("speculators")]
@@ -165,7 +165,7 @@ def node_train(*, node_id: int, arguments: dict, backend: str, gpus: int, lead: 
 
 def training_lead(*, record, worker: str, started_at, nodes: int, backend: str, gpus: int, arguments: dict):
     """The stage's worker: rank 0 of a new attempt (see the module's note); the training's result."""
-    from workers.stages.train.nodes import free_port, rendezvous_host
+    from workers.stages.train.processes.nodes import free_port, rendezvous_host
 
     host = rendezvous_host()
     node_id = db_retry("gang", nodes_open, training_id=record.pk, stage_started_at=started_at, nodes=nodes,

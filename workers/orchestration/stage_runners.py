@@ -232,7 +232,7 @@ def _train(record, reporter: StageReporter):
 
         arguments.update(num_gpus=gpus, extra_args=settings.EAGLE3WEB_SPECULATORS_ARGS)
     else:  # in a process of its own: torch's compile state and CUDA memory end with the training
-        from workers.stages.train.in_child import train_in_child as trainer
+        from workers.stages.train.processes.in_child import train_in_child as trainer
     return trainer(**arguments)
 
 

@@ -73,7 +73,7 @@ def flex_attention_api():
 def raise_recompile_limit(limit: int) -> None:
     """Let each function compile `limit` graphs (all of them 4x that) in this process, and make
     going past it an error (FailOnRecompileLimitHit) rather than an eager fallback. Process-wide:
-    the training that calls it runs in a process of its own (workers.stages.train.in_child)."""
+    the training that calls it runs in a process of its own (workers.stages.train.processes.in_child)."""
     config = importlib.import_module("torch._dynamo.config")
     for name in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit"):
         _read("torch._dynamo.config", name)

@@ -7,7 +7,7 @@ What the stages would otherwise find out hours in:
 * vLLM: where this host has it (workers/contract/host/vllm_env.py), its own config classes are asked whether
   they take the target and the draft this run will train, as `vllm serve TARGET --speculative-config
   '{"method": "eagle3", "model": DRAFT, "num_speculative_tokens": k}'` builds them, with the draft's
-  config.json written the way training writes it (workers/stages/train/draft_config.py) and no weights.
+  config.json written the way training writes it (workers/stages/train/draft/config.py) and no weights.
 
 (Layer ids, distinct and inside the target, and draft_vocab_size no larger than the target's vocabulary,
 are checked by run_launch itself, before these.)
@@ -167,7 +167,7 @@ def _ask_vllm(install: VllmInstall, *, request: dict, draft_request: dict, timeo
         # shadows a module vLLM imports.
         checker = _spawn([_interpreter(install.executable), "-c",
                           "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')", str(SCRIPT)], cwd=tmp)
-        writer = _spawn([sys.executable, "-m", "workers.stages.train.draft_config"], cwd=ROOT)
+        writer = _spawn([sys.executable, "-m", "workers.stages.train.draft.config"], cwd=ROOT)
         try:
             wrote = _answer_of(writer, {**draft_request, "out_dir": str(draft_dir)}, deadline=deadline,
                                who="the draft's config writer")

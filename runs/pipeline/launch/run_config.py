@@ -36,7 +36,7 @@ class RunConfig:
     tensor_parallel_size: int = 1  # GPUs for extraction: vLLM's TP size, or transformers' device_map spread
     train_gpus: int = 1  # GPUs for training: torchrun --nproc-per-node for speculators; our loop uses one
     # Worker hosts the training spans: each takes one rank's message and starts torchrun --nnodes train_nodes
-    # (workers.stages.train.nodes); refused at launch beyond the live workers that take the training's queue.
+    # (workers.stages.train.processes.nodes); refused at launch beyond the live workers that take the training's queue.
     train_nodes: int = 1
     # After measuring acceptance, vLLM itself serves the best checkpoint and counts it
     # (runs.pipeline.jobs.models.ServeCheck).

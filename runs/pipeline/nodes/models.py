@@ -5,7 +5,7 @@ from django.db import models
 
 
 class TrainingNode(models.Model):
-    """One rank of one attempt of a training under torchrun --nnodes (workers.stages.train.nodes). The worker
+    """One rank of one attempt of a training under torchrun --nnodes (workers.stages.train.processes.nodes). The worker
     that started the attempt holds rank 0 and writes these rows; each other rank's message is taken by a
     worker that is not already holding a rank of this attempt. Rank 0's row carries the rendezvous endpoint."""
 

@@ -5,7 +5,7 @@ its rendezvous endpoint on rank 0's, and hands one message per other rank to the
 (eagle3web.train_rank) through the outbox, as every hand-over (runs.pipeline.dispatch.queue.rank_enqueue: a broker
 away when it commits keeps them, and the workers' reconcilers send them once it answers). A worker that takes one joins
 the gang, unless it already holds a rank of the attempt (it gives the message back) or the attempt is over. The gang is
-complete when every rank is joined; its ranks then start torchrun (workers.stages.train.nodes). Every rank's worker
+complete when every rank is joined; its ranks then start torchrun (workers.stages.train.processes.nodes). Every rank's worker
 renews its row's lease and watches the others' (gang_broken): a failed rank, a lapsed lease or a replaced attempt ends
 the attempt for every rank, and the stage's retry starts a new attempt with new rows.
 """

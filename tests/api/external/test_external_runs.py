@@ -293,7 +293,7 @@ def trained_elsewhere(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from workers.contract.target import default_layer_ids
-    from workers.stages.train.draft_model import build_draft_model
+    from workers.stages.train.draft.model import build_draft_model
 
     work = tmp_path_factory.mktemp("trained-elsewhere")
     torch.manual_seed(0)

@@ -47,13 +47,13 @@ def _ours(proc: psutil.Process) -> bool:
         line = " ".join(proc.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
-    return "workers.stages.train.in_rank" in line
+    return "workers.stages.train.processes.in_rank" in line
 
 
 def _rank_process(rank: int) -> psutil.Process | None:
     for proc in psutil.process_iter():
         try:
-            if ("workers.stages.train.in_rank" in " ".join(proc.cmdline()) and "torch.distributed.run" not in
+            if ("workers.stages.train.processes.in_rank" in " ".join(proc.cmdline()) and "torch.distributed.run" not in
                     " ".join(proc.cmdline()) and proc.environ().get("EAGLE3WEB_TRAIN_NODE_RANK") == str(rank)):
                 return proc
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

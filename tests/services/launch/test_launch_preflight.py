@@ -276,14 +276,14 @@ def test_real_vllm_past_its_time_lets_the_launch_go_on_and_leaves_no_process(roo
 
 @pytest.mark.slow
 def test_the_draft_config_is_the_one_a_trained_checkpoint_holds(tmp_path):
-    """workers/stages/train/draft_config.py against build_draft_model and the trainer's own save."""
+    """workers/stages/train/draft/config.py against build_draft_model and the trainer's own save."""
     import numpy as np
     import torch
     from speculators.train.checkpointer import SingleGPUCheckpointer
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from workers.stages.train.draft_config import draft_config_write
-    from workers.stages.train.draft_model import build_draft_model
+    from workers.stages.train.draft.config import draft_config_write
+    from workers.stages.train.draft.model import build_draft_model
 
     target = tmp_path / "target"
     LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=8,

@@ -13,7 +13,7 @@ from workers.contract.chats.prompt_source import EvaluationInputError, validatio
 from workers.stages.evaluate.prompts import prompts_from_file, prompts_from_prepared
 from workers.stages.extract.model import load_target
 from workers.stages.evaluate.speculative import TargetRunner
-from workers.stages.train.draft_model import build_draft_model
+from workers.stages.train.draft.model import build_draft_model
 from workers.stages.train.loop import train
 
 K = 3

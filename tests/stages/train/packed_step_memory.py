@@ -41,8 +41,8 @@ def reset_peak() -> None:
 def main() -> None:
     from tests.stages.train.test_packed_step import TTT, packed_batch
     from workers.contract.target import read_target_config
-    from workers.stages.train.draft_model import build_draft_model
-    from workers.stages.train.packed_step import draft_forward, kl_loss_config, use_packed_attention
+    from workers.stages.train.draft.model import build_draft_model
+    from workers.stages.train.step.packed_step import draft_forward, kl_loss_config, use_packed_attention
 
     kwargs = json.loads(sys.argv[1])
     tokens = int(sys.argv[2])

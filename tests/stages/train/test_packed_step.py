@@ -20,10 +20,10 @@ from speculators.models.eagle3.data import shift_batch
 from speculators.train.data import CollateFn
 
 from workers.contract.target import default_layer_ids, read_target_config
-from workers.stages.train.draft_model import build_draft_model, model_call_kwargs
+from workers.stages.train.draft.model import build_draft_model, model_call_kwargs
 from workers.stages.torch_internals import compiled_graph_count
-from workers.stages.train.packed_attention import document_attention, document_layout, flex_block_mask
-from workers.stages.train.packed_step import (
+from workers.stages.train.step.packed_attention import document_attention, document_layout, flex_block_mask
+from workers.stages.train.step.packed_step import (
     chunked_kl_div,
     draft_forward,
     kl_loss_config,
@@ -198,7 +198,7 @@ def test_three_epochs_of_varied_steps_compile_once_per_padded_length_cpu_forward
     a step of a length seen before compiles nothing."""
     from tests.stages.train.test_train import write_training_inputs
     from workers.stages.train.data import HiddenStateSamples, batch_dtype, iter_batches, plan_training_steps
-    from workers.stages.train.steps import DraftStepper
+    from workers.stages.train.step.stepper import DraftStepper
 
     inputs = write_training_inputs(tiny_target.target_dir, tiny_target.chats_path, tmp_path, num_rows=40,
                                    draft_vocab_size=DRAFT_VOCAB)

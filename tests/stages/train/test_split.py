@@ -3,7 +3,7 @@ import pytest
 
 from workers.contract.chats.prompt_source import EvaluationInputError, validation_rows
 from workers.stages.train.with_speculators.plan import speculators_split
-from workers.stages.train.split import SplitError, split_record, split_train_val, write_split
+from workers.stages.train.holdout.split import SplitError, split_record, split_train_val, write_split
 
 # 12 conversations of 1-5 rows each, rows of a conversation adjacent as prepare writes them.
 IDS = [f"c{c}" for c in range(12) for _ in range(1 + c % 5)]

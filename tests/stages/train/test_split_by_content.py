@@ -12,8 +12,8 @@ from django.db import transaction
 
 from workers.stages.evaluate.prompts import prompts_from_prepared
 from workers.contract.chats.prompt_source import validation_rows
-from workers.stages.train.prompt_keys import context_key, prompt_context, prompt_context_keys, read_prompt_keys
-from workers.stages.train.split import split_record, split_train_val, write_split
+from workers.stages.train.holdout.prompt_keys import context_key, prompt_context, prompt_context_keys, read_prompt_keys
+from workers.stages.train.holdout.split import split_record, split_train_val, write_split
 from workers.stages.train.with_speculators.plan import read_rows, speculators_split
 from workers.stages.train.with_speculators.split_data import SplitDataError, split_data_dir, write_split_data
 
@@ -220,7 +220,7 @@ def test_two_seeds_give_speculators_different_validation_sets(chats):
 
 
 def test_when_every_conversation_repeats_a_prompt_nothing_can_be_held_out(chats):
-    from workers.stages.train.split import SplitError
+    from workers.stages.train.holdout.split import SplitError
 
     with pytest.raises(SplitError, match="every one of the 3 conversations shares a prompt context"):
         split_train_val(["a", "b", "b", "c"], val_fraction=0.3, seed=0, prompt_keys=["k", "k", "x", "k"])

@@ -16,7 +16,7 @@ from workers.contract.target import default_layer_ids, read_target_config
 from workers.stages.device import device_label, resolve_device
 from workers.stages.train.results import TrainingStopped
 from workers.stages.train.data import TrainInputError
-from workers.stages.train.draft_model import build_draft_model
+from workers.stages.train.draft.model import build_draft_model
 from workers.stages.train.loop import train
 
 NUM_ROWS = 32
@@ -220,8 +220,8 @@ def test_a_one_token_row_is_counted_unusable_and_adds_no_available_tokens(inputs
     from datasets import Dataset, load_from_disk
     from safetensors.torch import load_file, save_file
 
-    from workers.stages.train.prompt_keys import read_prompt_keys
-    from workers.stages.train.split import split_train_val
+    from workers.stages.train.holdout.prompt_keys import read_prompt_keys
+    from workers.stages.train.holdout.split import split_train_val
 
     rows = load_from_disk(str(inputs.prepared_dir)).with_format(None).to_dict()
     first = load_file(str(inputs.hidden_states_dir / "hs_0.safetensors"))

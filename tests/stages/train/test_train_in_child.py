@@ -1,4 +1,4 @@
-"""Each training runs in a process of its own (workers.stages.train.in_child), the way the Celery task
+"""Each training runs in a process of its own (workers.stages.train.processes.in_child), the way the Celery task
 runs it (workers.orchestration.stage_runners._train): this test process stands in for the long-lived pool process.
 
 What a worker sees through the process boundary is checked here: twenty trainings of other shapes
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.stages.train.in_child import TrainingProcessDied, train_in_child
+from workers.stages.train.processes.in_child import TrainingProcessDied, train_in_child
 from workers.stages.train.results import TrainingStopped
 from workers.stages.train.data import TrainInputError
 

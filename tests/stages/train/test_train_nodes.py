@@ -1,10 +1,10 @@
-"""Our loop across two nodes (workers.stages.train.nodes): two torchruns on this machine, gloo on the CPU,
+"""Our loop across two nodes (workers.stages.train.processes.nodes): two torchruns on this machine, gloo on the CPU,
 started from two threads of this process as two workers would start them, against one process over the
 same global batches.
 
 Tolerance: each step's gradient is the same sum taken in another order (two halves all-reduced by gloo
 instead of one packed batch), and the step losses are the global token means rebuilt from each rank's
-share (workers.stages.train.ddp); float32 sums in another order differ in their last bits, which AdamW's
+share (workers.stages.train.processes.ddp); float32 sums in another order differ in their last bits, which AdamW's
 steps carry into the next steps' losses. 1e-4 relative over the first steps is far inside what a wrong
 split gives (a rank's mean weighted 1/2 instead of by its tokens, or a missed all-reduce: 1e-2 and more).
 """
@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from workers.stages.train.nodes import NodePlace, free_port, train_on_node
+from workers.stages.train.processes.nodes import NodePlace, free_port, train_on_node
 from workers.stages.train.loop import train
 
 DRAFT_VOCAB = 256

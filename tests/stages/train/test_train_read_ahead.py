@@ -1,4 +1,4 @@
-"""The training loop's read-ahead thread (workers.stages.train.steps.read_ahead), without pinning:
+"""The training loop's read-ahead thread (workers.stages.train.step.stepper.read_ahead), without pinning:
 pinned memory needs CUDA, which the CUDA path adds on top of exactly this."""
 import threading
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from workers.stages.train.steps import prefetch, read_ahead
+from workers.stages.train.step.stepper import prefetch, read_ahead
 
 
 def counted(n, produced, fail_at=None):

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.stages.train.test_train import run_train, write_training_inputs
-from workers.stages.train.resume import state_path
+from workers.stages.train.checkpoints.resume import state_path
 
 NUM_ROWS = 16
 

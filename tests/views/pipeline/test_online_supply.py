@@ -21,7 +21,7 @@ from runs.pipeline.lifecycle.result_records import training_record
 from runs.pipeline.lifecycle.stage_services import stage_record_id, stage_start
 from workers.stages.train.results import TrainResult
 from workers.stages.train.online.source import SupplyReport
-from workers.stages.train.split import SplitInfo
+from workers.stages.train.holdout.split import SplitInfo
 
 pytestmark = pytest.mark.django_db
 

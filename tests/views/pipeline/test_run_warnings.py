@@ -76,7 +76,7 @@ def test_how_a_training_ran_and_where_its_time_went_reach_the_page_and_the_summa
     """Through the service that records a real TrainResult, as the train task does."""
     from runs.pipeline.lifecycle.result_records import training_record
     from workers.stages.train.results import TrainResult
-    from workers.stages.train.split import SplitInfo
+    from workers.stages.train.holdout.split import SplitInfo
 
     training = TrainingRun.objects.get(run=run)
     TrainingRun.objects.filter(pk=training.pk).update(status=StageStatus.RUNNING)

@@ -19,11 +19,11 @@ def prompts_load(source: PromptSource) -> list[list[int]]:
 
 def prompts_from_prepared(prepared_dir: Path, row_indices: list[int], *, limit: int) -> list[list[int]]:
     """The context of each held-out conversation's first reply: a prepared row cut at its first
-    supervised token (workers.stages.train.prompt_keys, whose keys kept every such context out of
+    supervised token (workers.stages.train.holdout.prompt_keys, whose keys kept every such context out of
     training). One prompt per conversation, in split order."""
     from datasets import load_from_disk
 
-    from workers.stages.train.prompt_keys import prompt_context
+    from workers.stages.train.holdout.prompt_keys import prompt_context
 
     data = load_from_disk(str(prepared_dir)).with_format(None)
     has_source = "source_id" in data.column_names

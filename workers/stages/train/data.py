@@ -29,7 +29,7 @@ from speculators.models.eagle3.data import shift_batch  # noqa: E402
 from speculators.train.data import CollateFn  # noqa: E402
 from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2  # noqa: E402
 from workers.contract.errors import InputError  # noqa: E402
-from workers.stages.train.resume import dir_summary  # noqa: E402
+from workers.stages.train.checkpoints.resume import dir_summary  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ speculators' pieces wherever they run on a CPU and mirrors the rest line for lin
   `MultipackDistributedBatchSamplerV2`, called directly;
 - the step: `speculators.train.trainer.Trainer.train_epoch` (forward, backward, clip 1.0,
   AdamW from `train.optimizers.build_optimizers`, linear warmup schedule), the forward being
-  `Eagle3DraftModel.forward` rewritten for memory linear in the step (workers.stages.train.packed_step,
-  run by workers.stages.train.steps); validation: `Trainer.val_epoch`; metric ratios:
+  `Eagle3DraftModel.forward` rewritten for memory linear in the step (workers.stages.train.step.packed_step,
+  run by workers.stages.train.step.stepper); validation: `Trainer.val_epoch`; metric ratios:
   `speculators.train.utils.normalize_counted_metrics`;
 - checkpoints: `speculators.train.checkpointer.SingleGPUCheckpointer` plus
   `Trainer.maybe_save_checkpoint` / `_save_training_state` / `maybe_update_best`.
@@ -25,7 +25,7 @@ padding is masked out of attention, loss and accuracies), KL by speculators' fus
 
 No row is ever cut (see workers.stages.train.data): the budget per step is at least the longest
 prepared row, and the result counts the supervised tokens that reached the loss in each epoch
-against those in the train split. The split keeps each conversation on one side (workers.stages.train.split).
+against those in the train split. The split keeps each conversation on one side (workers.stages.train.holdout.split).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from speculators.train.utils import normalize_counted_metrics  # noqa: E402
 
 from workers.contract.target import read_target_config, validate_layer_ids  # noqa: E402
 from workers.stages.device import device_label, resolve_device  # noqa: E402
-from workers.stages.train.checkpoints import clear_previous_run, save_epoch_checkpoint  # noqa: E402
+from workers.stages.train.checkpoints.epochs import clear_previous_run, save_epoch_checkpoint  # noqa: E402
 from workers.stages.train.data import (  # noqa: E402
     HiddenStateSamples,
     TrainInputError,
@@ -56,10 +56,10 @@ from workers.stages.train.data import (  # noqa: E402
     plan_training_steps,
     token_budget,
 )
-from workers.stages.train.ddp import Ranks, rank_plan, reduce_metrics, step_weights  # noqa: E402
-from workers.stages.train.draft_model import build_draft_model, make_optimizer  # noqa: E402
+from workers.stages.train.processes.ddp import Ranks, rank_plan, reduce_metrics, step_weights  # noqa: E402
+from workers.stages.train.draft.model import build_draft_model, make_optimizer  # noqa: E402
 from workers.stages.train.online.source import OnlineSource  # noqa: E402
-from workers.stages.train.prompt_keys import prompt_context_keys  # noqa: E402
+from workers.stages.train.holdout.prompt_keys import prompt_context_keys  # noqa: E402
 from workers.stages.train.results import (  # noqa: E402
     METRIC_KEY,
     CheckpointInfo,
@@ -69,7 +69,7 @@ from workers.stages.train.results import (  # noqa: E402
     offline_supply,
     public_metrics,
 )
-from workers.stages.train.resume import (  # noqa: E402
+from workers.stages.train.checkpoints.resume import (  # noqa: E402
     Progress,
     discard_state,
     load_state,
@@ -78,8 +78,8 @@ from workers.stages.train.resume import (  # noqa: E402
     save_state,
     train_fingerprint,
 )
-from workers.stages.train.split import SplitError, split_record, split_train_val, write_split  # noqa: E402
-from workers.stages.train.steps import DraftStepper, prefetch  # noqa: E402
+from workers.stages.train.holdout.split import SplitError, split_record, split_train_val, write_split  # noqa: E402
+from workers.stages.train.step.stepper import DraftStepper, prefetch  # noqa: E402
 
 
 logger = logging.getLogger(__name__)
@@ -167,10 +167,10 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
           supply_of: Callable[[float, int], dict] | None = None, ranks: Ranks | None = None) -> TrainResult:
     """Train the draft; `on_checkpoint` hears of each epoch's checkpoint as soon as it is on disk
     (is_best False until the end, when the returned result marks the best). The split (by
-    conversation, held out by prompt content, see workers.stages.train.split) is written to out_dir/split.json
+    conversation, held out by prompt content, see workers.stages.train.holdout.split) is written to out_dir/split.json
     before training.
 
-    A resume state (workers.stages.train.resume) is saved at each epoch's end and every
+    A resume state (workers.stages.train.checkpoints.resume) is saved at each epoch's end and every
     `resume_every_steps` steps or `resume_every_seconds`; a later call with the same inputs continues
     from it. `on_resume(step, epochs_done)` is told where training continues (0, 0 when it starts
     afresh) before any metric is reported, so that metrics and checkpoints an earlier attempt
@@ -179,7 +179,7 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
     `stop_early()` is asked after every step and epoch: a non-empty answer (why) ends training there, as if
     its epochs were done, with the checkpoints saved so far; the epoch under way is dropped.
 
-    `ranks`: this process is one of several under torchrun (workers.stages.train.ddp): it trains its share
+    `ranks`: this process is one of several under torchrun (workers.stages.train.processes.ddp): it trains its share
     of each step's rows under DistributedDataParallel, and only the writer saves files and reports."""
     started = time.monotonic()
     if epochs < 1 or ttt_steps < 1 or lr <= 0:

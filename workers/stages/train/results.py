@@ -16,7 +16,7 @@ from speculators.train.utils import normalize_counted_metrics  # noqa: E402
 
 from workers.contract.errors import StopRequested  # noqa: E402
 from workers.stages.train.online.source import SupplyReport  # noqa: E402
-from workers.stages.train.split import SplitInfo  # noqa: E402
+from workers.stages.train.holdout.split import SplitInfo  # noqa: E402
 
 # The keys a training step reports (the client's handler names speculators' points the same way).
 METRIC_KEY = re.compile(r"^(loss|loss_\d+|full_acc_\d+|cond_acc_\d+)$")
@@ -29,7 +29,7 @@ class TrainingStopped(StopRequested):
         super().__init__(f"training stopped on request after {steps_done} steps")
         self.steps_done = steps_done
 
-    def __reduce__(self):  # rebuilt from steps_done in the worker (workers.stages.train.in_child)
+    def __reduce__(self):  # rebuilt from steps_done in the worker (workers.stages.train.processes.in_child)
         return type(self), (self.steps_done,)
 
 
@@ -70,7 +70,7 @@ class TrainResult:
     rows_unusable: int  # train-split rows under 2 tokens: shift_batch leaves nothing to train on
     split: SplitInfo
     device: str  # e.g. "cpu" or "cuda:0 (NVIDIA H200)"
-    # How steps ran (workers.stages.train.steps): e.g. "attention flex, loss fused, compute bfloat16";
+    # How steps ran (workers.stages.train.step.stepper): e.g. "attention flex, loss fused, compute bfloat16";
     # seconds per phase of this attempt's training steps (data wait, copies, forward, backward,
     # optimizer); the padded step lengths seen (training and validation) and the graphs torch.compile
     # built for them, and of those the ones beyond one per length, grad mode and TTT step.

@@ -5,7 +5,7 @@ back from its logs, which hold rank 0's share only; they follow from its own cod
 the arguments `train/cli.py main` gives it:
 - the split (`train/data.py ArrowDataset.__init__`): rows [0, int(n * train_data_ratio)) of the data
   directory train, the rest validate; by position only, whatever the seed. So the split is ours
-  (workers.stages.train.split: by conversation with the run's seed, held out by prompt content) and
+  (workers.stages.train.holdout.split: by conversation with the run's seed, held out by prompt content) and
   speculators reads the rows in split order, train conversations first (with_speculators/split_data.py
   writes that directory), with a ratio whose boundary falls exactly between the two sides: no
   conversation has rows on both;
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.stages.train.split import SplitInfo, split_record, split_train_val
+from workers.stages.train.holdout.split import SplitInfo, split_record, split_train_val
 
 DEFAULT_TOTAL_SEQ_LEN = 8192  # speculators' --total-seq-len default (train/config/schema.py DataArgs)
 
@@ -32,7 +32,7 @@ class RowFacts:
     lengths: list[int]
     loss_after_first: list[int]  # sum(loss_mask[1:]) per row
     source_ids: list[str] | None
-    prompt_keys: list[str | None] | None = None  # workers.stages.train.prompt_keys, per row
+    prompt_keys: list[str | None] | None = None  # workers.stages.train.holdout.prompt_keys, per row
 
     def in_order(self, order: list[int]) -> RowFacts:
         """The same facts for the rows as speculators reads them: position p holds prepared row order[p]."""
@@ -85,7 +85,7 @@ def read_rows(prepared_dir: Path) -> RowFacts:
     from datasets import load_from_disk
 
     from workers.stages.train.data import TrainInputError, _mask_sums_after_first
-    from workers.stages.train.prompt_keys import prompt_context_keys
+    from workers.stages.train.holdout.prompt_keys import prompt_context_keys
 
     try:
         rows = load_from_disk(str(prepared_dir))
@@ -102,7 +102,7 @@ def read_rows(prepared_dir: Path) -> RowFacts:
 
 def speculators_split(source_ids: list[str] | None, *, num_rows: int, val_fraction: float, seed: int,
                       prompt_keys: list[str | None] | None) -> SpeculatorsSplit:
-    """Our split (workers.stages.train.split, the same rule and seed as our loop), laid out for
+    """Our split (workers.stages.train.holdout.split, the same rule and seed as our loop), laid out for
     speculators' split by position: the train rows first, then the validation rows, each side in
     prepared order."""
     train_idx, val_idx, info = split_train_val(source_ids, val_fraction=val_fraction, seed=seed, num_rows=num_rows,

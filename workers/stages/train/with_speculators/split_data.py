@@ -3,7 +3,7 @@
 speculators 0.9 splits by position only (`train/data.py ArrowDataset`: rows [0, int(n * ratio)) train,
 the rest validate, whatever the seed), so it validates on the file's tail, where a conversation can
 straddle the boundary and prompts repeated from earlier rows land. To train on our split
-(workers.stages.train.split) it gets a directory whose row p is prepared row order[p], train rows
+(workers.stages.train.holdout.split) it gets a directory whose row p is prepared row order[p], train rows
 first: the dataset rewritten in that order (token ids only: a fraction of a per-mille of the hidden
 states' bytes), `hidden_states/hs_{p}.safetensors` a relative link to the extraction's
 `hs_{order[p]}.safetensors`, and the draft vocabulary linked from the run's links folder

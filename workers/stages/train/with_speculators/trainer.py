@@ -64,12 +64,12 @@ from workers.stages.train.with_speculators.plan import (
 )
 from workers.stages.train.with_speculators.records import MetricCapture
 from workers.stages.train.with_speculators.split_data import HIDDEN_STATES, split_data_dir, write_split_data
-from workers.stages.train.split import SplitError, write_split
+from workers.stages.train.holdout.split import SplitError, write_split
 from workers.contract.target import read_target_config, validate_layer_ids
 from workers.stages.train.data import TrainInputError
 from workers.stages.train.results import CheckpointInfo, TrainingStopped, TrainResult, lowest_val_loss_epoch
 from workers.stages.train.online.source import OnlineSource, SupplyReport
-from workers.stages.train.resume import dir_summary, train_fingerprint
+from workers.stages.train.checkpoints.resume import dir_summary, train_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def speculators_command(*, torchrun: str, num_gpus: int, fsdp: bool, target_dir:
                         hidden_states_backend: str = "file", extra_args: Sequence[str] = (),
                         online_flags: Sequence[str] = (), node_args: Sequence[str] = ()) -> list[str]:
     """`online_flags` (with_speculators/online.py endpoint_flags) replace `--on-missing raise`. `node_args`
-    (workers.stages.train.nodes.torchrun_args): one node of several, in place of --standalone on one."""
+    (workers.stages.train.processes.nodes.torchrun_args): one node of several, in place of --standalone on one."""
     placement = list(node_args) or ["--standalone", "--nproc-per-node", str(num_gpus)]
     command = [torchrun, *placement, "-m", ENTRY_MODULE,
                "--verifier-name-or-path", str(target_dir), "--data-path", str(data_dir), "--save-path", str(out_dir),

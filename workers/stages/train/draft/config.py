@@ -2,12 +2,12 @@
 (runs.pipeline.launch.preflight), which asks vLLM's config classes about it.
 
 speculators' Eagle3SpeculatorConfig, built as `Eagle3DraftModel.from_training_args` builds it with the
-arguments workers/stages/train/draft_model.py build_draft_model gives it (speculators' eagle3 defaults), and the
+arguments workers/stages/train/draft/model.py build_draft_model gives it (speculators' eagle3 defaults), and the
 keys a checkpoint's save adds (SingleGPUCheckpointer.save_checkpoint: the model class in `architectures`,
 bf16 tensors, untied embeddings), without building the model, whose embeddings would read the target's
 weights. tests/services/launch/test_launch_preflight.py compares it with the config.json of a real checkpoint.
 
-Run as `python -m workers.stages.train.draft_config` (from the project root) it reads one JSON request on
+Run as `python -m workers.stages.train.draft.config` (from the project root) it reads one JSON request on
 stdin, {"target": DIR, "aux_layer_ids": [...], "draft_vocab_size": N, "ttt_steps": k, "out_dir": DIR},
 writes out_dir/config.json and prints {"ok": true} or {"ok": false, "error": "..."}: the web tier imports
 neither torch nor speculators (tests/views/url_map/test_web_without_torch.py), so a launch runs it as a child.

@@ -1,11 +1,11 @@
 """One process of our loop's training across nodes, as torchrun starts it on each node:
 
-    torchrun --nnodes N --node-rank R ... -m workers.stages.train.in_rank SOCKET
+    torchrun --nnodes N --node-rank R ... -m workers.stages.train.processes.in_rank SOCKET
 
 It dies with torchrun (torch's elastic agent starts each process in a session of its own, so a stop of
 the agent's process group would not reach it), starts the process group (gloo on the CPU, NCCL on CUDA:
-workers.stages.train.ddp), then reaches its node's worker at SOCKET, a Unix socket the worker listens on
-(workers.stages.train.nodes), and runs the training as workers.stages.train.in_child does: arguments in,
+workers.stages.train.processes.ddp), then reaches its node's worker at SOCKET, a Unix socket the worker listens on
+(workers.stages.train.processes.nodes), and runs the training as workers.stages.train.processes.in_child does: arguments in,
 callbacks, log records and the result back. Only the writer's worker hands it callbacks.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from multiprocessing.connection import Connection
 
 # A writer's validation or checkpoint keeps the other ranks waiting at their next collective; a rank
-# that died is found by the workers (workers.stages.train.nodes), not by this timeout.
+# that died is found by the workers (workers.stages.train.processes.nodes), not by this timeout.
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 
 
@@ -30,8 +30,8 @@ def main(address: str) -> int:
     import torch
     import torch.distributed as dist
 
-    from workers.stages.train.ddp import Ranks
-    from workers.stages.train.in_child import serve_training
+    from workers.stages.train.processes.ddp import Ranks
+    from workers.stages.train.processes.in_child import serve_training
 
     cuda = torch.cuda.is_available()
     if cuda:

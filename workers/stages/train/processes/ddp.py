@@ -8,7 +8,7 @@ To make that average the gradient of the one-process mean, each rank weighs its 
 world * (its count + eps) / (the global count + eps): the counts are all-reduced first (a tiny
 all-reduce per step), and DDP's division by world cancels the factor. The metrics are all-reduced the
 same way, so every rank holds the one-process step's loss and accuracies; the node that writes
-(workers.stages.train.nodes: rank 0 of the training, local rank 0) reports them, once.
+(workers.stages.train.processes.nodes: rank 0 of the training, local rank 0) reports them, once.
 
 A step with fewer rows with tokens than ranks gives the ranks left over a row of the step with weight
 0: DDP needs every rank in every backward, and a zero weight keeps the row out of the gradient.

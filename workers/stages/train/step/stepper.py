@@ -19,7 +19,8 @@ from collections.abc import Iterator
 import torch
 
 from workers.stages.torch_internals import compiled_graph_count
-from workers.stages.train.packed_step import DraftForward, draft_forward, kl_loss_config, padded_length, use_packed_attention
+from workers.stages.train.step.packed_step import (DraftForward, draft_forward, kl_loss_config, padded_length,
+                                                   use_packed_attention)
 
 PHASES = ("data", "copies", "forward", "backward", "optimizer")
 
@@ -82,7 +83,7 @@ class DraftStepper:
         self.ddp = None  # DistributedDataParallel over the model, on one rank of several
 
     def distribute(self) -> None:
-        """Train under DistributedDataParallel (the process group is up: workers.stages.train.ddp); it
+        """Train under DistributedDataParallel (the process group is up: workers.stages.train.processes.ddp); it
         broadcasts rank 0's weights first. Validation and checkpoints keep using the plain model."""
         from torch.nn.parallel import DistributedDataParallel
 

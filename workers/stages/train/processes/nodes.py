@@ -7,12 +7,12 @@ holds the node's rank (runs.pipeline.nodes.services says who holds which), nothi
 (`torchrun` is that module's script.) Rank 0's torchrun hosts the c10d store at HOST:PORT, a port its
 worker chose free and published; the others join it. With c10d the rendezvous, not --node-rank, orders
 torch's global ranks, so the process that writes checkpoints and reports is the one on our rank 0's node
-(EAGLE3WEB_TRAIN_NODE_RANK=0, local rank 0: workers.stages.train.ddp.Ranks), whatever its global rank.
+(EAGLE3WEB_TRAIN_NODE_RANK=0, local rank 0: workers.stages.train.processes.ddp.Ranks), whatever its global rank.
 --max-restarts 0: a rank that dies ends this torchrun, and the attempt; the next attempt resumes from
 the last saved state.
 
-Our loop: each node runs one process (workers.stages.train.in_rank) that reaches this worker over a
-Unix socket and runs as workers.stages.train.in_child's child does (callbacks, log records, result).
+Our loop: each node runs one process (workers.stages.train.processes.in_rank) that reaches this worker over a
+Unix socket and runs as workers.stages.train.processes.in_child's child does (callbacks, log records, result).
 
 No process is left behind: torchrun runs under workers/stages/children/child_guard.py in a process group of its
 own (the group goes when the worker dies, or when stop_group ends it); torchrun starts each rank in a
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from workers.stages.children.child_process import die_with_parent, guarded, stop_group
-from workers.stages.train.in_child import CALLBACKS, REPO_ROOT, TrainingProcessDied, _serve
+from workers.stages.train.processes.in_child import CALLBACKS, REPO_ROOT, TrainingProcessDied, _serve
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def train_on_node(*, place: NodePlace, watch: Callable[[], None], **arguments):
     listener.listen(1)
     listener.settimeout(ACCEPT_POLL_SECONDS)
     command = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(place, nproc_per_node=1),
-               "-m", "workers.stages.train.in_rank", address]
+               "-m", "workers.stages.train.processes.in_rank", address]
     logger.info("rank %d of %d: %s", place.rank, place.nodes, " ".join(command[1:]))
     proc = subprocess.Popen(guarded(command), cwd=REPO_ROOT, env=node_env(place), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",

@@ -125,7 +125,7 @@ _compiled_flex = None
 # flex eagerly, a dense fallback that materialises T x (s+1)T scores per head: on an H200 that took
 # 87 GB for an 80M-parameter draft and ran a Kimi-width draft out of memory. So the limit is raised,
 # and hitting it fails the step instead of filling the card. The count is per process, and each
-# training has a process of its own (workers.stages.train.in_child): a long-lived worker's trainings
+# training has a process of its own (workers.stages.train.processes.in_child): a long-lived worker's trainings
 # of other shapes never add up to it.
 FLEX_RECOMPILE_LIMIT = 256
 

@@ -8,7 +8,7 @@ every row of a conversation (same `source_id`) on one side. Datasets without a `
 
 Ids alone do not hold anything out: chat files repeat prompts under new ids (the demo's 2,000 chats
 have hundreds whose first reply follows the same turns as another conversation's). So a conversation
-any of whose rows has a prompt context (workers.stages.train.prompt_keys) that a row of another
+any of whose rows has a prompt context (workers.stages.train.holdout.prompt_keys) that a row of another
 conversation also has never validates: it trains, and `held_out_duplicates_removed` counts such
 conversations. Validation is then filled, in the seed's order, from the others, so no validation row
 and no τ prompt (the first row's context) occurs in training. The count is a property of the data,
@@ -72,7 +72,7 @@ def split_train_val(source_ids: list[str] | None, *, val_fraction: float, seed: 
     The distinct conversation ids, in order of first appearance, are shuffled with
     `numpy.random.default_rng(seed)`; whole conversations go to validation, in that order, until it
     holds at least round(n_rows * val_fraction) rows (at least one row), keeping at least one
-    conversation for training. `prompt_keys` (one per row, workers.stages.train.prompt_keys) bar every
+    conversation for training. `prompt_keys` (one per row, workers.stages.train.holdout.prompt_keys) bar every
     conversation that shares a prompt context with another one from validation; without them only ids
     are compared. `source_ids=None` (no column) splits by row; then `num_rows` gives the row count.
     """

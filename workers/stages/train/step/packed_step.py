@@ -2,7 +2,7 @@
 
 `draft_forward` is `speculators.models.eagle3.core.Eagle3DraftModel.forward` (speculators 0.9.0)
 line for line, with three changes that the GPU needs and that do not change what is computed:
-- attention through workers.stages.train.packed_attention (flex block mask on CUDA, compiled; a
+- attention through workers.stages.train.step.packed_attention (flex block mask on CUDA, compiled; a
   per-document twin on the CPU) instead of a dense T x ttt*T mask;
 - the KL loss through a loss function that keeps no fp32 copy of the logits: speculators' fused
   Triton kernel where Triton runs (kept out of dynamo's graph: under torch 2.11 dynamo fails on
@@ -22,7 +22,7 @@ from speculators.models.eagle3.attention import extend_mask_for_draft_tokens
 from speculators.models.eagle3.metrics import compute_metrics
 from transformers import DynamicCache
 
-from workers.stages.train.packed_attention import (
+from workers.stages.train.step.packed_attention import (
     ATTENTION_IMPLEMENTATION,
     document_layout,
     flex_block_mask,
@@ -137,7 +137,7 @@ def draft_forward(model, *, hidden_states, input_ids, document_ids, loss_mask, p
                   step_weights: list[float] | None = None):
     """(draft_tokens, loss, metrics) as Eagle3DraftModel.forward returns them; `attention` is
     "flex" (a BlockMask, compiled) or "document" (the twin). `step_weights`: each TTT step's loss weight
-    on one rank of several (workers.stages.train.ddp); the metrics keep the unweighted step losses."""
+    on one rank of several (workers.stages.train.processes.ddp); the metrics keep the unweighted step losses."""
     device = hidden_states.device
     total_seq_len = hidden_states.shape[1]
     past_key_values = DynamicCache()

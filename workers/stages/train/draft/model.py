@@ -1,5 +1,5 @@
 """The draft the training stage trains, and its optimizer, built as `speculators train` builds them with its
-eagle3 defaults (workers/stages/train/draft_config.py writes the same draft's config.json without torch)."""
+eagle3 defaults (workers/stages/train/draft/config.py writes the same draft's config.json without torch)."""
 from __future__ import annotations
 
 import os

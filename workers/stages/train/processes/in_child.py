@@ -5,7 +5,7 @@ would outlive each of them there: dynamo's compiled graphs (flex attention compi
 length, TTT step and grad mode, and packed_attention makes the recompile limit an error, so about
 ten trainings of other shapes ended in FailOnRecompileLimitHit), its raised limits, the CUDA
 caching allocator's blocks and the CUDA context. Here the worker starts `python -m
-workers.stages.train.in_child` per training (as speculators' trainer runs under torchrun), so the
+workers.stages.train.processes.in_child` per training (as speculators' trainer runs under torchrun), so the
 twenty-first training of a worker starts from the same empty process as its first, and the GPU's
 memory goes back whole when the training's process exits.
 
@@ -38,7 +38,7 @@ from workers.stages.children.child_process import die_with_parent, stop_group
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 CALLBACKS = ("on_progress", "on_metrics", "should_stop", "on_checkpoint", "on_split", "on_resume", "stop_early")
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 30.0  # an abandoned child's SIGTERM, then SIGKILL: a capture server may be stopping
@@ -77,7 +77,7 @@ def train_in_child(**arguments):
 
 def _serve(conn: Connection, proc: subprocess.Popen, callbacks: dict, watch=None):
     """Answers the child's calls until it hands back its result; `watch()`, called while it is quiet,
-    raises to end it (a training across nodes whose gang broke: workers.stages.train.nodes)."""
+    raises to end it (a training across nodes whose gang broke: workers.stages.train.processes.nodes)."""
     raised: BaseException | None = None
     while True:
         if not conn.poll(POLL_SECONDS):
@@ -191,7 +191,7 @@ def main(fd: int) -> int:
 
 def serve_training(conn: Connection, ranks=None) -> int:
     """The child's side: the arguments come over `conn`, the callbacks go back over it. `ranks`: one
-    process of a training across nodes (workers.stages.train.in_rank)."""
+    process of a training across nodes (workers.stages.train.processes.in_rank)."""
     channel = _Channel(conn)
     arguments, callback_names, settings = channel.conn.recv()
     root = logging.getLogger()
