@@ -40,7 +40,7 @@ from workers.stages.train.data import HiddenStateSamples, iter_batches, plan_tra
 from workers.stages.train.draft.model import build_draft_model, make_optimizer  # noqa: E402
 from workers.stages.train.holdout.split import split_train_val  # noqa: E402
 from workers.stages.demo.assets import build_demo_assets  # noqa: E402
-from workers.stages.extract.result import ExtractionResult  # noqa: E402
+from workers.stages.extract.output.result import ExtractionResult  # noqa: E402
 from workers.stages.extract.batch_plan import batch_token_budget, open_prepared  # noqa: E402
 from workers.stages.extract.with_transformers import extract, iter_hidden_states  # noqa: E402
 from workers.stages.extract.model import load_target  # noqa: E402

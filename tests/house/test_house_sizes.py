@@ -19,7 +19,6 @@ FOLDERS_OVER = {
     "runs/management/commands": 14,
     "runs/pipeline": 13,
     "tests": 19,
-    "workers/stages/extract": 13,
 }
 FILES_OVER: dict[str, int] = {}
 

@@ -213,7 +213,7 @@ WORKER_SIDE_COMMANDS = {
 # the contract would move the stages' own result types, which carry the stages' fields, away from the code
 # that fills them; an annotation costs the web tier no import, so these stay, and only these.
 TYPE_ONLY = {"runs.pipeline.lifecycle.result_records": {
-    "workers.stages.evaluate.measure", "workers.stages.extract.result", "workers.stages.prepare.stage",
+    "workers.stages.evaluate.measure", "workers.stages.extract.output.result", "workers.stages.prepare.stage",
     "workers.stages.evaluate.serve_check", "workers.stages.train.results", "workers.stages.vocab"}}
 
 

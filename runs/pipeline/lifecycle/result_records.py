@@ -35,7 +35,7 @@ from runs.pipeline.status.upstream_commands import recorded_speculative_tokens
 
 if TYPE_CHECKING:  # the stages import torch; these services only read their dataclasses
     from workers.stages.evaluate.measure import EvaluationResult
-    from workers.stages.extract.result import ExtractionResult
+    from workers.stages.extract.output.result import ExtractionResult
     from workers.stages.prepare.stage import PrepareResult
     from workers.stages.evaluate.serve_check import ServeCheckResult
     from workers.stages.train.results import TrainResult

@@ -98,7 +98,7 @@ def online_keep_fail(*, run_id: int, error: str) -> None:
 @transaction.atomic
 def online_keep_record(*, run_id: int, result) -> Extraction:
     """The kept folder as the run's own extraction (produced by its extract stage, as an offline run's), with
-    its manifest and verification; `result` is the keep's ExtractionResult (workers.stages.extract.result)."""
+    its manifest and verification; `result` is the keep's ExtractionResult (workers.stages.extract.output.result)."""
     stage = ExtractStage.objects.select_related("run").get(run_id=run_id)
     extraction, _ = Extraction.objects.update_or_create(
         produced_by=stage,

@@ -1,6 +1,6 @@
 """vLLM itself (its CPU build, `make vllm`) extracting in two shards: merged, the folder is what one vLLM
 extraction of the same rows writes, every sample byte for byte (header included: the connector's metadata
-stamp comes out of safetensors in a random key order, which workers.stages.extract.stable_header sorts) and
+stamp comes out of safetensors in a random key order, which workers.stages.extract.output.stable_header sorts) and
 the manifest but for its timings. Two rows, the shortest prepared; three `vllm serve` starts (one for the
 whole, one per shard) are most of its time. Where vLLM is not installed this skips, saying so (CI sets
 EAGLE3WEB_REQUIRE_VLLM=1, so there it fails instead)."""

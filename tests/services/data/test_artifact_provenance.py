@@ -35,7 +35,7 @@ def run(tmp_path, user, config_only_target, django_capture_on_commit_callbacks) 
 
 def extract_result(directory: Path, *, tokens_per_second: float = 48.0):
     """What the extract stage returns for the files at `directory` (the stage itself needs a model)."""
-    from workers.stages.extract.result import ExtractionResult
+    from workers.stages.extract.output.result import ExtractionResult
 
     on_disk = sum(p.stat().st_size for p in (directory / "hidden_states").iterdir())
     return ExtractionResult(

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from workers.stages.extract import with_transformers as extract_module
-from workers.stages.extract.files import HiddenBatch, _check_batch
+from workers.stages.extract.output.files import HiddenBatch, _check_batch
 from workers.stages.extract.batch_plan import batch_token_budget, open_prepared, plan_forward_batches
 from workers.stages.extract.with_transformers import extract, iter_hidden_states
 from workers.stages.extract.model import load_target

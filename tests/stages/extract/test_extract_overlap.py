@@ -13,12 +13,12 @@ import torch
 
 from tests.stages.extract.test_extract import layer_ids, prepared  # noqa: F401  (fixtures: 10 demo chats)
 from workers.contract.extraction.verify import verify_extraction
-from workers.stages.extract import files as files_module
+from workers.stages.extract.output import files as files_module
 from workers.stages.extract.resume import sample_is_whole
-from workers.stages.extract.files import WRITES_IN_FLIGHT
+from workers.stages.extract.output.files import WRITES_IN_FLIGHT
 from workers.stages.extract.with_transformers import bare_forward, extract
 from workers.stages.extract.batch_plan import open_prepared, plan_forward_batches
-from workers.stages.extract.writer import BoundedWriter
+from workers.stages.extract.output.writer import BoundedWriter
 
 BATCH_TOKENS = 256  # several batches of a few rows each, so the writer has a queue to keep
 WRITE_SECONDS = 0.3  # the slow disk's time per batch

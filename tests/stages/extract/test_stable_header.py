@@ -8,7 +8,7 @@ import struct
 import torch
 from safetensors.torch import load_file, save_file
 
-from workers.stages.extract.stable_header import sort_header_metadata
+from workers.stages.extract.output.stable_header import sort_header_metadata
 
 # the four keys workers/vllm_plugins/eagle3web_cpu_connector.server_stamp writes, one of them non-ASCII
 STAMP = {"eagle3web_layer_ids": "[2, 4, 5, 8]", "eagle3web_model": "/models/tärget", "eagle3web_hidden_size": "128",

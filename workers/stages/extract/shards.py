@@ -29,7 +29,7 @@ from workers.stages.extract.resume import (
     open_for_resume,
     write_json_atomic,
 )
-from workers.stages.extract.result import HIDDEN_STATES_DIRNAME, MANIFEST_NAME, ExtractionResult, write_manifest
+from workers.stages.extract.output.result import HIDDEN_STATES_DIRNAME, MANIFEST_NAME, ExtractionResult, write_manifest
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ runs the very same forwards without the hooks, as the baseline the stage is meas
 
 On CUDA the forward loop does not wait for the host: each batch's layers are copied on a side
 stream into reused pinned buffers (workers.stages.extract.host_copy.PinnedCopies) while the next
-forward runs, and a writer thread (workers.stages.extract.writer.BoundedWriter) writes the files,
+forward runs, and a writer thread (workers.stages.extract.output.writer.BoundedWriter) writes the files,
 at most WRITES_IN_FLIGHT batches behind. `overlap=False` keeps the synchronous path (blocking
 `.cpu()`, files written in the loop), which writes byte-identical files.
 """
@@ -48,7 +48,7 @@ from workers.stages.extract.batch_plan import (  # noqa: E402
     open_prepared,
     plan_forward_batches,
 )
-from workers.stages.extract.files import WRITES_IN_FLIGHT, HiddenBatch, _write_staged, _writer  # noqa: E402
+from workers.stages.extract.output.files import WRITES_IN_FLIGHT, HiddenBatch, _write_staged, _writer  # noqa: E402
 from workers.stages.extract.host_copy import (  # noqa: E402
     BlockingCopies,
     EventTimes,
@@ -56,7 +56,7 @@ from workers.stages.extract.host_copy import (  # noqa: E402
     PinnedCopies,
 )
 from workers.stages.extract.model import LayerCapture, decoder_parts, load_target, place_target  # noqa: E402
-from workers.stages.extract.result import (  # noqa: E402
+from workers.stages.extract.output.result import (  # noqa: E402
     HIDDEN_STATES_DIRNAME,
     MANIFEST_NAME,
     ExtractionResult,

@@ -31,7 +31,7 @@ So this stage starts that server (own process group, a free port on 127.0.0.1, i
 out_dir/vllm_server.log) with the connector writing to out_dir/vllm_staging, waits for health,
 sends the rows the resume record (workers.stages.extract.resume) does not already hold, checks
 each file (keys, int64 token ids equal to the row, bf16 [T, L, H], finite), sorts its header's metadata
-keys (workers.stages.extract.stable_header: safetensors writes them in a random order) and moves it to
+keys (workers.stages.extract.output.stable_header: safetensors writes them in a random order) and moves it to
 hidden_states/hs_{i}.safetensors, stops the server on every way out, and writes data_config.json
 as extract() does. `--dtype bfloat16` makes vLLM compute and store bf16 whatever the config says;
 `--max-model-len` is the longest row plus the one token each request generates.
@@ -49,14 +49,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.contract.errors import InputError, StopRequested
-from workers.stages.extract.result import HIDDEN_STATES_DIRNAME, MANIFEST_NAME, ExtractionResult, write_manifest
+from workers.stages.extract.output.result import HIDDEN_STATES_DIRNAME, MANIFEST_NAME, ExtractionResult, write_manifest
 from workers.stages.extract.batch_plan import open_prepared
 from workers.stages.extract.resume import (
     extraction_fingerprint,
     resume_or_start,
 )
 from workers.stages.extract.shards import ExtractionShard, shard_fingerprint
-from workers.stages.extract.stable_header import sort_header_metadata
+from workers.stages.extract.output.stable_header import sort_header_metadata
 from workers.contract.progress import ProgressFn
 from workers.contract.target import read_target_config, read_target_json, validate_layer_ids
 from workers.contract.host.vllm_env import hidden_states_connector, kvcache_gib, server_environment, vllm_install_at

@@ -6,7 +6,7 @@ names, dtypes and shapes for the row's token count, the file's size, and token i
 A cache that lacks rows (evicted, never asked for) is refused with the count and nothing is written. The
 files are hard-linked where the cache and the extraction share a filesystem (no copy; the cache's later
 evictions leave the extraction's names in place), copied otherwise; data_config.json is written last
-(workers.stages.extract.result.write_manifest), so a folder with a manifest is complete.
+(workers.stages.extract.output.result.write_manifest), so a folder with a manifest is complete.
 
 Pure: no torch, no Django (the files are checked by their headers, as the extraction's verification does).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from workers.contract.errors import InputError
 from workers.contract.extraction.verify import prepared_input_ids
 from workers.stages.extract.resume import ReusedSamples, sample_is_whole
-from workers.stages.extract.result import HIDDEN_STATES_DIRNAME, MANIFEST_NAME, ExtractionResult, write_manifest
+from workers.stages.extract.output.result import HIDDEN_STATES_DIRNAME, MANIFEST_NAME, ExtractionResult, write_manifest
 
 SERVED_NAME = "served.json"  # which capture server produced each cached sample (the online cache's record)
 STORE_DTYPE = "bfloat16"  # what capture servers and both extraction backends store

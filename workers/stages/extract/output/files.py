@@ -1,6 +1,6 @@
 """The extract stage's files: one batch of captured layers, checked and written one file per row.
 
-Split from workers.stages.extract.with_transformers (which re-exports these) to keep each module readable.
+Split from workers.stages.extract.with_transformers to keep each module readable.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from workers.stages.extract.writer import BoundedWriter
+from workers.stages.extract.output.writer import BoundedWriter
 
 if TYPE_CHECKING:
     from workers.stages.extract.host_copy import StagedBatch

@@ -1,7 +1,7 @@
 """What an extraction leaves behind, whichever backend made it: data_config.json (written last, whole)
 and the ExtractionResult it describes.
 
-Split from workers.stages.extract.with_transformers (which re-exports these) to keep each module readable.
+Split from workers.stages.extract.with_transformers to keep each module readable.
 """
 from __future__ import annotations
 

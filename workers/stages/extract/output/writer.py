@@ -3,7 +3,7 @@ failure stops it.
 
 An `Executor` (submit / shutdown / `with`), so that the forward loop hands it work the way it would
 hand it to any executor, and the synchronous path is the same loop with writes run inline
-(workers.stages.extract.files._writer chooses). What a ThreadPoolExecutor lacks and the stage needs:
+(workers.stages.extract.output.files._writer chooses). What a ThreadPoolExecutor lacks and the stage needs:
 - back-pressure: `submit` blocks while `depth` batches are handed over and not yet written, so a disk
   slower than the forwards stalls the forwards instead of filling the host's memory;
 - fail-fast: after a job raises, the jobs queued behind it are cancelled (their files are not
