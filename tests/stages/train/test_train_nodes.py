@@ -74,3 +74,42 @@ def test_two_nodes_train_the_losses_of_one_process_over_the_same_global_batch(in
     assert progress[-1] == (one.steps, one.steps)
     assert [c.epoch for c in result.checkpoints] == [0]
     assert (tmp_path / "two" / "checkpoint_0").exists() or any((tmp_path / "two").iterdir())
+
+
+# In each rank's process (torchrun sets RANK; its own launcher has none): every call of speculators' checkpoint
+# writes, logged with torch's rank before speculators' own rank-0 rule is asked.
+SAVES_SEAM = '''
+import os
+if "RANK" in os.environ:
+    from speculators.train.checkpointer import SingleGPUCheckpointer
+
+    def _logged(name):
+        original = getattr(SingleGPUCheckpointer, name)
+
+        def logging_call(self, *args, **kwargs):
+            with open({log!r}, "a") as log:
+                log.write(name + ":" + os.environ["RANK"] + "\\n")
+            return original(self, *args, **kwargs)
+        setattr(SingleGPUCheckpointer, name, logging_call)
+
+    for _name in ("save_checkpoint", "save_scheduler_state_dict", "save_val_metrics", "update_best_symlink"):
+        _logged(_name)
+'''
+
+
+def test_one_rank_writes_each_checkpoint_while_the_other_waits(inputs, tmp_path, monkeypatch):
+    """Two nodes on one filesystem, as a cluster's shared storage is: the checkpoint's files are written by
+    torch's rank 0 alone. speculators' rank-0 rule reads the state its own launcher sets, not ours, so every
+    rank called it and one rank read config.json while the other was writing it (JSONDecodeError)."""
+    seam, log = tmp_path / "seam", tmp_path / "saves.log"
+    seam.mkdir()
+    (seam / "sitecustomize.py").write_text(SAVES_SEAM.format(log=str(log)))
+    monkeypatch.setenv("PYTHONPATH", str(seam))  # the nodes' torchruns keep it (processes.nodes.node_env)
+    outcomes = _two_nodes(_arguments(inputs, tmp_path / "two", epochs=2), rdzv_id="one-writer", callbacks={})
+    result = outcomes[0]
+    assert not isinstance(result, BaseException), result
+    calls = log.read_text().split()
+    per_epoch = ["save_checkpoint:0", "save_scheduler_state_dict:0", "save_val_metrics:0"]
+    assert calls == per_epoch * 2 + ["update_best_symlink:0"], calls
+    assert [c.epoch for c in result.checkpoints] == [0, 1]
+    assert all((tmp_path / "two" / str(epoch) / "config.json").is_file() for epoch in (0, 1))

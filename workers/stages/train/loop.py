@@ -315,10 +315,10 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
             val_public = {k: float(v) for k, v in val.items() if METRIC_KEY.match(k)}
             sink.add(step, epoch + 1.0, "val", val_public)
             sink.flush()
-            # On several ranks every rank validates and calls the checkpointer: speculators' checkpointer writes
-            # on torch's global rank 0 (whichever node c10d made it) and then waits for all ranks at a barrier.
+            # On several ranks every rank validates; torch's global rank 0 alone saves (save_epoch_checkpoint says
+            # why), whichever node c10d made it, and the others wait for it.
             path = save_epoch_checkpoint(checkpointer, model, optimizer, scheduler, epoch=epoch, global_step=step,
-                                         val_metrics=val, write_own=ranks is None or ranks.rank == 0)
+                                         val_metrics=val, write=ranks is None or ranks.rank == 0)
             train_loss = float(np.mean(progress.losses)) if progress.losses else math.nan
             progress.epoch_rows.append([epoch, str(path), train_loss, val_public])
             logger.info("epoch %d: train loss %.4f, val loss %.4f, %d of %d supervised tokens trained, checkpoint %s",
@@ -339,7 +339,10 @@ def train_on(samples: HiddenStateSamples, *, target_dir: Path, prepared_dir: Pat
 
     epoch_rows = [(e, Path(p), tl, v) for e, p, tl, v in progress.epoch_rows]
     best_epoch = lowest_val_loss_epoch({e: v.get("loss", math.inf) for e, _p, _tl, v in epoch_rows})
-    checkpointer.update_best_symlink(best_epoch)  # on several ranks: global rank 0 links, all wait for it
+    if ranks is None or ranks.rank == 0:  # where the epochs were saved
+        checkpointer.update_best_symlink(best_epoch)
+    if ranks is not None:
+        torch.distributed.barrier()  # the writer reports the best epoch once it is linked
     if not writer:
         return None  # the writer's node hands the result back
     checkpoints = [CheckpointInfo(epoch=e, path=p, train_loss=tl, val_loss=v.get("loss", math.nan), val_metrics=v,
