@@ -28,7 +28,6 @@ def _run_table_html(*, filters: run_filters.RunFilters, params: QueryDict, visib
     page, total = run_table.run_table(filters=filters, visible=visible)
     runs = list(page.object_list)
     states = reviews.review_states(kind="run", ids=[run.pk for run in runs]) if "review" in filters.columns else {}
-    rows = [(run, run.status, states.get(run.pk), run_table.duration_text(run.duration)) for run in runs]
     query = params.copy()
     query.pop("page", None)
     columns = []
@@ -42,9 +41,10 @@ def _run_table_html(*, filters: run_filters.RunFilters, params: QueryDict, visib
                         "state": state})
     # No request: nothing of the viewer's may enter what every viewer of these projects is shown.
     return render_to_string("runs/tracking/_run_table.html", {
-        "rows": rows, "body": table_rows.rows_html(rows, columns=filters.columns, launch_url=reverse("runs:run_launch")),
+        "rows": runs, "body": table_rows.rows_html(runs, states, columns=filters.columns,
+                                                   launch_url=reverse("runs:run_launch")),
         "page": page, "total": total, "filters": filters, "query": query.urlencode(), "columns": columns,
-        "shown": set(filters.columns), "compare_max": comparison.MAX_COMPARED})
+        "compare_max": comparison.MAX_COMPARED})
 
 
 def _view_asked(request: HttpRequest, views: list) -> object:

@@ -14,6 +14,8 @@ from django.utils.html import conditional_escape as esc
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.timezone import template_localtime
 
+from runs.tracking.runs_list.run_table import duration_text
+
 STAGE_PILLS = (("preparation", "prepare"), ("extract_stage", "extract"), ("vocab_mapping", "vocab"),
                ("training_run", "train"), ("evaluation", "evaluate"))
 
@@ -26,59 +28,59 @@ def _or_dash(text) -> str:
     return esc(text) if text else "–"
 
 
-def _status(run, status, review, duration) -> str:
+def _status(run, review) -> str:
     reason = f' title="{esc(run.status_reason)}"' if run.status_reason else ""
-    return f'<td><span class="status {esc(status)}"{reason}>{esc(status)}</span></td>'
+    return f'<td><span class="status {esc(run.status)}"{reason}>{esc(run.status)}</span></td>'
 
 
-def _duration(run, status, review, duration) -> str:
+def _duration(run, review) -> str:
     since = None
-    if status == "running" and run.external:
+    if run.status == "running" and run.external:
         since = run.train_started_at
-    elif status == "running" and run.prepare_started_at:
+    elif run.status == "running" and run.prepare_started_at:
         since = run.prepare_started_at
     attribute = f' data-running-since="{esc(_local(since, "c"))}"' if since is not None else ""
-    return f"<td{attribute}>{esc(duration)}</td>"
+    return f"<td{attribute}>{esc(duration_text(run.duration))}</td>"
 
 
-def _epochs(run, status, review, duration) -> str:
+def _epochs(run, review) -> str:
     best = f"best {run.best_epoch + 1} of " if run.best_epoch is not None else ""
     return f"<td>{best}{esc(run.epochs)}</td>"
 
 
-def _best_val_loss(run, status, review, duration) -> str:
+def _best_val_loss(run, review) -> str:
     return f"<td>{_or_dash(floatformat(run.best_val_loss, 4))}</td>"
 
 
-def _tau(run, status, review, duration) -> str:
+def _tau(run, review) -> str:
     return f"<td>{_or_dash(floatformat(run.shown_tau, 2))}</td>"
 
 
-def _owner(run, status, review, duration) -> str:
+def _owner(run, review) -> str:
     return f"<td>{esc(run.owner_name)}</td>"
 
 
-def _created(run, status, review, duration) -> str:
+def _created(run, review) -> str:
     return f'<td title="{esc(_local(run.created_at, "Y-m-d H:i:s"))}">{esc(naturaltime(run.created_at))}</td>'
 
 
-def _project(run, status, review, duration) -> str:
+def _project(run, review) -> str:
     return f"<td>{esc(run.project_name)}</td>"
 
 
-def _target(run, status, review, duration) -> str:
+def _target(run, review) -> str:
     return f"<td>{_or_dash(run.target_name)}</td>"
 
 
-def _dataset(run, status, review, duration) -> str:
+def _dataset(run, review) -> str:
     return f"<td>{_or_dash(run.dataset_name)}</td>"
 
 
-def _layers(run, status, review, duration) -> str:
+def _layers(run, review) -> str:
     return f"<td>{esc(', '.join(map(str, run.layer_ids)))}</td>"
 
 
-def _stages(run, status, review, duration) -> str:
+def _stages(run, review) -> str:
     if run.external:
         state = esc(next(iter(run.stage_statuses.values())))
         pills = f'<span class="stage-pill {state}" title="trained elsewhere: {state}">train (elsewhere)</span>'
@@ -88,12 +90,12 @@ def _stages(run, status, review, duration) -> str:
     return f'<td class="stage-dots">{pills}</td>'
 
 
-def _tags(run, status, review, duration) -> str:
+def _tags(run, review) -> str:
     return "<td>" + "".join(f'<a class="tag" href="?tag={esc(quote(tag, safe="/"))}">{esc(tag)}</a> '
                             for tag in run.tags) + "</td>"
 
 
-def _review(run, status, review, duration) -> str:
+def _review(run, review) -> str:
     # The review's markup has one home, shared with the extractions list.
     return "<td>" + render_to_string("runs/review/_review_state.html", {"review": review}) + "</td>"
 
@@ -105,12 +107,14 @@ CELLS: dict[str, Callable] = {
 }
 
 
-def rows_html(rows: list[tuple], *, columns: tuple[str, ...], launch_url: str) -> SafeString:
-    """The table body's rows: `rows` as (ListedRun, status, review, duration text), the columns shown in
-    runs.tracking.runs_list.run_filters.COLUMNS' order (the run's name always first)."""
+def rows_html(runs: list, reviews: dict, *, columns: tuple[str, ...], launch_url: str) -> SafeString:
+    """The table body's rows: `runs` (runs.tracking.runs_list.run_table.ListedRun), each with its review
+    state from `reviews` (by run id), the columns shown in run_filters.COLUMNS' order (the run's name always
+    first)."""
     cells = [CELLS[key] for key in columns if key in CELLS]
     out = []
-    for run, status, review, duration in rows:
+    for run in runs:
+        review = reviews.get(run.pk)
         pk = str(run.pk)
         name = esc(str(run))
         badges = ((' <span class="badge external" title="trained elsewhere: its trainer reports it through the API">'
@@ -120,9 +124,9 @@ def rows_html(rows: list[tuple], *, columns: tuple[str, ...], launch_url: str) -
                 'title="the launch form, filled in with this run\'s settings">launch a copy</a>')
         archived = ' data-archived="1"' if run.archived else ""
         out.append(
-            f'<tr data-run="{pk}" data-status="{esc(status)}"{archived}>'
+            f'<tr data-run="{pk}" data-status="{esc(run.status)}"{archived}>'
             f'<td><input type="checkbox" name="ids" value="{pk}" aria-label="compare {name}"></td>'
             f'<td><a href="{esc(run.get_absolute_url())}">{name}</a>{badges}</td>'
-            + "".join(cell(run, status, review, duration) for cell in cells)
+            + "".join(cell(run, review) for cell in cells)
             + f"<td>{copy}</td></tr>")
     return mark_safe("\n".join(out))  # noqa: S308 - every value above is escaped
