@@ -56,11 +56,10 @@ def review_states(*, subjects: Sequence[Model] = (), kind: str = "", ids: Sequen
         ids = [s.pk for s in subjects]
     if not ids:
         return {}
-    field = kind
     decisions = Review.objects.exclude(decision=Review.Decision.COMMENT)
-    latest = decisions.filter(**{field: OuterRef(field)}).order_by("-created_at", "-id").values("id")[:1]
-    rows = decisions.filter(**{f"{field}__in": list(ids)}, id=Subquery(latest))
-    return {getattr(r, f"{field}_id"): r for r in rows.select_related("author")}
+    latest = decisions.filter(**{kind: OuterRef(kind)}).order_by("-created_at", "-id").values("id")[:1]
+    rows = decisions.filter(**{f"{kind}__in": list(ids)}, id=Subquery(latest))
+    return {getattr(r, f"{kind}_id"): r for r in rows.select_related("author")}
 
 
 def review_state(subject: Model) -> Review | None:
