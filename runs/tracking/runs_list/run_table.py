@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import functools
 import math
 
 from django.contrib.auth import get_user_model
 from django.core.paginator import Page, Paginator
+from django.db import connection
 from django.urls import reverse
 from django.db.models import (Case, CharField, Count, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet,
                               Subquery, Value, When, Window)
@@ -145,13 +147,13 @@ def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple
     paginator = Paginator(ordered, PAGE_SIZE)
     paginator.count = total  # known: Page and the template read it, and must not ask again
     page = Page(ids, number, paginator)
-    rows = listed_runs(_shown_columns(PipelineRun.objects.all()), ids)
+    rows = listed_runs(ids)
     page.object_list = [rows[pk] for pk in ids if pk in rows]
     return page, paginator.count
 
 
 # The page's rows: what the page and the API show of each run of a page, read as plain values in one
-# query that joins its stages, plus one for their tags. Model instances with a prefetch per stage took six
+# query that joins its stages (_rows), plus one for their tags. Model instances with a prefetch per stage took six
 # queries and about 14 ms of Python for a page of 50 (issue 40); these rows take two queries and about 2 ms.
 # The run's status and τ come from the same rules as a run read whole (runs.pipeline.selectors.status_of,
 # runs.pipeline.models.shown_tau_of).
@@ -190,17 +192,33 @@ _STAGE_STATUS = [f"{stage.related_name}__status" for stage in STAGES]
 _TRAINING = next(stage.related_name for stage in STAGES if stage.name == "train")
 
 
-def _columns() -> list[str]:
-    return ["pk", "name", "external", "archived", "created_at", f"owner__{get_user_model().USERNAME_FIELD}",
-            "target__name", "dataset__name", "project__name", "sweep_entry__pk", "sweep_entry__released_at",
-            "sweep_entry__sweep__parallel", "preparation__started_at", "extract_stage__layer_ids",
-            "training_run__epochs", "training_run__best_epoch", "training_run__best_tau", "training_run__started_at",
-            "evaluation__tau", "duration", "best_val_loss", *_STAGE_STATUS]
+def _named(model, field: str, outer: str) -> Subquery:
+    return Subquery(model.objects.filter(pk=OuterRef(outer)).values(field)[:1])
 
 
-def listed_runs(shown: QuerySet[PipelineRun], ids: list[int]) -> dict[int, ListedRun]:
-    """The runs `ids` by id. `shown`: PipelineRun rows with the list's computed columns (duration,
-    best_val_loss: run_table._shown_columns)."""
+@functools.cache
+def _rows() -> QuerySet[PipelineRun]:
+    """Every run with the rows' columns, as values: built once a process (its expressions took longer to build
+    than the query to run, issue 40), a page's filtered from it. The owner's, target's, dataset's and
+    project's names and the holding sweep are subqueries, not joins: PostgreSQL spent 2.5 ms of the query's
+    4 planning twelve joined tables, and plans each subquery on its own in a few microseconds."""
+    user = get_user_model()
+    return _shown_columns(PipelineRun.objects.order_by()).annotate(
+        owner_name=_named(user, user.USERNAME_FIELD, "owner_id"), target_name=_named(TargetModel, "name", "target_id"),
+        dataset_name=_named(Dataset, "name", "dataset_id"), project_name=_named(Project, "name", "project_id"),
+        # The sweep that has not handed the run to the queues yet, as its `parallel` (run_status's RUN_HELD).
+        # Through the run's side of the relation: tracking stands below sweeps.
+        held_by=Subquery(PipelineRun.objects.filter(pk=OuterRef("pk"), sweep_entry__isnull=False,
+                                                    sweep_entry__released_at__isnull=True)
+                         .values("sweep_entry__sweep__parallel")[:1]),
+    ).values("pk", "name", "external", "archived", "created_at", "owner_name", "target_name", "dataset_name",
+             "project_name", "held_by", "preparation__started_at", "extract_stage__layer_ids", "training_run__epochs",
+             "training_run__best_epoch", "training_run__best_tau", "training_run__started_at", "evaluation__tau",
+             "duration", "best_val_loss", *_STAGE_STATUS)
+
+
+def listed_runs(ids: list[int]) -> dict[int, ListedRun]:
+    """The runs `ids` by id."""
     if not ids:
         return {}
     tags: dict[int, list[str]] = {pk: [] for pk in ids}
@@ -208,17 +226,16 @@ def listed_runs(shown: QuerySet[PipelineRun], ids: list[int]) -> dict[int, Liste
                          .order_by("runtag__name").values_list("pipelinerun_id", "runtag__name")):
         tags[run_id].append(name)
     out = {}
-    for row in shown.filter(pk__in=ids).order_by().values(*_columns()):  # the page orders them by its ids
+    for row in _rows().filter(pk__in=ids):  # the page orders them by its ids
         external = row["external"]
         statuses = ({_TRAINING: row[f"{_TRAINING}__status"]} if external else
                     {stage.related_name: row[f"{stage.related_name}__status"] for stage in STAGES})
-        held_by = (row["sweep_entry__sweep__parallel"]
-                   if row["sweep_entry__pk"] is not None and row["sweep_entry__released_at"] is None else None)
+        held_by = row["held_by"]
         status = status_of(list(statuses.values()), external=external, held=lambda: held_by is not None)
         out[row["pk"]] = ListedRun(
             pk=row["pk"], name=row["name"], external=external, archived=row["archived"], created_at=row["created_at"],
-            owner_name=row[f"owner__{get_user_model().USERNAME_FIELD}"], target_name=row["target__name"],
-            dataset_name=row["dataset__name"], project_name=row["project__name"], stage_statuses=statuses,
+            owner_name=row["owner_name"], target_name=row["target_name"],
+            dataset_name=row["dataset_name"], project_name=row["project_name"], stage_statuses=statuses,
             prepare_started_at=row["preparation__started_at"], train_started_at=row["training_run__started_at"],
             layer_ids=row["extract_stage__layer_ids"] or [], epochs=row["training_run__epochs"],
             best_epoch=row["training_run__best_epoch"],
@@ -229,22 +246,43 @@ def listed_runs(shown: QuerySet[PipelineRun], ids: list[int]) -> dict[int, Liste
     return out
 
 
-def filter_choices() -> dict:
-    """What the filter menus offer: every target, dataset, owner and tag that has a run (the projects are
-    each viewer's own: runs.projects.access.visible_projects)."""
+def _menus() -> dict[str, QuerySet]:
+    """The filter menus' values: every target, dataset, owner and tag that has a run."""
 
-    def having_runs(model, field: str, name: str) -> list[str]:
+    def having_runs(model, field: str, name: str) -> QuerySet:
         # Exists over the runs' foreign-key index: a handful of targets, not a scan of every run.
         used = Exists(PipelineRun.objects.filter(**{field: OuterRef("pk")}))
-        return list(model.objects.filter(used).order_by(name).values_list(name, flat=True).distinct()[:MAX_CHOICES])
+        return model.objects.filter(used).order_by(name).values_list(name, flat=True).distinct()[:MAX_CHOICES]
 
-    return {
-        "targets": having_runs(TargetModel, "target", "name"), "datasets": having_runs(Dataset, "dataset", "name"),
-        "owners": having_runs(get_user_model(), "owner", "username"),
-        "tags": list(PipelineRun.tags.through.objects.order_by("runtag__name").values_list("runtag__name", flat=True)
-                     .distinct()[:MAX_CHOICES]),  # the tags some run carries
-        "statuses": STATUSES, "settings": SETTING_FIELDS, "columns": COLUMNS,
-    }
+    return {"targets": having_runs(TargetModel, "target", "name"), "datasets": having_runs(Dataset, "dataset", "name"),
+            "owners": having_runs(get_user_model(), "owner", "username"),
+            "tags": PipelineRun.tags.through.objects.order_by("runtag__name").values_list("runtag__name", flat=True)
+            .distinct()[:MAX_CHOICES]}  # the tags some run carries
+
+
+@functools.cache
+def _menus_sql() -> tuple[tuple[str, ...], str, tuple]:
+    """_menus() as one PostgreSQL query, each menu an ARRAY of its own; the same text for every request, so
+    compiled once a process (four round trips and their compiling were a fifth of a list page built afresh, issue 40)."""
+    menus, parts, params = _menus(), [], []
+    for query in menus.values():
+        sql, found = query.query.sql_with_params()
+        parts.append(f"ARRAY({sql})")
+        params.extend(found)
+    return tuple(menus), "SELECT " + ", ".join(parts), tuple(params)
+
+
+def filter_choices() -> dict:
+    """What the filter menus offer (_menus; the projects are each viewer's own:
+    runs.projects.access.visible_projects), the statuses, settings and columns."""
+    if connection.vendor == "postgresql":
+        keys, sql, params = _menus_sql()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            found = dict(zip(keys, (list(values) for values in cursor.fetchone())))
+    else:  # SQLite (the demo): a query each
+        found = {key: list(query) for key, query in _menus().items()}
+    return {**found, "statuses": STATUSES, "settings": SETTING_FIELDS, "columns": COLUMNS}
 
 
 def duration_text(value: timedelta | None) -> str:
