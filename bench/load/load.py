@@ -279,10 +279,10 @@ def main() -> None:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", args.port), timeout=2):
             # Another server (someone else's benchmark) would answer our clients and hide our gunicorn's failure.
             raise SystemExit(f"port {args.port} is already in use: pass --port with a free one")
-        access = tmp / "access.log"  # each request's path, status and milliseconds, as gunicorn timed it
+        access = tmp / "access.log"  # each request's path, status, milliseconds and bytes as gunicorn timed it, its query
         gunicorn = start([sys.executable, "-m", "gunicorn", "eagle3web.wsgi", "--bind", f"127.0.0.1:{args.port}",
                           "--workers", str(args.gunicorn_workers), "--threads", str(args.gunicorn_threads), "--no-control-socket", "--access-logfile",
-                          str(access), "--access-logformat", "%(U)s %(s)s %(M)s"], env=env, log=tmp / "gunicorn.log")
+                          str(access), "--access-logformat", "%(U)s %(s)s %(M)s %(B)s %(q)s"], env=env, log=tmp / "gunicorn.log")
         cleanup.callback(stop, gunicorn)
         wait_for_http(args.port, gunicorn, tmp / "gunicorn.log")
         sessions: list[dict] = []

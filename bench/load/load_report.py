@@ -62,12 +62,21 @@ def cpu_use(groups: dict[str, int], database: str) -> dict[str, float]:
 
 
 def server_times(log: Path, start: int, end: int) -> dict:
-    """gunicorn's own time for each request logged between two offsets of its access log (the
-    request's path and status, then its milliseconds): percentiles without the client's share."""
-    lines = log.read_bytes()[start:end].decode().splitlines()
+    """gunicorn's own time and bytes for each request logged between two offsets of its access log (the
+    request's path, status, milliseconds, body bytes and query string): percentiles without the client's
+    share, the curves' whole reads (no `start`) apart from their polls."""
+    rows = []
+    for line in log.read_bytes()[start:end].decode().splitlines():
+        fields = line.split()
+        if len(fields) in (4, 5) and fields[2].isdigit():
+            rows.append((fields[0], float(fields[2]), int(fields[3]) if fields[3].isdigit() else 0,
+                         fields[4] if len(fields) == 5 else ""))
     out = {}
-    for name, match in (("all", ""), ("status", "/api/v1/runs/\\d+/status/$"), ("curves", "/metrics/$"),
-                        ("pages", "^/(runs/\\d+/)?$")):
-        ms = [float(line.split()[-1]) for line in lines if len(line.split()) == 3 and re.search(match, line.split()[0])]
-        out[name] = {**percentiles(ms), "requests": len(ms)}
+    for name, match, query in (("all", "", None), ("status", "/api/v1/runs/\\d+/status/$", None),
+                               ("curves", "/metrics/$", None), ("curve_full", "/metrics/$", False),
+                               ("curve_poll", "/metrics/$", True), ("pages", "^/(runs/\\d+/)?$", None)):
+        mine = [(ms, size) for path, ms, size, q in rows if re.search(match, path)
+                and (query is None or ("start=" in q) == query)]
+        out[name] = {**percentiles([ms for ms, _ in mine]), "requests": len(mine),
+                     "mean_bytes": round(sum(size for _, size in mine) / len(mine)) if mine else None}
     return out

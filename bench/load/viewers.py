@@ -4,10 +4,12 @@ Each viewer does what the page's scripts do, at the intervals read from those sc
 - static/js/runs/run_detail.js polls the run's status, waiting its interval after each answer, with `?since=<the
   state_version it holds>` (the live part while the run's state stands still): the page's own summary's
   first (templates/runs/pipeline/_run_body.html brings it), then that of each whole summary it gets;
-- static/js/runs/curves.js polls the curves since the last step it holds (`?start=S&points=2000`), and
-  reads the whole curves again (`?points=2000`) when its last whole read is older than its refresh;
+- static/js/runs/curves.js reads the whole curves once (`?points=2000`), then polls the steps after the newest
+  one it holds (`?start=S&points=2000`), asks a series again from its own last step where its count says it
+  missed points before S, and waits between polls MIN_POLL_MS, or half the time between the last two polls
+  that brought points, growing 1.5 times after each poll that found nothing, at most MAX_POLL_MS;
 - static/js/shared/live_fetch.js sends each poll's If-None-Match: the ETag of its loop's last answer from
-  the same URL, and keeps what it has on a 304;
+  the same URL (the curves' poll: from any URL), and keeps what it has on a 304;
 - and the viewer reloads the page every minute: the page's HTML, then both loops from scratch (no
   ETag, the whole curves), as a browser does (its static files are cached; not requested).
 Viewers open their pages at random moments of the warm-up and reload at a random phase of the minute,
@@ -49,12 +51,12 @@ def page_timings() -> dict[str, float]:
     detail = (REPO / "static/js/runs/run_detail.js").read_text()
     curves = (REPO / "static/js/runs/curves.js").read_text()
     status = re.search(r"setTimeout\(poll, (\d+)\)", detail)
-    curve = re.search(r"setTimeout\(poll, (\d+)\)", curves)
-    refresh = re.search(r"Date\.now\(\) - lastRefresh > (\d+)", curves)
+    curve = re.search(r"const MIN_POLL_MS = (\d+), MAX_POLL_MS = (\d+);", curves)
+    adapted = "setTimeout(poll, pollMs)" in curves and "(now - lastNewsAt) / 2" in curves and "pollMs * 1.5" in curves
     points = re.search(r"const POINTS = (\d+);", curves)
-    if not (status and curve and refresh and points) or int(points[1]) != POINTS:
+    if not (status and curve and adapted and points) or int(points[1]) != POINTS:
         raise SystemExit("static/js/runs/run_detail.js or curves.js no longer poll as bench/load/viewers.py expects: update it")
-    return {"status_s": int(status[1]) / 1000, "curves_s": int(curve[1]) / 1000, "refresh_s": int(refresh[1]) / 1000}
+    return {"status_s": int(status[1]) / 1000, "curves_min_s": int(curve[1]) / 1000, "curves_max_s": int(curve[2]) / 1000}
 
 
 class Viewer:
@@ -67,14 +69,15 @@ class Viewer:
         self.begin, self.warmup, self.deadline, self.samples = begin, warmup, deadline, samples
         self.rng = random.Random(seed)
         self.etags: dict[str, tuple[str, str]] = {}  # loop -> (url, etag), as live_fetch.js keeps them
-        self.last_steps: dict[str, int | None] = {}  # "split:key" -> last step held, as curves.js keeps them
-        self.last_refresh = 0.0
+        self.held: dict[str, tuple[int, int]] = {}  # "split:key" -> (last step, points counted), as curves.js keeps them
+        self.poll_s = timings["curves_min_s"]
+        self.last_news = 0.0  # when a curve poll last brought points (monotonic)
         self.state_version: int | None = None  # of the whole summary held (None: none yet)
 
     def _get(self, name: str, path: str, loop: str | None = None) -> tuple[int, bytes]:
         headers = {"Accept": "application/json"} if loop else {"Accept": "text/html"}
         known = self.etags.get(loop) if loop else None
-        if known and known[0] == path:
+        if known and (known[0] == path or loop == "poll"):
             headers["If-None-Match"] = known[1]
         started = time.monotonic()
         try:
@@ -93,8 +96,8 @@ class Viewer:
     def _load_page(self) -> None:
         status, body = self._get("run_page", f"/runs/{self.run_id}/")
         self.etags.clear()
-        self.last_steps.clear()
-        self.last_refresh = 0.0
+        self.held.clear()
+        self.poll_s, self.last_news = self.timings["curves_min_s"], 0.0
         # As run_detail.js: the page brings its summary (its state_version), so the first poll asks since then.
         held = re.search(rb'"state_version": (\d+)', body) if status == 200 else None
         self.state_version = int(held[1]) if held else None
@@ -108,19 +111,38 @@ class Viewer:
             if not summary.get("live"):
                 self.state_version = summary.get("state_version")
 
+    def _hold(self, series: list[dict]) -> bool:
+        """What curves.js keeps of an answer; True when it brought points."""
+        news = False
+        for s in series:
+            name = f"{s['split']}:{s['key']}"
+            news |= self.held.get(name) != (s["last_step"], s["num_points"])
+            self.held[name] = (s["last_step"], s["num_points"])
+        return news
+
     def _poll_curves(self) -> None:
         base = f"/api/v1/runs/{self.run_id}/metrics/"
-        if not self.last_steps or time.monotonic() - self.last_refresh > self.timings["refresh_s"]:
+        if not self.held:
             status, body = self._get("curve_full", f"{base}?points={POINTS}", "all")
-            self.last_refresh = time.monotonic()
             if status == 200:
-                self.last_steps = {f"{s['split']}:{s['key']}": s["last_step"] for s in json.loads(body)["series"]}
+                self._hold(json.loads(body)["series"])
             return
-        since = min(-1 if step is None else step for step in self.last_steps.values()) + 1
+        since = max(-1 if step is None else step for step, _ in self.held.values()) + 1
         status, body = self._get("curve_poll", f"{base}?start={since}&points={POINTS}", "poll")
-        if status == 200:
-            for s in json.loads(body)["series"]:
-                self.last_steps[f"{s['split']}:{s['key']}"] = s["last_step"]
+        series = json.loads(body)["series"] if status == 200 else []
+        for i, s in enumerate(series):
+            step, counted = self.held.get(f"{s['split']}:{s['key']}", (None, 0))
+            if s["num_points"] - counted - s["points_in_window"] > 0:  # points before `since`: that series again
+                again, body = self._get("curve_catch_up", f"{base}?keys={s['key']}&split={s['split']}&start="
+                                        f"{0 if step is None else step + 1}&points={POINTS}")
+                series[i] = json.loads(body)["series"][0] if again == 200 else s
+        now = time.monotonic()
+        if self._hold(series):
+            if self.last_news:
+                self.poll_s = min(self.timings["curves_max_s"], max(self.timings["curves_min_s"], (now - self.last_news) / 2))
+            self.last_news = now
+        else:
+            self.poll_s = min(self.timings["curves_max_s"], self.poll_s * 1.5)
 
     def run(self) -> None:
         opened = self.begin + self.rng.uniform(0, self.warmup)
@@ -146,7 +168,7 @@ class Viewer:
                 due["status"] = time.monotonic() + self.timings["status_s"]
             else:
                 self._poll_curves()
-                due["curves"] = time.monotonic() + self.timings["curves_s"]
+                due["curves"] = time.monotonic() + self.poll_s
 
 
 def _run_group(port: int, sessions: list[dict], first: int, run_id: int, timings: dict, begin: float, warmup: float,

@@ -4,8 +4,8 @@ read with their session as scripts do with a token.
 
 `GET /api/v1/runs/<id>/metrics/?keys=loss_0,full_acc_0&split=train&start=S&end=E&points=N` answers at
 most N points per series over steps S..E (MinMaxLTTB, see runs.tracking.curves), each series with its
-summary; a live page asks again from its series' `last_step` + 1. Every parameter is checked; a bad
-one is a 400 naming it."""
+summary; a live page asks again from the step after the newest it holds, sending back its last answer's
+ETag (a 304 while no point arrived; see poll_etag). Every parameter is checked; a bad one is a 400 naming it."""
 from __future__ import annotations
 
 import json
@@ -65,16 +65,25 @@ def curve_query(request: HttpRequest) -> curves.CurveQuery:
     )
 
 
+def poll_etag(pk: int, curve_changes: int, query: curves.CurveQuery) -> str:
+    """The ETag of an answer: the curves' change counter and the query. A live poll's (`start` given, no
+    `end`) leaves its start out: it names the curves' state, so a page that merged that answer and asks
+    from the step after the newest it holds gets 304 while no point arrived, though its start moved."""
+    if query.start is not None and query.end is None:
+        return live.etag("curves-poll", pk, curve_changes, query.keys, query.split, query.points)
+    return live.etag("curves", pk, curve_changes, query)
+
+
 def run_metrics(request: HttpRequest, pk: int) -> HttpResponse:
-    """304 while the run's curves took no point (the ETag: their change counter and the query), else
-    the answer cached for every viewer asking the same until a point arrives (runs.live)."""
+    """304 while the run's curves took no point (the ETag: poll_etag), else the answer cached for every
+    viewer asking the same until a point arrives (runs.live)."""
     # With the counter, read first: the points read after are newer. Http404 outside the user's projects.
     owner = curves.curve_owner(run_id=pk, user=request.user)
     try:
         query = curve_query(request)
     except InputError as exc:
         return JsonResponse({"error": str(exc)}, status=400)
-    tag = live.etag("curves", pk, owner.curve_changes, query)
+    tag = poll_etag(pk, owner.curve_changes, query)
     if unchanged := live.not_modified(request, tag):
         return unchanged
 

@@ -282,7 +282,7 @@ class RunMetrics(ApiView):
         """The run's curves over a step window, at most `points` points per series (spikes kept).
 
         The run page's own windowed read (runs.tracking.curve_api): ask again from a series'
-        `last_step` + 1 to follow a live run."""
+        `last_step` + 1 to follow a live run, sending back the last answer's ETag (304 while no point arrived)."""
         return _curve_answer(curve_api.run_metrics(request._request, pk))  # 404 outside the caller's projects
 
 

@@ -1,7 +1,8 @@
 // Training curves on the run page: one chart per metric family (loss, accuracies, lr, throughput),
 // TTT steps as the legend, train solid and validation dashed. The API answers at most POINTS points
 // per series (MinMaxLTTB, so spikes survive); zooming asks again for the window at full resolution;
-// while the run trains, only the steps after each series' last one are asked for and appended.
+// while the run trains, only the steps after the newest one held are asked for and appended, and a series
+// grown to twice POINTS is thinned in the page (thin: each step bucket's lowest and highest point).
 (function () {
   "use strict";
   const root = document.getElementById("curves");
@@ -9,6 +10,11 @@
   const metricsUrl = root.dataset.metricsUrl;
   const exportUrl = root.dataset.exportUrl;
   const POINTS = 2000;
+  // The curves' poll waits at least MIN_POLL_MS, longer while polls find nothing new, at most MAX_POLL_MS.
+  const MIN_POLL_MS = 2000, MAX_POLL_MS = 10000;
+  const COLUMNS = ["steps", "epochs", "values", "times"];
+  const SUMMARY = ["num_points", "first_step", "last_step", "last", "last_epoch", "min", "min_step", "max", "max_step",
+    "num_non_finite", "num_refused"];
   const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
   const TITLES = {loss: "Loss per TTT step", loss_sum: "Loss summed over the TTT steps", full_acc: "Accuracy per TTT step", cond_acc: "Conditional accuracy per TTT step",
     lr: "Learning rate", tokens_per_s: "Training throughput (tokens/s)", tokens_seen: "Tokens seen"};
@@ -21,7 +27,8 @@
   const charts = {};  // family -> {div, ids: [series ids in trace order], zoomed: bool}
   const opts = {smooth: 0, log: false, x: "step"};
   let runFinished = false;
-  let lastRefresh = 0;
+  let pollMs = MIN_POLL_MS;
+  let lastNewsAt = 0;  // when a poll last brought points (performance.now())
 
   // The summed train loss ("loss") is several times each TTT step's loss_i: its own chart ("loss_sum"), where on
   // theirs it squashed loss_0..2 at the bottom of the axis.
@@ -145,15 +152,48 @@
       (refused ? ` ${fmt.format(refused)} points were refused: their step was not after the series' last.` : "") : "";
   }
 
-  async function fetchSeries(params, channel) {
-    // With a channel: null when the answer has not changed since its last one from the same URL (a 304).
-    const body = await window.liveJson(channel && "curves-" + channel, metricsUrl + "?" + new URLSearchParams(params));
+  async function fetchSeries(params, channel, anyUrl = false) {
+    // With a channel: null when the answer has not changed since its last one (a 304; see liveJson's anyUrl).
+    const body = await window.liveJson(channel && "curves-" + channel, metricsUrl + "?" + new URLSearchParams(params),
+      {anyUrl});
     return body && body.series;
+  }
+
+  function thin(s) {
+    // A live series grows by every poll: past 2 x POINTS it is cut back to about POINTS, keeping the first and
+    // last point and the lowest and highest of each of POINTS / 2 equal step spans (MinMax, the first half of
+    // the server's MinMaxLTTB), so every spike the chart showed stays drawn and the density stays even in steps.
+    const n = s.steps.length;
+    if (n <= 2 * POINTS) return;
+    const first = s.steps[0], span = (s.steps[n - 1] - first + 1) / (POINTS / 2);
+    const keep = [0];
+    let lo = 1;
+    while (lo < n - 1) {
+      const bucket = Math.floor((s.steps[lo] - first) / span);
+      let hi = lo, min = lo, max = lo;
+      while (hi + 1 < n - 1 && Math.floor((s.steps[hi + 1] - first) / span) === bucket) {
+        hi += 1;
+        if (s.values[hi] < s.values[min]) min = hi;
+        if (s.values[hi] > s.values[max]) max = hi;
+      }
+      keep.push(...(min === max ? [min] : [Math.min(min, max), Math.max(min, max)]));
+      lo = hi + 1;
+    }
+    keep.push(n - 1);
+    for (const col of COLUMNS) s[col] = keep.map((i) => s[col][i]);
+  }
+
+  function merge(have, s) {
+    // The answer's points after the last one held, then its summary (a window's points are all after its start).
+    const last = have.steps.length ? have.steps[have.steps.length - 1] : -1;
+    const from = s.steps.findIndex((step) => step > last);
+    if (from >= 0) for (const col of COLUMNS) have[col] = have[col].concat(s[col].slice(from));
+    for (const field of SUMMARY) have[field] = s[field];
+    thin(have);
   }
 
   async function loadAll() {
     const all = await fetchSeries({points: POINTS}, "all");
-    lastRefresh = Date.now();
     if (!all) return;  // no point since the last whole read, so none since the polls either
     for (const s of all) series[sid(s)] = s;
     drawAll();
@@ -182,30 +222,47 @@
       {displaylogo: false, responsive: true});
   }
 
+  async function pollNew() {
+    // Only the steps after the newest one held: every viewer that holds the same asks the same (one cached answer),
+    // and sends back its last answer's ETag, so while no point arrived it gets a 304 (runs.tracking.curve_api).
+    const start = Math.max(...Object.values(series).map((s) => s.last_step ?? -1)) + 1;
+    const fresh = await fetchSeries({start, points: POINTS}, "poll", true);
+    if (!fresh) return false;
+    const changed = new Set();
+    for (let s of fresh) {
+      const id = sid(s), have = series[id];
+      // A series that took points before `start` (a validation at a step the training already passed, a new
+      // series): its count says so, and it alone is asked again from its own last step.
+      const missed = s.num_points - (have ? have.num_points : 0) - s.points_in_window;
+      if (missed > 0) {
+        const from = have && have.last_step != null ? have.last_step + 1 : 0;
+        s = (await fetchSeries({keys: s.key, split: s.split, start: from, points: POINTS}))[0] || s;
+      }
+      if (!have) series[id] = {...s};
+      else if (s.last_step !== have.last_step || s.num_points !== have.num_points) merge(have, s);
+      else continue;
+      changed.add(familyOf(s.key));
+    }
+    if (changed.size) drawAll(changed);
+    return changed.size > 0;
+  }
+
   async function poll() {
     try {
-      if (!Object.keys(series).length || Date.now() - lastRefresh > 60000) {
-        await loadAll();  // first load, and now and then a fresh downsampling of the whole curves
+      if (!Object.keys(series).length) {
+        await loadAll();
+      } else if (await pollNew()) {
+        // Points came: poll about twice as often as they arrive (not under MIN_POLL_MS).
+        const now = performance.now();
+        if (lastNewsAt) pollMs = Math.min(MAX_POLL_MS, Math.max(MIN_POLL_MS, (now - lastNewsAt) / 2));
+        lastNewsAt = now;
       } else {
-        const since = Math.min(...Object.values(series).map((s) => s.last_step == null ? -1 : s.last_step)) + 1;
-        const fresh = await fetchSeries({start: since, points: POINTS}, "poll");
-        const changed = new Set();
-        for (const s of fresh || []) {
-          const id = sid(s), have = series[id];
-          if (!have) { series[id] = s; changed.add(familyOf(s.key)); continue; }
-          const from = s.steps.findIndex((step) => step > (have.steps.length ? have.steps[have.steps.length - 1] : -1));
-          if (from < 0) continue;
-          for (const col of ["steps", "epochs", "values", "times"]) have[col] = have[col].concat(s[col].slice(from));
-          Object.assign(have, {last_step: s.last_step, num_points: s.num_points, min: s.min, max: s.max, last: s.last,
-            num_refused: s.num_refused, num_non_finite: s.num_non_finite});
-          changed.add(familyOf(s.key));
-        }
-        if (changed.size) drawAll(changed);
+        pollMs = Math.min(MAX_POLL_MS, pollMs * 1.5);  // nothing new: wait longer
       }
     } catch (err) {
       document.getElementById("curve-status").textContent = "Lost contact with the server (" + err + "); retrying.";
     }
-    if (!runFinished) setTimeout(poll, 2000);
+    if (!runFinished) setTimeout(poll, pollMs);
     else if (!root.dataset.finalLoaded) { root.dataset.finalLoaded = "1"; await loadAll(); }
   }
 

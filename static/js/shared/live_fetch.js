@@ -7,11 +7,12 @@
   const last = {};  // channel -> {url, etag}: one entry per poll loop, not one per URL ever asked
 
   // The JSON at `url`, or null when it has not changed since this channel's last answer from that URL;
-  // no channel: always the answer (a one-off read, such as a zoomed window).
-  window.liveJson = async function (channel, url) {
+  // no channel: always the answer (a one-off read, such as a zoomed window). anyUrl: the ETag goes with
+  // the channel's next poll even when its URL moved (the curves' poll, whose ETag names the curves' state).
+  window.liveJson = async function (channel, url, {anyUrl = false} = {}) {
     const known = channel && last[channel];
     const headers = {Accept: "application/json"};
-    if (known && known.url === url && known.etag) headers["If-None-Match"] = known.etag;
+    if (known && (anyUrl || known.url === url) && known.etag) headers["If-None-Match"] = known.etag;
     const resp = await fetch(url, {headers, cache: "no-store"});
     if (resp.status === 304) return null;
     const body = await resp.json();

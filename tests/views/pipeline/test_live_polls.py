@@ -63,9 +63,14 @@ def test_a_curve_poll_gets_304_until_a_point_arrives_then_200_with_it(viewer, tr
 
 
 def test_a_curve_etag_names_its_query_as_well(viewer, training):
-    tag = _get(viewer, f"/api/v1/runs/{training.pk}/metrics/?start=5")["ETag"]
-    other = _get(viewer, f"/api/v1/runs/{training.pk}/metrics/?start=6", tag)
+    tag = _get(viewer, f"/api/v1/runs/{training.pk}/metrics/?start=5&end=9")["ETag"]
+    other = _get(viewer, f"/api/v1/runs/{training.pk}/metrics/?start=6&end=9", tag)
     assert other.status_code == 200 and other.json()["series"][0]["steps"] == [6, 7, 8, 9]
+    # A live poll's (a start, no end) names the curves' state and the rest of its query, not its start: the page
+    # asks from the step after the newest it merged (tests/views/tracking/test_curve_poll_cost.py).
+    tag = _get(viewer, f"/api/v1/runs/{training.pk}/metrics/?start=5")["ETag"]
+    assert _get(viewer, f"/api/v1/runs/{training.pk}/metrics/?start=10", tag).status_code == 304
+    assert _get(viewer, f"/api/v1/runs/{training.pk}/metrics/?start=10&points=100", tag).status_code == 200
 
 
 def test_a_status_poll_gets_304_until_the_run_changes(viewer, training, django_assert_num_queries):
