@@ -38,6 +38,10 @@ ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::
 # host or port than the one the request names, e.g. behind a proxy that rewrites Host.
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
+# Sign-in sessions are rows in PostgreSQL, as Django's `db` engine keeps them (signing out deletes the row: the
+# session ends at once in every process), read in one precompiled statement (runs.api.account.sessions).
+SESSION_ENGINE = "runs.api.account.sessions"
+
 # HTTPS: on by default when deployed, off locally; each can be set either way.
 SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", DEPLOYED)
 CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", DEPLOYED)

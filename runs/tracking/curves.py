@@ -14,8 +14,7 @@ import numpy as np
 from django.http import Http404
 
 from runs.tracking.chunks import CHUNK_POINTS, Points, downsample, unpack, unpack_one
-from runs.pipeline.models import PipelineRun
-from runs.projects import access
+from runs.projects.visible_run import visible_run_row
 from runs.tracking.models import MetricChunk, MetricSeries
 from runs.tracking.system_series import SYSTEM_SPLIT
 
@@ -157,9 +156,8 @@ class CurveOwner:
 def curve_owner(*, run_id: int, user) -> CurveOwner:
     """The run whose curves are asked for, its training's id and its curves' change counter; Http404 when
     there is no such run or it is in a project the user does not see, in the same words (runs.projects.access).
-    One query: a live chart polls every few seconds, and the check and the read were two (issue 40)."""
-    rows = access.runs_visible(PipelineRun.objects.filter(pk=run_id), user) if 0 < run_id < 2**63 else None
-    row = rows.values_list("pk", "training_run__pk", "curve_changes").first() if rows is not None else None
+    One query, compiled once (runs.projects.visible_run): a live chart polls every few seconds (issue 40)."""
+    row = visible_run_row(run_id=run_id, user=user, fields=("pk", "training_run__pk", "curve_changes"))
     if row is None:
         raise Http404(f"no run {run_id}")
     return CurveOwner(*row)

@@ -151,12 +151,13 @@ def run_counters(*, run_id: int, user=None) -> RunCounters | None:
     """A run's counters (None when there is no such run, or, with `user`, when its project is not one
     they see): what a poll reads first. The project check rides in the same query, so that the answer
     cached for every viewer is never handed to one who may not see the run, and a 304 still costs one read."""
-    from runs.projects.access import runs_visible  # here: the stage rows' manager imports this module early
+    from runs.projects.visible_run import visible_run_row  # here: the stage rows' manager imports this module early
 
-    runs = _model("PipelineRun").objects.filter(pk=run_id)
-    if user is not None:
-        runs = runs_visible(runs, user)
-    row = runs.values_list("changes", "curve_changes", "state_changes").first()
+    fields = ("changes", "curve_changes", "state_changes")
+    if user is None:
+        row = _model("PipelineRun").objects.filter(pk=run_id).values_list(*fields).first()
+    else:  # compiled once: a page polls this every few seconds (issue 40)
+        row = visible_run_row(run_id=run_id, user=user, fields=fields)
     return None if row is None else RunCounters(*row)
 
 
