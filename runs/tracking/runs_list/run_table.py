@@ -153,8 +153,8 @@ def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple
 
 
 # The page's rows: what the page and the API show of each run of a page, read as plain values in one
-# query that joins its stages (_rows), plus one for their tags. Model instances with a prefetch per stage took six
-# queries and about 14 ms of Python for a page of 50 (issue 40); these rows take two queries and about 2 ms.
+# query that joins its stages and, on PostgreSQL, carries their tags (_rows). Model instances with a prefetch
+# per stage took six queries and about 14 ms of Python for a page of 50 (issue 40); these rows take one query.
 # The run's status and τ come from the same rules as a run read whole (runs.pipeline.selectors.status_of,
 # runs.pipeline.models.shown_tau_of).
 @dataclass
@@ -201,9 +201,10 @@ def _rows() -> QuerySet[PipelineRun]:
     """Every run with the rows' columns, as values: built once a process (its expressions took longer to build
     than the query to run, issue 40), a page's filtered from it. The owner's, target's, dataset's and
     project's names and the holding sweep are subqueries, not joins: PostgreSQL spent 2.5 ms of the query's
-    4 planning twelve joined tables, and plans each subquery on its own in a few microseconds."""
+    4 planning twelve joined tables, and plans each subquery on its own in a few microseconds. On PostgreSQL
+    the run's tags come in the same query, an ARRAY of their names; on SQLite (the demo) in one of their own."""
     user = get_user_model()
-    return _shown_columns(PipelineRun.objects.order_by()).annotate(
+    rows = _shown_columns(PipelineRun.objects.order_by()).annotate(
         owner_name=_named(user, user.USERNAME_FIELD, "owner_id"), target_name=_named(TargetModel, "name", "target_id"),
         dataset_name=_named(Dataset, "name", "dataset_id"), project_name=_named(Project, "name", "project_id"),
         # The sweep that has not handed the run to the queues yet, as its `parallel` (run_status's RUN_HELD).
@@ -211,22 +212,37 @@ def _rows() -> QuerySet[PipelineRun]:
         held_by=Subquery(PipelineRun.objects.filter(pk=OuterRef("pk"), sweep_entry__isnull=False,
                                                     sweep_entry__released_at__isnull=True)
                          .values("sweep_entry__sweep__parallel")[:1]),
-    ).values("pk", "name", "external", "archived", "created_at", "owner_name", "target_name", "dataset_name",
-             "project_name", "held_by", "preparation__started_at", "extract_stage__layer_ids", "training_run__epochs",
-             "training_run__best_epoch", "training_run__best_tau", "training_run__started_at", "evaluation__tau",
-             "duration", "best_val_loss", *_STAGE_STATUS)
+    )
+    columns = ["pk", "name", "external", "archived", "created_at", "owner_name", "target_name", "dataset_name",
+               "project_name", "held_by", "preparation__started_at", "extract_stage__layer_ids", "training_run__epochs",
+               "training_run__best_epoch", "training_run__best_tau", "training_run__started_at", "evaluation__tau",
+               "duration", "best_val_loss", *_STAGE_STATUS]
+    if connection.vendor == "postgresql":
+        from django.contrib.postgres.expressions import ArraySubquery
+
+        rows = rows.annotate(tag_names=ArraySubquery(_tags(pipelinerun_id=OuterRef("pk")).values("runtag__name")))
+        columns.append("tag_names")
+    return rows.values(*columns)
+
+
+def _tags(**run_filter) -> QuerySet:
+    """Tag links of the runs `run_filter` picks, each run's by its tags' names."""
+    return PipelineRun.tags.through.objects.filter(**run_filter).order_by("runtag__name")
 
 
 def listed_runs(ids: list[int]) -> dict[int, ListedRun]:
     """The runs `ids` by id."""
     if not ids:
         return {}
-    tags: dict[int, list[str]] = {pk: [] for pk in ids}
-    for run_id, name in (PipelineRun.tags.through.objects.filter(pipelinerun_id__in=ids)
-                         .order_by("runtag__name").values_list("pipelinerun_id", "runtag__name")):
-        tags[run_id].append(name)
+    rows = list(_rows().filter(pk__in=ids))  # the page orders them by its ids
+    if rows and "tag_names" in rows[0]:
+        tags = {row["pk"]: row["tag_names"] for row in rows}
+    else:
+        tags = {pk: [] for pk in ids}
+        for run_id, name in _tags(pipelinerun_id__in=ids).values_list("pipelinerun_id", "runtag__name"):
+            tags[run_id].append(name)
     out = {}
-    for row in _rows().filter(pk__in=ids):  # the page orders them by its ids
+    for row in rows:
         external = row["external"]
         statuses = ({_TRAINING: row[f"{_TRAINING}__status"]} if external else
                     {stage.related_name: row[f"{stage.related_name}__status"] for stage in STAGES})
