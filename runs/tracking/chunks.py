@@ -7,6 +7,8 @@ thousands, so the whole curve is a few hundred rows and one numpy concatenation 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
+from operator import contains, itemgetter
 
 import numpy as np
 
@@ -51,6 +53,28 @@ class Points:
         return self.take(slice(lo, hi))
 
 
+def points_of_rows(rows: list[dict], now: float) -> Points:
+    """The rows ({step, epoch, value[, time]}) of one series as arrays, ascending by step; a step given twice keeps
+    its last value; a row without a time (or 0) takes `now`."""
+    n = len(rows)
+
+    def column(name: str, dtype) -> np.ndarray:  # straight from the dicts: no tuple per point
+        return np.fromiter(map(itemgetter(name), rows), dtype=dtype, count=n)
+
+    steps = column("step", np.int64)  # exact even past 2**53
+    if any(map(contains, rows, repeat("time"))):
+        times = np.fromiter([r.get("time") or now for r in rows], dtype=np.float64, count=n)
+    else:  # a worker's points leave the time to the write: no Python loop for it
+        times = np.full(n, now, dtype=np.float64)
+    points = Points(steps=steps, epochs=column("epoch", np.float64), values=column("value", np.float64), times=times)
+    if n > 1 and not (steps[1:] > steps[:-1]).all():  # a worker's batch is in order already
+        points = points.take(np.argsort(steps, kind="stable"))
+        keep = np.ones(n, dtype=bool)
+        keep[:-1] = points.steps[1:] != points.steps[:-1]  # of equal steps, the last one written wins
+        points = points.take(keep)
+    return points
+
+
 def pack(points: Points) -> dict[str, bytes]:
     return {name: np.ascontiguousarray(getattr(points, name), dtype=dtype).tobytes() for name, dtype in COLUMNS.items()}
 
@@ -71,6 +95,34 @@ def split_chunks(points: Points, room_in_open: int) -> list[Points]:
     return [p for p in pieces if len(p)]
 
 
+class OpenPoints:
+    """The points of series' open chunks (the last ones, not yet full) as this process last wrote them, by series
+    id, with the version of the series' row that write left (runs.tracking.services: PostgreSQL's xmin, which any
+    later write of the row moves). A version or a count that differs says another writer came since: unknown.
+    At most `size` series; the one kept longest ago goes first."""
+
+    def __init__(self, size: int):
+        self.size, self.kept = size, {}
+
+    def get(self, series_id: int, version: str | None, count: int) -> Points | None:
+        kept = self.kept.get(series_id)
+        if kept is None or version is None or kept[0] != version or len(kept[1]) != count:
+            return None
+        return kept[1]
+
+    def keep(self, series_id: int, version: str, points: Points) -> None:
+        self.kept.pop(series_id, None)
+        if len(self.kept) >= self.size:
+            del self.kept[next(iter(self.kept))]
+        self.kept[series_id] = (version, points)
+
+    def forget(self, series_id: int) -> None:
+        self.kept.pop(series_id, None)
+
+    def clear(self) -> None:
+        self.kept.clear()
+
+
 PREVIEW_BUCKETS = 64
 
 
@@ -82,6 +134,11 @@ def preview(points: Points) -> Points:
     n = len(finite)
     if n <= 2 * PREVIEW_BUCKETS + 2:
         return finite
+    if n % PREVIEW_BUCKETS == 0:  # a full chunk of finite values: equal slices, found at once (the loop's answer)
+        size = n // PREVIEW_BUCKETS
+        slices, starts = finite.values.reshape(PREVIEW_BUCKETS, size), np.arange(0, n, size)
+        return finite.take(np.unique(np.concatenate([[0, n - 1], starts + slices.argmin(axis=1),
+                                                     starts + slices.argmax(axis=1)])))
     bounds = np.linspace(0, n, PREVIEW_BUCKETS + 1).astype(np.int64)
     keep = [0, n - 1]
     for lo, hi in zip(bounds[:-1], bounds[1:]):

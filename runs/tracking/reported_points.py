@@ -20,9 +20,9 @@ from django.db.models import Q
 
 from runs.tracking.models import MetricChunk, MetricSeries
 from runs.pipeline.status.changes import curves_changed
-from runs.tracking.chunks import CHUNK_POINTS, Points, split_chunks, unpack
+from runs.tracking.chunks import CHUNK_POINTS, Points, points_of_rows, split_chunks, unpack
 from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
-from runs.tracking.services import (_append, _chunk_fields, _chunks_insert, _chunks_write, _columns, _points_of,
+from runs.tracking.services import (_append, _chunk_fields, _chunks_insert, _chunks_write, _columns,
                                     _series_locked, _summaries_write, _summary_rebuild, _summary_update)
 from workers.contract.errors import InputError
 
@@ -157,7 +157,7 @@ def points_report(*, training_run_id: int, points: list[dict]) -> PointCounts:
     appended, created, merging = [], [], {}
     for name, rows in sorted(by_series.items()):
         series = series_of[name]
-        new = _points_of(rows, now)  # points_check let no step twice into a batch
+        new = points_of_rows(rows, now)  # points_check let no step twice into a batch
         if series.last_step is None or int(new.steps[0]) > series.last_step:
             _append(series, new, created=created, merging=merging)
             _summary_update(series, new)

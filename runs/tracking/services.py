@@ -10,36 +10,19 @@ import math
 import time
 from collections import defaultdict
 from functools import lru_cache
-from operator import itemgetter
 
 import numpy as np
+import psycopg
 from django.db import connection, transaction
 
-from runs.pipeline.status.changes import curves_changed
-from runs.tracking.chunks import CHUNK_POINTS, MERGE_AT, Points, pack, pack_one, preview, split_chunks, unpack
-from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
+from runs.pipeline.status.changes import curves_bump_sql, curves_changed
+from runs.tracking.chunks import (CHUNK_POINTS, COLUMNS, MERGE_AT, OpenPoints, Points, pack, pack_one, points_of_rows,
+                                  preview, split_chunks, unpack)
+from runs.tracking.metric_names import metric_name_shown, points_by_series
 from runs.tracking.system_series import SYSTEM_PREFIX, SYSTEM_SPLIT
 from workers.contract.errors import InputError
 from runs.tracking.models import MetricChunk, MetricSeries
 from runs.tracking import signals
-
-
-def _points_of(rows: list[dict], now: float) -> Points:
-    """The rows of one series as arrays, ascending by step; a step given twice keeps its last value."""
-    n = len(rows)
-
-    def column(name: str, dtype) -> np.ndarray:  # straight from the dicts: no tuple per point
-        return np.fromiter(map(itemgetter(name), rows), dtype=dtype, count=n)
-
-    steps = column("step", np.int64)  # exact even past 2**53
-    times = np.fromiter([r.get("time") or now for r in rows], dtype=np.float64, count=n)
-    points = Points(steps=steps, epochs=column("epoch", np.float64), values=column("value", np.float64), times=times)
-    if n > 1 and not (steps[1:] > steps[:-1]).all():  # a worker's batch is in order already
-        points = points.take(np.argsort(steps, kind="stable"))
-        keep = np.ones(n, dtype=bool)
-        keep[:-1] = points.steps[1:] != points.steps[:-1]  # of equal steps, the last one written wins
-        points = points.take(keep)
-    return points
 
 
 def _finite(value: float) -> bool:
@@ -70,7 +53,8 @@ def _append(series: MetricSeries, points: Points, *, created: list[MetricChunk],
     chunk's worth, or MERGE_AT of them pile up, they are merged into full chunks plus a remainder.
     Nothing is written here: the new chunks go in `created` and the series to merge in `merging`, written
     for the whole batch at once by _chunks_write (a fixed number of queries whatever the series)."""
-    if series.open_points + len(points) < CHUNK_POINTS and series.open_chunks + 1 < MERGE_AT:
+    _open.forget(series.pk)  # this path does not keep the open points (_batch_write does)
+    if not _closes(series, points):
         created.append(MetricChunk(series=series, **_chunk_fields(points)))
         series.open_points += len(points)
         series.open_chunks += 1
@@ -78,18 +62,20 @@ def _append(series: MetricSeries, points: Points, *, created: list[MetricChunk],
     merging[series.pk] = (series, points)
 
 
+def _closes(series: MetricSeries, points: Points) -> bool:
+    """Whether these new points make the series' open chunks due to be merged (see _append)."""
+    return series.open_points + len(points) >= CHUNK_POINTS or series.open_chunks + 1 >= MERGE_AT
+
+
 def _chunks_write(*, created: list[MetricChunk], merging: dict) -> None:
     """Write a batch's chunks: its new chunks and, for the series whose open chunks are due, those chunks
     read, merged with the new points, deleted and written again as full chunks plus a remainder (one read,
     one delete and one insert for every series of the batch)."""
     if merging:
-        open_chunks = defaultdict(list)
-        for chunk in MetricChunk.objects.filter(series_id__in=list(merging), num_points__lt=CHUNK_POINTS).order_by(
-                "series_id", "last_step"):
-            open_chunks[chunk.series_id].append(chunk)
-        MetricChunk.objects.filter(pk__in=[c.pk for chunks in open_chunks.values() for c in chunks]).delete()
+        open_points = _open_read(list(merging))
+        MetricChunk.objects.filter(series_id__in=list(merging), num_points__lt=CHUNK_POINTS).delete()
         for series_id, (series, points) in merging.items():
-            merged = Points.concat([*(unpack(_columns(c)) for c in open_chunks[series_id]), points])
+            merged = Points.concat([open_points[series_id], points])
             pieces = split_chunks(merged, 0)
             created.extend(MetricChunk(series=series, **_chunk_fields(p)) for p in pieces)
             tail = len(pieces[-1]) if pieces and len(pieces[-1]) < CHUNK_POINTS else 0
@@ -102,6 +88,8 @@ def _chunks_insert(chunks: list[MetricChunk]) -> None:
     """New chunks in one statement. On PostgreSQL by binary COPY: the arrays travel as they are, where an INSERT
     sent each as hex text inside the query (twice the bytes, parsed back by the server: 1.2-1.4 against
     0.55-0.65 ms for a 1,000-point chunk; issue 40); elsewhere (SQLite, the demo) bulk_create."""
+    for series_id in {chunk.series_id for chunk in chunks}:
+        _open.forget(series_id)
     if connection.vendor != "postgresql":
         MetricChunk.objects.bulk_create(chunks)
         return
@@ -162,20 +150,114 @@ def _summaries_sql(rows: int) -> str:
             f'AS v(id, {columns}) WHERE s."id" = v.id')
 
 
-_LOCKED_SQL = (f'SELECT * FROM "{MetricSeries._meta.db_table}" WHERE "training_run_id" = %s AND "key" = ANY(%s) '
+# The open points of the series this process wrote last (runs.tracking.chunks.OpenPoints): a merge writes the full
+# chunk from there instead of reading back the open chunks it rewrites (issue 40). A worker writes a few dozen
+# series, up to CHUNK_POINTS points each (128 KB at most).
+_open = OpenPoints(256)
+
+
+def _open_known(series: MetricSeries) -> Points | None:
+    """The series' open points without a read: none open, or as this process left them; None when unknown."""
+    if series.open_points == 0 and series.open_chunks == 0:
+        return Points.empty()
+    return _open.get(series.pk, getattr(series, "row_version", None), series.open_points)
+
+
+def _open_read(series_ids: list[int]) -> dict[int, Points]:
+    """The open chunks' points of these series, read back (in one query)."""
+    parts = defaultdict(list)
+    for series_id, *columns in MetricChunk.objects.filter(series_id__in=series_ids, num_points__lt=CHUNK_POINTS).order_by(
+            "series_id", "last_step").values_list("series_id", *COLUMNS):
+        parts[series_id].append(unpack(dict(zip(COLUMNS, columns))))
+    return {series_id: Points.concat(parts[series_id]) for series_id in series_ids}
+
+
+def _batch_write(*, new: list[tuple[MetricSeries, Points]], series: list[MetricSeries], training_run_id: int,
+                 bump: bool) -> None:
+    """A batch's writes on PostgreSQL, sent together in one round trip (psycopg's pipeline mode): the merged
+    series' open chunks deleted, every new chunk inserted, the run's change counters bumped (when `bump`: the
+    batch's transaction is the outermost), the summaries updated. Chunks go as binary parameters of one INSERT
+    (as COPY sent them, and COPY cannot join a pipeline). The chunks written are those _append and _chunks_write
+    write; only the open points come from this process's memory where it knows them (_open_known)."""
+    known = {row.pk: _open_known(row) for row, _ in new}
+    unknown = [row.pk for row, points in new if known[row.pk] is None and _closes(row, points)]
+    if unknown:  # another process (or transaction) wrote these last: their open chunks are read back
+        known.update(_open_read(unknown))
+    chunks, merged, kept, attnames = [], [], {}, _chunk_copy()[1]
+    for row, points in new:
+        if _closes(row, points):
+            pieces = split_chunks(Points.concat([known[row.pk], points]), 0)
+            tail = pieces[-1] if len(pieces[-1]) < CHUNK_POINTS else Points.empty()
+            row.open_points, row.open_chunks = len(tail), int(len(tail) > 0)
+            merged.append(row.pk)
+            kept[row.pk] = tail
+        else:
+            pieces = [points]
+            row.open_points += len(points)
+            row.open_chunks += 1
+            if known[row.pk] is not None:
+                kept[row.pk] = Points.concat([known[row.pk], points])
+        for piece in pieces:
+            fields = {"series_id": row.pk, **_chunk_fields(piece)}
+            chunks.extend(fields[name] for name in attnames)
+    with _server_cursor() as cursor, connection.connection.pipeline():
+        if merged:
+            cursor.execute(_OPEN_DELETE_SQL, [merged])
+        if chunks:
+            cursor.execute(_chunks_insert_sql(len(chunks) // len(attnames)), chunks)
+        if bump:
+            cursor.execute(curves_bump_sql(), [training_run_id])
+        cursor.execute(_summaries_sql(len(series)) + ' RETURNING s."id", s."xmin"::text',
+                       [value for row in series for value in (row.pk, *(getattr(row, f) for f in _SUMMARY_FIELDS))])
+        versions = dict(cursor.fetchall())
+    for series_id, points in kept.items():
+        _open.keep(series_id, versions[series_id], points)
+
+
+_OPEN_DELETE_SQL = (f'DELETE FROM "{MetricChunk._meta.db_table}" WHERE "series_id" = ANY(%s) '
+                    f'AND "num_points" < {CHUNK_POINTS}')
+
+
+@lru_cache(maxsize=16)
+def _chunks_insert_sql(rows: int) -> str:
+    """_batch_write's INSERT of `rows` chunks: the arrays as binary parameters (%b)."""
+    statement, attnames, types = _chunk_copy()
+    columns = ", ".join(f'"{MetricChunk._meta.get_field(name).column}"' for name in attnames)
+    row = "(" + ", ".join("%b" if t == "bytea" else "%s" for t in types) + ")"
+    return f'INSERT INTO "{MetricChunk._meta.db_table}" ({columns}) VALUES {", ".join([row] * rows)}'
+
+
+# Every field in the model's order, then the row's version (xmin), which tells whether this process's memory of the
+# series' open points holds (_open_known).
+_SERIES_FIELDS = [f.attname for f in MetricSeries._meta.concrete_fields]
+_SERIES_COLUMNS = ", ".join(f'"{f.column}"' for f in MetricSeries._meta.concrete_fields)
+_LOCKED_SQL = (f'SELECT {_SERIES_COLUMNS}, "xmin"::text '
+               f'FROM "{MetricSeries._meta.db_table}" WHERE "training_run_id" = %s AND "key" = ANY(%s) '
                'ORDER BY "split", "key" FOR UPDATE')
+
+
+def _server_cursor():
+    """A cursor binding its parameters on the server (psycopg's own; Django's binds them in the client): bytes
+    travel as they are, and a statement run again and again is prepared once. Logged as Django's are."""
+    connection.ensure_connection()
+    raw = psycopg.Cursor(connection.connection)
+    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
 
 
 def _series_locked(*, training_run_id: int, names: list[tuple[str, str]]) -> dict[tuple[str, str], MetricSeries]:
     """The batch's series of the run, locked, made first where missing: one query when all exist (every
     batch but a series' first), three otherwise."""
     wanted = set(names)
-
     keys = sorted({key for _, key in names})
 
     def locked():
-        if connection.vendor == "postgresql":  # the ORM's compiling of this query was a tenth of a batch's Python
-            rows = MetricSeries.objects.raw(_LOCKED_SQL, [training_run_id, keys])
+        if connection.vendor == "postgresql":  # the ORM's compiling and raw()'s mapping were a fifth of a batch's Python
+            with _server_cursor() as cursor:
+                cursor.execute(_LOCKED_SQL, [training_run_id, keys])
+                rows = []
+                for *values, version in cursor.fetchall():
+                    rows.append(MetricSeries.from_db(connection.alias, _SERIES_FIELDS, values))
+                    rows[-1].row_version = version
         else:
             rows = MetricSeries.objects.select_for_update().filter(
                 training_run_id=training_run_id, key__in=keys).order_by("split", "key")
@@ -189,7 +271,6 @@ def _series_locked(*, training_run_id: int, names: list[tuple[str, str]]) -> dic
     return found
 
 
-@transaction.atomic
 def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
     """Append points ({split, key, step, epoch, value[, time]}) to their series; how many were kept.
 
@@ -199,25 +280,24 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
     so it is a bug to see, not a curve to keep.
 
     A batch costs the same few queries whatever its series (tests/curves/test_write_queries.py): the
-    series locked in one read, the new chunks in one insert, the summaries in one update, the run's
-    change counters bumped once after commit. A loss series' first non-finite value is found in the
-    batch's own arrays, and only then are the run's loss_nan rules asked (runs.alerts.events)."""
-    by_series: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    named: set[str] = set()  # each key checked once, not at every point
-    for p in points:
-        key = p["key"]
-        if type(key) is not str or key not in named:
-            if not is_metric_name(key):
-                raise InputError(f"metric key {metric_name_shown(key)} is not a metric name ({RULE})")
-            named.add(key)
-        by_series[(str(p["split"]), key)].append(p)
+    series locked in one read, then in one round trip (_batch_write) the new chunks inserted, the run's change
+    counters bumped and the summaries updated, and the commit. A batch that is not its own transaction (a caller's
+    holds it) leaves the bump to after that commits, once however many batches it writes. A loss series' first
+    non-finite value is found in the batch's own arrays, and only then are the run's loss_nan rules asked."""
+    bump_inside = connection.vendor == "postgresql" and not transaction.get_connection().in_atomic_block
+    with transaction.atomic():
+        return _record(training_run_id, points, bump_inside=bump_inside)
+
+
+def _record(training_run_id: int, points: list[dict], *, bump_inside: bool) -> int:
+    by_series = points_by_series(points)
     if not by_series:
         return 0
     series_of = _series_locked(training_run_id=training_run_id, names=list(by_series))
-    now, kept, created, merging, went_bad = time.time(), 0, [], {}, None
+    now, kept, new_points, went_bad = time.time(), 0, [], None
     for name, rows in sorted(by_series.items()):
         series = series_of[name]
-        new = _points_of(rows, now)
+        new = points_of_rows(rows, now)
         refused = len(rows) - len(new)  # repeated steps within the batch
         if series.last_step is not None:
             later = new.steps > series.last_step
@@ -225,7 +305,7 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
             new = new.take(later)
         if len(new):
             was_finite = series.num_non_finite == 0
-            _append(series, new, created=created, merging=merging)
+            new_points.append((series, new))
             _summary_update(series, new)
             kept += len(new)
             if went_bad is None and was_finite and series.num_non_finite and "loss" in series.key:
@@ -233,9 +313,17 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
                 went_bad = {"split": series.split, "key": series.key, "step": int(new.steps[at]),
                             "value": float(new.values[at])}
         series.num_refused += refused
-    _chunks_write(created=created, merging=merging)
-    _summaries_write(list(series_of.values()))
-    curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.status.changes)
+    if connection.vendor == "postgresql":
+        _batch_write(new=new_points, series=list(series_of.values()), training_run_id=training_run_id,
+                     bump=bump_inside)
+    else:
+        created, merging = [], {}
+        for series, new in new_points:
+            _append(series, new, created=created, merging=merging)
+        _chunks_write(created=created, merging=merging)
+        _summaries_write(list(series_of.values()))
+    if not bump_inside:
+        curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.status.changes)
     if went_bad is not None:  # a loss series became NaN or infinite: the rules are asked then, not per batch
         signals.metrics_recorded.send(sender=MetricSeries, training_run_id=training_run_id, points=[went_bad])
     return kept
@@ -278,6 +366,7 @@ def metrics_truncate(*, training_run_id: int, after_step: int) -> int:
 
 
 def _summary_rebuild(series: MetricSeries) -> None:
+    _open.forget(series.pk)  # its chunks were rewritten: what this process kept of them no longer holds
     refused = series.num_refused
     for field in ("first_step", "last_step", "last_value", "last_epoch", "min_value", "min_step", "max_value",
                   "max_step"):

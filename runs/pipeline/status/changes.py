@@ -13,12 +13,14 @@ Who moves them:
 - every stage or job row (runs.pipeline.lifecycle.stage_record.StageRecord), through its manager: `.update()` and
   `.save()` count for the runs of the rows they wrote (StageQuerySet), so no writer of a stage can forget;
   a job of no run (a catalogue, a verification, a regeneration) counts for none;
-- the curves' write path (runs.tracking.services) through curves_changed;
+- the curves' write path (runs.tracking.services) through curves_changed, or, for a batch of points that is its
+  own transaction (a worker's), by curves_bump_sql inside it, its last write before its commit;
 - checkpoint writes (runs.pipeline.lifecycle.result_records, stage_services) through training_changed.
 Reviews and tags do not count here: the runs list reads their own tables' counts (runs_list_version),
 and the run page reads them on each request.
 
-A count moves once the write is committed (transaction.on_commit; at once outside a transaction):
+A count moves once the write is committed (transaction.on_commit; at once outside a transaction; with the
+commit itself for a batch of points that bumps inside its own transaction):
 readers read the counter before the rows, so the worst they do is file newer rows under the older
 count, which the bump then retires; and no transaction holds a run's row while it waits for another
 lock (a worker failing a stage while a user cancels the run would otherwise deadlock). A bump that
@@ -119,6 +121,18 @@ def curves_changed(*, training_run_id: int) -> None:
     """Count a write to a training's curves: its pages' counter and its curves' (the run's summary shows
     the latest values), not its state."""
     _bump(CURVES, training_run__pk=training_run_id)
+
+
+@lru_cache(maxsize=1)
+def curves_bump_sql() -> str:
+    """curves_changed as one statement (its parameter: the training run's id) for a writer to run inside its own
+    transaction as its last write, sent with its other writes (runs.tracking.services.metrics_record): the
+    bump after commit was a transaction of its own, a round trip and a commit more per batch of points (issue 40).
+    The run's row is then held only from this statement to the commit, waiting for no other lock after it, as
+    this module's docstring asks; it moves with the write's own commit, so no crash loses it."""
+    runs, trainings = _model("PipelineRun")._meta.db_table, _model("TrainingRun")._meta.db_table
+    counted = ", ".join(f'"{name}" = "{name}" + 1' for name in CURVES)
+    return f'UPDATE "{runs}" SET {counted} WHERE "id" = (SELECT "run_id" FROM "{trainings}" WHERE "id" = %s)'
 
 
 def run_lookups(model) -> tuple[str, ...]:
