@@ -10,6 +10,7 @@ Each viewer does what the page's scripts do, at the intervals read from those sc
   that brought points, growing 1.5 times after each poll that found nothing, at most MAX_POLL_MS;
 - static/js/shared/live_fetch.js sends each poll's If-None-Match: the ETag of its loop's last answer from
   the same URL (the curves' poll: from any URL), and keeps what it has on a 304;
+- the browser takes gzip (Accept-Encoding), and the bytes counted are those the server sent;
 - and the viewer reloads the page every minute: the page's HTML, then both loops from scratch (no
   ETag, the whole curves), as a browser does (its static files are cached; not requested).
 Viewers open their pages at random moments of the warm-up and reload at a random phase of the minute,
@@ -19,6 +20,7 @@ timing does not include waiting for another's turn at one Python interpreter.
 """
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import multiprocessing
@@ -34,14 +36,18 @@ POINTS = 2000
 
 
 def get(port: int, path: str, *, cookies: dict, headers: dict) -> tuple[int, bytes, dict]:
-    """One GET on a fresh connection (gunicorn's sync workers close each one) with the viewer's headers;
-    returns (status, body, the answer's headers that matter here)."""
+    """One GET on a fresh connection (gunicorn's sync workers close each one) with the viewer's headers, taking
+    gzip as a browser does; returns (status, body unzipped, the answer's ETag and the bytes it sent)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        conn.request("GET", path, headers={"Host": "127.0.0.1", **headers,
+        conn.request("GET", path, headers={"Host": "127.0.0.1", "Accept-Encoding": "gzip, deflate, br", **headers,
                                            "Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())})
         response = conn.getresponse()
-        return response.status, response.read(), {"ETag": response.headers.get("ETag")}
+        body = response.read()
+        sent = len(body)
+        if response.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return response.status, body, {"ETag": response.headers.get("ETag"), "bytes": sent}
     finally:
         conn.close()
 
@@ -88,7 +94,8 @@ class Viewer:
         ok = status == 200 or (status == 304 and "If-None-Match" in headers)
         if started >= self.begin + self.warmup:
             # A failure keeps the start of its body, so the report can say what the server answered.
-            self.samples.append((name, ms, ok, len(body), status, started, None if ok else body[:300].decode(errors="replace")))
+            self.samples.append((name, ms, ok, answer.get("bytes", 0), status, started,
+                                 None if ok else body[:300].decode(errors="replace")))
         if status == 200 and loop and answer.get("ETag"):
             self.etags[loop] = (path, answer["ETag"])
         return status, body

@@ -76,7 +76,7 @@ def poll_etag(pk: int, curve_changes: int, query: curves.CurveQuery) -> str:
 
 def run_metrics(request: HttpRequest, pk: int) -> HttpResponse:
     """304 while the run's curves took no point (the ETag: poll_etag), else the answer cached for every
-    viewer asking the same until a point arrives (runs.live)."""
+    viewer asking the same until a point arrives, gzipped once for those that take it (runs.live)."""
     # With the counter, read first: the points read after are newer. Http404 outside the user's projects.
     owner = curves.curve_owner(run_id=pk, user=request.user)
     try:
@@ -93,7 +93,8 @@ def run_metrics(request: HttpRequest, pk: int) -> HttpResponse:
         return live.json_bytes({"run": owner.run_id, "start": query.start, "end": query.end, "points": query.points,
                                 "series": series}), live.SETTLED_SECONDS
 
-    return live.json_answer(tag=tag, body=live.cached(("curves", pk, owner.curve_changes, query), build))
+    key = ("curves", pk, owner.curve_changes, query)
+    return live.json_answer_gzipped(request, key=key, tag=tag, body=live.cached(key, build))
 
 
 def _csv_rows(points_iter):

@@ -5,6 +5,8 @@ real views, signed in, with the workers' own write path committed (transactional
 production."""
 from __future__ import annotations
 
+import gzip
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
@@ -25,6 +27,10 @@ KEYS = ("loss", "loss_0", "loss_1", "loss_2", "full_acc_0", "full_acc_1", "full_
 # A poll bringing one 2 s flush of the load benchmark's writer (20 steps of 12 curves) measured 15,462 bytes:
 # the new points and each series' summary, nothing before the page's newest step.
 POLL_BYTES = 16_000
+# The same answers gzipped, measured: the poll 1,779 bytes, the whole curves (520 steps of 12) 50,528 of 294,677.
+# (These made-up values compress well; random digits about 3 times, see docs/results.md.)
+GZIPPED_POLL_BYTES = 2_000
+GZIPPED_WHOLE_BYTES = 60_000
 
 
 def _points(steps):
@@ -96,3 +102,24 @@ def test_every_viewer_of_the_same_state_reads_one_built_answer(user, training):
     built, built_queries = _get(_viewer(user), base)
     read, read_queries = _get(_viewer(other), base)
     assert read.content == built.content and built_queries > read_queries == 3
+
+
+def test_a_browser_gets_the_poll_and_the_whole_curves_gzipped_once_built(user, training):
+    """Browsers send Accept-Encoding: gzip; the cached answer is compressed once for all of them (runs.live),
+    its ETag the same one, weak: the page's next poll with it still gets 304."""
+    base = f"/api/v1/runs/{training.pk}/metrics/"
+    page = _viewer(user)
+    metrics_record(training_run_id=training.training_run.pk, points=_points(range(501, 521)))
+    for url, most in ((f"{base}?start=501&points=2000", GZIPPED_POLL_BYTES), (f"{base}?points=2000", GZIPPED_WHOLE_BYTES)):
+        plain = page.get(url)
+        packed = page.get(url, HTTP_ACCEPT_ENCODING="gzip, deflate, br")
+        assert packed["Content-Encoding"] == "gzip" and "Accept-Encoding" in packed["Vary"]
+        assert gzip.decompress(packed.content) == plain.content and packed["ETag"] == "W/" + plain["ETag"]
+        assert len(packed.content) <= most, (url, len(plain.content), len(packed.content))
+    poll, queries = _get(page, f"{base}?start=521&points=2000", page.get(
+        f"{base}?start=501&points=2000", HTTP_ACCEPT_ENCODING="gzip")["ETag"])
+    assert (poll.status_code, queries) == (304, 3)
+    # Small answers (here one series' empty window) and clients that do not take gzip get the body as it is.
+    small = page.get(f"{base}?keys=loss_0&start=9999", HTTP_ACCEPT_ENCODING="gzip")
+    assert "Content-Encoding" not in small and small.json()["series"][0]["steps"] == []
+    assert "Content-Encoding" not in page.get(f"{base}?points=2000", HTTP_ACCEPT_ENCODING="gzip;q=0, identity")
