@@ -150,7 +150,8 @@ CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"
 # Locked: EAGLE3WEB_LOGIN_FAILURES_PER_NAME failures for one name from one address, or
 # EAGLE3WEB_LOGIN_FAILURES_PER_ADDRESS from one address, within EAGLE3WEB_LOGIN_COOLOFF_MINUTES; locked
 # until that long after the last failure (failures while locked do not extend it), right password or not.
-AUTHENTICATION_BACKENDS = ["eagle3web.login_throttle.LoginThrottleBackend", "django.contrib.auth.backends.ModelBackend"]
+# The password check and the signed-in user's read: Django's ModelBackend, its read compiled once (runs.api.account.sessions).
+AUTHENTICATION_BACKENDS = ["eagle3web.login_throttle.LoginThrottleBackend", "runs.api.account.sessions.UserBackend"]
 AXES_FAILURE_LIMIT = env_int("EAGLE3WEB_LOGIN_FAILURES_PER_NAME", 10)
 EAGLE3WEB_LOGIN_FAILURES_PER_ADDRESS = env_int("EAGLE3WEB_LOGIN_FAILURES_PER_ADDRESS", 30)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("EAGLE3WEB_LOGIN_COOLOFF_MINUTES", 15))

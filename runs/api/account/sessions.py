@@ -1,19 +1,30 @@
-"""The browser's sign-in sessions (settings.SESSION_ENGINE): Django's database sessions, whose read, which every
-signed-in request makes, is one statement written once instead of an ORM query built and compiled each time
-(issue 40: building it cost about three times what PostgreSQL took to answer it).
+"""The browser's sign-in sessions (settings.SESSION_ENGINE) and the signed-in user (UserBackend, in
+settings.AUTHENTICATION_BACKENDS): Django's database sessions and ModelBackend, whose two reads, which every
+signed-in request makes, are statements compiled once instead of ORM queries built and compiled each time
+(issue 40: building each cost several times what PostgreSQL took to answer it).
 
 Everything else is Django's `db` engine: the row is the session, so signing out (which deletes it) ends it at
 once in every web process, and so does an expiry; there is no copy anywhere to go stale. Not `cached_db`: a
 copy in each process's memory (CACHES' default) would keep a signed-out session alive in the other gunicorn
 workers, and one in Redis costs a round trip as long as this indexed read, with a second store to keep in step
-on sign-out. Not signed cookies: a copied cookie would stay valid after its owner signs out."""
+on sign-out. Not signed cookies: a copied cookie would stay valid after its owner signs out. The user is read
+on every request too (a user made inactive, or whose password changed, is signed out on the next one)."""
 from __future__ import annotations
 
 from functools import lru_cache
 
+from django.contrib.auth import BACKEND_SESSION_KEY, get_user_model
+from django.contrib.auth.backends import ModelBackend
 from django.contrib.sessions.backends import db
+from django.core.exceptions import ValidationError
 from django.db import connections, router
 from django.utils import timezone
+
+
+USER_BACKEND = "runs.api.account.sessions.UserBackend"
+# What sessions made before UserBackend name (Django's, which it is with one read changed): read as UserBackend's,
+# so that they stay signed in.
+DJANGOS_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
 
 @lru_cache(maxsize=4)
@@ -35,3 +46,39 @@ class SessionStore(db.SessionStore):
             self._session_key = None
             return None
         return self.model(session_key=key, session_data=row[0], expire_date=row[1])
+
+    def load(self):
+        data = super().load()
+        if data.get(BACKEND_SESSION_KEY) == DJANGOS_BACKEND:
+            data[BACKEND_SESSION_KEY] = USER_BACKEND
+        return data
+
+
+@lru_cache(maxsize=4)
+def _user_sql(model) -> tuple[str, str, list[str]]:
+    """The ORM's own statement for the user of an id (its default manager's), compiled once; -1 stands for the id."""
+    names = [field.attname for field in model._meta.concrete_fields]
+    rows = model._default_manager.filter(pk=-1).values_list(*names)
+    sql, params = rows.query.sql_with_params()
+    if list(params) != [-1]:
+        raise AssertionError(f"the user's statement takes more than the id: {sql}")
+    return rows.db, sql, names
+
+
+class UserBackend(ModelBackend):
+    """Django's ModelBackend (passwords, permissions), the user's read compiled once."""
+
+    def get_user(self, user_id):
+        model = get_user_model()
+        try:
+            user_id = model._meta.pk.to_python(user_id)
+        except ValidationError:
+            return None
+        database, sql, names = _user_sql(model)
+        with connections[database].cursor() as cursor:
+            cursor.execute(sql, [user_id])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        user = model.from_db(database, names, row)
+        return user if self.user_can_authenticate(user) else None

@@ -1,8 +1,8 @@
 """What every signed-in request reads first (the session, the user, the run's counters where its project lets the
 user see it: runs.api.account.sessions, runs.projects.visible_run) is read from PostgreSQL each time, so
 taking access away works at once, for the curve read and the status poll whose answers are cached for every
-viewer (runs.live): a session signed out, in this process or another, and a member removed from the run's
-project or a staff member demoted lose them on their next request. Through the real views, signed in with a
+viewer (runs.live): a session signed out, in this process or another, a user made inactive or given a new
+password, a member removed from the run's project and a staff member demoted lose them on their next request. Through the real views, signed in with a
 password, on PostgreSQL."""
 from __future__ import annotations
 
@@ -89,11 +89,28 @@ def test_staff_made_a_plain_user_lose_every_project_at_once(user, hidden_run):
     assert _read_both(sam, hidden_run) == [404, 404, 404, 404]
 
 
-def test_the_repeated_curve_read_reads_three_rows_and_builds_no_statement_but_the_users(user, hidden_run,
-                                                                                          monkeypatch):
-    """Session, user, the run's counter where the user sees it: the first and the last are statements compiled
-    once (issue 40); the user's is Django's own (its ModelBackend). Measured: 3 queries, 1 ORM compilation
-    (3 before, each query's own)."""
+def test_a_user_made_inactive_or_given_a_new_password_reads_nothing_at_once(user, hidden_run):
+    client = _signed_in(user.username, user.raw_password)
+    assert _read_both(client, hidden_run) == [200, 304, 200, 304]
+    get_user_model().objects.filter(pk=user.pk).update(is_active=False)
+    assert _read_both(client, hidden_run) == [401, 401, 401, 401]
+    get_user_model().objects.filter(pk=user.pk).update(is_active=True)
+    client = _signed_in(user.username, user.raw_password)
+    user.set_password("pw-launcher-2")
+    user.save()
+    assert _read_both(client, hidden_run) == [401, 401, 401, 401]
+
+
+def test_a_session_made_before_the_users_read_was_compiled_stays_signed_in(user, hidden_run):
+    """Sessions name the backend that signed them in: Django's ModelBackend, before UserBackend was listed."""
+    client = Client()
+    client.force_login(user, backend="django.contrib.auth.backends.ModelBackend")
+    assert _read_both(client, hidden_run) == [200, 304, 200, 304]
+
+
+def test_the_repeated_curve_read_reads_three_rows_and_builds_no_statement(user, hidden_run, monkeypatch):
+    """Session, user, the run's counter where the user sees it: statements compiled once (issue 40). Measured:
+    3 queries, no ORM compilation (3 before, each query's own)."""
     client = _signed_in(user.username, user.raw_password)
     url = _urls(hidden_run)[0]
     assert client.get(url).status_code == 200
@@ -107,4 +124,4 @@ def test_the_repeated_curve_read_reads_three_rows_and_builds_no_statement_but_th
     assert len(queries.captured_queries) == 3
     assert [q["sql"].split(" FROM ")[1].split()[0] for q in queries.captured_queries] == [
         '"django_session"', '"auth_user"', '"runs_pipelinerun"']
-    assert compiled == [get_user_model()]
+    assert compiled == []
