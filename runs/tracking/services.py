@@ -174,11 +174,12 @@ def _open_read(series_ids: list[int]) -> dict[int, Points]:
 
 def _batch_write(*, new: list[tuple[MetricSeries, Points]], series: list[MetricSeries], training_run_id: int,
                  bump: bool) -> None:
-    """A batch's writes on PostgreSQL, sent together in one round trip (psycopg's pipeline mode): the merged
-    series' open chunks deleted, every new chunk inserted, the run's change counters bumped (when `bump`: the
-    batch's transaction is the outermost), the summaries updated. Chunks go as binary parameters of one INSERT
-    (as COPY sent them, and COPY cannot join a pipeline). The chunks written are those _append and _chunks_write
-    write; only the open points come from this process's memory where it knows them (_open_known)."""
+    """A batch's writes on PostgreSQL, one statement each through a cursor binding on the server: the merged
+    series' open chunks deleted, every new chunk inserted (one INSERT, the arrays as binary parameters as COPY
+    sent them, in one round trip where COPY took two), the summaries updated and, when `bump` (the batch's
+    transaction is the outermost), the run's change counters bumped. Sending them together (psycopg's pipeline
+    mode) measured no faster (bench/tracker/ingest_ab.py, 1.01x). The chunks written are those _append and
+    _chunks_write write; only the open points come from this process's memory where it knows them."""
     known = {row.pk: _open_known(row) for row, _ in new}
     unknown = [row.pk for row, points in new if known[row.pk] is None and _closes(row, points)]
     if unknown:  # another process (or transaction) wrote these last: their open chunks are read back
@@ -200,16 +201,16 @@ def _batch_write(*, new: list[tuple[MetricSeries, Points]], series: list[MetricS
         for piece in pieces:
             fields = {"series_id": row.pk, **_chunk_fields(piece)}
             chunks.extend(fields[name] for name in attnames)
-    with _server_cursor() as cursor, connection.connection.pipeline():
+    with _server_cursor() as cursor:
         if merged:
             cursor.execute(_OPEN_DELETE_SQL, [merged])
         if chunks:
             cursor.execute(_chunks_insert_sql(len(chunks) // len(attnames)), chunks)
-        if bump:
-            cursor.execute(curves_bump_sql(), [training_run_id])
         cursor.execute(_summaries_sql(len(series)) + ' RETURNING s."id", s."xmin"::text',
                        [value for row in series for value in (row.pk, *(getattr(row, f) for f in _SUMMARY_FIELDS))])
         versions = dict(cursor.fetchall())
+        if bump:  # last: the run's row is held from here to the commit only
+            cursor.execute(curves_bump_sql(), [training_run_id])
     for series_id, points in kept.items():
         _open.keep(series_id, versions[series_id], points)
 
@@ -238,7 +239,7 @@ _LOCKED_SQL = (f'SELECT {_SERIES_COLUMNS}, "xmin"::text '
 
 def _server_cursor():
     """A cursor binding its parameters on the server (psycopg's own; Django's binds them in the client): bytes
-    travel as they are, and a statement run again and again is prepared once. Logged as Django's are."""
+    travel as they are. Logged as Django's are."""
     connection.ensure_connection()
     raw = psycopg.Cursor(connection.connection)
     return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
@@ -280,7 +281,7 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
     so it is a bug to see, not a curve to keep.
 
     A batch costs the same few queries whatever its series (tests/curves/test_write_queries.py): the
-    series locked in one read, then in one round trip (_batch_write) the new chunks inserted, the run's change
+    series locked in one read, then (_batch_write) the new chunks inserted in one statement, the run's change
     counters bumped and the summaries updated, and the commit. A batch that is not its own transaction (a caller's
     holds it) leaves the bump to after that commits, once however many batches it writes. A loss series' first
     non-finite value is found in the batch's own arrays, and only then are the run's loss_nan rules asked."""

@@ -28,8 +28,8 @@ from runs.tracking.services import metrics_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# Steady state: BEGIN, the batch's series locked, then in one round trip its chunks inserted, the run's counters
-# bumped and its summaries updated, COMMIT.
+# Steady state: BEGIN, the batch's series locked, its chunks inserted, its summaries updated, the run's counters
+# bumped (last, so that the run's row is held only until the commit), COMMIT.
 BATCH_QUERIES = 6
 
 

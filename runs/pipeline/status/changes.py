@@ -126,8 +126,8 @@ def curves_changed(*, training_run_id: int) -> None:
 @lru_cache(maxsize=1)
 def curves_bump_sql() -> str:
     """curves_changed as one statement (its parameter: the training run's id) for a writer to run inside its own
-    transaction as its last write, sent with its other writes (runs.tracking.services.metrics_record): the
-    bump after commit was a transaction of its own, a round trip and a commit more per batch of points (issue 40).
+    transaction as its last write before the commit (runs.tracking.services.metrics_record): the bump after
+    commit was a transaction of its own, a round trip and a commit more per batch of points (issue 40).
     The run's row is then held only from this statement to the commit, waiting for no other lock after it, as
     this module's docstring asks; it moves with the write's own commit, so no crash loses it."""
     runs, trainings = _model("PipelineRun")._meta.db_table, _model("TrainingRun")._meta.db_table
