@@ -6,6 +6,7 @@ thousands, so the whole curve is a few hundred rows and one numpy concatenation 
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from itertools import repeat
 from operator import contains, itemgetter
@@ -99,10 +100,11 @@ class OpenPoints:
     """The points of series' open chunks (the last ones, not yet full) as this process last wrote them, by series
     id, with the version of the series' row that write left (runs.tracking.services: PostgreSQL's xmin, which any
     later write of the row moves). A version or a count that differs says another writer came since: unknown.
-    At most `size` series; the one kept longest ago goes first."""
+    At most `size` series; the one kept longest ago goes first. Shared by the process's threads (a worker's
+    system sampler writes beside its training), so changed under a lock."""
 
     def __init__(self, size: int):
-        self.size, self.kept = size, {}
+        self.size, self.kept, self.lock = size, {}, threading.Lock()
 
     def get(self, series_id: int, version: str | None, count: int) -> Points | None:
         kept = self.kept.get(series_id)
@@ -111,16 +113,19 @@ class OpenPoints:
         return kept[1]
 
     def keep(self, series_id: int, version: str, points: Points) -> None:
-        self.kept.pop(series_id, None)
-        if len(self.kept) >= self.size:
-            del self.kept[next(iter(self.kept))]
-        self.kept[series_id] = (version, points)
+        with self.lock:
+            self.kept.pop(series_id, None)
+            if len(self.kept) >= self.size:
+                del self.kept[next(iter(self.kept))]
+            self.kept[series_id] = (version, points)
 
     def forget(self, series_id: int) -> None:
-        self.kept.pop(series_id, None)
+        with self.lock:
+            self.kept.pop(series_id, None)
 
     def clear(self) -> None:
-        self.kept.clear()
+        with self.lock:
+            self.kept.clear()
 
 
 PREVIEW_BUCKETS = 64

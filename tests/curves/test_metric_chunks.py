@@ -1,7 +1,8 @@
 """The chunk format of curves and the downsampling of charts, with no database."""
 import numpy as np
 
-from runs.tracking.chunks import CHUNK_POINTS, downsample, Points, pack, pack_one, preview, split_chunks, unpack, unpack_one
+from runs.tracking.chunks import (CHUNK_POINTS, downsample, OpenPoints, Points, pack, pack_one, preview, split_chunks, unpack,
+                                  unpack_one)
 
 
 def _points(n: int, start: int = 0) -> Points:
@@ -56,3 +57,30 @@ def test_downsample_returns_at_most_n_points_with_the_spikes():
     assert np.all(np.diff(shown.steps) > 0)
     small = downsample(_points(10), 2000)
     assert len(small) == 10
+
+
+def test_open_points_are_known_only_at_the_version_and_count_they_were_kept_at_and_the_oldest_go_first():
+    memory = OpenPoints(2)
+    memory.keep(1, "100", _points(10))
+    assert len(memory.get(1, "100", 10)) == 10
+    assert memory.get(1, "101", 10) is None and memory.get(1, "100", 11) is None and memory.get(1, None, 10) is None
+    memory.keep(2, "7", _points(3))
+    memory.keep(1, "102", _points(4))  # kept again: now the newest
+    memory.keep(3, "8", _points(5))  # one too many: series 2, kept longest ago, goes
+    assert memory.get(2, "7", 3) is None and len(memory.get(1, "102", 4)) == 4 and len(memory.get(3, "8", 5)) == 5
+    memory.forget(3)
+    assert memory.get(3, "8", 5) is None
+
+
+def test_a_full_chunks_preview_is_each_of_its_64_slices_first_lowest_and_first_highest_point():
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 4, CHUNK_POINTS).astype(float)  # ties in every slice: the first one is kept
+    values[1234] = 50.0
+    p = Points(steps=np.arange(CHUNK_POINTS) * 3, epochs=np.zeros(CHUNK_POINTS), values=values,
+               times=np.zeros(CHUNK_POINTS))
+    size = CHUNK_POINTS // 64
+    expected = {0, CHUNK_POINTS - 1}
+    for lo in range(0, CHUNK_POINTS, size):
+        part = list(values[lo:lo + size])
+        expected |= {lo + part.index(min(part)), lo + part.index(max(part))}
+    assert preview(p).steps.tolist() == [3 * i for i in sorted(expected)]
