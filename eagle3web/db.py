@@ -1,4 +1,5 @@
-"""Writes that ride out a database that is busy or away for a while, instead of failing a stage.
+"""Two helpers of database access: writes that ride out a database busy or away for a while (db_retry), and
+statements compiled once a process (compile_query).
 
 Two ways a write can find the database unable to take it: PostgreSQL restarting or cut off (the
 connection drops: OperationalError or InterfaceError), and the embedded SQLite held by another
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection, connections
+from django.db.models import QuerySet
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +59,54 @@ def db_retry(what: str, write: Callable[..., T], /, *, within: float = DB_OUTAGE
             close_old_connections()
             time.sleep(delay)
             delay = min(delay * 2, MAX_DELAY)
+
+
+# Statements the ORM builds once a process, for the reads and writes every request or batch makes: building and
+# compiling their querysets cost several times what PostgreSQL took to answer them (issue 40).
+#
+# The queryset is built once with stand-in values (ids no row has) where each call's values go. Its compiled
+# parameters then say, place by place, which stand-in goes there or which constant the query fixed, so the rule
+# that built it (a project's visibility, a filter) stays written once, in the ORM, where it was.
+#
+#     query = compile_query(User.objects.filter(pk=stand_in(0)).values_list("username"), user=stand_in(0))
+#     query.fetch_one(user=7)
+
+# Negative (no row has such an id) and inside a 32-bit integer column's range: Django makes a lookup of a value
+# outside a field's range match nothing, compiling to no statement at all.
+_STAND_INS_FROM, _STAND_INS = -1_000_000_000, 1_000_000_000
+
+
+def stand_in(n: int) -> int:
+    """The n-th stand-in id (n under a billion: an `__in` of that many ids): no row's id, nor a constant a query
+    is likely to hold."""
+    if not 0 <= n < _STAND_INS:
+        raise ValueError(f"stand-in {n} is out of range")
+    return _STAND_INS_FROM - n
+
+
+@dataclass(frozen=True)
+class CompiledQuery:
+    database: str
+    sql: str
+    slots: tuple  # per parameter: the name of the value that goes there, or ("constant", the query's own value)
+
+    def params(self, **values) -> list:
+        return [values[slot] if isinstance(slot, str) else slot[1] for slot in self.slots]
+
+    def fetch_one(self, **values) -> tuple | None:
+        with connections[self.database].cursor() as cursor:
+            cursor.execute(self.sql, self.params(**values))
+            return cursor.fetchone()
+
+
+def compile_query(rows: QuerySet, **stand_ins: int) -> CompiledQuery:
+    """`rows` compiled, each of `stand_ins` (name=its stand-in value) named where it goes. Each must appear
+    exactly once among the parameters: a rule that dropped one, or repeated it, would otherwise be run with
+    the wrong values, so it fails here, at the first call, instead."""
+    sql, params = rows.query.sql_with_params()
+    named = {value: name for name, value in stand_ins.items()}
+    slots = tuple(named[p] if type(p) is int and p in named else ("constant", p) for p in params)
+    for name in stand_ins:
+        if slots.count(name) != 1:
+            raise AssertionError(f"{name} is in the compiled statement {slots.count(name)} times, not once: {sql}")
+    return CompiledQuery(database=rows.db, sql=sql, slots=slots)

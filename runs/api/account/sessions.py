@@ -20,6 +20,8 @@ from django.core.exceptions import ValidationError
 from django.db import connections, router
 from django.utils import timezone
 
+from eagle3web.db import CompiledQuery, compile_query, stand_in
+
 
 USER_BACKEND = "runs.api.account.sessions.UserBackend"
 # What sessions made before UserBackend name (Django's, which it is with one read changed): read as UserBackend's,
@@ -55,14 +57,10 @@ class SessionStore(db.SessionStore):
 
 
 @lru_cache(maxsize=4)
-def _user_sql(model) -> tuple[str, str, list[str]]:
-    """The ORM's own statement for the user of an id (its default manager's), compiled once; -1 stands for the id."""
+def _user_statement(model) -> tuple[CompiledQuery, list[str]]:
+    """The ORM's own statement for the user of an id (its default manager's), compiled once."""
     names = [field.attname for field in model._meta.concrete_fields]
-    rows = model._default_manager.filter(pk=-1).values_list(*names)
-    sql, params = rows.query.sql_with_params()
-    if list(params) != [-1]:
-        raise AssertionError(f"the user's statement takes more than the id: {sql}")
-    return rows.db, sql, names
+    return compile_query(model._default_manager.filter(pk=stand_in(0)).values_list(*names), user=stand_in(0)), names
 
 
 class UserBackend(ModelBackend):
@@ -74,11 +72,9 @@ class UserBackend(ModelBackend):
             user_id = model._meta.pk.to_python(user_id)
         except ValidationError:
             return None
-        database, sql, names = _user_sql(model)
-        with connections[database].cursor() as cursor:
-            cursor.execute(sql, [user_id])
-            row = cursor.fetchone()
+        statement, names = _user_statement(model)
+        row = statement.fetch_one(user=user_id)
         if row is None:
             return None
-        user = model.from_db(database, names, row)
+        user = model.from_db(statement.database, names, row)
         return user if self.user_can_authenticate(user) else None

@@ -39,6 +39,8 @@ from django.apps import apps
 from django.db import connection, transaction
 from django.db.models import F
 
+from eagle3web.db import CompiledQuery, compile_query, stand_in
+
 # Fields a worker renews without changing anything a page shows: writing only these counts for nothing.
 UNSHOWN_FIELDS = frozenset({"lease_expires_at"})
 # A running stage's progress report: the run's pages show it, the runs list does not.
@@ -71,22 +73,34 @@ class CounterBump:
         # bumps, as a bump that fails is lost (this module's docstring): the next durable commit, a batch of
         # points included, writes out every one before it.
         shape = tuple((name, len(value) if isinstance(value, tuple) else None) for name, value in self.run_filter)
-        params = [v for _, value in self.run_filter for v in (value if isinstance(value, tuple) else (value,))]
+        values = {f"{name}{i}": v for name, value in self.run_filter
+                  for i, v in enumerate(value if isinstance(value, tuple) else (value,))}
+        runs = _runs_picked(shape)
         with connection.cursor() as cursor:
-            cursor.execute(_bump_sql(self.counters, shape), params)
+            cursor.execute(_bump_sql(self.counters, runs.sql), runs.params(**values))
 
 
 @lru_cache(maxsize=64)
-def _bump_sql(counters: tuple[str, ...], shape: tuple[tuple[str, int | None], ...]) -> str:
-    """CounterBump's statement for a filter of this shape (its lookups, and how many ids each `__in` holds),
-    compiled once: the ORM compiling it took more of a batch of points' Python than anything else left."""
-    stand_ins = {name: tuple(range(1, size + 1)) if size is not None else 1 for name, size in shape}
-    ids, params = _model("PipelineRun").objects.filter(**stand_ins).values("pk").query.sql_with_params()
-    if len(params) != sum(size or 1 for _, size in shape):  # each value its own parameter, in the filter's order
-        raise ValueError(f"a counter bump's filter {shape} does not compile to one parameter per value")
+def _runs_picked(shape: tuple[tuple[str, int | None], ...]) -> CompiledQuery:
+    """The ids of the runs a CounterBump's filter of this shape picks (its lookups, and how many ids each `__in`
+    holds), compiled once: the ORM compiling it took more of a batch of points' Python than anything else left.
+    Its values are named after their lookup and place: `pk__in0`, `pk__in1`, `training_run__pk0`."""
+    stand_ins, lookups, n = {}, {}, 0
+    for name, size in shape:
+        ids = []
+        for i in range(size if size is not None else 1):
+            stand_ins[f"{name}{i}"] = stand_in(n)
+            ids.append(stand_in(n))
+            n += 1
+        lookups[name] = tuple(ids) if size is not None else ids[0]
+    return compile_query(_model("PipelineRun").objects.filter(**lookups).values("pk"), **stand_ins)
+
+
+@lru_cache(maxsize=64)
+def _bump_sql(counters: tuple[str, ...], runs: str) -> str:
     counted = ", ".join(f'"{name}" = "{name}" + 1' for name in counters)
     return (f'SET LOCAL synchronous_commit TO OFF; UPDATE "{_model("PipelineRun")._meta.db_table}" SET {counted} '
-            f'WHERE "id" IN ({ids})')
+            f'WHERE "id" IN ({runs})')
 
 
 def _bump(counters: tuple[str, ...], **run_filter) -> None:

@@ -92,3 +92,17 @@ def test_jobs_count_for_the_run_whose_checkpoint_they_measure_and_jobs_of_no_run
     DatasetCatalogue.objects.create(dataset=run.dataset)
     DatasetCatalogue.objects.filter(dataset=run.dataset).update(status=StageStatus.RUNNING)
     assert counters(other) == before_other
+
+
+def test_a_bump_of_several_runs_moves_theirs_once_each_and_no_others(user, roots):
+    """The bump's filter is compiled once per shape with a stand-in per id (eagle3web.db): each id
+    lands in its own place, whatever the order the ids come in."""
+    from runs.pipeline.status.changes import ALL, CounterBump
+
+    runs = [services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
+                                config=RunConfig(), enqueue=False) for _ in range(3)]
+    before = [counters(r) for r in runs]
+    CounterBump(run_filter=(("pk__in", (runs[2].pk, runs[0].pk)),), counters=ALL)()
+    CounterBump(run_filter=(("pk__in", (runs[0].pk, runs[1].pk)),), counters=ALL)()
+    moved_by = [tuple(a - b for a, b in zip(counters(r), earlier)) for r, earlier in zip(runs, before)]
+    assert moved_by == [(2, 0, 2), (1, 0, 1), (1, 0, 1)]
