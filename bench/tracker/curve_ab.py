@@ -23,20 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PG = "postgres://postgres@127.0.0.1:5432"
+sys.path.insert(0, str(ROOT))  # the bench's own helpers: this checkout's, whichever checkout is timed
 
+from bench.tracker.scratch_site import PG, alternately, median_p95  # noqa: E402
 
-def _pct(xs: list[float]) -> list[float]:
-    xs = sorted(xs)
-    return [round(statistics.median(xs), 3), round(xs[int(round(0.95 * (len(xs) - 1)))], 3)]
 
 
 def build(points: int, database: str) -> dict:
@@ -81,7 +77,7 @@ def _timed_requests(client, requests: int, url: str, headers: dict, status: int)
         assert response.status_code == status, (url, response.status_code, response.content[:200])
     with CaptureQueriesContext(connection) as queries:
         client.get(url, headers=headers)
-    return {"wall_ms": _pct(wall), "cpu_ms": _pct(cpu), "queries": len(queries.captured_queries),
+    return {"wall_ms": median_p95(wall, 3), "cpu_ms": median_p95(cpu, 3), "queries": len(queries.captured_queries),
             "bytes": len(response.content)}
 
 
@@ -131,14 +127,7 @@ def main() -> None:
     if args.in_checkout:
         print(json.dumps(timed(args.database, args.requests)))
         return
-    results = []
-    for round_ in range(args.rounds):
-        for checkout in args.checkout:
-            command = [sys.executable, str(Path(__file__).resolve()), "--in-checkout", "--database", args.database,
-                       "--requests", str(args.requests)]
-            done = subprocess.run(command, cwd=checkout, capture_output=True, text=True, check=True)
-            results.append({"round": round_ + 1, "checkout": checkout,
-                            **json.loads(done.stdout.strip().splitlines()[-1])})
+    results = alternately(__file__, args.checkout, args.rounds, ["--database", args.database, "--requests", str(args.requests)])
     print(json.dumps(results, indent=None if args.json else 1))
 
 

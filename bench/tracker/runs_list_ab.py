@@ -19,20 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PG = "postgres://postgres@127.0.0.1:5432"
+sys.path.insert(0, str(ROOT))  # the bench's own helpers: this checkout's, whichever checkout is timed
 
+from bench.tracker.scratch_site import PG, alternately, median_p95  # noqa: E402
 
-def _pct(xs: list[float]) -> list[float]:
-    xs = sorted(xs)
-    return [round(statistics.median(xs), 1), round(xs[int(round(0.95 * (len(xs) - 1)))], 1)]
 
 
 def build(count: int, database: str) -> dict:
@@ -91,7 +87,7 @@ def timed(database: str, urls: list[str], requests: int) -> dict:
             sql.append(sum(times))
             slowest.append(max(times))
             assert response.status_code == 200, (url, response.status_code)
-        out[url] = {"wall_ms": _pct(wall), "python_cpu_ms": _pct(cpu), "sql_ms": _pct(sql), "slowest_query_ms_median": _pct(slowest)[0],
+        out[url] = {"wall_ms": median_p95(wall), "python_cpu_ms": median_p95(cpu), "sql_ms": median_p95(sql), "slowest_query_ms_median": median_p95(slowest)[0],
                     "queries": len(queries.captured_queries), "rows": response.content.count(b'<tr data-run="'),
                     "load_1m": float(open("/proc/loadavg").read().split()[0])}
     return out
@@ -114,14 +110,7 @@ def main() -> None:
     if args.in_checkout:
         print(json.dumps(timed(args.database, args.url, args.requests)))
         return
-    results = []
-    for round_ in range(args.rounds):
-        for checkout in args.checkout:
-            command = [sys.executable, str(Path(__file__).resolve()), "--in-checkout", "--database", args.database,
-                       "--requests", str(args.requests), *(x for url in args.url for x in ("--url", url))]
-            done = subprocess.run(command, cwd=checkout, capture_output=True, text=True, check=True)
-            results.append({"round": round_ + 1, "checkout": checkout,
-                            **json.loads(done.stdout.strip().splitlines()[-1])})
+    results = alternately(__file__, args.checkout, args.rounds, ["--database", args.database, "--requests", str(args.requests), *(x for url in args.url for x in ("--url", url))])
     print(json.dumps(results, indent=None if args.json else 1))
 
 

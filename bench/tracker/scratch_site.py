@@ -1,6 +1,7 @@
 """What the benchmarks that build a site of their own share (bench/tracker/metrics.py, runs_scale.py,
-generations_render.py): a scratch PostgreSQL database made and dropped, Django set up on it, runs made
-as the launch service leaves them, a free port, and the median and p95 of timings. Not a benchmark."""
+generations_render.py, the *_ab.py side-by-side runs): a scratch PostgreSQL database made and dropped, Django set
+up on it, runs made as the launch service leaves them, a free port, the median and p95 of timings, and checkouts
+run alternately. Not a benchmark."""
 from __future__ import annotations
 
 import json
@@ -31,6 +32,26 @@ def drop_database(name: str) -> None:
 def stats(samples_ms: list[float]) -> tuple[float, float]:
     ordered = sorted(samples_ms)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def median_p95(samples_ms: list[float], digits: int = 1) -> list[float]:
+    """stats() rounded, as the side-by-side benchmarks print it: [median, p95]."""
+    return [round(value, digits) for value in stats(samples_ms)]
+
+
+def alternately(script: str, checkouts: list[str], rounds: int, args: list[str]) -> list[dict]:
+    """`script --in-checkout ARGS` run in each checkout in turn, `rounds` times, each in a process of its own (its
+    code imported from that checkout); the last line each prints, as JSON, with its round and checkout."""
+    import subprocess
+    import sys
+
+    results = []
+    for round_ in range(rounds):
+        for checkout in checkouts:
+            done = subprocess.run([sys.executable, str(Path(script).resolve()), "--in-checkout", *args], cwd=checkout,
+                                  capture_output=True, text=True, check=True)
+            results.append({"round": round_ + 1, "checkout": checkout, **json.loads(done.stdout.strip().splitlines()[-1])})
+    return results
 
 
 def setup_django(database_url: str):
