@@ -34,9 +34,7 @@ sys.path.insert(0, str(ROOT))  # the bench's own helpers: this checkout's, which
 from bench.tracker.scratch_site import PG, alternately, median_p95  # noqa: E402
 
 
-
 def build(points: int, database: str) -> dict:
-    sys.path.insert(0, str(ROOT))
     from bench.tracker.metrics import batches
     from bench.tracker.scratch_site import make_runs, recreate_database, setup_django
 

@@ -30,9 +30,7 @@ sys.path.insert(0, str(ROOT))  # the bench's own helpers: this checkout's, which
 from bench.tracker.scratch_site import PG, alternately, median_p95  # noqa: E402
 
 
-
 def build(count: int, database: str) -> dict:
-    sys.path.insert(0, str(ROOT))
     from bench.tracker.scratch_site import make_runs, recreate_database, setup_django
 
     setup_django(recreate_database(database))
