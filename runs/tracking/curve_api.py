@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from runs.tracking import curves
@@ -45,6 +47,85 @@ def _keys(text: str) -> tuple[str, ...]:
         if not is_metric_name(key):
             raise InputError(f"keys: {metric_name_shown(key)} is not a metric name ({RULE})")
     return keys
+
+
+# The whole curves (12 series of 1,500 points on a run page's load) are some 70,000 numbers: json.dumps turned
+# each into a Python object and then text. Epochs and times (rounded to 6 and 3 decimals) are written here from
+# their digits, all series' columns at once in numpy; steps and values by json.dumps, whose int and
+# float.__repr__ per number nothing here beats (numpy's own shortest text of a float is no quicker). The text is the same,
+# byte for byte, as live.json_bytes of the same answer with the columns as lists (tests/curves/test_curve_json.py); an array
+# this cannot write (NaN, infinities, -0.0, a negative, past 15 digits, below 1e-4) goes through json.dumps.
+_ROUNDED = {"epochs": 6, "times": 3}  # decimals, as curves.curve_window_columns rounds them
+
+
+def _exact_decimals(column: np.ndarray, decimals: int) -> tuple[np.ndarray, np.ndarray]:
+    """k (int64) with column == k / 10**decimals, written by repr as k's digits with the point put in: true where
+    the float is the one nearest that decimal (the division is exact to half a unit), k has at most 15 digits
+    (DBL_DIG: no shorter decimal gives the same float, so repr's shortest is this one) and repr writes it without
+    an exponent (0, or 1e-4 and up). Negatives and -0.0 are left to json.dumps."""
+    scale = 10.0 ** decimals
+    with np.errstate(all="ignore"):
+        k = np.rint(column * scale)
+        ok = (np.isfinite(column) & (k >= 0) & (k < 1e15) & (k / scale == column) & ~np.signbit(column)
+              & ((k == 0) | (k >= 10 ** max(decimals - 4, 0))))
+    return np.where(ok, k, 0).astype(np.int64), ok
+
+
+def _digit_text(k: np.ndarray, decimals: int) -> tuple[bytes, np.ndarray]:
+    """Every k (>= 0) as its decimal text with `decimals` after the point (trailing zeros dropped, one kept), each
+    followed by ", "; and where each one's text ends in those bytes."""
+    n = len(k)
+    width = max(len(str(int(k.max()))), decimals + 1)  # digits of the longest, the units digit at least
+    units = width - decimals
+    point = 1 if decimals else 0
+    chars = np.empty((n, width + point + 2), np.uint8)
+    keep = np.ones(chars.shape, bool)
+    rest = k.copy()
+    for column in range(width - 1, -1, -1):  # the last digit first
+        rest, digit = np.divmod(rest, 10)
+        chars[:, column + point * (column >= units)] = digit + 48
+    for column in range(units - 1):  # a leading zero is not written; the units digit is
+        keep[:, column] = k >= 10 ** (width - 1 - column)
+    if decimals:
+        chars[:, units] = ord(".")
+        for place in range(1, decimals):  # a trailing zero of the fraction is not written; its first digit is
+            keep[:, units + 1 + place] = k % 10 ** (decimals - place) != 0
+    chars[:, -2:] = np.frombuffer(b", ", np.uint8)
+    return chars[keep].tobytes(), np.cumsum(keep.sum(axis=1))
+
+
+def column_lists(columns: list[np.ndarray], decimals: int | None) -> list[str]:
+    """Each column as the JSON list json.dumps(column.tolist()) writes; `decimals`: how the columns were rounded
+    (None: not rounded, as steps and values)."""
+    if decimals is None:  # as quick as joining their reprs: json.dumps does just that, for an int too
+        return [json.dumps(c.tolist()) for c in columns]
+    lists: list[str | None] = [None if len(c) else "[]" for c in columns]
+    todo = [i for i, c in enumerate(columns) if len(c)]
+    if todo:
+        k, ok = _exact_decimals(np.concatenate([columns[i] for i in todo]), decimals)
+        text, ends = _digit_text(k, decimals)
+        at = 0
+        for i in todo:
+            n = len(columns[i])
+            if ok[at:at + n].all():
+                start = int(ends[at - 1]) if at else 0
+                lists[i] = "[" + text[start:int(ends[at + n - 1]) - 2].decode() + "]"
+            else:
+                lists[i] = json.dumps(columns[i].tolist())
+            at += n
+    return lists
+
+
+def window_json(head: dict, series: list[dict]) -> bytes:
+    """live.json_bytes({**head, "series": series}) with each series' columns (curves.COLUMN_NAMES, its last keys)
+    numpy arrays, as curves.curve_window_columns gives them; the same bytes."""
+    names = curves.COLUMN_NAMES
+    lists = {name: column_lists([s[name] for s in series], _ROUNDED.get(name)) for name in names}
+    parts = []
+    for i, s in enumerate(series):
+        scalars = json.dumps({k: v for k, v in s.items() if k not in names}, cls=DjangoJSONEncoder)
+        parts.append(scalars[:-1] + "".join(f', "{name}": {lists[name][i]}' for name in names) + "}")
+    return (json.dumps(head, cls=DjangoJSONEncoder)[:-1] + ', "series": [' + ", ".join(parts) + "]}").encode()
 
 
 QUERY_PARAMS = ("keys", "split", "start", "end", "points")
@@ -89,9 +170,9 @@ def run_metrics(request: HttpRequest, pk: int) -> HttpResponse:
 
     def build():
         series = ([] if owner.training_run_id is None
-                  else curves.curve_window(training_run_id=owner.training_run_id, query=query))
-        return live.json_bytes({"run": owner.run_id, "start": query.start, "end": query.end, "points": query.points,
-                                "series": series}), live.SETTLED_SECONDS
+                  else curves.curve_window_columns(training_run_id=owner.training_run_id, query=query))
+        head = {"run": owner.run_id, "start": query.start, "end": query.end, "points": query.points}
+        return window_json(head, series), live.SETTLED_SECONDS
 
     key = ("curves", pk, owner.curve_changes, query)
     return live.json_answer_gzipped(request, key=key, tag=tag, body=live.cached(key, build))

@@ -25,6 +25,7 @@ MAX_KEYS = 64
 # the points asked for still gets more candidates than that from the previews of the chunks wholly
 # inside it, and reads those (a few KB a chunk) instead of the chunks (128 KB each).
 PREVIEW_FACTOR = 32
+COLUMN_NAMES = ("steps", "epochs", "values", "times")  # a window's columns, in its answer's order
 
 
 @dataclass(frozen=True)
@@ -105,10 +106,10 @@ def curve_series(*, training_run_id: int, query: CurveQuery = CurveQuery()):
     return series
 
 
-def curve_window(*, training_run_id: int, query: CurveQuery) -> list[dict]:
-    """Each matching series over the window: at most `query.points` points (step, epoch, value,
-    time), how many the window holds, and the series' summary (its last step tells a live page
-    where to ask from next)."""
+def curve_window_columns(*, training_run_id: int, query: CurveQuery) -> list[dict]:
+    """curve_window with its four columns left as numpy arrays (steps int64; epochs rounded to 6 decimals,
+    values, times rounded to 3: float64), the last four keys: runs.tracking.curve_api writes them as JSON
+    without a Python float per point."""
     out = []
     all_series = list(curve_series(training_run_id=training_run_id, query=query))
     windows = _window_points([series.pk for series in all_series], query)
@@ -119,10 +120,18 @@ def curve_window(*, training_run_id: int, query: CurveQuery) -> list[dict]:
             **series_summary(series),
             "points_in_window": int(in_window),
             "downsampled": len(shown) < in_window,
-            "steps": shown.steps.tolist(), "epochs": np.round(shown.epochs, 6).tolist(),
-            "values": shown.values.tolist(), "times": np.round(shown.times, 3).tolist(),
+            "steps": shown.steps, "epochs": np.round(shown.epochs, 6),
+            "values": shown.values, "times": np.round(shown.times, 3),
         })
     return out
+
+
+def curve_window(*, training_run_id: int, query: CurveQuery) -> list[dict]:
+    """Each matching series over the window: at most `query.points` points (step, epoch, value,
+    time), how many the window holds, and the series' summary (its last step tells a live page
+    where to ask from next)."""
+    return [{name: value.tolist() if name in COLUMN_NAMES else value for name, value in series.items()}
+            for series in curve_window_columns(training_run_id=training_run_id, query=query)]
 
 
 def series_points(*, series: MetricSeries) -> Points:
