@@ -3,7 +3,7 @@
     EAGLE3WEB_VLLM_PREFLIGHT_SECONDS=0 .venv/bin/python bench/tracker/ingest_ab.py \\
         --checkout ../eagle3web-before --checkout . --points 200000 --json
 
-Each checkout runs in a process of its own (its own code, on a scratch database of its own, `bench_ingest_<i>`,
+Each checkout runs in a process of its own (its own code, on a scratch database of its own, `bench_ingest_<i>_<pid>`,
 made, migrated by that checkout and dropped: the two may differ in migrations), both started first and then
 driven in turns of --segment main batches, the order of the checkouts swapped every turn, so that the load of a
 noisy machine falls on both alike. A process writes bench/tracker/metrics.py's ingestion: one series `train/loss`
@@ -14,6 +14,8 @@ summed wall time of its main batches), the milliseconds per main batch (wall and
 p95; CPU also the mean), the queries per main batch, the ratio of points/s to the first checkout's, and the
 1-minute load at each turn (its range and median).
 --profile prints each checkout's cProfile of its main batches (cumulative, top 30) to stderr.
+--api writes every batch as the API stores a client's report instead (runs.tracking.reported_points: points_check,
+then points_report inside a transaction of its own, as runs.pipeline.launch.external holds one; no HTTP).
 """
 from __future__ import annotations
 
@@ -43,12 +45,13 @@ def serve(args) -> None:
     sys.path.insert(0, os.getcwd())
     from bench.tracker.scratch_site import drop_database, make_runs, recreate_database, setup_django
 
-    database = f"bench_ingest_{args.slot}"
+    database = f"bench_ingest_{args.slot}_{os.getppid()}"  # two runs of this script at once do not collide
     setup_django(recreate_database(database))
-    from django.db import connection, connections
+    from django.db import connection, connections, transaction
     from django.test.utils import CaptureQueriesContext
 
     from bench.tracker.metrics import batches
+    from runs.tracking.reported_points import points_check, points_report
     from runs.tracking.services import metrics_record
 
     _, _, training = make_runs(1 + args.other_runs, workdir=Path(tempfile.mkdtemp(prefix="bench-ingest-")))
@@ -56,9 +59,14 @@ def serve(args) -> None:
     n = args.points
 
     def write(training_run_id, steps, values):  # as bench/tracker/metrics.py's ours() writes
-        metrics_record(training_run_id=training_run_id, points=[
-            {"split": "train", "key": "loss", "step": int(s), "epoch": float(s) / n * 3, "value": float(v)}
-            for s, v in zip(steps, values)])
+        points = [{"split": "train", "key": "loss", "step": int(s), "epoch": float(s) / n * 3, "value": float(v)}
+                  for s, v in zip(steps, values)]
+        if not args.api:
+            metrics_record(training_run_id=training_run_id, points=points)
+            return
+        with transaction.atomic():
+            counts = points_report(training_run_id=training_run_id, points=points_check(points))
+        assert counts.accepted == len(points), counts
 
     profiler = None
     if args.profile:
@@ -115,6 +123,7 @@ def main() -> None:
     parser.add_argument("--other-points", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--api", action="store_true", help="write as the API stores a client's report")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--slot", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
@@ -127,7 +136,7 @@ def main() -> None:
         command = [sys.executable, str(Path(__file__).resolve()), "--serve", "--slot", str(slot),
                    "--points", str(args.points), "--other-runs", str(args.other_runs),
                    "--other-points", str(args.other_points), "--batch", str(args.batch),
-                   *(["--profile"] if args.profile else [])]
+                   *(["--profile"] if args.profile else []), *(["--api"] if args.api else [])]
         workers.append(subprocess.Popen(command, cwd=checkout, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=sys.stderr if args.profile else subprocess.DEVNULL, text=True))
     for worker in workers:
@@ -145,7 +154,8 @@ def main() -> None:
     for worker in workers:
         worker.stdin.close()
         worker.wait(timeout=600)
-    out = {"points": args.points, "batch": args.batch, "segment": args.segment, "turns": turns,
+    out = {"path": "api" if args.api else "workers", "points": args.points, "batch": args.batch,
+           "segment": args.segment, "turns": turns,
            "load_1m": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)}, "checkouts": {}}
     for checkout, t in zip(args.checkout, timings):
         out["checkouts"][checkout] = {

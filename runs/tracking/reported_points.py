@@ -18,12 +18,11 @@ import numpy as np
 from django.db import transaction
 from django.db.models import Q
 
-from runs.tracking.models import MetricChunk, MetricSeries
+from runs.tracking.models import MetricSeries
 from runs.pipeline.status.changes import curves_changed
-from runs.tracking.chunks import CHUNK_POINTS, Points, points_of_rows, split_chunks, unpack
+from runs.tracking.chunks import CHUNK_POINTS, COLUMNS, Points, points_of_rows, unpack
 from runs.tracking.metric_names import RULE, is_metric_name, metric_name_shown
-from runs.tracking.services import (_append, _chunk_fields, _chunks_insert, _chunks_write, _columns,
-                                    _series_locked, _summaries_write, _summary_rebuild, _summary_update)
+from runs.tracking.services import points_append, series_chunks_replace, series_locked
 from workers.contract.errors import InputError
 
 MAX_POINTS = 10_000
@@ -111,7 +110,7 @@ def _rewrite_from(series: MetricSeries, new: Points) -> tuple[int, int, int]:
     # chunks written stay in step order with the open ones last, as the append path expects.
     chunks = list(series.chunks.filter(Q(last_step__gte=int(new.steps[0])) | Q(num_points__lt=CHUNK_POINTS))
                   .order_by("first_step"))
-    stored = Points.concat([unpack(_columns(c)) for c in chunks])
+    stored = Points.concat([unpack({name: getattr(c, name) for name in COLUMNS}) for c in chunks])
     index = {int(step): i for i, step in enumerate(stored.steps.tolist())}
     accepted = unchanged = replaced = 0
     changed_values = stored.values.copy()
@@ -134,41 +133,38 @@ def _rewrite_from(series: MetricSeries, new: Points) -> tuple[int, int, int]:
                             new.take(np.array(added, dtype=np.int64))])
     order = np.argsort(merged.steps, kind="stable")
     merged = merged.take(order)
-    MetricChunk.objects.filter(pk__in=[c.pk for c in chunks]).delete()
-    _chunks_insert([MetricChunk(series=series, **_chunk_fields(p)) for p in split_chunks(merged, 0)])
-    _summary_rebuild(series)  # recounts the open chunks and every summary field from what is stored
+    series_chunks_replace(series, chunk_ids=[c.pk for c in chunks], points=merged)
     return accepted, unchanged, replaced
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)  # a batch fails whole with its caller's transaction: no savepoint's 2 queries
 def points_report(*, training_run_id: int, points: list[dict]) -> PointCounts:
     """Store a checked batch (points_check) on a training's curves, idempotent by step.
 
-    Points after their series' last step (a client's every batch but a resent one) cost what the workers'
-    write path costs, a fixed number of queries whatever the series (tests/curves/test_write_queries.py):
-    the series locked in one read, their new chunks in one insert, their summaries in one update. A series
-    with a point at or before its last step is rewritten on its own (_rewrite_from)."""
+    Points after their series' last step (a client's every batch but a resent one) are appended by the workers'
+    own write (runs.tracking.services.points_append), a fixed number of queries whatever the series
+    (tests/curves/test_write_queries.py): the series locked in one read, their new chunks in one insert, their
+    summaries in one update, a merge's open points from this process's memory where it holds. A series with a
+    point at or before its last step is rewritten on its own (_rewrite_from). The run's change counters move once
+    the caller's transaction commits (runs.pipeline.launch.external holds it)."""
     by_series: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for p in points:
         by_series[(p["split"], p["key"])].append(p)
-    series_of = _series_locked(training_run_id=training_run_id, names=list(by_series))
+    series_of = series_locked(training_run_id=training_run_id, names=list(by_series))
     now = time.time()
     accepted = unchanged = replaced = 0
-    appended, created, merging = [], [], {}
+    appended = []
     for name, rows in sorted(by_series.items()):
         series = series_of[name]
         new = points_of_rows(rows, now)  # points_check let no step twice into a batch
         if series.last_step is None or int(new.steps[0]) > series.last_step:
-            _append(series, new, created=created, merging=merging)
-            _summary_update(series, new)
-            appended.append(series)
+            appended.append((series, new))
             accepted += len(new)
             continue
         added, same, changed = _rewrite_from(series, new)
         accepted, unchanged, replaced = accepted + added, unchanged + same, replaced + changed
-    _chunks_write(created=created, merging=merging)
     if appended:
-        _summaries_write(appended)
+        points_append(training_run_id=training_run_id, new=appended, series=[row for row, _ in appended], bump=False)
     if accepted or replaced:
         # live pages' polls see the points (runs.pipeline.status.changes)
         curves_changed(training_run_id=training_run_id)

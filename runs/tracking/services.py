@@ -1,4 +1,4 @@
-"""Writes of training curves: the workers' write path, and what a retry or a resume removes.
+"""Writes of training curves: the one append of points (workers' and API's), what a retry or a resume removes.
 
 Each series (training run, split, key) keeps its points in chunks (runs.tracking.chunks) and its
 summary (count, last, min, max and their steps) on its own row, updated as points arrive, so that
@@ -245,7 +245,7 @@ def _server_cursor():
     return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
 
 
-def _series_locked(*, training_run_id: int, names: list[tuple[str, str]]) -> dict[tuple[str, str], MetricSeries]:
+def series_locked(*, training_run_id: int, names: list[tuple[str, str]]) -> dict[tuple[str, str], MetricSeries]:
     """The batch's series of the run, locked, made first where missing: one query when all exist (every
     batch but a series' first), three otherwise."""
     wanted = set(names)
@@ -272,6 +272,34 @@ def _series_locked(*, training_run_id: int, names: list[tuple[str, str]]) -> dic
     return found
 
 
+def points_append(*, training_run_id: int, new: list[tuple[MetricSeries, Points]], series: list[MetricSeries],
+                  bump: bool) -> None:
+    """The one append of points after their series' last step, the workers' (metrics_record) and the API's
+    (runs.tracking.reported_points): `new`, each series' points (after its last step, in order; summaries updated
+    here); `series`, the locked rows (series_locked) whose summaries are written, `new`'s and any a caller changed.
+    On PostgreSQL _batch_write's statements, the run's counters bumped last where `bump` (the caller's transaction
+    the outermost; else the caller calls curves_changed); elsewhere (SQLite, the demo) the ORM's."""
+    for row, points in new:
+        _summary_update(row, points)
+    if connection.vendor == "postgresql":
+        _batch_write(new=new, series=series, training_run_id=training_run_id, bump=bump)
+        return
+    created, merging = [], {}
+    for row, points in new:
+        _append(row, points, created=created, merging=merging)
+    _chunks_write(created=created, merging=merging)
+    _summaries_write(series)
+
+
+def series_chunks_replace(series: MetricSeries, *, chunk_ids: list[int], points: Points) -> None:
+    """Replace a locked series' chunks from one on (the open ones are the last) by `points` in full chunks and an
+    open tail, its summary recomputed from what is stored: a client's resent step (runs.tracking.reported_points).
+    This process's memory of its open points is dropped: the next merge reads them back, once."""
+    MetricChunk.objects.filter(pk__in=chunk_ids).delete()
+    _chunks_insert([MetricChunk(series=series, **_chunk_fields(p)) for p in split_chunks(points, 0)])
+    _summary_rebuild(series)  # forgets the open points; recounts the open chunks and every field from the chunks
+
+
 def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
     """Append points ({split, key, step, epoch, value[, time]}) to their series; how many were kept.
 
@@ -280,10 +308,9 @@ def metrics_record(*, training_run_id: int, points: list[dict]) -> int:
     a metric name (runs.tracking.metric_names) stores nothing of the batch: our trainers never write one,
     so it is a bug to see, not a curve to keep.
 
-    A batch costs the same few queries whatever its series (tests/curves/test_write_queries.py): the
-    series locked in one read, then (_batch_write) the new chunks inserted in one statement, the run's change
-    counters bumped and the summaries updated, and the commit. A batch that is not its own transaction (a caller's
-    holds it) leaves the bump to after that commits, once however many batches it writes. A loss series' first
+    A batch costs the same few queries whatever its series (tests/curves/test_write_queries.py): the series
+    locked in one read, then points_append's. A batch that is not its own transaction (a caller's holds it) leaves
+    the counters' bump to after that commits, once however many batches it writes. A loss series' first
     non-finite value is found in the batch's own arrays, and only then are the run's loss_nan rules asked."""
     bump_inside = connection.vendor == "postgresql" and not transaction.get_connection().in_atomic_block
     with transaction.atomic():
@@ -294,7 +321,7 @@ def _record(training_run_id: int, points: list[dict], *, bump_inside: bool) -> i
     by_series = points_by_series(points)
     if not by_series:
         return 0
-    series_of = _series_locked(training_run_id=training_run_id, names=list(by_series))
+    series_of = series_locked(training_run_id=training_run_id, names=list(by_series))
     now, kept, new_points, went_bad = time.time(), 0, [], None
     for name, rows in sorted(by_series.items()):
         series = series_of[name]
@@ -305,24 +332,15 @@ def _record(training_run_id: int, points: list[dict], *, bump_inside: bool) -> i
             refused += int((~later).sum())
             new = new.take(later)
         if len(new):
-            was_finite = series.num_non_finite == 0
             new_points.append((series, new))
-            _summary_update(series, new)
             kept += len(new)
-            if went_bad is None and was_finite and series.num_non_finite and "loss" in series.key:
+            if went_bad is None and not series.num_non_finite and "loss" in series.key:  # finite so far
                 at = int(np.argmax(~np.isfinite(new.values)))
-                went_bad = {"split": series.split, "key": series.key, "step": int(new.steps[at]),
-                            "value": float(new.values[at])}
+                if not math.isfinite(new.values[at]):
+                    went_bad = {"split": series.split, "key": series.key, "step": int(new.steps[at]),
+                                "value": float(new.values[at])}
         series.num_refused += refused
-    if connection.vendor == "postgresql":
-        _batch_write(new=new_points, series=list(series_of.values()), training_run_id=training_run_id,
-                     bump=bump_inside)
-    else:
-        created, merging = [], {}
-        for series, new in new_points:
-            _append(series, new, created=created, merging=merging)
-        _chunks_write(created=created, merging=merging)
-        _summaries_write(list(series_of.values()))
+    points_append(training_run_id=training_run_id, new=new_points, series=list(series_of.values()), bump=bump_inside)
     if not bump_inside:
         curves_changed(training_run_id=training_run_id)  # live pages' polls see the points (runs.pipeline.status.changes)
     if went_bad is not None:  # a loss series became NaN or infinite: the rules are asked then, not per batch

@@ -10,12 +10,14 @@ import io
 
 import numpy as np
 import pytest
+from django.db import transaction
 
 from runs.models import MetricChunk, MetricSeries
 from runs.tracking import services
 from runs.tracking.chunks import CHUNK_POINTS, Points, preview, unpack, unpack_one
 from runs.tracking.curve_api import _csv_rows
 from runs.tracking.curves import series_points
+from runs.tracking.reported_points import points_report
 from runs.tracking.services import metrics_record, metrics_truncate
 from tests.curves.test_metric_store import training  # noqa: F401 - the fixture
 
@@ -126,3 +128,74 @@ def test_the_csv_export_gives_back_what_was_written_byte_for_byte(client, user, 
     assert body == "".join(_csv_rows([points])).encode()
     rows = list(csv.DictReader(io.StringIO(body.decode())))
     assert len(rows) == 10_000 and rows[0]["value"] == "-0.0" and rows[1]["value"] == "5e-324"
+
+
+def _report(training_run_id: int, key: str, part: Points):
+    """A batch as the API stores it (runs.pipeline.launch.external holds the transaction), the times given."""
+    with transaction.atomic():
+        return points_report(training_run_id=training_run_id, points=_batch(key, part.steps, part.values, part.epochs,
+                                                                            part.times))
+
+
+def _consistent(series: MetricSeries) -> None:
+    """The series' open_points/open_chunks are its chunks not yet full, which are its last ones."""
+    series.refresh_from_db()
+    sizes = list(series.chunks.order_by("first_step").values_list("num_points", flat=True))
+    full = sizes.count(CHUNK_POINTS)
+    assert sizes[:full] == [CHUNK_POINTS] * full
+    assert (series.open_points, series.open_chunks) == (sum(sizes[full:]), len(sizes) - full)
+
+
+def test_api_reports_after_a_workers_batches_store_what_the_worker_alone_would(training):  # noqa: F811
+    """Batches by turns from a worker (metrics_record) and the API (points_report) on one series, an API batch sent
+    twice: the chunks the same as one writer's, and every point back byte for byte."""
+    points = _written(30_000, seed=6)
+    points.values[~np.isfinite(points.values)] = 0.25  # the API takes finite values only: the same for both series
+    lo, turn = 0, 0
+    while lo < len(points):
+        part = points.take(slice(lo, lo + SIZES[turn % len(SIZES)]))
+        metrics_record(training_run_id=training.pk, points=_batch("loss_1", part.steps, part.values, part.epochs,
+                                                                  part.times))
+        if turn % 2:
+            assert _report(training.pk, "loss_0", part).accepted == len(part)
+            again = _report(training.pk, "loss_0", part)  # a client's retry: nothing doubled
+            assert (again.accepted, again.unchanged, again.replaced) == (0, len(part), 0)
+        else:
+            metrics_record(training_run_id=training.pk, points=_batch("loss_0", part.steps, part.values,
+                                                                      part.epochs, part.times))
+        lo, turn = lo + len(part), turn + 1
+    series = {s.key: s for s in MetricSeries.objects.filter(training_run=training)}
+    assert _rows(series["loss_0"]) == _rows(series["loss_1"])
+    _consistent(series["loss_0"])
+    back = series_points(series=series["loss_0"])
+    for name in ("steps", "epochs", "values", "times"):
+        assert getattr(back, name).tobytes() == getattr(points, name).tobytes(), name
+
+
+def test_a_workers_batch_after_an_api_rewrite_merges_the_rewritten_points(client, user, training):  # noqa: F811
+    """An API batch resending steps from a full chunk into the open ones, some values corrected, rewrites those
+    chunks; the worker's next batch, in the process that remembered the old open points, merges the new ones."""
+    points = _written(13_000, seed=7)
+    _write(training.pk, "loss_0", points.take(slice(0, 10_000)))  # 2 full chunks, open ones this process remembers
+    series = MetricSeries.objects.get(training_run=training)
+    assert series.open_points == 10_000 - 2 * CHUNK_POINTS and services._open.kept
+    resent = points.take(slice(7_000, 9_000))
+    resent.values[::2] += 1.0  # every other value corrected
+    resent.values[~np.isfinite(resent.values)] = 0.5
+    counts = _report(training.pk, "loss_0", resent)
+    assert (counts.accepted, counts.unchanged + counts.replaced) == (0, 2_000) and counts.replaced >= 1_000
+    assert series.pk not in services._open.kept  # what this process kept of the open points no longer holds
+    _consistent(series)
+    points.values[7_000:9_000] = resent.values
+    rest = points.take(slice(10_000, 13_000))  # fills the open chunk: merged with the rewritten points
+    metrics_record(training_run_id=training.pk, points=_batch("loss_0", rest.steps, rest.values, rest.epochs,
+                                                              rest.times))
+    _consistent(series)
+    assert series.open_points == 13_000 - 3 * CHUNK_POINTS
+    back = series_points(series=series)
+    for name in ("steps", "epochs", "values", "times"):
+        assert getattr(back, name).tobytes() == getattr(points, name).tobytes(), name
+    client.force_login(user)
+    response = client.get(f"/api/v1/runs/{training.run_id}/metrics/export/",
+                          {"key": "loss_0", "split": "train", "format": "csv"})
+    assert b"".join(response.streaming_content) == "".join(_csv_rows([points])).encode()

@@ -11,7 +11,7 @@ import math
 
 import pytest
 from django.core.cache import cache
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from runs.alerts import services as alert_services
@@ -24,6 +24,7 @@ from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.chunks import CHUNK_POINTS
 from runs.tracking import services as services_module
 from runs.tracking.curves import series_points
+from runs.tracking.reported_points import points_report
 from runs.tracking.services import metrics_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -170,3 +171,29 @@ def test_a_curve_read_and_a_status_poll_cost_the_same_queries_for_1_series_and_2
         assert few == more, path
     body = client.get(f"/api/v1/runs/{many.pk}/metrics/?points=2000").json()
     assert len(body["series"]) == 20 and {len(s["steps"]) for s in body["series"]} == {2000}
+
+
+def _report_queries(training_run_id: int, points: list[dict]) -> list[str]:
+    """A checked batch reported as the API stores it (runs.pipeline.launch.external holds the transaction)."""
+    with CaptureQueriesContext(connection) as ctx, transaction.atomic():
+        counts = points_report(training_run_id=training_run_id, points=points)
+    assert counts.accepted == len(points), counts
+    return [q["sql"] for q in ctx.captured_queries]
+
+
+def test_the_apis_appended_points_cost_the_workers_queries_and_merge_from_memory(user):
+    """The API's points after a series' last step go through the workers' append (services.points_append): the
+    same statements a batch, and a batch that fills chunks merges the open points this process wrote without
+    reading them back (the old append read them back and inserted by COPY)."""
+    five = external_run_create(user=user, name="five", config={"epochs": 1}).training_run.pk
+    keys = [f"loss_{i}" for i in range(5)]
+    _report_queries(five, _batch(keys, [1, 2]))  # the series' rows made
+    steady = _report_queries(five, _batch(keys, range(3, 203)))
+    # BEGIN, the series locked, the chunks inserted, the summaries updated, COMMIT, then the counters' bump (after
+    # the caller's commit: it updates the training's progress after the points). No savepoint of its own.
+    assert [q.split()[0] for q in steady] == ["BEGIN", "SELECT", "INSERT", "UPDATE", "COMMIT", "SET"], steady
+    merged = _report_queries(five, _batch(keys, range(203, 203 + CHUNK_POINTS)))
+    assert len(merged) == len(steady) + 1, merged  # the open chunks' delete, nothing read back
+    for series in MetricSeries.objects.filter(training_run_id=five):
+        assert (series.num_points, series.open_points, series.open_chunks) == (202 + CHUNK_POINTS, 202, 1)
+        assert series_points(series=series).steps.tolist() == list(range(1, 203 + CHUNK_POINTS))
