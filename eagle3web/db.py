@@ -104,9 +104,15 @@ def compile_query(rows: QuerySet, **stand_ins: int) -> CompiledQuery:
     exactly once among the parameters: a rule that dropped one, or repeated it, would otherwise be run with
     the wrong values, so it fails here, at the first call, instead."""
     sql, params = rows.query.sql_with_params()
+    return compile_statement(sql, params, database=rows.db, **stand_ins)
+
+
+def compile_statement(sql: str, params: tuple, *, database: str, **stand_ins: int) -> CompiledQuery:
+    """compile_query for a statement put together from several querysets' compiled text and parameters (each
+    its own stand-ins, so that each still appears once)."""
     named = {value: name for name, value in stand_ins.items()}
     slots = tuple(named[p] if type(p) is int and p in named else ("constant", p) for p in params)
     for name in stand_ins:
         if slots.count(name) != 1:
             raise AssertionError(f"{name} is in the compiled statement {slots.count(name)} times, not once: {sql}")
-    return CompiledQuery(database=rows.db, sql=sql, slots=slots)
+    return CompiledQuery(database=database, sql=sql, slots=slots)

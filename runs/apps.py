@@ -15,5 +15,10 @@ class RunsConfig(AppConfig):
 
         alert_receivers.connect()
         sweep_receivers.connect()
+        # The bell's unread count read in the runs list's own statement; neither domain may import the other.
+        from runs.alerts import selectors as alert_selectors
+        from runs.saved_views import viewer_reads
+
+        viewer_reads.add_frame_count("alerts_unread", alert_selectors.unread_notices)
         # Names each stage's and job's model (stage_record.NAMES_BY_MODEL), which the rows' failure sentences use.
         import runs.pipeline.lifecycle.stages  # noqa: F401

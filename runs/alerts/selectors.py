@@ -65,7 +65,13 @@ def notice_list(*, user) -> QuerySet[AlertNotice]:
 
 
 def unread_count(*, user) -> int:
-    return AlertNotice.objects.filter(user=user, read_at__isnull=True).count()
+    return unread_notices(user).count()
+
+
+def unread_notices(user) -> QuerySet[AlertNotice]:
+    """The user's (or the user id's) notices not yet read: the bell's count (runs.alerts.context; the runs list
+    counts them in its own statement, runs.saved_views.viewer_reads)."""
+    return AlertNotice.objects.filter(user=user, read_at__isnull=True)
 
 
 def notice_exists(*, user, notice_id: int) -> bool:

@@ -55,10 +55,15 @@ def visible_projects(user: AbstractBaseUser) -> tuple[list[int] | None, list[str
         return None, list(Project.objects.order_by("name").values_list("name", flat=True))
     if not user.is_authenticated:
         return [], []
-    member_of = ProjectMember.objects.filter(user=user).values("project_id")
-    rows = list(Project.objects.filter(Q(open_to_all=True) | Q(pk__in=member_of)).order_by("name")
-                .values_list("pk", "name"))
+    rows = list(projects_seen_by_member(user).order_by("name").values_list("pk", "name"))
     return sorted(pk for pk, _ in rows), [name for _, name in rows]
+
+
+def projects_seen_by_member(user: AbstractBaseUser | int) -> QuerySet[Project]:
+    """The projects a signed-in user who is not staff sees (visible_projects): the open ones and those they
+    are a member of, whatever the role. `user`: the user or their id."""
+    member_of = ProjectMember.objects.filter(user=user).values("project_id")
+    return Project.objects.filter(Q(open_to_all=True) | Q(pk__in=member_of))
 
 
 def visible_project_ids(user: AbstractBaseUser) -> list[int] | None:

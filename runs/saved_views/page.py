@@ -10,11 +10,9 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 
-from runs.pipeline.status import changes
-from runs.projects import access
 from runs.review import reviews
 from runs.saved_views import selectors as view_selectors
-from runs.saved_views import table_rows
+from runs.saved_views import table_rows, viewer_reads
 from runs.tracking import comparison
 from runs.tracking.runs_list import run_filters, run_table
 from runs import live
@@ -62,9 +60,10 @@ def _view_asked(request: HttpRequest, views: list) -> object:
 
 def run_list_response(request: HttpRequest, *, params: QueryDict | None = None, view=None, status: int = 200,
                       form_errors: dict | None = None) -> HttpResponse:
-    visible, project_names = access.visible_projects(request.user)
-    # The views menu's, which the view asked for is one of: one query for both, the projects read once.
-    views = list(view_selectors.saved_views_for(user=request.user, visible=visible))
+    # The viewer's projects, their saved views (the views menu's, which the view asked for is one of), the
+    # frame's counts (the bell's unread alerts) and the list's version: one statement.
+    reads = viewer_reads.viewer_reads(request.user)
+    visible, views = reads.visible, reads.views
     if params is None:
         view = _view_asked(request, views)
         params = request.GET if view is None else view_selectors.view_query(view, request.GET)
@@ -74,7 +73,7 @@ def run_list_response(request: HttpRequest, *, params: QueryDict | None = None, 
         messages.error(request, str(exc))
         return redirect("runs:run_list")
     # What every viewer of the same projects sees alike, cached until a run, review or tag changes.
-    version = changes.runs_list_version()
+    version = reads.version
     table = live.cached(("run_table", version, visible, sorted(params.lists())), lambda: (
         _run_table_html(filters=filters, params=params, visible=visible), RUN_TABLE_SECONDS))
     choices = live.cached(("run_choices", version), lambda: (run_table.filter_choices(), live.SETTLED_SECONDS))
@@ -82,6 +81,6 @@ def run_list_response(request: HttpRequest, *, params: QueryDict | None = None, 
     query.pop("page", None)
     return render(request, "runs/tracking/run_list.html", {
         "table": mark_safe(table), "filters": filters, "choices": choices,  # noqa: S308 - the template engine's
-        "projects": project_names, "views": views, "view": view,
+        "projects": reads.project_names, "views": views, "view": view,
         "query": query.urlencode(), "settings_text": run_filters.settings_text(filters.settings),
-        "form_errors": form_errors or {}}, status=status)
+        "form_errors": form_errors or {}, **reads.counts}, status=status)

@@ -16,10 +16,17 @@ def saved_views_for(*, user: AbstractBaseUser, visible: list[int] | None = ...) 
         return SavedView.objects.none()
     if visible is ...:
         visible = access.visible_project_ids(user)
+    return SavedView.objects.filter(views_found(user=user, visible=visible)).select_related(
+        "owner", "project").order_by("name", "id")
+
+
+def views_found(*, user: AbstractBaseUser | int, visible) -> Q:
+    """The views `user` (the user or their id) finds: their own, and the shared views of the projects
+    `visible` (ids, or a query of them; None: every project)."""
     shared = Q(shared=True)
     if visible is not None:
         shared &= Q(project_id__in=visible)
-    return SavedView.objects.filter(Q(owner=user) | shared).select_related("owner", "project").order_by("name", "id")
+    return Q(owner=user) | shared
 
 
 def saved_view_get(*, user: AbstractBaseUser, pk: int) -> SavedView:
