@@ -97,14 +97,15 @@ def takes_gzip(request: HttpRequest) -> bool:
     return False
 
 
-def json_answer_gzipped(request: HttpRequest, *, key: tuple, tag: str, body: bytes) -> HttpResponse:
+def json_answer_gzipped(request: HttpRequest, *, key: tuple, tag: str, body: bytes,
+                        seconds: int = SETTLED_SECONDS) -> HttpResponse:
     """json_answer, gzipped for a client that takes it when the body is GZIP_AT or more: compressed once per
-    process for every viewer (cached beside the body under `key`). Its ETag is the same one, weak, as RFC 9110
-    asks of another encoding of the same content (not_modified compares weakly)."""
+    process for every viewer (cached beside the body under `key`, kept as long as the body: `seconds`). Its ETag
+    is the same one, weak, as RFC 9110 asks of another encoding of the same content (not_modified compares weakly)."""
     if len(body) < GZIP_AT or not takes_gzip(request):
         response = json_answer(tag=tag, body=body)
     else:
-        packed = cached((*key, "gzip"), lambda: (gzip.compress(body, compresslevel=1, mtime=0), SETTLED_SECONDS))
+        packed = cached((*key, "gzip"), lambda: (gzip.compress(body, compresslevel=1, mtime=0), seconds))
         response = _headers(HttpResponse(packed, content_type="application/json"), "W/" + tag)
         response["Content-Encoding"] = "gzip"
     patch_vary_headers(response, ("Accept-Encoding",))

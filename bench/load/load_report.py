@@ -64,7 +64,8 @@ def cpu_use(groups: dict[str, int], database: str) -> dict[str, float]:
 def server_times(log: Path, start: int, end: int) -> dict:
     """gunicorn's own time and bytes for each request logged between two offsets of its access log (the
     request's path, status, milliseconds, body bytes and query string): percentiles without the client's
-    share, the curves' whole reads (no `start`) apart from their polls."""
+    share, the curves' whole reads (no `start`) apart from their polls, the status alone apart from the run
+    page's one poll of status and curves (`curves_start`)."""
     rows = []
     for line in log.read_bytes()[start:end].decode().splitlines():
         fields = line.split()
@@ -72,11 +73,14 @@ def server_times(log: Path, start: int, end: int) -> dict:
             rows.append((fields[0], float(fields[2]), int(fields[3]) if fields[3].isdigit() else 0,
                          fields[4] if len(fields) == 5 else ""))
     out = {}
-    for name, match, query in (("all", "", None), ("status", "/api/v1/runs/\\d+/status/$", None),
-                               ("curves", "/metrics/$", None), ("curve_full", "/metrics/$", False),
-                               ("curve_poll", "/metrics/$", True), ("pages", "^/(runs/\\d+/)?$", None)):
+    status = "/api/v1/runs/\\d+/status/$"
+    # Each: the path's pattern and what the query string must hold (or not: "!"), "" for anything.
+    for name, match, query in (("all", "", ""), ("status", status, ""), ("status_poll", status, "!curves_start="),
+                               ("run_poll", status, "curves_start="), ("curves", "/metrics/$", ""),
+                               ("curve_full", "/metrics/$", "!start="), ("curve_poll", "/metrics/$", "start="),
+                               ("pages", "^/(runs/\\d+/)?$", "")):
         mine = [(ms, size) for path, ms, size, q in rows if re.search(match, path)
-                and (query is None or ("start=" in q) == query)]
+                and (query.lstrip("!") in q) != query.startswith("!")]
         out[name] = {**percentiles([ms for ms, _ in mine]), "requests": len(mine),
                      "mean_bytes": round(sum(size for _, size in mine) / len(mine)) if mine else None}
     return out

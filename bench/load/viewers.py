@@ -3,13 +3,15 @@
 Each viewer does what the page's scripts do, at the intervals read from those scripts themselves:
 - static/js/runs/run_detail.js polls the run's status, waiting its interval after each answer, with `?since=<the
   state_version it holds>` (the live part while the run's state stands still): the page's own summary's
-  first (templates/runs/pipeline/_run_body.html brings it), then that of each whole summary it gets;
-- static/js/runs/curves.js reads the whole curves once (`?points=2000`), then polls the steps after the newest
-  one it holds (`?start=S&points=2000`), asks a series again from its own last step where its count says it
-  missed points before S, and waits between polls MIN_POLL_MS, or half the time between the last two polls
-  that brought points, growing 1.5 times after each poll that found nothing, at most MAX_POLL_MS;
+  first (templates/runs/pipeline/_run_body.html brings it), then that of each whole summary it gets; it stops
+  asking once the curves' loop carries the status (below);
+- static/js/runs/curves.js reads the whole curves once (`?points=2000`), then polls the status and the steps after
+  the newest one it holds in one request (`status/?since=V&curves_start=S`: runs.api.views.run_poll), asks a
+  series again from its own last step where its count says it missed points before S, and waits between polls
+  MIN_POLL_MS, or half the time between the last two polls that brought news (points or a status), growing 1.5
+  times after each poll that found nothing (a 304), at most MAX_POLL_MS;
 - static/js/shared/live_fetch.js sends each poll's If-None-Match: the ETag of its loop's last answer from
-  the same URL (the curves' poll: from any URL), and keeps what it has on a 304;
+  the same URL (the one poll: from any URL), and keeps what it has on a 304;
 - the browser takes gzip (Accept-Encoding), and the bytes counted are those the server sent;
 - and the viewer reloads the page every minute: the page's HTML, then both loops from scratch (no
   ETag, the whole curves), as a browser does (its static files are cached; not requested).
@@ -59,6 +61,7 @@ def page_timings() -> dict[str, float]:
     status = re.search(r"setTimeout\(poll, (\d+)\)", detail)
     curve = re.search(r"const MIN_POLL_MS = (\d+), MAX_POLL_MS = (\d+);", curves)
     adapted = "setTimeout(poll, pollMs)" in curves and "(now - lastNewsAt) / 2" in curves and "pollMs * 1.5" in curves
+    adapted = adapted and "status.url({curves_start: start})" in curves and "window.runStatus.carried" in detail
     points = re.search(r"const POINTS = (\d+);", curves)
     if not (status and curve and adapted and points) or int(points[1]) != POINTS:
         raise SystemExit("static/js/runs/run_detail.js or curves.js no longer poll as bench/load/viewers.py expects: update it")
@@ -79,11 +82,12 @@ class Viewer:
         self.poll_s = timings["curves_min_s"]
         self.last_news = 0.0  # when a curve poll last brought points (monotonic)
         self.state_version: int | None = None  # of the whole summary held (None: none yet)
+        self.carried = False  # the curves' loop asks for the status too (run_detail.js then asks nothing)
 
     def _get(self, name: str, path: str, loop: str | None = None) -> tuple[int, bytes]:
         headers = {"Accept": "application/json"} if loop else {"Accept": "text/html"}
         known = self.etags.get(loop) if loop else None
-        if known and (known[0] == path or loop == "poll"):
+        if known and (known[0] == path or loop == "run-poll"):
             headers["If-None-Match"] = known[1]
         started = time.monotonic()
         try:
@@ -105,18 +109,26 @@ class Viewer:
         self.etags.clear()
         self.held.clear()
         self.poll_s, self.last_news = self.timings["curves_min_s"], 0.0
+        self.carried = False
         # As run_detail.js: the page brings its summary (its state_version), so the first poll asks since then.
         held = re.search(rb'"state_version": (\d+)', body) if status == 200 else None
         self.state_version = int(held[1]) if held else None
 
-    def _poll_status(self) -> None:
+    def _status_url(self, **params) -> str:
         # As run_detail.js: once it holds a whole summary, what moved since its state (the live part).
-        since = f"?since={self.state_version}" if self.state_version is not None else ""
-        status, body = self._get("status_poll", f"/api/v1/runs/{self.run_id}/status/{since}", "status")
+        query = {**({"since": self.state_version} if self.state_version is not None else {}), **params}
+        return f"/api/v1/runs/{self.run_id}/status/" + ("?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else "")
+
+    def _took_status(self, summary: dict) -> None:
+        if not summary.get("live"):
+            self.state_version = summary.get("state_version")
+
+    def _poll_status(self) -> None:
+        if self.carried:
+            return  # the one poll brings it
+        status, body = self._get("status_poll", self._status_url(), "status")
         if status == 200:
-            summary = json.loads(body)
-            if not summary.get("live"):
-                self.state_version = summary.get("state_version")
+            self._took_status(json.loads(body))
 
     def _hold(self, series: list[dict]) -> bool:
         """What curves.js keeps of an answer; True when it brought points."""
@@ -135,8 +147,12 @@ class Viewer:
                 self._hold(json.loads(body)["series"])
             return
         since = max(-1 if step is None else step for step, _ in self.held.values()) + 1
-        status, body = self._get("curve_poll", f"{base}?start={since}&points={POINTS}", "poll")
-        series = json.loads(body)["series"] if status == 200 else []
+        self.carried = True
+        status, body = self._get("run_poll", self._status_url(curves_start=since), "run-poll")
+        answer = json.loads(body) if status == 200 else None
+        if answer:
+            self._took_status(answer["status"])
+        series = answer["curves"]["series"] if answer else []
         for i, s in enumerate(series):
             step, counted = self.held.get(f"{s['split']}:{s['key']}", (None, 0))
             if s["num_points"] - counted - s["points_in_window"] > 0:  # points before `since`: that series again
@@ -144,7 +160,7 @@ class Viewer:
                                         f"{0 if step is None else step + 1}&points={POINTS}")
                 series[i] = json.loads(body)["series"][0] if again == 200 else s
         now = time.monotonic()
-        if self._hold(series):
+        if self._hold(series) or answer:
             if self.last_news:
                 self.poll_s = min(self.timings["curves_max_s"], max(self.timings["curves_min_s"], (now - self.last_news) / 2))
             self.last_news = now

@@ -167,15 +167,21 @@ def run_metrics(request: HttpRequest, pk: int) -> HttpResponse:
     tag = poll_etag(pk, owner.curve_changes, query)
     if unchanged := live.not_modified(request, tag):
         return unchanged
+    key, body = window_body(owner, query)
+    return live.json_answer_gzipped(request, key=key, tag=tag, body=body)
 
+
+def window_body(owner: curves.CurveOwner, query: curves.CurveQuery) -> tuple[tuple, bytes]:
+    """The answer's JSON and its cache key: built by the first viewer asking the same after a point arrived, read
+    by the others (runs.live); the run page's one poll embeds the same (runs.api.views.run_poll)."""
     def build():
         series = ([] if owner.training_run_id is None
                   else curves.curve_window_columns(training_run_id=owner.training_run_id, query=query))
         head = {"run": owner.run_id, "start": query.start, "end": query.end, "points": query.points}
         return window_json(head, series), live.SETTLED_SECONDS
 
-    key = ("curves", pk, owner.curve_changes, query)
-    return live.json_answer_gzipped(request, key=key, tag=tag, body=live.cached(key, build))
+    key = ("curves", owner.run_id, owner.curve_changes, query)
+    return key, live.cached(key, build)
 
 
 def _csv_rows(points_iter):

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from runs.api.bodies import idempotency, launch
 from runs.api import shapes
-from runs.api.views import external as views_external
+from runs.api.views import external as views_external, run_poll
 from runs.api.shapes import launched as _launched, run_answer
 from runs.api.base import ApiInputError, ApiView, error_response, paged
 from runs.api.bodies.serializers import (CopySerializer, EmptySerializer, ExternalRunSerializer, LaunchSerializer,
@@ -23,8 +23,6 @@ from runs.pipeline.status import changes
 from runs.pipeline.online import services as online_services
 from runs.pipeline import selectors, services
 from runs.pipeline.status.run_summary import run_summary
-from runs.pipeline.status.live_summary import run_live_summary
-from runs.pipeline.lifecycle.stage_record import StageStatus
 from runs.projects import access
 from runs.review import tags as tag_services
 from runs.tracking import curve_api
@@ -120,9 +118,13 @@ class RunDetail(ApiView):
 class RunStatus(ApiView):
     query_params = {"GET": [("since", "integer", "the state_version of the whole summary the caller holds: while "
                                                  "the run's state has not moved since, only what moves while it "
-                                                 "runs (live: true)")]}
+                                                 "runs (live: true)"),
+                            ("curves_start", "integer", "with it, the answer is {status, curves}: curves what "
+                                                        "/metrics/?start=<it>&points=2000 answers (the run page's "
+                                                        "one poll while the run trains)")]}
     responses = {"GET": {"200": "the run summary alone (no tags, owner or links) with its state_version, or with "
-                                "?since= its live part; with an ETag",
+                                "?since= its live part; with ?curves_start= both it and the new curve points as "
+                                "{status, curves}; with an ETag",
                          "304": "If-None-Match named the ETag and nothing the summary shows changed; no body"}}
 
     def get(self, request, pk: int):
@@ -130,34 +132,34 @@ class RunStatus(ApiView):
         else the summary cached for every viewer until the counter moves (runs.live).
 
         With `since` (the `state_version` of the summary the caller holds) and no state change since: the
-        live part alone (runs.pipeline.status.live_summary), what a training moves every few seconds.
+        live part alone (runs.pipeline.status.live_summary), what a training moves every few seconds. With
+        `curves_start` too: that and the curves' points after it, in one answer (runs.api.views.run_poll).
 
         Apart from the run's detail, which adds tags and the queue's hand-over: those do not move the
         change counter (runs.pipeline.status.changes), so an ETag of the counter would keep them stale."""
-        since = request.query_params.get("since")
-        if since is not None and not (since.isascii() and since.isdigit() and len(since) <= 18):
-            raise ApiInputError("since must be a whole number: the state_version of a summary", field="since")
+        since, curves_start = (_whole_number(request, name) for name in ("since", "curves_start"))
+        if curves_start is not None:
+            return run_poll.run_poll(request._request, pk, since=since, curves_start=curves_start)
         # First: the rows read after it are at least this new. With the user: 404 outside their projects,
         # checked before the answer cached for every viewer.
         counters = changes.run_counters(run_id=pk, user=request.user)
         if counters is None:
             raise Http404(f"no run {pk}")
-        part = "live" if since is not None and int(since) == counters.state_changes else "status"
+        part = run_poll.status_part(since, counters.state_changes)
         tag = live.etag(part, pk, counters.changes)
         if unchanged := live.not_modified(request._request, tag):
             return unchanged
+        body, _ = run_poll.status_body(user=request.user, pk=pk, part=part, changes=counters.changes,
+                                       state_changes=counters.state_changes)
+        return live.json_answer(tag=tag, body=body)
 
-        def build():
-            run = selectors.run_get(pk=pk, user=request.user)
-            if part == "live":  # it holds the running stages alone
-                summary = run_live_summary(run, state_version=counters.state_changes)
-                running = bool(summary["stages"])
-            else:
-                summary = {**run_summary(run), "state_version": counters.state_changes}
-                running = any(stage["status"] == StageStatus.RUNNING for stage in summary["stages"])
-            return live.json_bytes(summary), live.RUNNING_SECONDS if running else live.SETTLED_SECONDS
 
-        return live.json_answer(tag=tag, body=live.cached((part, pk, counters.changes), build))
+def _whole_number(request, name: str) -> int | None:
+    text = request.query_params.get(name)
+    if text is not None and not (text.isascii() and text.isdigit() and len(text) <= 18):
+        what = "the state_version of a summary" if name == "since" else "a step"
+        raise ApiInputError(f"{name} must be a whole number: {what}", field=name)
+    return None if text is None else int(text)
 
 
 class RunCancel(ApiView):

@@ -225,9 +225,27 @@
   async function pollNew() {
     // Only the steps after the newest one held: every viewer that holds the same asks the same (one cached answer),
     // and sends back its last answer's ETag, so while no point arrived it gets a 304 (runs.tracking.curve_api).
+    // With run_detail.js on the page, the run's status comes in the same request (runs.api.views.run_poll): one
+    // poll instead of two, its 304 meaning neither moved. True when it brought news (points or a status).
     const start = Math.max(...Object.values(series).map((s) => s.last_step ?? -1)) + 1;
-    const fresh = await fetchSeries({start, points: POINTS}, "poll", true);
-    if (!fresh) return false;
+    const status = window.runStatus;
+    let fresh;
+    if (status) {
+      status.carried = true;
+      let answer;
+      try {
+        answer = await window.liveJson("run-poll", status.url({curves_start: start}), {anyUrl: true});
+      } catch (err) {
+        status.lost(err);
+        throw err;
+      }
+      status.took(answer && answer.status);
+      if (!answer) return false;
+      fresh = answer.curves.series;
+    } else {
+      fresh = await fetchSeries({start, points: POINTS}, "poll", true);
+      if (!fresh) return false;
+    }
     const changed = new Set();
     for (let s of fresh) {
       const id = sid(s), have = series[id];
@@ -244,7 +262,7 @@
       changed.add(familyOf(s.key));
     }
     if (changed.size) drawAll(changed);
-    return changed.size > 0;
+    return changed.size > 0 || !!status;
   }
 
   async function poll() {

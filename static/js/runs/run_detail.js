@@ -252,29 +252,47 @@
     return shown;
   }
 
-  function pollUrl() {
+  function pollUrl(params = {}) {
     // Holding a whole summary: ask for what moved since its state (the whole summary again once that moved).
-    if (!shown) return statusUrl;
     const url = new URL(statusUrl, window.location.href);
-    url.searchParams.set("since", shown.state_version);
+    if (shown) url.searchParams.set("since", shown.state_version);
+    for (const [name, value] of Object.entries(params)) url.searchParams.set(name, value);
     return url.pathname + url.search;
   }
 
+  function took(answer) {
+    // A status answer: null when unchanged (a 304), the live part, or the whole summary.
+    const summary = answer && answer.live ? withLivePart(answer) : answer;
+    if (summary) {
+      renderStages(summary);
+      document.dispatchEvent(new CustomEvent("run-summary", {detail: summary}));  // curves.js stops with the run
+      finished = summary.finished;
+      shown = summary;
+      shownAt = Date.now();
+    } else {
+      tickRunning();
+    }
+  }
+
+  function lost(err) {
+    document.getElementById("run-status").title = "Lost contact with the server (" + err + "); retrying.";
+  }
+
+  // While the run trains, curves.js's one poll brings the status too (runs.api.views.run_poll: one request where
+  // there were two): it asks pollUrl with its own parameters, hands the status here, and sets `carried`; this
+  // loop then asks nothing and only counts a running stage's duration on. Until then (no curve yet) it asks for
+  // the status alone.
+  window.runStatus = {url: pollUrl, took, lost, carried: false};
+
   async function poll() {
-    try {
-      const answer = await window.liveJson("status", pollUrl());  // null: unchanged (static/js/shared/live_fetch.js)
-      const summary = answer && answer.live ? withLivePart(answer) : answer;
-      if (summary) {
-        renderStages(summary);
-        document.dispatchEvent(new CustomEvent("run-summary", {detail: summary}));  // curves.js stops with the run
-        finished = summary.finished;
-        shown = summary;
-        shownAt = Date.now();
-      } else {
-        tickRunning();
+    if (window.runStatus.carried) {
+      tickRunning();
+    } else {
+      try {
+        took(await window.liveJson("status", pollUrl()));  // null: unchanged (static/js/shared/live_fetch.js)
+      } catch (err) {
+        lost(err);
       }
-    } catch (err) {
-      document.getElementById("run-status").title = "Lost contact with the server (" + err + "); retrying.";
     }
     if (!finished) setTimeout(poll, 2000);
   }

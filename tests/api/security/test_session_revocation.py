@@ -1,7 +1,7 @@
 """What every signed-in request reads first (the session, the user, the run's counters where its project lets the
 user see it: runs.api.account.sessions, runs.projects.visible_run) is read from PostgreSQL each time, so
-taking access away works at once, for the curve read and the status poll whose answers are cached for every
-viewer (runs.live): a session signed out, in this process or another, a user made inactive or given a new
+taking access away works at once, for the curve read, the status poll and the run page's one poll of both,
+whose answers are cached for every viewer (runs.live): a session signed out, in this process or another, a user made inactive or given a new
 password, a member removed from the run's project and a staff member demoted lose them on their next request. Through the real views, signed in with a
 password, on PostgreSQL."""
 from __future__ import annotations
@@ -32,8 +32,10 @@ def hidden_run(user, roots):
     return run
 
 
-def _urls(run) -> tuple[str, str]:
-    return f"/api/v1/runs/{run.pk}/metrics/?keys=loss&split=train&points=2000", f"/api/v1/runs/{run.pk}/status/"
+def _urls(run) -> tuple[str, str, str]:
+    """The curve read, the status poll, and the run page's one poll of both (runs.api.views.run_poll)."""
+    return (f"/api/v1/runs/{run.pk}/metrics/?keys=loss&split=train&points=2000", f"/api/v1/runs/{run.pk}/status/",
+            f"/api/v1/runs/{run.pk}/status/?curves_start=5")
 
 
 def _signed_in(username: str, password: str) -> Client:
@@ -47,6 +49,8 @@ def _read_both(client: Client, run) -> list[int]:
     codes = []
     for url in _urls(run):
         first = client.get(url)
+        if first.status_code == 200 and "curves_start" in url:
+            assert set(first.json()) == {"status", "curves"}, first.content[:200]
         codes += [first.status_code, client.get(url, HTTP_IF_NONE_MATCH=first.get("ETag", "")).status_code]
     return codes
 
@@ -55,17 +59,17 @@ def test_a_session_signed_out_elsewhere_reads_nothing_at_once(user, hidden_run):
     page = _signed_in(user.username, user.raw_password)
     copy = Client()  # the same cookie, as another tab (or whoever copied it) sends it
     copy.cookies[settings.SESSION_COOKIE_NAME] = page.cookies[settings.SESSION_COOKIE_NAME].value
-    assert _read_both(copy, hidden_run) == [200, 304, 200, 304]
+    assert _read_both(copy, hidden_run) == [200, 304] * 3
     page.logout()
-    assert _read_both(copy, hidden_run) == [401, 401, 401, 401]
+    assert _read_both(copy, hidden_run) == [401, 401] * 3
 
 
 def test_a_session_whose_row_is_gone_reads_nothing_at_once(user, hidden_run):
     """Another web process's sign-out deletes the row; so does staff's cleaning up: no process keeps a copy."""
     client = _signed_in(user.username, user.raw_password)
-    assert _read_both(client, hidden_run) == [200, 304, 200, 304]
+    assert _read_both(client, hidden_run) == [200, 304] * 3
     Session.objects.filter(session_key=client.session.session_key).delete()
-    assert _read_both(client, hidden_run) == [401, 401, 401, 401]
+    assert _read_both(client, hidden_run) == [401, 401] * 3
 
 
 def test_a_member_removed_from_the_project_loses_its_run_at_once(user, hidden_run):
@@ -73,39 +77,39 @@ def test_a_member_removed_from_the_project_loses_its_run_at_once(user, hidden_ru
     project = hidden_run.project
     project_member_set(project=project, user=user, username="olga", role="viewer")
     olga = _signed_in("olga", "pw-olga-1")
-    assert _read_both(olga, hidden_run) == [200, 304, 200, 304]
+    assert _read_both(olga, hidden_run) == [200, 304] * 3
     project_member_set(project=project, user=user, username="olga", role=None)
-    assert _read_both(olga, hidden_run) == [404, 404, 404, 404]
+    assert _read_both(olga, hidden_run) == [404, 404] * 3
     project_member_set(project=project, user=user, username="olga", role="viewer")
-    assert _read_both(olga, hidden_run) == [200, 304, 200, 304]
+    assert _read_both(olga, hidden_run) == [200, 304] * 3
 
 
 def test_staff_made_a_plain_user_lose_every_project_at_once(user, hidden_run):
     """Staff see every project: the statement read for them names no user, another's does (runs.projects.visible_run)."""
     get_user_model().objects.create_user("sam", password="pw-sam-1", is_staff=True)
     sam = _signed_in("sam", "pw-sam-1")
-    assert _read_both(sam, hidden_run) == [200, 304, 200, 304]
+    assert _read_both(sam, hidden_run) == [200, 304] * 3
     get_user_model().objects.filter(username="sam").update(is_staff=False)
-    assert _read_both(sam, hidden_run) == [404, 404, 404, 404]
+    assert _read_both(sam, hidden_run) == [404, 404] * 3
 
 
 def test_a_user_made_inactive_or_given_a_new_password_reads_nothing_at_once(user, hidden_run):
     client = _signed_in(user.username, user.raw_password)
-    assert _read_both(client, hidden_run) == [200, 304, 200, 304]
+    assert _read_both(client, hidden_run) == [200, 304] * 3
     get_user_model().objects.filter(pk=user.pk).update(is_active=False)
-    assert _read_both(client, hidden_run) == [401, 401, 401, 401]
+    assert _read_both(client, hidden_run) == [401, 401] * 3
     get_user_model().objects.filter(pk=user.pk).update(is_active=True)
     client = _signed_in(user.username, user.raw_password)
     user.set_password("pw-launcher-2")
     user.save()
-    assert _read_both(client, hidden_run) == [401, 401, 401, 401]
+    assert _read_both(client, hidden_run) == [401, 401] * 3
 
 
 def test_a_session_made_before_the_users_read_was_compiled_stays_signed_in(user, hidden_run):
     """Sessions name the backend that signed them in: Django's ModelBackend, before UserBackend was listed."""
     client = Client()
     client.force_login(user, backend="django.contrib.auth.backends.ModelBackend")
-    assert _read_both(client, hidden_run) == [200, 304, 200, 304]
+    assert _read_both(client, hidden_run) == [200, 304] * 3
 
 
 def test_the_repeated_curve_read_reads_three_rows_and_builds_no_statement(user, hidden_run, monkeypatch):

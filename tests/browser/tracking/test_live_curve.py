@@ -25,7 +25,8 @@ def test_the_live_chart_gains_new_points_and_keeps_its_spikes(live_server, user,
     training_id = run.training_run.pk
     metrics_record(training_run_id=training_id, points=_loss_0(range(41, 3901), {1000: 50.0}))
     asked = []
-    page.on("request", lambda r: asked.append(r.url) if "/metrics/" in r.url else None)
+    # The curves' reads, and the one poll that brings the new points with the status (runs.api.views.run_poll).
+    page.on("request", lambda r: asked.append(r.url) if "/metrics/" in r.url or "curves_start=" in r.url else None)
     _log_in(page, live_server, user)
     page.goto(f"{live_server.url}/runs/{run.pk}/")
     # The whole read: 3,900 points drawn as 2,000 by the server (MinMaxLTTB), the spike among them.
