@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable
+from decimal import ROUND_HALF_UP, Decimal
 from urllib.parse import quote
 
 from django.contrib.humanize.templatetags.humanize import naturaltime
@@ -38,6 +39,20 @@ def _seconds(value) -> str:
     return f"{at.year:04d}-{at.month:02d}-{at.day:02d} {at.hour:02d}:{at.minute:02d}:{at.second:02d}"
 
 
+_QUANTA = {2: Decimal("0.01"), 4: Decimal("0.0001")}
+
+
+def _fixed(value, places: int) -> str:
+    """The `floatformat` filter's `places` decimals of `value`, as the template wrote it: the float's shortest
+    decimal rounded half up, no minus before a zero. Its own way for a float from 1e-6 to 999, where no thousands
+    separator can appear nor the filter's odd answers to the tiniest floats (a fiftieth of a list built afresh went
+    to the filter's generality); the filter's otherwise."""
+    if type(value) is float and (1e-6 < abs(value) < 999 or value == 0):
+        text = str(Decimal(repr(value)).quantize(_QUANTA[places], ROUND_HALF_UP))
+        return text[1:] if text[0] == "-" and not text.strip("-0.") else text
+    return floatformat(value, places)
+
+
 def _or_dash(text) -> str:
     return esc(text) if text else "–"
 
@@ -63,11 +78,11 @@ def _epochs(run, review) -> str:
 
 
 def _best_val_loss(run, review) -> str:
-    return f"<td>{_or_dash(floatformat(run.best_val_loss, 4))}</td>"
+    return f"<td>{_or_dash(_fixed(run.best_val_loss, 4))}</td>"
 
 
 def _tau(run, review) -> str:
-    return f"<td>{_or_dash(floatformat(run.shown_tau, 2))}</td>"
+    return f"<td>{_or_dash(_fixed(run.shown_tau, 2))}</td>"
 
 
 def _owner(run, review) -> str:

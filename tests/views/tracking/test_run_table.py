@@ -202,3 +202,25 @@ def test_the_newest_first_fast_path_gives_the_general_querys_pages_and_counts(us
                     shown = min(number, last)
                     assert count == len(expected) and [r.pk for r in page.object_list] == expected[(shown - 1) * 3:shown * 3]
     assert not table.run_table(filters=run_filters.RunFilters(project="pb"), visible=[a.pk])[1]  # b's runs hidden
+
+
+def test_the_cells_decimals_are_the_floatformat_filters():
+    """τ and the best loss are written as the template's `floatformat` wrote them (runs.saved_views.table_rows._fixed):
+    halves rounded up from the float's shortest decimal, no "-0.00", the filter's own answer past 999 (a thousands
+    separator) and for the tiniest floats."""
+    import random
+    import struct
+
+    from django.template.defaultfilters import floatformat
+
+    from runs.saved_views.table_rows import _fixed
+
+    rnd = random.Random(40)
+    values = [0.0, -0.0, 0.005, -0.005, 0.015, 2.675, 1.005, -1.005, 0.00005, -0.00005, 998.995, 998.9999, 999.0,
+              -999.0, 1234.5678, 1e-6, -1e-6, 1.1e-6, 9e-7, 1e-20, float("nan"), float("inf"), None, 3, 2.5]
+    values += [(rnd.randrange(-10**6, 10**6) + 0.5) / 10 ** rnd.choice([2, 3, 4]) for _ in range(3000)]
+    values += [rnd.uniform(-1, 1) * 10 ** rnd.randint(-9, 4) for _ in range(3000)]
+    values += [struct.unpack("d", struct.pack("Q", rnd.getrandbits(64)))[0] for _ in range(1000)]
+    for value in values:
+        for places in (2, 4):
+            assert _fixed(value, places) == str(floatformat(value, places)), (value, places)
