@@ -4,15 +4,14 @@ committed (transactional tests), so each counter moves exactly as it does in pro
 from __future__ import annotations
 
 import pytest
-from django.utils import timezone
 
-from runs.models import StageStatus, TrainingRun
+from runs.models import TrainingRun
 from runs.pipeline import services
-from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.lifecycle.result_records import checkpoints_register
 from runs.pipeline.lifecycle.stage_services import stage_heartbeat, stage_progress
 from runs.tracking.services import metrics_record
 from runs import live
+from tests.helpers.training_run import training_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,13 +25,7 @@ def viewer(client, user):
 @pytest.fixture
 def training(user, roots):
     """A run whose training runs (as a worker marks it), with steps 1..9 of one curve."""
-    run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
-                              config=RunConfig(), enqueue=False)
-    now = timezone.now()
-    TrainingRun.objects.filter(run=run).update(status=StageStatus.RUNNING, started_at=now, worker="w",
-                                               lease_expires_at=now + timezone.timedelta(hours=1))
-    metrics_record(training_run_id=run.training_run.pk, points=_points(range(1, 10)))
-    return run
+    return training_run(user, roots, _points(range(1, 10)))
 
 
 def _points(steps, key="loss_0"):
@@ -151,9 +144,9 @@ def test_the_runs_list_is_built_again_when_a_run_changes_state_not_when_it_makes
     record = TrainingRun.objects.get(run=training)
     stage_progress(stage_name="train", record_id=record.pk, done=3, total=40, log_tail="step 3")
     metrics_record(training_run_id=record.pk, points=_points([10]))
-    # Session, user, the projects the user sees (the project filter), the list's counters, the saved views'
-    # menu and the bell's unread count: the table is the one built above.
-    with django_assert_num_queries(6):
+    # Session, user, and one statement of the viewer's projects, saved views, unread count and the list's
+    # counters (runs.saved_views.viewer_reads): the table is the one built above.
+    with django_assert_num_queries(3):
         again = viewer.get("/").content.decode()
     assert again.split('id="run-table"')[1] == built.split('id="run-table"')[1]
     assert viewer.post(f"/runs/{training.pk}/cancel/").status_code == 302

@@ -17,9 +17,14 @@ from django.test.utils import CaptureQueriesContext
 from runs.models import StageStatus, TrainingRun
 from runs.pipeline.lifecycle.stage_services import stage_progress
 from runs.tracking.services import metrics_record
-from tests.views.tracking.test_curve_poll_cost import KEYS, _points, _viewer, training  # noqa: F401 (a fixture)
+from tests.helpers.training_run import DEMO_KEYS, demo_points, signed_in, training_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def training(user, roots):
+    return training_run(user, roots, demo_points(range(1, 501)))
 
 
 def _get(client: Client, url: str, tag: str | None = None):
@@ -33,7 +38,7 @@ def _since(client: Client, run) -> int:
 
 
 def test_one_poll_brings_the_status_and_the_new_points_and_304_while_neither_moved(user, training):
-    page = _viewer(user)
+    page = signed_in(user)
     since = _since(page, training)
     url = f"/api/v1/runs/{training.pk}/status/?since={since}&curves_start={{}}"
     first, _ = _get(page, url.format(501))
@@ -41,12 +46,12 @@ def test_one_poll_brings_the_status_and_the_new_points_and_304_while_neither_mov
     assert first.status_code == 200 and body["status"]["live"] and body["curves"]["start"] == 501
     assert all(s["steps"] == [] for s in body["curves"]["series"])
     # The worker's next flush and a step: one poll brings both.
-    metrics_record(training_run_id=training.training_run.pk, points=_points(range(501, 521)))
+    metrics_record(training_run_id=training.training_run.pk, points=demo_points(range(501, 521)))
     stage_progress(stage_name="train", record_id=training.training_run.pk, done=520, total=1000, log_tail="step 520")
     fresh, _ = _get(page, url.format(501), first["ETag"])
     body = fresh.json()
     assert fresh.status_code == 200 and fresh["ETag"] != first["ETag"]
-    assert [s["steps"] for s in body["curves"]["series"]] == [list(range(501, 521))] * len(KEYS)
+    assert [s["steps"] for s in body["curves"]["series"]] == [list(range(501, 521))] * len(DEMO_KEYS)
     assert body["status"]["live"] and body["status"]["glance"]["latest"]["step"] == 520
     train = next(stage for stage in body["status"]["stages"] if stage["name"] == "train")
     assert (train["progress_done"], train["log_tail"]) == (520, "step 520")
@@ -70,14 +75,14 @@ def test_its_halves_are_the_separate_polls_answers_built_once_for_every_viewer(u
     """The first viewer after a flush builds it; the next, another person holding the same, reads it from the
     cache: three queries. Its halves are byte for byte what the status and curves endpoints answer."""
     cache.clear()
-    metrics_record(training_run_id=training.training_run.pk, points=_points(range(501, 521)))
+    metrics_record(training_run_id=training.training_run.pk, points=demo_points(range(501, 521)))
     other = get_user_model().objects.create_superuser("viewer2", password="pw-viewer2-1")
     other.raw_password = "pw-viewer2-1"
-    page = _viewer(user)
+    page = signed_in(user)
     since = _since(page, training)
     url = f"/api/v1/runs/{training.pk}/status/?since={since}&curves_start=501"
     built, built_queries = _get(page, url)
-    read, read_queries = _get(_viewer(other), url)
+    read, read_queries = _get(signed_in(other), url)
     assert read.content == built.content and built_queries > read_queries == 3
     status = page.get(f"/api/v1/runs/{training.pk}/status/?since={since}").content
     window = page.get(f"/api/v1/runs/{training.pk}/metrics/?start=501&points=2000").content
@@ -93,5 +98,5 @@ def test_its_halves_are_the_separate_polls_answers_built_once_for_every_viewer(u
 
 
 def test_a_bad_curves_start_is_a_400_naming_it(user, training):
-    answer = _viewer(user).get(f"/api/v1/runs/{training.pk}/status/?curves_start=-1")
+    answer = signed_in(user).get(f"/api/v1/runs/{training.pk}/status/?curves_start=-1")
     assert answer.status_code == 400 and "curves_start" in answer.json()["error"], answer.content

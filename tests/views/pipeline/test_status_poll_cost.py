@@ -14,15 +14,12 @@ from django.utils import timezone
 
 from runs.models import StageAttempt, StageStatus, TrainingRun
 from runs.pipeline import services
-from runs.pipeline.launch.run_config import RunConfig
 from runs.pipeline.lifecycle.result_records import checkpoints_register
 from runs.pipeline.lifecycle.stage_services import stage_progress
 from runs.tracking.services import metrics_record
+from tests.helpers.training_run import DEMO_KEYS, training_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
-# What the demo's training writes each step (bench/load/load_rows.py): 12 curves.
-KEYS = ("loss", "loss_0", "loss_1", "loss_2", "full_acc_0", "full_acc_1", "full_acc_2",
-        "cond_acc_0", "cond_acc_1", "cond_acc_2", "lr", "tokens_per_s")
 # The live part's bound: the old code's answer to the same poll was 1,154 bytes (every stage's progress, the
 # whole header), this one's 519 (the running stage's figures, the header's moving ones).
 LIVE_BYTES = 600
@@ -37,17 +34,13 @@ def viewer(client, user):
 def _training(user, roots, *, checkpoints: int, series: int, attempts: int):
     """A run whose training runs, with `checkpoints` checkpoints, `series` train curves of 20 steps and
     `attempts` earlier attempts of its stages (each with a log)."""
-    run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
-                              config=RunConfig(), enqueue=False)
-    now = timezone.now()
-    TrainingRun.objects.filter(run=run).update(status=StageStatus.RUNNING, started_at=now, worker="w",
-                                               lease_expires_at=now + timezone.timedelta(hours=1))
-    record = TrainingRun.objects.get(run=run)
+    run = training_run(user, roots)
+    now, record = timezone.now(), TrainingRun.objects.get(run=run)
     StageAttempt.objects.bulk_create(
         StageAttempt(run=run, stage="train", record_id=record.pk, number=n + 1, worker="w", started_at=now,
                      finished_at=now, outcome=StageStatus.FAILED, error="lost", log_tail="step\n" * 200)
         for n in range(attempts))
-    keys = [KEYS[i % len(KEYS)] + ("" if i < len(KEYS) else f"_x{i}") for i in range(series)]
+    keys = [DEMO_KEYS[i % len(DEMO_KEYS)] + ("" if i < len(DEMO_KEYS) else f"_x{i}") for i in range(series)]
     metrics_record(training_run_id=record.pk, points=[
         {"split": "train", "key": key, "step": s, "epoch": s / 100, "value": 1.0 / s} for s in range(1, 21) for key in keys])
     if checkpoints:

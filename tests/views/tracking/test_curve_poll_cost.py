@@ -11,19 +11,12 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
-from runs.models import StageStatus, TrainingRun
-from runs.pipeline import services
-from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.services import metrics_record
+from tests.helpers.training_run import DEMO_KEYS, demo_points, signed_in, training_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
-# What the demo's training writes each step (bench/load/load_rows.py): 12 curves.
-KEYS = ("loss", "loss_0", "loss_1", "loss_2", "full_acc_0", "full_acc_1", "full_acc_2",
-        "cond_acc_0", "cond_acc_1", "cond_acc_2", "lr", "tokens_per_s")
 # A poll bringing one 2 s flush of the load benchmark's writer (20 steps of 12 curves) measured 15,462 bytes:
 # the new points and each series' summary, nothing before the page's newest step.
 POLL_BYTES = 16_000
@@ -33,26 +26,9 @@ GZIPPED_POLL_BYTES = 2_000
 GZIPPED_WHOLE_BYTES = 60_000
 
 
-def _points(steps):
-    return [{"split": "train", "key": key, "step": s, "epoch": s / 250, "value": 1.0 / (1 + s) + i}
-            for s in steps for i, key in enumerate(KEYS)]
-
-
 @pytest.fixture
 def training(user, roots):
-    run = services.run_launch(user=user, target_path=roots / "target", dataset_path=roots / "chats.jsonl",
-                              config=RunConfig(), enqueue=False)
-    now = timezone.now()
-    TrainingRun.objects.filter(run=run).update(status=StageStatus.RUNNING, started_at=now, worker="w",
-                                               lease_expires_at=now + timezone.timedelta(hours=1))
-    metrics_record(training_run_id=run.training_run.pk, points=_points(range(1, 501)))
-    return run
-
-
-def _viewer(user) -> Client:
-    client = Client()
-    assert client.login(username=user.username, password=user.raw_password)
-    return client
+    return training_run(user, roots, demo_points(range(1, 501)))
 
 
 def _get(client, url, tag=None):
@@ -63,7 +39,7 @@ def _get(client, url, tag=None):
 
 def test_a_viewer_that_holds_the_newest_points_gets_304_though_its_start_moved(user, training):
     base = f"/api/v1/runs/{training.pk}/metrics/"
-    page = _viewer(user)
+    page = signed_in(user)
     whole, _ = _get(page, f"{base}?points=2000")
     newest = max(s["last_step"] for s in whole.json()["series"])
     assert newest == 500
@@ -71,10 +47,10 @@ def test_a_viewer_that_holds_the_newest_points_gets_304_though_its_start_moved(u
     first, _ = _get(page, f"{base}?start=501&points=2000")
     assert first.status_code == 200 and all(s["steps"] == [] for s in first.json()["series"])
     # The worker's next flush: the poll brings its 20 steps of each curve, nothing older.
-    metrics_record(training_run_id=training.training_run.pk, points=_points(range(501, 521)))
+    metrics_record(training_run_id=training.training_run.pk, points=demo_points(range(501, 521)))
     fresh, _ = _get(page, f"{base}?start=501&points=2000", first["ETag"])
     assert fresh.status_code == 200 and fresh["ETag"] != first["ETag"]
-    assert [s["steps"] for s in fresh.json()["series"]] == [list(range(501, 521))] * len(KEYS)
+    assert [s["steps"] for s in fresh.json()["series"]] == [list(range(501, 521))] * len(DEMO_KEYS)
     assert len(fresh.content) <= POLL_BYTES, len(fresh.content)
     # Merged, the page asks from 521 with that answer's ETag: nothing came since, so 304, no body, and only the
     # session's, the user's and the run's counter queries. The old code keyed the ETag by `start` too, so a
@@ -86,7 +62,7 @@ def test_a_viewer_that_holds_the_newest_points_gets_304_though_its_start_moved(u
     assert other.status_code == 200
     assert _get(page, f"{base}?points=2000", fresh["ETag"])[0].status_code == 200
     # A point later, the same poll is a 200 with it.
-    metrics_record(training_run_id=training.training_run.pk, points=_points([521]))
+    metrics_record(training_run_id=training.training_run.pk, points=demo_points([521]))
     moved, _ = _get(page, f"{base}?start=521&points=2000", fresh["ETag"])
     assert moved.status_code == 200 and moved.json()["series"][0]["steps"] == [521]
 
@@ -96,11 +72,11 @@ def test_every_viewer_of_the_same_state_reads_one_built_answer(user, training):
     asking the same (the same newest step), reads it from the cache: the three queries of any request."""
     cache.clear()
     base = f"/api/v1/runs/{training.pk}/metrics/?start=501&points=2000"
-    metrics_record(training_run_id=training.training_run.pk, points=_points(range(501, 521)))
+    metrics_record(training_run_id=training.training_run.pk, points=demo_points(range(501, 521)))
     other = get_user_model().objects.create_superuser("viewer2", password="pw-viewer2-1")
     other.raw_password = "pw-viewer2-1"
-    built, built_queries = _get(_viewer(user), base)
-    read, read_queries = _get(_viewer(other), base)
+    built, built_queries = _get(signed_in(user), base)
+    read, read_queries = _get(signed_in(other), base)
     assert read.content == built.content and built_queries > read_queries == 3
 
 
@@ -108,8 +84,8 @@ def test_a_browser_gets_the_poll_and_the_whole_curves_gzipped_once_built(user, t
     """Browsers send Accept-Encoding: gzip; the cached answer is compressed once for all of them (runs.live),
     its ETag the same one, weak: the page's next poll with it still gets 304."""
     base = f"/api/v1/runs/{training.pk}/metrics/"
-    page = _viewer(user)
-    metrics_record(training_run_id=training.training_run.pk, points=_points(range(501, 521)))
+    page = signed_in(user)
+    metrics_record(training_run_id=training.training_run.pk, points=demo_points(range(501, 521)))
     for url, most in ((f"{base}?start=501&points=2000", GZIPPED_POLL_BYTES), (f"{base}?points=2000", GZIPPED_WHOLE_BYTES)):
         plain = page.get(url)
         packed = page.get(url, HTTP_ACCEPT_ENCODING="gzip, deflate, br")
