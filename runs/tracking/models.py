@@ -24,7 +24,7 @@ class MetricSeries(models.Model):
     max_step = models.BigIntegerField(null=True, blank=True)
     num_non_finite = models.BigIntegerField(default=0, help_text="NaN or infinite values: kept, not drawn")
     num_refused = models.BigIntegerField(default=0, help_text="points refused: their step was not after the last one")
-    # The chunks not yet full: always the series' last ones (runs.tracking.services._append).
+    # The chunks not yet full: always the series' last ones (runs.tracking.services._batch_write).
     open_points = models.PositiveIntegerField(default=0)
     open_chunks = models.PositiveIntegerField(default=0)
 

@@ -47,66 +47,31 @@ def _summary_update(series: MetricSeries, points: Points) -> None:
             series.max_value, series.max_step = float(values[hi]), int(points.steps[hi])
 
 
-def _append(series: MetricSeries, points: Points, *, created: list[MetricChunk], merging: dict) -> None:
-    """New points go in a chunk of their own (an INSERT costs what it adds; appending to a stored
-    chunk rewrites all of it). The chunks not yet full are the series' last ones; once they hold a
-    chunk's worth, or MERGE_AT of them pile up, they are merged into full chunks plus a remainder.
-    Nothing is written here: the new chunks go in `created` and the series to merge in `merging`, written
-    for the whole batch at once by _chunks_write (a fixed number of queries whatever the series)."""
-    _open.forget(series.pk)  # this path does not keep the open points (_batch_write does)
-    if not _closes(series, points):
-        created.append(MetricChunk(series=series, **_chunk_fields(points)))
-        series.open_points += len(points)
-        series.open_chunks += 1
-        return
-    merging[series.pk] = (series, points)
-
-
 def _closes(series: MetricSeries, points: Points) -> bool:
     """Whether these new points make the series' open chunks due to be merged (see _append)."""
     return series.open_points + len(points) >= CHUNK_POINTS or series.open_chunks + 1 >= MERGE_AT
 
 
-def _chunks_write(*, created: list[MetricChunk], merging: dict) -> None:
-    """Write a batch's chunks: its new chunks and, for the series whose open chunks are due, those chunks
-    read, merged with the new points, deleted and written again as full chunks plus a remainder (one read,
-    one delete and one insert for every series of the batch)."""
-    if merging:
-        open_points = _open_read(list(merging))
-        MetricChunk.objects.filter(series_id__in=list(merging), num_points__lt=CHUNK_POINTS).delete()
-        for series_id, (series, points) in merging.items():
-            merged = Points.concat([open_points[series_id], points])
-            pieces = split_chunks(merged, 0)
-            created.extend(MetricChunk(series=series, **_chunk_fields(p)) for p in pieces)
-            tail = len(pieces[-1]) if pieces and len(pieces[-1]) < CHUNK_POINTS else 0
-            series.open_points, series.open_chunks = tail, int(tail > 0)
-    if created:
-        _chunks_insert(created)
-
-
-def _chunks_insert(chunks: list[MetricChunk]) -> None:
-    """New chunks in one statement. On PostgreSQL by binary COPY: the arrays travel as they are, where an INSERT
-    sent each as hex text inside the query (twice the bytes, parsed back by the server: 1.2-1.4 against
-    0.55-0.65 ms for a 1,000-point chunk; issue 40); elsewhere (SQLite, the demo) bulk_create."""
-    for series_id in {chunk.series_id for chunk in chunks}:
-        _open.forget(series_id)
-    if connection.vendor != "postgresql":
-        MetricChunk.objects.bulk_create(chunks)
+def _chunks_insert(chunks: list[dict]) -> None:
+    """New chunks (each its MetricChunk fields, series_id included) in one statement. On PostgreSQL one INSERT with
+    the arrays as binary parameters (%b), through a cursor binding on the server: where an INSERT of Django's sent
+    each as hex text inside the query (twice the bytes, parsed back by the server), and COPY took two round trips
+    (issue 40); elsewhere (SQLite, the demo) bulk_create."""
+    if not chunks:
         return
-    statement, attnames, types = _chunk_copy()
-    with connection.cursor() as cursor, cursor.copy(statement) as copy:
-        copy.set_types(types)
-        for chunk in chunks:
-            copy.write_row([getattr(chunk, name) for name in attnames])
+    if connection.vendor != "postgresql":
+        MetricChunk.objects.bulk_create([MetricChunk(**fields) for fields in chunks])
+        return
+    attnames = _chunk_columns()[0]
+    with _server_cursor() as cursor:
+        cursor.execute(_chunks_insert_sql(len(chunks)), [fields[name] for fields in chunks for name in attnames])
 
 
 @lru_cache(maxsize=1)
-def _chunk_copy() -> tuple[str, list[str], list[str]]:
-    """_chunks_insert's COPY, the fields it writes and their types (looked up once, not per batch)."""
+def _chunk_columns() -> tuple[list[str], list[str]]:
+    """The fields a chunk's INSERT writes and their database types (looked up once, not per batch)."""
     fields = [f for f in MetricChunk._meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(f'"{f.column}"' for f in fields)
-    return (f'COPY "{MetricChunk._meta.db_table}" ({columns}) FROM STDIN (FORMAT BINARY)', [f.attname for f in fields],
-            [f.db_type(connection) for f in fields])
+    return [f.attname for f in fields], [f.db_type(connection) for f in fields]
 
 
 def _chunk_fields(points: Points) -> dict:
@@ -174,17 +139,21 @@ def _open_read(series_ids: list[int]) -> dict[int, Points]:
 
 def _batch_write(*, new: list[tuple[MetricSeries, Points]], series: list[MetricSeries], training_run_id: int,
                  bump: bool) -> None:
-    """A batch's writes on PostgreSQL, one statement each through a cursor binding on the server: the merged
-    series' open chunks deleted, every new chunk inserted (one INSERT, the arrays as binary parameters as COPY
-    sent them, in one round trip where COPY took two), the summaries updated and, when `bump` (the batch's
+    """A batch's writes: each series' new points in a chunk of their own (an INSERT costs what it adds; appending
+    to a stored chunk rewrites all of it) until its open chunks (the last ones, not yet full) hold a chunk's worth
+    or MERGE_AT of them pile up; then they and the new points are written again as full chunks plus an open tail.
+    The open points come from this process's memory where it knows them (_open_known), else are read back.
+
+    On PostgreSQL one statement each through a cursor binding on the server: the merged series' open chunks
+    deleted, every new chunk inserted (_chunks_insert), the summaries updated and, when `bump` (the batch's
     transaction is the outermost), the run's change counters bumped. Sending them together (psycopg's pipeline
-    mode) measured no faster (bench/tracker/ingest_ab.py, 1.01x). The chunks written are those _append and
-    _chunks_write write; only the open points come from this process's memory where it knows them."""
+    mode) measured no faster (bench/tracker/ingest_ab.py, 1.01x). Elsewhere (SQLite, the demo) the ORM's, and no
+    memory of open points (no row version to check it against)."""
     known = {row.pk: _open_known(row) for row, _ in new}
     unknown = [row.pk for row, points in new if known[row.pk] is None and _closes(row, points)]
     if unknown:  # another process (or transaction) wrote these last: their open chunks are read back
         known.update(_open_read(unknown))
-    chunks, merged, kept, attnames = [], [], {}, _chunk_copy()[1]
+    chunks, merged, kept = [], [], {}
     for row, points in new:
         if _closes(row, points):
             pieces = split_chunks(Points.concat([known[row.pk], points]), 0)
@@ -198,14 +167,17 @@ def _batch_write(*, new: list[tuple[MetricSeries, Points]], series: list[MetricS
             row.open_chunks += 1
             if known[row.pk] is not None:
                 kept[row.pk] = Points.concat([known[row.pk], points])
-        for piece in pieces:
-            fields = {"series_id": row.pk, **_chunk_fields(piece)}
-            chunks.extend(fields[name] for name in attnames)
+        chunks.extend({"series_id": row.pk, **_chunk_fields(piece)} for piece in pieces)
+    if connection.vendor != "postgresql":
+        MetricChunk.objects.filter(series_id__in=merged, num_points__lt=CHUNK_POINTS).delete()
+        _chunks_insert(chunks)
+        _summaries_write(series)
+        return
     with _server_cursor() as cursor:
         if merged:
             cursor.execute(_OPEN_DELETE_SQL, [merged])
-        if chunks:
-            cursor.execute(_chunks_insert_sql(len(chunks) // len(attnames)), chunks)
+    _chunks_insert(chunks)
+    with _server_cursor() as cursor:
         cursor.execute(_summaries_sql(len(series)) + ' RETURNING s."id", s."xmin"::text',
                        [value for row in series for value in (row.pk, *(getattr(row, f) for f in _SUMMARY_FIELDS))])
         versions = dict(cursor.fetchall())
@@ -221,8 +193,8 @@ _OPEN_DELETE_SQL = (f'DELETE FROM "{MetricChunk._meta.db_table}" WHERE "series_i
 
 @lru_cache(maxsize=16)
 def _chunks_insert_sql(rows: int) -> str:
-    """_batch_write's INSERT of `rows` chunks: the arrays as binary parameters (%b)."""
-    statement, attnames, types = _chunk_copy()
+    """_chunks_insert's INSERT of `rows` chunks: the arrays as binary parameters (%b)."""
+    attnames, types = _chunk_columns()
     columns = ", ".join(f'"{MetricChunk._meta.get_field(name).column}"' for name in attnames)
     row = "(" + ", ".join("%b" if t == "bytea" else "%s" for t in types) + ")"
     return f'INSERT INTO "{MetricChunk._meta.db_table}" ({columns}) VALUES {", ".join([row] * rows)}'
@@ -277,26 +249,20 @@ def points_append(*, training_run_id: int, new: list[tuple[MetricSeries, Points]
     """The one append of points after their series' last step, the workers' (metrics_record) and the API's
     (runs.tracking.reported_points): `new`, each series' points (after its last step, in order; summaries updated
     here); `series`, the locked rows (series_locked) whose summaries are written, `new`'s and any a caller changed.
-    On PostgreSQL _batch_write's statements, the run's counters bumped last where `bump` (the caller's transaction
-    the outermost; else the caller calls curves_changed); elsewhere (SQLite, the demo) the ORM's."""
+    _batch_write's statements, the run's counters bumped last on PostgreSQL where `bump` (the caller's transaction
+    the outermost; else the caller calls curves_changed)."""
     for row, points in new:
         _summary_update(row, points)
-    if connection.vendor == "postgresql":
-        _batch_write(new=new, series=series, training_run_id=training_run_id, bump=bump)
-        return
-    created, merging = [], {}
-    for row, points in new:
-        _append(row, points, created=created, merging=merging)
-    _chunks_write(created=created, merging=merging)
-    _summaries_write(series)
+    _batch_write(new=new, series=series, training_run_id=training_run_id, bump=bump)
 
 
 def series_chunks_replace(series: MetricSeries, *, chunk_ids: list[int], points: Points) -> None:
     """Replace a locked series' chunks from one on (the open ones are the last) by `points` in full chunks and an
-    open tail, its summary recomputed from what is stored: a client's resent step (runs.tracking.reported_points).
+    open tail, its summary recomputed from what is stored: a client's resent step (runs.tracking.reported_points),
+    a resumed training's truncation (metrics_truncate).
     This process's memory of its open points is dropped: the next merge reads them back, once."""
     MetricChunk.objects.filter(pk__in=chunk_ids).delete()
-    _chunks_insert([MetricChunk(series=series, **_chunk_fields(p)) for p in split_chunks(points, 0)])
+    _chunks_insert([{"series_id": series.pk, **_chunk_fields(p)} for p in split_chunks(points, 0)])
     _summary_rebuild(series)  # forgets the open points; recounts the open chunks and every field from the chunks
 
 
@@ -374,10 +340,7 @@ def metrics_truncate(*, training_run_id: int, after_step: int) -> int:
         chunks = list(series.chunks.filter(last_step__gt=after_step).order_by("first_step"))
         kept = Points.concat([unpack(_columns(c)) for c in chunks]).window(None, after_step)
         removed += sum(c.num_points for c in chunks) - len(kept)
-        MetricChunk.objects.filter(pk__in=[c.pk for c in chunks]).delete()
-        if len(kept):
-            MetricChunk.objects.create(series=series, **_chunk_fields(kept))
-        _summary_rebuild(series)
+        series_chunks_replace(series, chunk_ids=[c.pk for c in chunks], points=kept)
     MetricSeries.objects.filter(training_run_id=training_run_id, num_points=0).delete()
     if removed:
         curves_changed(training_run_id=training_run_id)
