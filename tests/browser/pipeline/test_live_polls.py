@@ -90,4 +90,8 @@ def test_a_training_run_page_makes_one_poll_request_an_interval_where_it_made_tw
         expect(page.locator('[data-glance="train_step"]')).to_have_text(f"{step} of 100", timeout=15_000)
     polls = asked[counted:]
     one = re.compile(rf"^/api/v1/runs/{run.pk}/status/\?since=\d+&curves_start=\d+$")
-    assert len(polls) >= 4 and all(one.match(url) for url in polls), polls
+    assert all(one.match(url) for url in polls), polls
+    # Step 41 may come in a poll sent before the count began; each later step must have been asked for by the one
+    # poll, from the step after the newest drawn.
+    starts = {int(url.rsplit("=", 1)[1]) for url in polls}
+    assert {42, 43, 44} <= starts, polls
