@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, TypeVar
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, connections
 from django.db.models import QuerySet
+from django.db.models.query import ValuesIterable
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,10 @@ class CompiledQuery:
     database: str
     sql: str
     slots: tuple  # per parameter: the name of the value that goes there, or ("constant", the query's own value)
+    # A values() queryset's: its names in its select's order, and per column (its place, Django's converters, the
+    # expression) what values() would apply to a value read (a JSON field's parse, a subquery's float).
+    columns: tuple[str, ...] = ()
+    converters: tuple = ()
 
     def params(self, **values) -> list:
         return [values[slot] if isinstance(slot, str) else slot[1] for slot in self.slots]
@@ -98,13 +103,45 @@ class CompiledQuery:
             cursor.execute(self.sql, self.params(**values))
             return cursor.fetchone()
 
+    def fetch_values(self, **values) -> list[dict]:
+        """The rows as the values() queryset it was compiled from gives them: dicts by its names, converted."""
+        if not self.columns:
+            raise TypeError("fetch_values needs a query compiled from a values() queryset")
+        connection = connections[self.database]
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, self.params(**values))
+            rows = cursor.fetchall()
+        out = []
+        for row in rows:
+            row = list(row[:len(self.columns)])
+            for place, functions, expression in self.converters:
+                value = row[place]
+                for function in functions:
+                    value = function(value, expression, connection)
+                row[place] = value
+            out.append(dict(zip(self.columns, row)))
+        return out
+
 
 def compile_query(rows: QuerySet, **stand_ins: int) -> CompiledQuery:
     """`rows` compiled, each of `stand_ins` (name=its stand-in value) named where it goes. Each must appear
     exactly once among the parameters: a rule that dropped one, or repeated it, would otherwise be run with
-    the wrong values, so it fails here, at the first call, instead."""
-    sql, params = rows.query.sql_with_params()
-    return compile_statement(sql, params, database=rows.db, **stand_ins)
+    the wrong values, so it fails here, at the first call, instead. A values() queryset's names and converters
+    come with it, for fetch_values. (The converters are Django's for the compiling thread's connection: a
+    backend's hold nothing of the connection but its settings, alike in every thread.)"""
+    compiler = rows.query.get_compiler(rows.db)
+    sql, params = compiler.as_sql()
+    compiled = compile_statement(sql, params, database=rows.db, **stand_ins)
+    if rows._iterable_class is not ValuesIterable:
+        return compiled
+    query = rows.query
+    # As ValuesIterable names them.
+    columns = tuple(query.selected) if query.selected else (*query.extra_select, *query.values_select,
+                                                            *query.annotation_select)
+    selected = [expression for expression, _, _ in compiler.select[:compiler.col_count]]
+    converters = tuple((place, tuple(functions), expression)
+                       for place, (functions, expression) in compiler.get_converters(selected).items())
+    return replace(compiled, columns=columns, converters=converters)
 
 
 def compile_statement(sql: str, params: tuple, *, database: str, **stand_ins: int) -> CompiledQuery:

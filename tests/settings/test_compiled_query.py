@@ -38,3 +38,35 @@ def test_a_value_the_rule_drops_or_repeats_fails_when_compiled():
     with pytest.raises(AssertionError, match="user is in the compiled statement 2 times"):
         compile_query(twice, user=stand_in(0))
 
+
+
+def test_fetch_values_gives_the_rows_values_would_converted_and_named_in_its_order():
+    """A JSON column parsed, a subquery's value converted to its field's type, and the names in the order values()
+    was given them (not the model's): the same dicts as the queryset, for any ids."""
+    from django.db.models import OuterRef, Subquery
+
+    from runs.data.models import TargetModel
+
+    users = get_user_model().objects
+    alice, bob = users.create_user("alice"), users.create_user("bob")
+    for n in range(3):
+        TargetModel.objects.create(name=f"target ✓ {n}", path=f"/data/{n}", architecture="LlamaForCausalLM",
+                                   model_type="llama", num_layers=4, hidden_size=64, vocab_size=512,
+                                   config={"rows": n, "note": "naïve\u2028line"})
+    joined = Subquery(users.filter(pk=OuterRef("pk")).values("date_joined")[:1])
+    rows = users.annotate(joined=joined).values("username", "joined", "pk")
+    query = compile_query(rows.filter(pk__in=[stand_in(0), stand_in(1)]), a=stand_in(0), b=stand_in(1))
+    assert query.columns == ("username", "joined", "pk")
+    assert query.fetch_values(a=alice.pk, b=bob.pk) == list(rows.filter(pk__in=[alice.pk, bob.pk]))
+    assert query.fetch_values(a=bob.pk, b=-5) == [{"username": "bob", "joined": bob.date_joined, "pk": bob.pk}]
+    configs = TargetModel.objects.order_by("pk").values("config", "name")
+    compiled = compile_query(configs.filter(pk__gt=stand_in(0)), after=stand_in(0))
+    got = compiled.fetch_values(after=0)
+    assert got == list(configs) and got[2]["config"] == {"rows": 2, "note": "naïve\u2028line"}
+
+
+def test_fetch_values_refuses_a_query_that_is_not_of_values():
+    users = get_user_model().objects
+    query = compile_query(users.filter(pk=stand_in(0)).values_list("username"), user=stand_in(0))
+    with pytest.raises(TypeError, match="values"):
+        query.fetch_values(user=1)

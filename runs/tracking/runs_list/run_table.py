@@ -17,6 +17,7 @@ from django.db.models import (Case, CharField, Count, DurationField, Exists, Exp
                               Subquery, Value, When, Window)
 from django.db.models.functions import Coalesce, Now
 
+from eagle3web.db import CompiledQuery, compile_query, stand_in
 from runs.checkpoints.models import Checkpoint
 from runs.data.models import Dataset, TargetModel
 from runs.pipeline.models import PipelineRun, shown_tau_of
@@ -230,11 +231,20 @@ def _tags(**run_filter) -> QuerySet:
     return PipelineRun.tags.through.objects.filter(**run_filter).order_by("runtag__name")
 
 
+@functools.lru_cache(maxsize=PAGE_SIZE)
+def _rows_of(count: int) -> CompiledQuery:
+    """_rows() of `count` runs (run0, run1, ...), compiled once a process for each count up to a page's: compiling
+    the rows' expressions took longer than PostgreSQL took to answer (issue 40)."""
+    ids = [stand_in(i) for i in range(count)]
+    return compile_query(_rows().filter(pk__in=ids), **{f"run{i}": pk for i, pk in enumerate(ids)})
+
+
 def listed_runs(ids: list[int]) -> dict[int, ListedRun]:
-    """The runs `ids` by id."""
+    """The runs `ids` (at most a page's, each once) by id."""
     if not ids:
         return {}
-    rows = list(_rows().filter(pk__in=ids))  # the page orders them by its ids
+    # The page orders them by its ids.
+    rows = _rows_of(len(ids)).fetch_values(**{f"run{i}": pk for i, pk in enumerate(ids)})
     if rows and "tag_names" in rows[0]:
         tags = {row["pk"]: row["tag_names"] for row in rows}
     else:
