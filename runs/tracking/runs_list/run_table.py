@@ -3,13 +3,16 @@ computed in the list's own query (status, duration, best validation loss, tau), 
 parameters are read and checked in runs.tracking.runs_list.run_filters, its search in runs.tracking.runs_list.run_search."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import functools
 import math
+import threading
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import EmptyResultSet
 from django.core.paginator import Page, Paginator
 from django.db import connection
 from django.urls import reverse
@@ -80,35 +83,87 @@ def with_columns(queryset: QuerySet[PipelineRun]) -> QuerySet[PipelineRun]:
             default=Value(RUN_STATUS_OTHERWISE.value), output_field=CharField()))
 
 
-def _page_ids(ordered: QuerySet[PipelineRun], number: int, *, newest: bool) -> tuple[int, list[int], int]:
-    """The page `number`'s run ids and how many runs match; past the last page, the last page's. Newest first
-    on the run's own columns: the page from the index run_newest and the count from run_project_archived_id
-    (the window below read and sorted every matching row: ~190 ms against under 15 at 100,000 runs); else
-    one query, `COUNT(*) OVER ()` beside each id (a count apart ran the filters' joins a second time)."""
-    joined = [alias for alias in ordered.query.alias_map if ordered.query.alias_refcount[alias]]  # trimmed ones: 0
-    if newest and len(joined) == 1:  # `newest`: ordered by ORDER_NEWEST, said by the caller, not found by identity
-        ids = list(ordered.values_list("pk", flat=True)[(number - 1) * PAGE_SIZE:number * PAGE_SIZE])
-        if ids:
-            return number, ids, ordered.count()
-    else:
-        counted = ordered.annotate(matched=Window(Count("pk"))).values_list("pk", "matched")
-        rows = list(counted[(number - 1) * PAGE_SIZE:number * PAGE_SIZE])
+@dataclass(frozen=True)
+class PageStatements:
+    """How a filter set's pages are read: its matching runs' ids in order (each beside the count of all when
+    `counted`), unsliced, and how many match, on its own; None for filters that match nothing whatever the runs
+    (no project visible)."""
+    ids: tuple[str, tuple] | None
+    counted: bool
+    count: tuple[str, tuple] | None
+
+    @classmethod
+    def of(cls, ordered: QuerySet[PipelineRun], *, counted: bool) -> "PageStatements":
+        rows = ordered.annotate(matched=Window(Count("pk"))).values_list("pk", "matched") if counted else \
+            ordered.values_list("pk")
+        try:
+            sql, params = ordered.order_by().values("pk").query.sql_with_params()
+            return cls(ids=rows.query.sql_with_params(), counted=counted,
+                       count=(f"SELECT COUNT(*) FROM ({sql}) AS matched", params))
+        except EmptyResultSet:  # as Django reads such a queryset: no statement, no rows
+            return cls(ids=None, counted=counted, count=None)
+
+
+def _page_statements_of(ordered: QuerySet[PipelineRun], *, newest: bool) -> PageStatements:
+    """Newest first on the run's own columns: the page from the index run_newest and the count from
+    run_project_archived_id (the window read and sorted every matching row: ~190 ms against under 15 at 100,000
+    runs); else one query, `COUNT(*) OVER ()` beside each id (a count apart ran the filters' joins a second time)."""
+    query = ordered.query
+    joins = [alias for alias in query.alias_map if alias != query.base_table and query.alias_refcount[alias]]
+    # `newest`: ordered by ORDER_NEWEST, said by the caller, not found by identity. Trimmed joins count 0.
+    return PageStatements.of(ordered, counted=not newest or bool(joins))
+
+
+# A filter set's PageStatements, compiled once a process for each of the last ones asked (a saved view, the list,
+# a sort): building and compiling the filters' queryset took longer than PostgreSQL took to answer (issue 40).
+# Bounded, and only what the filters alone decide: a search reads its matching targets, owners and tags first.
+PAGE_STATEMENTS_KEPT = 128
+_page_statements: OrderedDict[str, PageStatements] = OrderedDict()
+_page_statements_lock = threading.Lock()
+
+
+def _statements(filters: RunFilters, visible: list[int] | None) -> PageStatements:
+    if filters.q:
+        ordered, newest = _ordered(filters, visible)
+        return _page_statements_of(ordered, newest=newest)
+    key = repr((replace(filters, page=1, columns=()), visible))
+    with _page_statements_lock:
+        found = _page_statements.get(key)
+        if found is not None:
+            _page_statements.move_to_end(key)
+            return found
+    ordered, newest = _ordered(filters, visible)
+    made = _page_statements_of(ordered, newest=newest)
+    with _page_statements_lock:
+        _page_statements[key] = made
+        while len(_page_statements) > PAGE_STATEMENTS_KEPT:
+            _page_statements.popitem(last=False)
+    return made
+
+
+def _page_ids(statements: PageStatements, number: int) -> tuple[int, list[int], int]:
+    """The page `number`'s run ids and how many runs match; past the last page, the last page's."""
+    if statements.ids is None:
+        return 1, [], 0
+    sql, params = statements.ids
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} LIMIT %s OFFSET %s", (*params, PAGE_SIZE, (number - 1) * PAGE_SIZE))
+        rows = cursor.fetchall()
         if rows:
-            return number, [pk for pk, _ in rows], rows[0][1]
-    total = ordered.count()  # an empty page: none matches, or a page past the last was asked for
+            if statements.counted:
+                return number, [row[0] for row in rows], rows[0][1]
+            cursor.execute(*statements.count)
+            return number, [row[0] for row in rows], cursor.fetchone()[0]
+        cursor.execute(*statements.count)  # an empty page: none matches, or a page past the last was asked for
+        total = cursor.fetchone()[0]
     last = max(1, math.ceil(total / PAGE_SIZE))
     if number <= last:  # none matches (page 1), or the runs went while it asked
         return number, [], total
-    return _page_ids(ordered, last, newest=newest)
+    return _page_ids(statements, last)
 
 
-def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple[Page, int]:
-    """One page of runs (ListedRun) and how many runs match in all, of the projects `visible` (None: every project;
-    runs.projects.access.visible_project_ids).
-
-    Two steps: the page's ids, from a query with only what the filters and the sort need, then
-    those 50 rows with every column, as values. Computing status and best loss for 10,000 runs to show 50 took
-    longer than everything else on the page."""
+def _ordered(filters: RunFilters, visible: list[int] | None) -> tuple[QuerySet[PipelineRun], bool]:
+    """The runs `filters` pick of the projects `visible`, in the order they ask, and whether that is newest first."""
     runs = PipelineRun.objects.all() if visible is None else PipelineRun.objects.filter(project_id__in=visible)
     if filters.archived != "with":
         runs = runs.filter(archived=filters.archived == "only")
@@ -143,9 +198,18 @@ def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple
     newest = filters.sort == "created" and filters.descending
     if newest:  # the index's order (created_at is never null)
         order = ORDER_NEWEST
-    ordered = runs.order_by(order, "-id")
-    number, ids, total = _page_ids(ordered, filters.page, newest=newest)
-    paginator = Paginator(ordered, PAGE_SIZE)
+    return runs.order_by(order, "-id"), newest
+
+
+def run_table(*, filters: RunFilters, visible: list[int] | None = None) -> tuple[Page, int]:
+    """One page of runs (ListedRun) and how many runs match in all, of the projects `visible` (None: every project;
+    runs.projects.access.visible_project_ids).
+
+    Two steps: the page's ids, from a query with only what the filters and the sort need, then
+    those 50 rows with every column, as values. Computing status and best loss for 10,000 runs to show 50 took
+    longer than everything else on the page."""
+    number, ids, total = _page_ids(_statements(filters, visible), filters.page)
+    paginator = Paginator((), PAGE_SIZE)
     paginator.count = total  # known: Page and the template read it, and must not ask again
     page = Page(ids, number, paginator)
     rows = listed_runs(ids)

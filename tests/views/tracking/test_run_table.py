@@ -175,15 +175,15 @@ def test_the_newest_first_fast_path_gives_the_general_querys_pages_and_counts(us
                                                       created_at=now - timedelta(minutes=i // 2))
     rows = PipelineRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("pk", "project_id", "archived", "created_at")
     monkeypatch.setattr(table, "PAGE_SIZE", 3)
-    answered = []
-    real = table._page_ids
+    made = []
+    real = table._page_statements_of
 
-    def both(ordered, number, *, newest):
-        got = real(ordered, number, newest=newest)
-        answered.append((newest, got, real(ordered, number, newest=False)))
-        return got
+    def both(ordered, *, newest):
+        fast = real(ordered, newest=newest)
+        made.append((fast, table.PageStatements.of(ordered, counted=True)))
+        return fast
 
-    monkeypatch.setattr(table, "_page_ids", both)
+    monkeypatch.setattr(table, "_page_statements_of", both)
     for visible in (None, [a.pk]):
         for project in ("", "pa", "pb"):
             for archived in ("", "only", "with"):
@@ -192,15 +192,18 @@ def test_the_newest_first_fast_path_gives_the_general_querys_pages_and_counts(us
                                    and (archived == "with" or arch == (archived == "only"))), reverse=True)
                 expected = [pk for _, pk in expected]
                 for number in (1, 2, 3, 9):
-                    answered.clear()
                     page, count = table.run_table(filters=run_filters.RunFilters(project=project, archived=archived, page=number),
                                                   visible=visible)
-                    # a page past the last asks again for the last: each answer, both ways, must agree
-                    assert answered[0][0] and all(fast == general for _, fast, general in answered), \
-                        (visible, project, archived, number, answered)
+                    # Compiled once for the filters, whatever the page: the index path, not the window.
+                    (fast, general), = made
+                    assert not fast.counted and general.counted
+                    # a page past the last asks again for the last: both ways must agree
+                    assert table._page_ids(fast, number) == table._page_ids(general, number), \
+                        (visible, project, archived, number)
                     last = max(1, -(-len(expected) // 3))
                     shown = min(number, last)
                     assert count == len(expected) and [r.pk for r in page.object_list] == expected[(shown - 1) * 3:shown * 3]
+                made.clear()
     assert not table.run_table(filters=run_filters.RunFilters(project="pb"), visible=[a.pk])[1]  # b's runs hidden
 
 
@@ -224,3 +227,31 @@ def test_the_cells_decimals_are_the_floatformat_filters():
     for value in values:
         for places in (2, 4):
             assert _fixed(value, places) == str(floatformat(value, places)), (value, places)
+
+
+def test_a_filter_sets_statements_are_compiled_once_and_answer_for_the_runs_that_come_later(user, roots, monkeypatch):
+    """The page's statements are kept per filter set (runs.tracking.runs_list.run_table._statements): a second
+    request, another page or a new run reuse them and still see every run that matches now. A search reads what
+    its words match first (a tag put on since), so it is built every time."""
+    from runs.tracking.runs_list import run_filters, run_table as table
+
+    table._page_statements.clear()
+    built = []
+    real = table._page_statements_of
+    monkeypatch.setattr(table, "_page_statements_of", lambda ordered, *, newest: built.append(1) or real(ordered, newest=newest))
+    fast = launch(roots, user, name="fast", lr=1e-3)
+    launch(roots, user, name="slow")
+    view = run_filters.RunFilters(settings=(("lr", 1e-3),), sort="name", descending=False)
+    page, count = table.run_table(filters=view)
+    assert ([r.name for r in page.object_list], count, len(built)) == (["fast"], 1, 1)
+    faster = launch(roots, user, name="faster", lr=1e-3)
+    page, count = table.run_table(filters=run_filters.RunFilters(settings=(("lr", 1e-3),), sort="name",
+                                                                 descending=False, page=2, columns=("name",)))
+    assert ([r.name for r in page.object_list], count, len(built)) == (["fast", "faster"], 2, 1)  # page 2 of 1
+    assert table.run_table(filters=view, visible=[])[1] == 0 and len(built) == 2  # other projects: their own
+    searched = run_filters.RunFilters(q="zeta ✓")
+    assert table.run_table(filters=searched)[1] == 0
+    run_tags_set(run=faster, text="zeta ✓", user=user)
+    page, count = table.run_table(filters=searched)
+    assert ([r.pk for r in page.object_list], count, len(built)) == ([faster.pk], 1, 4)
+    assert fast.pk not in [r.pk for r in page.object_list]
