@@ -58,8 +58,11 @@ worker: setup
 web: setup
 	$(PY) manage.py runserver 127.0.0.1:$(PORT)
 
+# TEST_WORKERS pytest-xdist workers (one a core here), a file's tests on one worker (tests/helpers/xdist_lanes.py);
+# TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest $(PYTEST_ARGS)
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The docs site (docs/, mkdocs.yml) into site/; --strict: a broken link or a page left out of the nav fails.
 docs: $(VENV)/.installed

@@ -4,7 +4,9 @@ and Redis."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -256,6 +258,13 @@ EMAIL_TIMEOUT = 10
 DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL", "eagle3web@localhost")
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+# `make test` runs two pytest-xdist workers at once: each takes the Redis database below the one given (gw0 the given
+# one, gw1 the next down), so that their queues and caches stay apart. Here, because pytest-django reads the settings
+# before any conftest; only in the worker itself, which hands the database on to the processes its tests start.
+_test_worker = os.environ.get("PYTEST_XDIST_WORKER", "") if "pytest" in sys.modules else ""
+if _test_worker and re.fullmatch(r"rediss?://[^/]*/\d+", CELERY_BROKER_URL):
+    _redis, _database = CELERY_BROKER_URL.rsplit("/", 1)
+    CELERY_BROKER_URL = os.environ["CELERY_BROKER_URL"] = f"{_redis}/{int(_database) - int(_test_worker[2:])}"
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = DATA_DIR / "broker"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
