@@ -58,7 +58,7 @@ worker: setup
 web: setup
 	$(PY) manage.py runserver 127.0.0.1:$(PORT)
 
-# TEST_WORKERS pytest-xdist workers (one a core here), a file's tests on one worker (tests/helpers/xdist_lanes.py);
+# TEST_WORKERS pytest-xdist workers (one a core here), a file's tests on one worker (tests/helpers/worker.py started_here);
 # TEST_WORKERS=0 runs them in this one process.
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed

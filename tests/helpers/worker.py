@@ -97,3 +97,14 @@ def wait_for_run(run_id: int, *, timeout: float, log_path: Path | None = None):
             tail = log_path.read_text()[-4000:] if log_path else ""
             raise AssertionError(f"run {run_id} not finished after {timeout} s: {run_summary(run)['stages']}\n{tail}")
         time.sleep(1)
+
+
+def started_here(proc) -> bool:
+    """Whether the psutil process `proc` was started under this pytest process. `make test` runs two pytest-xdist
+    workers side by side (a file's tests on one; each its own test database and Redis database, eagle3web/settings.py):
+    a test that looks for processes by what they run (a vLLM server, a training rank) keeps to its own worker's,
+    told apart by the worker's name (PYTEST_XDIST_WORKER), which every process a test starts inherits."""
+    try:
+        return proc.environ().get("PYTEST_XDIST_WORKER", "") == os.environ.get("PYTEST_XDIST_WORKER", "")
+    except Exception:  # gone, a zombie, or another user's: not ours  # noqa: BLE001
+        return False

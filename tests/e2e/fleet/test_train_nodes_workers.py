@@ -18,8 +18,8 @@ from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.curves import series_points
 from tests.helpers.fleet import cpu_worker
-from tests.helpers.worker import celery_worker, wait_for_run
-from tests.helpers.xdist_lanes import own_worker_process
+from tests.helpers.worker import celery_worker, started_here, wait_for_run
+
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -48,7 +48,7 @@ def _ours(proc: psutil.Process) -> bool:
         line = " ".join(proc.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
-    return "workers.stages.train.processes.in_rank" in line and own_worker_process(proc)
+    return "workers.stages.train.processes.in_rank" in line and started_here(proc)
 
 
 def _rank_process(rank: int) -> psutil.Process | None:
@@ -56,7 +56,7 @@ def _rank_process(rank: int) -> psutil.Process | None:
         try:
             if ("workers.stages.train.processes.in_rank" in " ".join(proc.cmdline()) and "torch.distributed.run" not in
                     " ".join(proc.cmdline()) and proc.environ().get("EAGLE3WEB_TRAIN_NODE_RANK") == str(rank)
-                    and own_worker_process(proc)):
+                    and started_here(proc)):
                 return proc
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -27,7 +27,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from safetensors.torch import load_file
 from tests.helpers.vllm_here import vllm_or_skip
-from tests.helpers.xdist_lanes import own_worker_process
+from tests.helpers.worker import started_here
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -255,7 +255,7 @@ def test_a_stop_request_mid_check_leaves_no_vllm_process(vllm_run, tiny_target, 
     deadline = time.monotonic() + 30
     while True:
         left = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.info["pid"] not in before
-                and "vllm" in " ".join(p.info["cmdline"] or []) and own_worker_process(p)]
+                and "vllm" in " ".join(p.info["cmdline"] or []) and started_here(p)]
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.5)
