@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, TypeVar
 
+import psycopg
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, connections
 from django.db.models import QuerySet
 from django.db.models.query import ValuesIterable
@@ -85,6 +87,32 @@ def stand_in(n: int) -> int:
     return _STAND_INS_FROM - n
 
 
+class _PreparingCursor(psycopg.Cursor):
+    """psycopg's cursor binding on the server, each statement prepared on the connection at its first run (psycopg
+    keeps the last 100 a connection): PostgreSQL plans it once, not every request (the runs list's rows took 0.7 ms to
+    plan and 2 to run, issue 40)."""
+
+    def execute(self, query, params=None, *, prepare=None, binary=None):
+        return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
+
+
+_ONLY_ASKED = 2**62
+
+
+def _prepared_cursor(connection):
+    """A cursor for a statement compiled once: on PostgreSQL (unless DATABASE_PREPARED_STATEMENTS is off) one that
+    prepares it; Django's otherwise. Logged as Django's are."""
+    if connection.vendor != "postgresql" or not settings.DATABASE_PREPARED_STATEMENTS:
+        return connection.cursor()
+    connection.ensure_connection()
+    if connection.connection.prepare_threshold is None:
+        # Django's default turns preparing off on the connection, asked for or not; this turns on only the asked
+        # (no other statement runs that many times).
+        connection.connection.prepare_threshold = _ONLY_ASKED
+    raw = _PreparingCursor(connection.connection)
+    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
+
+
 @dataclass(frozen=True)
 class CompiledQuery:
     database: str
@@ -99,7 +127,7 @@ class CompiledQuery:
         return [values[slot] if isinstance(slot, str) else slot[1] for slot in self.slots]
 
     def fetch_one(self, **values) -> tuple | None:
-        with connections[self.database].cursor() as cursor:
+        with _prepared_cursor(connections[self.database]) as cursor:
             cursor.execute(self.sql, self.params(**values))
             return cursor.fetchone()
 
@@ -108,7 +136,7 @@ class CompiledQuery:
         if not self.columns:
             raise TypeError("fetch_values needs a query compiled from a values() queryset")
         connection = connections[self.database]
-        with connection.cursor() as cursor:
+        with _prepared_cursor(connection) as cursor:
             cursor.execute(self.sql, self.params(**values))
             rows = cursor.fetchall()
         out = []

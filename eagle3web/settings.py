@@ -132,6 +132,10 @@ DATABASES = {
         conn_max_age=DATABASE_CONN_MAX_AGE, conn_health_checks=DATABASE_CONN_MAX_AGE > 0,
     )
 }
+# The statements compiled once a process (eagle3web.db.compile_query: the session, the user, the runs list's rows)
+# are prepared on PostgreSQL, planned once a connection instead of every request. Off behind a pooler that
+# hands a session's statements to other connections (pgbouncer in transaction mode before 1.21).
+DATABASE_PREPARED_STATEMENTS = env_bool("DATABASE_PREPARED_STATEMENTS", True)
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     # Several writers at once (the web server, the demo's two workers): WAL lets readers go on beside

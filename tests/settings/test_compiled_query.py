@@ -70,3 +70,27 @@ def test_fetch_values_refuses_a_query_that_is_not_of_values():
     query = compile_query(users.filter(pk=stand_in(0)).values_list("username"), user=stand_in(0))
     with pytest.raises(TypeError, match="values"):
         query.fetch_values(user=1)
+
+
+def test_a_compiled_statement_is_prepared_on_postgresql_unless_the_setting_says_not(settings):
+    """Planned once a connection (pg_prepared_statements lists it after its first run), answering alike either way;
+    DATABASE_PREPARED_STATEMENTS=0 (behind a pooler that moves statements between connections) prepares nothing."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    users = get_user_model().objects
+    alice = users.create_user("alice-prepared")
+    query = compile_query(users.filter(pk=stand_in(0)).values("username", "pk"), user=stand_in(0))
+
+    def prepared() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            return [row[0] for row in cursor.fetchall() if 'FROM "auth_user"' in row[0] and "username" in row[0]]
+
+    settings.DATABASE_PREPARED_STATEMENTS = False
+    assert query.fetch_values(user=alice.pk) == [{"username": "alice-prepared", "pk": alice.pk}] and prepared() == []
+    settings.DATABASE_PREPARED_STATEMENTS = True
+    assert query.fetch_values(user=alice.pk) == [{"username": "alice-prepared", "pk": alice.pk}]
+    assert query.fetch_one(user=alice.pk) == ("alice-prepared", alice.pk)
+    assert len(prepared()) == 1
