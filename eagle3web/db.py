@@ -95,6 +95,12 @@ class _PreparingCursor(psycopg.Cursor):
     def execute(self, query, params=None, *, prepare=None, binary=None):
         return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
 
+    def _send_query_prepared(self, name, pgq, *, binary=None):
+        # The statement run, kept as a run unprepared keeps it: Django's log of queries (its last_executed_query)
+        # reads it, and read nothing of a prepared one (psycopg 3.2).
+        self._query = pgq
+        super()._send_query_prepared(name, pgq, binary=binary)
+
 
 _ONLY_ASKED = 2**62
 

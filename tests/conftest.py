@@ -87,6 +87,20 @@ def live_cache_cleared():
     cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def default_project_there(request):
+    """The open Default project, which the migrations make and every server has, is there for each test that uses
+    the database: a transactional test empties every table when it ends, and the tests after it on the same
+    pytest worker would otherwise find none (a launch would then make it, a list would lack it)."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None and not {"db", "transactional_db"} & set(request.fixturenames):
+        return
+    request.getfixturevalue("db")  # the test's own database access, transactional or not (pytest-django's helper)
+    from runs.projects.models import default_project_pk
+
+    default_project_pk()
+
+
 @pytest.fixture
 def user(django_user_model):
     """A logged-in-able user; `raw_password` is what a person would type."""
