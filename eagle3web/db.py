@@ -105,9 +105,17 @@ class _PreparingCursor(psycopg.Cursor):
 _ONLY_ASKED = 2**62
 
 
+def server_cursor(connection=connection, cursor_class=psycopg.Cursor):
+    """A cursor of PostgreSQL's `connection` binding its parameters on the server (psycopg's own; Django's binds them
+    in the client): bytes travel as they are, and a statement can be prepared. Logged as Django's are."""
+    connection.ensure_connection()
+    raw = cursor_class(connection.connection)
+    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
+
+
 def _prepared_cursor(connection):
     """A cursor for a statement compiled once: on PostgreSQL (unless DATABASE_PREPARED_STATEMENTS is off) one that
-    prepares it; Django's otherwise. Logged as Django's are."""
+    prepares it; Django's otherwise."""
     if connection.vendor != "postgresql" or not settings.DATABASE_PREPARED_STATEMENTS:
         return connection.cursor()
     connection.ensure_connection()
@@ -115,8 +123,7 @@ def _prepared_cursor(connection):
         # Django's default turns preparing off on the connection, asked for or not; this turns on only the asked
         # (no other statement runs that many times).
         connection.connection.prepare_threshold = _ONLY_ASKED
-    raw = _PreparingCursor(connection.connection)
-    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
+    return server_cursor(connection, _PreparingCursor)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from collections import defaultdict
 from functools import lru_cache
 
 import numpy as np
-import psycopg
 from django.db import connection, transaction
 
+from eagle3web.db import server_cursor
 from runs.pipeline.status.changes import curves_bump_sql, curves_changed
 from runs.tracking.chunks import (CHUNK_POINTS, COLUMNS, MERGE_AT, OpenPoints, Points, pack, pack_one, points_of_rows,
                                   preview, split_chunks, unpack)
@@ -63,7 +63,7 @@ def _chunks_insert(chunks: list[dict]) -> None:
         MetricChunk.objects.bulk_create([MetricChunk(**fields) for fields in chunks])
         return
     attnames = _chunk_columns()[0]
-    with _server_cursor() as cursor:
+    with server_cursor() as cursor:
         cursor.execute(_chunks_insert_sql(len(chunks)), [fields[name] for fields in chunks for name in attnames])
 
 
@@ -173,11 +173,11 @@ def _batch_write(*, new: list[tuple[MetricSeries, Points]], series: list[MetricS
         _chunks_insert(chunks)
         _summaries_write(series)
         return
-    with _server_cursor() as cursor:
+    with server_cursor() as cursor:
         if merged:
             cursor.execute(_OPEN_DELETE_SQL, [merged])
     _chunks_insert(chunks)
-    with _server_cursor() as cursor:
+    with server_cursor() as cursor:
         cursor.execute(_summaries_sql(len(series)) + ' RETURNING s."id", s."xmin"::text',
                        [value for row in series for value in (row.pk, *(getattr(row, f) for f in _SUMMARY_FIELDS))])
         versions = dict(cursor.fetchall())
@@ -209,14 +209,6 @@ _LOCKED_SQL = (f'SELECT {_SERIES_COLUMNS}, "xmin"::text '
                'ORDER BY "split", "key" FOR UPDATE')
 
 
-def _server_cursor():
-    """A cursor binding its parameters on the server (psycopg's own; Django's binds them in the client): bytes
-    travel as they are. Logged as Django's are."""
-    connection.ensure_connection()
-    raw = psycopg.Cursor(connection.connection)
-    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
-
-
 def series_locked(*, training_run_id: int, names: list[tuple[str, str]]) -> dict[tuple[str, str], MetricSeries]:
     """The batch's series of the run, locked, made first where missing: one query when all exist (every
     batch but a series' first), three otherwise."""
@@ -225,7 +217,7 @@ def series_locked(*, training_run_id: int, names: list[tuple[str, str]]) -> dict
 
     def locked():
         if connection.vendor == "postgresql":  # the ORM's compiling and raw()'s mapping were a fifth of a batch's Python
-            with _server_cursor() as cursor:
+            with server_cursor() as cursor:
                 cursor.execute(_LOCKED_SQL, [training_run_id, keys])
                 rows = []
                 for *values, version in cursor.fetchall():

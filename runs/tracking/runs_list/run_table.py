@@ -123,17 +123,19 @@ _page_statements_lock = threading.Lock()
 
 
 def _statements(filters: RunFilters, visible: list[int] | None) -> PageStatements:
-    if filters.q:
+    def build() -> PageStatements:
         ordered, newest = _ordered(filters, visible)
         return _page_statements_of(ordered, newest=newest)
+
+    if filters.q:
+        return build()
     key = repr((replace(filters, page=1, columns=()), visible))
     with _page_statements_lock:
         found = _page_statements.get(key)
         if found is not None:
             _page_statements.move_to_end(key)
             return found
-    ordered, newest = _ordered(filters, visible)
-    made = _page_statements_of(ordered, newest=newest)
+    made = build()
     with _page_statements_lock:
         _page_statements[key] = made
         while len(_page_statements) > PAGE_STATEMENTS_KEPT:
@@ -149,13 +151,13 @@ def _page_ids(statements: PageStatements, number: int) -> tuple[int, list[int], 
     with connection.cursor() as cursor:
         cursor.execute(f"{sql} LIMIT %s OFFSET %s", (*params, PAGE_SIZE, (number - 1) * PAGE_SIZE))
         rows = cursor.fetchall()
-        if rows:
-            if statements.counted:
-                return number, [row[0] for row in rows], rows[0][1]
-            cursor.execute(*statements.count)
-            return number, [row[0] for row in rows], cursor.fetchone()[0]
-        cursor.execute(*statements.count)  # an empty page: none matches, or a page past the last was asked for
+        if rows and statements.counted:
+            return number, [row[0] for row in rows], rows[0][1]
+        cursor.execute(*statements.count)
         total = cursor.fetchone()[0]
+    if rows:
+        return number, [row[0] for row in rows], total
+    # An empty page: none matches, or a page past the last was asked for.
     last = max(1, math.ceil(total / PAGE_SIZE))
     if number <= last:  # none matches (page 1), or the runs went while it asked
         return number, [], total
