@@ -105,10 +105,18 @@ class _PreparingCursor(psycopg.Cursor):
 _ONLY_ASKED = 2**62
 
 
-def server_cursor(connection=connection, cursor_class=psycopg.Cursor):
+def server_cursor(connection=connection, *, prepare: bool = False):
     """A cursor of PostgreSQL's `connection` binding its parameters on the server (psycopg's own; Django's binds them
-    in the client): bytes travel as they are, and a statement can be prepared. Logged as Django's are."""
+    in the client): bytes travel as they are. With `prepare` (and DATABASE_PREPARED_STATEMENTS on) each statement is
+    prepared on the connection at its first run. Logged as Django's are."""
     connection.ensure_connection()
+    cursor_class = psycopg.Cursor
+    if prepare and settings.DATABASE_PREPARED_STATEMENTS:
+        if connection.connection.prepare_threshold is None:
+            # Django's default turns preparing off on the connection, asked for or not; this turns on only the asked
+            # (no other statement runs that many times).
+            connection.connection.prepare_threshold = _ONLY_ASKED
+        cursor_class = _PreparingCursor
     raw = cursor_class(connection.connection)
     return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
 
@@ -118,12 +126,7 @@ def _prepared_cursor(connection):
     prepares it; Django's otherwise."""
     if connection.vendor != "postgresql" or not settings.DATABASE_PREPARED_STATEMENTS:
         return connection.cursor()
-    connection.ensure_connection()
-    if connection.connection.prepare_threshold is None:
-        # Django's default turns preparing off on the connection, asked for or not; this turns on only the asked
-        # (no other statement runs that many times).
-        connection.connection.prepare_threshold = _ONLY_ASKED
-    return server_cursor(connection, _PreparingCursor)
+    return server_cursor(connection, prepare=True)
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ def _chunks_insert(chunks: list[dict]) -> None:
         MetricChunk.objects.bulk_create([MetricChunk(**fields) for fields in chunks])
         return
     attnames = _chunk_columns()[0]
-    with server_cursor() as cursor:
+    with server_cursor(prepare=True) as cursor:
         cursor.execute(_chunks_insert_sql(len(chunks)), [fields[name] for fields in chunks for name in attnames])
 
 
@@ -173,11 +173,11 @@ def _batch_write(*, new: list[tuple[MetricSeries, Points]], series: list[MetricS
         _chunks_insert(chunks)
         _summaries_write(series)
         return
-    with server_cursor() as cursor:
+    with server_cursor(prepare=True) as cursor:
         if merged:
             cursor.execute(_OPEN_DELETE_SQL, [merged])
     _chunks_insert(chunks)
-    with server_cursor() as cursor:
+    with server_cursor(prepare=True) as cursor:
         cursor.execute(_summaries_sql(len(series)) + ' RETURNING s."id", s."xmin"::text',
                        [value for row in series for value in (row.pk, *(getattr(row, f) for f in _SUMMARY_FIELDS))])
         versions = dict(cursor.fetchall())
@@ -217,7 +217,7 @@ def series_locked(*, training_run_id: int, names: list[tuple[str, str]]) -> dict
 
     def locked():
         if connection.vendor == "postgresql":  # the ORM's compiling and raw()'s mapping were a fifth of a batch's Python
-            with server_cursor() as cursor:
+            with server_cursor(prepare=True) as cursor:
                 cursor.execute(_LOCKED_SQL, [training_run_id, keys])
                 rows = []
                 for *values, version in cursor.fetchall():

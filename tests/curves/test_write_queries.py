@@ -197,3 +197,36 @@ def test_the_apis_appended_points_cost_the_workers_queries_and_merge_from_memory
     for series in MetricSeries.objects.filter(training_run_id=five):
         assert (series.num_points, series.open_points, series.open_chunks) == (202 + CHUNK_POINTS, 202, 1)
         assert series_points(series=series).steps.tolist() == list(range(1, 203 + CHUNK_POINTS))
+
+
+def _prepared_on_this_connection() -> set[str]:
+    """The first word of each statement on the metric tables that PostgreSQL holds prepared for this connection."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return {row[0].split()[0] for row in cursor.fetchall()
+                if MetricSeries._meta.db_table in row[0] or MetricChunk._meta.db_table in row[0]}
+
+
+def test_a_batchs_statements_are_prepared_on_postgresql_unless_the_setting_says_not(settings, user, roots):
+    """Planned once a worker's connection, not every batch (the lock, the chunks' insert, the summaries' update,
+    a merge's delete); DATABASE_PREPARED_STATEMENTS=0 prepares none. The curve reads back alike either way."""
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    training = _run(user, roots, "prepared").training_run.pk
+    keys = ["loss", "acc_0"]
+    settings.DATABASE_PREPARED_STATEMENTS = False
+    connection.close()  # a connection of its own: nothing prepared on it yet
+    metrics_record(training_run_id=training, points=_batch(keys, range(1, 101)))
+    metrics_record(training_run_id=training, points=_batch(keys, range(101, 101 + CHUNK_POINTS)))  # a merge
+    assert _prepared_on_this_connection() == set()
+    settings.DATABASE_PREPARED_STATEMENTS = True
+    connection.close()
+    metrics_record(training_run_id=training, points=_batch(keys, range(101 + CHUNK_POINTS, 201 + CHUNK_POINTS)))
+    metrics_record(training_run_id=training, points=_batch(keys, range(201 + CHUNK_POINTS, 201 + 2 * CHUNK_POINTS)))
+    assert _prepared_on_this_connection() == {"SELECT", "INSERT", "UPDATE", "DELETE"}
+    last = 200 + 2 * CHUNK_POINTS
+    for series in MetricSeries.objects.filter(training_run_id=training):
+        points = series_points(series=series)
+        assert points.steps.tolist() == list(range(1, last + 1))
+        assert points.values.tolist() == [1.0 / s for s in range(1, last + 1)]
+        assert (series.num_points, series.last_step) == (last, last)
