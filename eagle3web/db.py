@@ -121,7 +121,7 @@ def server_cursor(connection=connection, *, prepare: bool = False):
     return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
 
 
-def _prepared_cursor(connection):
+def prepared_cursor(connection):
     """A cursor for a statement compiled once: on PostgreSQL (unless DATABASE_PREPARED_STATEMENTS is off) one that
     prepares it; Django's otherwise."""
     if connection.vendor != "postgresql" or not settings.DATABASE_PREPARED_STATEMENTS:
@@ -143,7 +143,7 @@ class CompiledQuery:
         return [values[slot] if isinstance(slot, str) else slot[1] for slot in self.slots]
 
     def fetch_one(self, **values) -> tuple | None:
-        with _prepared_cursor(connections[self.database]) as cursor:
+        with prepared_cursor(connections[self.database]) as cursor:
             cursor.execute(self.sql, self.params(**values))
             return cursor.fetchone()
 
@@ -152,7 +152,7 @@ class CompiledQuery:
         if not self.columns:
             raise TypeError("fetch_values needs a query compiled from a values() queryset")
         connection = connections[self.database]
-        with _prepared_cursor(connection) as cursor:
+        with prepared_cursor(connection) as cursor:
             cursor.execute(self.sql, self.params(**values))
             rows = cursor.fetchall()
         out = []
