@@ -144,11 +144,11 @@ def _batch_write(*, new: list[tuple[MetricSeries, Points]], series: list[MetricS
     or MERGE_AT of them pile up; then they and the new points are written again as full chunks plus an open tail.
     The open points come from this process's memory where it knows them (_open_known), else are read back.
 
-    On PostgreSQL one statement each through a cursor binding on the server: the merged series' open chunks
-    deleted, every new chunk inserted (_chunks_insert), the summaries updated and, when `bump` (the batch's
-    transaction is the outermost), the run's change counters bumped. Sending them together (psycopg's pipeline
-    mode) measured no faster (bench/tracker/ingest_ab.py, 1.01x). Elsewhere (SQLite, the demo) the ORM's, and no
-    memory of open points (no row version to check it against)."""
+    On PostgreSQL one prepared statement (_batch_sql) through a cursor binding on the server: the merged series'
+    open chunks deleted, every new chunk inserted, the run's change counters bumped when `bump` (the batch's
+    transaction is the outermost), the summaries updated: 1.15x the points/s of a statement each
+    (bench/tracker/ingest_ab.py; sending those together in psycopg's pipeline mode had measured 1.01x). Elsewhere
+    (SQLite, the demo) the ORM's, and no memory of open points (no row version to check it against)."""
     known = {row.pk: _open_known(row) for row, _ in new}
     unknown = [row.pk for row, points in new if known[row.pk] is None and _closes(row, points)]
     if unknown:  # another process (or transaction) wrote these last: their open chunks are read back
@@ -173,22 +173,32 @@ def _batch_write(*, new: list[tuple[MetricSeries, Points]], series: list[MetricS
         _chunks_insert(chunks)
         _summaries_write(series)
         return
+    attnames = _chunk_columns()[0]
+    params = [*([merged] if merged else []), *(fields[name] for fields in chunks for name in attnames),
+              *([training_run_id] if bump else []),
+              *(value for row in series for value in (row.pk, *(getattr(row, f) for f in _SUMMARY_FIELDS)))]
     with server_cursor(prepare=True) as cursor:
-        if merged:
-            cursor.execute(_OPEN_DELETE_SQL, [merged])
-    _chunks_insert(chunks)
-    with server_cursor(prepare=True) as cursor:
-        cursor.execute(_summaries_sql(len(series)) + ' RETURNING s."id", s."xmin"::text',
-                       [value for row in series for value in (row.pk, *(getattr(row, f) for f in _SUMMARY_FIELDS))])
+        cursor.execute(_batch_sql(len(chunks), len(series), merged=bool(merged), bump=bump), params)
         versions = dict(cursor.fetchall())
-        if bump:  # last: the run's row is held from here to the commit only
-            cursor.execute(curves_bump_sql(), [training_run_id])
     for series_id, points in kept.items():
         _open.keep(series_id, versions[series_id], points)
 
 
 _OPEN_DELETE_SQL = (f'DELETE FROM "{MetricChunk._meta.db_table}" WHERE "series_id" = ANY(%s) '
                     f'AND "num_points" < {CHUNK_POINTS}')
+
+
+@lru_cache(maxsize=64)
+def _batch_sql(chunks: int, series: int, *, merged: bool, bump: bool) -> str:
+    """_batch_write's writes as one statement (one round trip, one plan): the merged series' open chunks deleted,
+    the new chunks inserted, the run's change counters bumped (curves_bump_sql), then the summaries updated,
+    answering each series' new row version. The parts all see the snapshot from before the statement, so the
+    delete leaves the chunks it inserts alone."""
+    parts = ([f"deleted AS ({_OPEN_DELETE_SQL})"] if merged else []) + \
+        ([f"inserted AS ({_chunks_insert_sql(chunks)})"] if chunks else []) + \
+        ([f"bumped AS ({curves_bump_sql()})"] if bump else [])
+    summaries = _summaries_sql(series) + ' RETURNING s."id", s."xmin"::text'
+    return f"WITH {', '.join(parts)} {summaries}" if parts else summaries
 
 
 @lru_cache(maxsize=16)

@@ -29,9 +29,9 @@ from runs.tracking.services import metrics_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# Steady state: BEGIN, the batch's series locked, its chunks inserted, its summaries updated, the run's counters
-# bumped (last, so that the run's row is held only until the commit), COMMIT.
-BATCH_QUERIES = 6
+# Steady state: BEGIN, the batch's series locked, one statement that inserts its chunks, bumps the run's counters
+# (the run's row then held only until the commit) and updates its summaries, COMMIT.
+BATCH_QUERIES = 4
 
 
 def _run(user, roots, name):
@@ -67,12 +67,14 @@ def test_a_batch_of_points_costs_the_same_queries_for_1_series_and_20_with_rules
     steady = (_queries(training_run_id=one, points=_batch(keys[:1], range(3, 103))),
               _queries(training_run_id=many, points=_batch(keys, range(3, 103))))
     assert len(steady[0]) == len(steady[1]) == BATCH_QUERIES, steady[1]
-    # A batch that fills a chunk merges the open ones: one delete for all series, the open points written from this
-    # process's memory of them (services._open_known); a process that does not know them reads them back, once.
+    # A batch that fills a chunk merges the open ones: their delete is part of the one statement, the open points
+    # written from this process's memory of them (services._open_known); a process that does not know them reads
+    # them back, once.
     full = range(103, 103 + CHUNK_POINTS)
     merged = (_queries(training_run_id=one, points=_batch(keys[:1], full)),
               _queries(training_run_id=many, points=_batch(keys, full)))
-    assert len(merged[0]) == len(merged[1]) == BATCH_QUERIES + 1, merged[1]
+    assert len(merged[0]) == len(merged[1]) == BATCH_QUERIES, merged[1]
+    assert "DELETE" in merged[1][2] and "DELETE" not in steady[1][2]
     # What was written is what a batch at a time would have written.
     for series in MetricSeries.objects.filter(training_run_id=many):
         assert (series.num_points, series.first_step, series.last_step) == (102 + CHUNK_POINTS, 1, 102 + CHUNK_POINTS)
@@ -85,7 +87,7 @@ def test_a_batch_of_points_costs_the_same_queries_for_1_series_and_20_with_rules
     # Another worker process (no memory of the open points) reads them back: one query for all series.
     services_module._open.clear()
     later = range(103 + CHUNK_POINTS, 103 + 2 * CHUNK_POINTS)
-    assert len(_queries(training_run_id=many, points=_batch(keys, later))) == BATCH_QUERIES + 2
+    assert len(_queries(training_run_id=many, points=_batch(keys, later))) == BATCH_QUERIES + 1
     for series in MetricSeries.objects.filter(training_run_id=many):
         assert series_points(series=series).steps.tolist() == list(range(1, 103 + 2 * CHUNK_POINTS))
 
@@ -189,11 +191,13 @@ def test_the_apis_appended_points_cost_the_workers_queries_and_merge_from_memory
     keys = [f"loss_{i}" for i in range(5)]
     _report_queries(five, _batch(keys, [1, 2]))  # the series' rows made
     steady = _report_queries(five, _batch(keys, range(3, 203)))
-    # BEGIN, the series locked, the chunks inserted, the summaries updated, COMMIT, then the counters' bump (after
-    # the caller's commit: it updates the training's progress after the points). No savepoint of its own.
-    assert [q.split()[0] for q in steady] == ["BEGIN", "SELECT", "INSERT", "UPDATE", "COMMIT", "SET"], steady
+    # BEGIN, the series locked, the chunks inserted and the summaries updated in one statement, COMMIT, then the
+    # counters' bump (after the caller's commit: it updates the training's progress after the points). No savepoint
+    # of its own.
+    assert [q.split()[0] for q in steady] == ["BEGIN", "SELECT", "WITH", "COMMIT", "SET"], steady
+    assert "INSERT INTO" in steady[2] and "UPDATE" in steady[2]
     merged = _report_queries(five, _batch(keys, range(203, 203 + CHUNK_POINTS)))
-    assert len(merged) == len(steady) + 1, merged  # the open chunks' delete, nothing read back
+    assert len(merged) == len(steady) and "DELETE" in merged[2], merged  # the open chunks' delete, nothing read back
     for series in MetricSeries.objects.filter(training_run_id=five):
         assert (series.num_points, series.open_points, series.open_chunks) == (202 + CHUNK_POINTS, 202, 1)
         assert series_points(series=series).steps.tolist() == list(range(1, 203 + CHUNK_POINTS))
@@ -208,8 +212,8 @@ def _prepared_on_this_connection() -> set[str]:
 
 
 def test_a_batchs_statements_are_prepared_on_postgresql_unless_the_setting_says_not(settings, user, roots):
-    """Planned once a worker's connection, not every batch (the lock, the chunks' insert, the summaries' update,
-    a merge's delete); DATABASE_PREPARED_STATEMENTS=0 prepares none. The curve reads back alike either way."""
+    """Planned once a worker's connection, not every batch (the lock; the chunks' insert and the summaries' update,
+    with a merge's delete or without); DATABASE_PREPARED_STATEMENTS=0 prepares none. The curve reads back alike either way."""
     if connection.vendor != "postgresql":
         pytest.skip("prepared statements are PostgreSQL's")
     training = _run(user, roots, "prepared").training_run.pk
@@ -223,7 +227,7 @@ def test_a_batchs_statements_are_prepared_on_postgresql_unless_the_setting_says_
     connection.close()
     metrics_record(training_run_id=training, points=_batch(keys, range(101 + CHUNK_POINTS, 201 + CHUNK_POINTS)))
     metrics_record(training_run_id=training, points=_batch(keys, range(201 + CHUNK_POINTS, 201 + 2 * CHUNK_POINTS)))
-    assert _prepared_on_this_connection() == {"SELECT", "INSERT", "UPDATE", "DELETE"}
+    assert _prepared_on_this_connection() == {"SELECT", "WITH"}
     last = 200 + 2 * CHUNK_POINTS
     for series in MetricSeries.objects.filter(training_run_id=training):
         points = series_points(series=series)
