@@ -20,5 +20,12 @@ class RunsConfig(AppConfig):
         from runs.saved_views import viewer_reads
 
         viewer_reads.add_frame_count("alerts_unread", alert_selectors.unread_notices)
+        # A run deleted moves the runs list's change count (its state counter went with it).
+        from django.db.models.signals import post_delete
+
+        from runs.pipeline.models import PipelineRun
+        from runs.pipeline.status import changes
+
+        post_delete.connect(changes.run_deleted, sender=PipelineRun, dispatch_uid="runs_list_run_deleted")
         # Names each stage's and job's model (stage_record.NAMES_BY_MODEL), which the rows' failure sentences use.
         import runs.pipeline.lifecycle.stages  # noqa: F401

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import F
 
 from runs.pipeline.models import PipelineRun
+from runs.pipeline.status.changes import runs_list_changed
 from runs.projects.models import Project, ProjectMember
 from runs.review.models import RunTag
 from runs.projects import access
@@ -97,6 +98,7 @@ def runs_archive(*, user: AbstractBaseUser, run_ids: list[int], archived: bool =
     """Archive the runs (hidden from the list unless asked for) or bring them back; how many changed.
     Their state counter moves, so the cached runs list is built again (runs.pipeline.status.changes)."""
     _editable(user=user, run_ids=run_ids)
+    runs_list_changed()
     return (PipelineRun.objects.filter(pk__in=run_ids).exclude(archived=archived)
             .update(archived=archived, state_changes=F("state_changes") + 1))
 
@@ -109,5 +111,6 @@ def runs_move(*, user: AbstractBaseUser, run_ids: list[int], project: Project) -
     if not access.sees_every_project(user):
         access.require_role(user, project, ProjectMember.Role.OWNER, "move runs")
     _editable(user=user, run_ids=run_ids)
+    runs_list_changed()
     return (PipelineRun.objects.filter(pk__in=run_ids).exclude(project=project)
             .update(project=project, state_changes=F("state_changes") + 1))
