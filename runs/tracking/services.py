@@ -63,8 +63,17 @@ def _chunks_insert(chunks: list[dict]) -> None:
         MetricChunk.objects.bulk_create([MetricChunk(**fields) for fields in chunks])
         return
     attnames = _chunk_columns()[0]
-    with server_cursor(prepare=True) as cursor:
-        cursor.execute(_chunks_insert_sql(len(chunks)), [fields[name] for fields in chunks for name in attnames])
+    with server_cursor() as cursor:  # sizes that recur seldom (a resent step, a truncation): not prepared
+        for part in _slices(chunks, PARAMETERS_MAX // len(attnames)):
+            cursor.execute(_chunks_insert_sql(len(part)), [fields[name] for fields in part for name in attnames])
+
+
+# PostgreSQL's most parameters in one statement (its protocol counts them in 16 bits).
+PARAMETERS_MAX = 65_535
+
+
+def _slices(rows: list, size: int) -> list[list]:
+    return [rows[at:at + size] for at in range(0, len(rows), size)]
 
 
 @lru_cache(maxsize=1)
@@ -174,12 +183,25 @@ def _batch_write(*, new: list[tuple[MetricSeries, Points]], series: list[MetricS
         _summaries_write(series)
         return
     attnames = _chunk_columns()[0]
+    summaries = [value for row in series for value in (row.pk, *(getattr(row, f) for f in _SUMMARY_FIELDS))]
     params = [*([merged] if merged else []), *(fields[name] for fields in chunks for name in attnames),
-              *([training_run_id] if bump else []),
-              *(value for row in series for value in (row.pk, *(getattr(row, f) for f in _SUMMARY_FIELDS)))]
-    with server_cursor(prepare=True) as cursor:
-        cursor.execute(_batch_sql(len(chunks), len(series), merged=bool(merged), bump=bump), params)
-        versions = dict(cursor.fetchall())
+              *([training_run_id] if bump else []), *summaries]
+    if len(params) <= PARAMETERS_MAX:
+        with server_cursor(prepare=True) as cursor:
+            cursor.execute(_batch_sql(len(chunks), len(series), merged=bool(merged), bump=bump), params)
+            versions = dict(cursor.fetchall())
+    else:  # thousands of series in one batch: the same writes, each in as few statements as the limit allows
+        with server_cursor() as cursor:
+            if merged:
+                cursor.execute(_OPEN_DELETE_SQL, [merged])
+        _chunks_insert(chunks)
+        versions, width = {}, 1 + len(_SUMMARY_FIELDS)
+        with server_cursor() as cursor:
+            for part in _slices(summaries, PARAMETERS_MAX // width * width):
+                cursor.execute(_summaries_sql(len(part) // width) + ' RETURNING s."id", s."xmin"::text', part)
+                versions.update(cursor.fetchall())
+            if bump:
+                cursor.execute(curves_bump_sql(), [training_run_id])
     for series_id, points in kept.items():
         _open.keep(series_id, versions[series_id], points)
 
@@ -191,9 +213,11 @@ _OPEN_DELETE_SQL = (f'DELETE FROM "{MetricChunk._meta.db_table}" WHERE "series_i
 @lru_cache(maxsize=64)
 def _batch_sql(chunks: int, series: int, *, merged: bool, bump: bool) -> str:
     """_batch_write's writes as one statement (one round trip, one plan): the merged series' open chunks deleted,
-    the new chunks inserted, the run's change counters bumped (curves_bump_sql), then the summaries updated,
-    answering each series' new row version. The parts all see the snapshot from before the statement, so the
-    delete leaves the chunks it inserts alone."""
+    the new chunks inserted, the run's change counters bumped (curves_bump_sql), the summaries updated, answering
+    each series' new row version. PostgreSQL runs the parts in an order of its own, all on the snapshot from before
+    the statement, so the delete leaves the chunks it inserts alone. The statement is the transaction's last before
+    its commit, and the series' rows (and so their chunks) are already locked: once it holds the run's row, it waits
+    for no other transaction's lock."""
     parts = ([f"deleted AS ({_OPEN_DELETE_SQL})"] if merged else []) + \
         ([f"inserted AS ({_chunks_insert_sql(chunks)})"] if chunks else []) + \
         ([f"bumped AS ({curves_bump_sql()})"] if bump else [])

@@ -234,3 +234,18 @@ def test_a_batchs_statements_are_prepared_on_postgresql_unless_the_setting_says_
         assert points.steps.tolist() == list(range(1, last + 1))
         assert points.values.tolist() == [1.0 / s for s in range(1, last + 1)]
         assert (series.num_points, series.last_step) == (last, last)
+
+
+def test_a_batch_past_postgresqls_parameter_limit_is_stored_whole(user, roots):
+    """3,000 series in one batch need more than the 65,535 parameters one statement may carry: the writes go in as
+    many statements as the limit asks, twice (the series made, then steady), and every point reads back."""
+    training = _run(user, roots, "wide").training_run.pk
+    keys = [f"probe/layer_{i}" for i in range(3000)]
+    for steps in ([1], [2, 3]):
+        assert metrics_record(training_run_id=training, points=_batch(keys, steps)) == len(keys) * len(steps)
+    assert MetricSeries.objects.filter(training_run_id=training).count() == 3000
+    assert set(MetricSeries.objects.filter(training_run_id=training).values_list("num_points", "last_step",
+                                                                                  "open_chunks")) == {(3, 3, 2)}
+    for series in MetricSeries.objects.filter(training_run_id=training, key__in=keys[::997]):
+        assert series_points(series=series).values.tolist() == [1.0, 0.5, 1.0 / 3]
+    assert PipelineRun.objects.get(training_run__pk=training).curve_changes == 2

@@ -127,7 +127,13 @@ def run_deleted(sender, **kwargs) -> None:
 
 def runs_list_changed() -> None:
     """Count a write to what the runs list shows that moves no run's state counter through CounterBump (a bulk
-    update that moves them itself, a run deleted), once it is committed."""
+    update that moves them itself, a run deleted), once it is committed: once however many runs the transaction
+    deletes (a move pending under the very savepoints open now stands for this one, as in _bump)."""
+    conn = transaction.get_connection()
+    if conn.in_atomic_block:
+        open_now = set(conn.savepoint_ids)
+        if any(sids == open_now and func is _list_changes_move for sids, func, *_ in conn.run_on_commit):
+            return
     transaction.on_commit(_list_changes_move, robust=True)
 
 

@@ -91,6 +91,7 @@ class PageStatements:
     ids: tuple[str, tuple] | None
     counted: bool
     count: tuple[str, tuple] | None
+    prepared: bool = True  # kept and run again (not a search's, whose text names what its words matched)
 
     @classmethod
     def of(cls, ordered: QuerySet[PipelineRun], *, counted: bool) -> "PageStatements":
@@ -128,7 +129,7 @@ def _statements(filters: RunFilters, visible: list[int] | None) -> PageStatement
         return _page_statements_of(ordered, newest=newest)
 
     if filters.q:
-        return build()
+        return replace(build(), prepared=False)
     key = repr((replace(filters, page=1, columns=()), visible))
     with _page_statements_lock:
         found = _page_statements.get(key)
@@ -148,7 +149,8 @@ def _page_ids(statements: PageStatements, number: int) -> tuple[int, list[int], 
     if statements.ids is None:
         return 1, [], 0
     sql, params = statements.ids
-    with prepared_cursor(connection) as cursor:  # planned once a connection where PostgreSQL finds a generic plan
+    # Planned once a connection (PostgreSQL keeps a generic plan of each); a search's are run once.
+    with prepared_cursor(connection) if statements.prepared else connection.cursor() as cursor:
         cursor.execute(f"{sql} LIMIT %s OFFSET %s", (*params, PAGE_SIZE, (number - 1) * PAGE_SIZE))
         rows = cursor.fetchall()
         if rows and statements.counted:

@@ -7,7 +7,8 @@ from django.db import connection
 
 from runs.models import PipelineRun, Preparation, StageStatus
 from runs.pipeline.status.changes import LIST_CHANGES, runs_list_version, runs_list_version_sql
-from runs.projects.bulk import runs_archive
+from runs.projects.bulk import runs_archive, runs_move
+from runs.projects.services import project_create
 from runs.tracking.services import metrics_record
 from tests.views.tracking.test_run_table import launch, names, roots  # noqa: F401  (roots: a fixture)
 
@@ -46,15 +47,23 @@ def test_every_change_the_list_shows_moves_its_version_and_a_batch_of_points_doe
     assert set(_rows(client)) == {"third run"}
 
 
+def _change_count() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT last_value + is_called::int FROM "{LIST_CHANGES}"')
+        return cursor.fetchone()[0]
+
+
 def test_on_postgresql_the_version_reads_the_lists_change_count_not_every_runs_counter(user, roots):  # noqa: F811
     if connection.vendor != "postgresql":
         pytest.skip("the change count is a PostgreSQL sequence; SQLite (the demo) sums the counters")
     sql = runs_list_version_sql()
     assert LIST_CHANGES in sql and "state_changes" not in sql
-    with connection.cursor() as cursor:
-        cursor.execute(f'SELECT last_value + is_called::int FROM "{LIST_CHANGES}"')
-        before = cursor.fetchone()[0]
-        run = launch(roots, user, name="counted")
-        Preparation.objects.filter(run=run).update(status=StageStatus.RUNNING)
-        cursor.execute(f'SELECT last_value + is_called::int FROM "{LIST_CHANGES}"')
-        assert cursor.fetchone()[0] > before
+    runs = [launch(roots, user, name=f"counted {i}") for i in range(4)]
+    before = _change_count()
+    Preparation.objects.filter(run=runs[0]).update(status=StageStatus.RUNNING)  # one bump after its commit
+    assert _change_count() == before + 1
+    other = project_create(user=user, name="elsewhere")
+    runs_move(user=user, run_ids=[runs[1].pk], project=other)
+    assert _change_count() == before + 2
+    PipelineRun.objects.filter(pk__in=[runs[2].pk, runs[3].pk]).delete()  # two runs, one transaction: one move
+    assert _change_count() == before + 3
