@@ -9,12 +9,13 @@ from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal
 from urllib.parse import quote
 
+from django.conf import settings
 from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.template.defaultfilters import floatformat
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
-from django.utils.timezone import template_localtime
 
 from runs.tracking.runs_list.run_table import duration_text
 
@@ -28,14 +29,20 @@ def esc(value) -> str:
     return value.__html__() if hasattr(value, "__html__") else html.escape(str(value))
 
 
-def _iso(value) -> str:
+def _local(value, zone):
+    """template_localtime(value) with the current time zone looked up once a table (`zone`, None without USE_TZ):
+    looking it up took 8 µs a cell, most of a time cell's cost."""
+    return value.astimezone(zone) if zone is not None and value.tzinfo is not None else value
+
+
+def _iso(value, zone) -> str:
     """The `date` filter's "c" of the time in the current time zone, as the template wrote it: ISO 8601."""
-    return template_localtime(value).isoformat() if value is not None else ""
+    return _local(value, zone).isoformat() if value is not None else ""
 
 
-def _seconds(value) -> str:
+def _seconds(value, zone) -> str:
     """The `date` filter's "Y-m-d H:i:s" of the time in the current time zone, as the template wrote it."""
-    at = template_localtime(value)
+    at = _local(value, zone)
     return f"{at.year:04d}-{at.month:02d}-{at.day:02d} {at.hour:02d}:{at.minute:02d}:{at.second:02d}"
 
 
@@ -57,59 +64,59 @@ def _or_dash(text) -> str:
     return esc(text) if text else "–"
 
 
-def _status(run, review) -> str:
+def _status(run, review, zone) -> str:
     reason = f' title="{esc(run.status_reason)}"' if run.status_reason else ""
     return f'<td><span class="status {esc(run.status)}"{reason}>{esc(run.status)}</span></td>'
 
 
-def _duration(run, review) -> str:
+def _duration(run, review, zone) -> str:
     since = None
     if run.status == "running" and run.external:
         since = run.train_started_at
     elif run.status == "running" and run.prepare_started_at:
         since = run.prepare_started_at
-    attribute = f' data-running-since="{esc(_iso(since))}"' if since is not None else ""
+    attribute = f' data-running-since="{esc(_iso(since, zone))}"' if since is not None else ""
     return f"<td{attribute}>{esc(duration_text(run.duration))}</td>"
 
 
-def _epochs(run, review) -> str:
+def _epochs(run, review, zone) -> str:
     best = f"best {run.best_epoch + 1} of " if run.best_epoch is not None else ""
     return f"<td>{best}{esc(run.epochs)}</td>"
 
 
-def _best_val_loss(run, review) -> str:
+def _best_val_loss(run, review, zone) -> str:
     return f"<td>{_or_dash(_fixed(run.best_val_loss, 4))}</td>"
 
 
-def _tau(run, review) -> str:
+def _tau(run, review, zone) -> str:
     return f"<td>{_or_dash(_fixed(run.shown_tau, 2))}</td>"
 
 
-def _owner(run, review) -> str:
+def _owner(run, review, zone) -> str:
     return f"<td>{esc(run.owner_name)}</td>"
 
 
-def _created(run, review) -> str:
-    return f'<td title="{esc(_seconds(run.created_at))}">{esc(naturaltime(run.created_at))}</td>'
+def _created(run, review, zone) -> str:
+    return f'<td title="{esc(_seconds(run.created_at, zone))}">{esc(naturaltime(run.created_at))}</td>'
 
 
-def _project(run, review) -> str:
+def _project(run, review, zone) -> str:
     return f"<td>{esc(run.project_name)}</td>"
 
 
-def _target(run, review) -> str:
+def _target(run, review, zone) -> str:
     return f"<td>{_or_dash(run.target_name)}</td>"
 
 
-def _dataset(run, review) -> str:
+def _dataset(run, review, zone) -> str:
     return f"<td>{_or_dash(run.dataset_name)}</td>"
 
 
-def _layers(run, review) -> str:
+def _layers(run, review, zone) -> str:
     return f"<td>{esc(', '.join(map(str, run.layer_ids)))}</td>"
 
 
-def _stages(run, review) -> str:
+def _stages(run, review, zone) -> str:
     if run.external:
         state = esc(next(iter(run.stage_statuses.values())))
         pills = f'<span class="stage-pill {state}" title="trained elsewhere: {state}">train (elsewhere)</span>'
@@ -119,12 +126,12 @@ def _stages(run, review) -> str:
     return f'<td class="stage-dots">{pills}</td>'
 
 
-def _tags(run, review) -> str:
+def _tags(run, review, zone) -> str:
     return "<td>" + "".join(f'<a class="tag" href="?tag={esc(quote(tag, safe="/"))}">{esc(tag)}</a> '
                             for tag in run.tags) + "</td>"
 
 
-def _review(run, review) -> str:
+def _review(run, review, zone) -> str:
     # The review's markup has one home, shared with the extractions list.
     return "<td>" + render_to_string("runs/review/_review_state.html", {"review": review}) + "</td>"
 
@@ -141,6 +148,7 @@ def rows_html(runs: list, reviews: dict, *, columns: tuple[str, ...], launch_url
     state from `reviews` (by run id), the columns shown in run_filters.COLUMNS' order (the run's name always
     first)."""
     cells = [CELLS[key] for key in columns if key in CELLS]
+    zone = timezone.get_current_timezone() if settings.USE_TZ else None
     # The run page's address, reversed once for the page and not once a row (ListedRun.get_absolute_url's).
     marker = 2**62  # no run's id
     before, after = reverse("runs:run_detail", args=[marker]).split(str(marker))
@@ -160,6 +168,6 @@ def rows_html(runs: list, reviews: dict, *, columns: tuple[str, ...], launch_url
             f'<tr data-run="{pk}" data-status="{esc(run.status)}"{archived}>'
             f'<td><input type="checkbox" name="ids" value="{pk}" aria-label="compare {name}"></td>'
             f'<td><a href="{esc(before + pk + after)}">{name}</a>{badges}</td>'
-            + "".join(cell(run, review) for cell in cells)
+            + "".join(cell(run, review, zone) for cell in cells)
             + f"<td>{copy}</td></tr>")
     return mark_safe("\n".join(out))  # noqa: S308 - every value above is escaped

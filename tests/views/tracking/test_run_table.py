@@ -230,6 +230,29 @@ def test_the_cells_decimals_are_the_floatformat_filters():
             assert _fixed(value, places) == str(floatformat(value, places)), (value, places)
 
 
+def test_the_cells_times_are_the_date_filters_in_the_viewers_time_zone():
+    """The "created" cell's title and a running run's start are written as the template's `date` filter wrote them
+    ("Y-m-d H:i:s" and "c") in the time zone active for the request (the zone looked up once a table: table_rows._local),
+    across a daylight-saving change and a zone off the hour."""
+    import zoneinfo
+    from datetime import datetime, timedelta, timezone as fixed
+
+    from django.template import Context, Template
+    from django.utils import timezone
+
+    from runs.saved_views.table_rows import _iso, _seconds
+
+    template = Template('{{ at|date:"Y-m-d H:i:s" }}|{{ at|date:"c" }}')
+    start = datetime(2026, 3, 7, 23, 59, 59, 999_999, tzinfo=fixed.utc)
+    times = [start + timedelta(minutes=37 * i, microseconds=i) for i in range(1500)]
+    for name in ("UTC", "America/New_York", "Asia/Kolkata", "Australia/Lord_Howe"):
+        with timezone.override(zoneinfo.ZoneInfo(name)):
+            zone = timezone.get_current_timezone()
+            for at in times:
+                assert f"{_seconds(at, zone)}|{_iso(at, zone)}" == template.render(Context({"at": at})), (name, at)
+    assert _iso(None, zone) == ""
+
+
 def test_a_filter_sets_statements_are_compiled_once_and_answer_for_the_runs_that_come_later(user, roots, monkeypatch):
     """The page's statements are kept per filter set (runs.tracking.runs_list.run_table._statements): a second
     request, another page or a new run reuse them and still see every run that matches now. A search reads what
