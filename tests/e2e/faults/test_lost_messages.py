@@ -58,9 +58,17 @@ def test_a_worker_killed_after_taking_a_stages_message_costs_the_run_under_a_min
         run = services.run_launch(user=user, target_path=tiny_target.target_dir,
                                   dataset_path=tiny_target.chats_path, config=RunConfig(**CONFIG))
         taker_name = f"taker-{os.getpid()}@"
-        wait_until(lambda: ExtractStage.objects.filter(run=run, worker__startswith=taker_name,
-                                                       status=StageStatus.QUEUED).exists(),
-                   timeout=300, what="the frozen worker to take the extract stage's message")
+        try:
+            wait_until(lambda: ExtractStage.objects.filter(run=run, worker__startswith=taker_name,
+                                                           status=StageStatus.QUEUED).exists(),
+                       timeout=300, what="the frozen worker to take the extract stage's message")
+        except AssertionError as exc:  # what each side did, for a failure seen once under CI's load (2026-12-07)
+            stages = [model.objects.filter(run=run).values("status", "worker", "error").first()
+                      for model in (Preparation, ExtractStage)]
+            raise AssertionError(f"{exc}: prepare, extract {stages}, pool {pool} "
+                                 f"(alive: {[Path(f'/proc/{pid}').exists() for pid in pool]})\n"
+                                 f"cpu worker:\n{cpu_log.read_text()[-3000:]}\n"
+                                 f"taker:\n{taker_log.read_text()[-3000:]}") from exc
         node = ExtractStage.objects.get(run=run).worker
         wait_until(lambda: Worker.objects.filter(name=node).exists(), timeout=60, what="the taker's heartbeat")
         time.sleep(2)
