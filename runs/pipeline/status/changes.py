@@ -128,28 +128,27 @@ def run_deleted(sender, **kwargs) -> None:
 def runs_list_changed() -> None:
     """Count a write to what the runs list shows that moves no run's state counter through CounterBump (a bulk
     update that moves them itself, a run deleted), once it is committed: once however many runs the transaction
-    deletes (a move pending under the very savepoints open now stands for this one, as in _bump)."""
-    conn = transaction.get_connection()
-    if conn.in_atomic_block:
-        open_now = set(conn.savepoint_ids)
-        if any(sids == open_now and func is _list_changes_move for sids, func, *_ in conn.run_on_commit):
-            return
-    transaction.on_commit(_list_changes_move, robust=True)
+    deletes (_on_commit_once)."""
+    _on_commit_once(_list_changes_move)
 
 
 def _bump(counters: tuple[str, ...], **run_filter) -> None:
     """Once per transaction: a request that writes a run's curves many times (a batch per series, system
-    samples, then progress) moves each counter once. Only a bump pending under the very savepoints open
-    now stands for this one: it runs exactly when this one would (one registered in a savepoint since
-    released may belong to work an enclosing block still rolls back, or to a test's transaction that
-    never commits while the test runs its own callbacks)."""
-    bump = CounterBump(run_filter=tuple(sorted(run_filter.items())), counters=counters)
+    samples, then progress) moves each counter once (_on_commit_once)."""
+    _on_commit_once(CounterBump(run_filter=tuple(sorted(run_filter.items())), counters=counters))
+
+
+def _on_commit_once(move) -> None:
+    """Run `move` after the commit, unless an equal one is pending already. Only one pending under the very
+    savepoints open now stands for it: it runs exactly when this one would (one registered in a savepoint since
+    released may belong to work an enclosing block still rolls back, or to a test's transaction that never
+    commits while the test runs its own callbacks)."""
     conn = transaction.get_connection()
     if conn.in_atomic_block:
         open_now = set(conn.savepoint_ids)
-        if any(sids == open_now and func == bump for sids, func, *_ in conn.run_on_commit):
+        if any(sids == open_now and func == move for sids, func, *_ in conn.run_on_commit):
             return
-    transaction.on_commit(bump, robust=True)
+    transaction.on_commit(move, robust=True)
 
 
 def runs_changed(*, run_ids: Iterable[int | None], progress: bool = False) -> None:
