@@ -20,7 +20,7 @@ from django.core.exceptions import ValidationError
 from django.db import connections, router
 from django.utils import timezone
 
-from eagle3web.db import CompiledQuery, compile_query, stand_in
+from eagle3web.db import CompiledQuery, compile_query, prepared_cursor, stand_in
 
 
 USER_BACKEND = "runs.api.account.sessions.UserBackend"
@@ -41,7 +41,7 @@ class SessionStore(db.SessionStore):
         """As Django's: the unexpired row of this key, else None (and the key forgotten, so a new one is made)."""
         key, row = self.session_key, None  # None when the cookie's was not a key's shape (SessionBase checks)
         if key:
-            with connections[router.db_for_read(self.model)].cursor() as cursor:
+            with prepared_cursor(connections[router.db_for_read(self.model)]) as cursor:
                 cursor.execute(_read_sql(self.model), [key, timezone.now()])
                 row = cursor.fetchone()
         if row is None:
