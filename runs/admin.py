@@ -35,6 +35,7 @@ from runs.pipeline.models import (
 )
 from runs.review.models import RunTag, Review
 from runs.tracking.models import MetricChunk, MetricSeries
+from runs.tracking.runs_list.run_search import searched
 
 STAGE_FIELDS = ("status", "started_at", "finished_at", "progress_done", "progress_total", "worker")
 
@@ -57,6 +58,7 @@ class EvalSuiteAdmin(NoAddAdmin):
     """Registered by the launch that first names it with a path (runs.data.suites checks the file there); curated
     here: its notes, and `retired` to refuse it to new runs. Its name and path stay: runs measured on them say so."""
     list_display = ("name", "path", "size_bytes", "retired", "created_by", "created_at")
+    list_select_related = ("created_by",)  # nullable: not followed by Django's own select_related()
     list_filter = ("retired",)
     search_fields = ("name", "path", "notes")
     readonly_fields = ("name", "path", "size_bytes", "created_by", "created_at")
@@ -88,9 +90,22 @@ class TrainingRunInline(StageInline):
 @admin.register(PipelineRun)
 class PipelineRunAdmin(NoAddAdmin):
     list_display = ("id", "name", "owner", "target", "dataset", "created_at")
+    # Named: Django's own select_related() follows no nullable key (a run trained elsewhere has no target or
+    # dataset), and the list read both per row (tests/views/admin/test_admin_list_queries.py).
+    list_select_related = ("owner", "target", "dataset")
     list_filter = ("target", "owner", "created_at")
     search_fields = ("name", "target__name", "dataset__name", "owner__username")
-    date_hierarchy = "created_at"
+    # No date_hierarchy: its links read the distinct days (or years) of every run, 40 ms at 100,000 runs on each
+    # open; list_filter's created_at offers today, the past 7 days, this month and this year without a query. Nor a
+    # second count of all runs beside a filtered list's (Django's show_full_result_count).
+    show_full_result_count = False
+
+    def get_search_results(self, request, queryset, search_term):
+        """What the runs list's search box finds (its name's or notes' words, its target's, dataset's or owner's
+        name, a tag, its id), from the indexes that serve it: Django's search of these fields joined them and read
+        every run (420 ms at 100,000 runs)."""
+        term = search_term.strip()
+        return (searched(queryset, term) if term else queryset), False
     inlines = [PreparationInline, ExtractStageInline, VocabMappingInline, TrainingRunInline]
     # A run's settings were checked at launch (backends, GPU counts, layer ids against the target, what
     # the live workers take); an edit here would bypass all of it. Launch a copy to change them.
@@ -155,6 +170,7 @@ class PendingEnqueueAdmin(NoAddAdmin):
 @admin.register(StageAttempt)
 class StageAttemptAdmin(InternalAdmin):
     list_display = ("id", "run", "stage", "number", "outcome", "worker", "started_at", "finished_at")
+    list_select_related = ("run",)  # nullable: not followed by Django's own select_related()
     list_filter = ("stage", "outcome")
     readonly_fields = ("log_tail", "error")
 
@@ -165,6 +181,7 @@ class StageShardAdmin(InternalAdmin):
 
     list_display = ("id", "run", "stage", "record_id", "index", "row_start", "row_stop", "status", "worker",
                     "attempts", "rows_done")
+    list_select_related = ("run",)  # nullable: not followed by Django's own select_related()
     list_filter = ("stage", "status")
     readonly_fields = ("log_tail", "error", "result")
 
@@ -185,13 +202,14 @@ class DemoBuildAdmin(StageAdmin):
 @admin.register(VerificationRequest)
 class VerificationRequestAdmin(StageAdmin):
     list_display = ("id", "extraction", "full", *STAGE_FIELDS, "verification")
+    list_select_related = ("extraction", "verification")
 
 
 @admin.register(ServeCheck)
 class ServeCheckAdmin(StageAdmin):
     list_display = ("id", "checkpoint", "evaluation", *STAGE_FIELDS[:3], "vllm_tau_emitted", "tau", "tau_difference",
                     "vllm_output_matches_greedy", "vllm_version")
-    list_select_related = ("checkpoint", "evaluation")
+    list_select_related = ("checkpoint__training_run", "evaluation")  # Checkpoint.__str__ reads its training
 
 
 @admin.register(DatasetRegeneration)
@@ -205,20 +223,21 @@ class DatasetRegenerationAdmin(StageAdmin):
 @admin.register(Evaluation)
 class EvaluationAdmin(StageAdmin):
     list_display = ("id", "run", "checkpoint", *STAGE_FIELDS[:3], "tau", "output_matches_greedy", "num_prompts")
-    list_select_related = ("run", "checkpoint")
+    list_select_related = ("run", "checkpoint__training_run")  # Checkpoint.__str__ reads its training
 
 
 @admin.register(CheckpointGenerations)
 class CheckpointGenerationsAdmin(InternalAdmin):
     """A measurement's replies token by token (the checkpoint page's generations table)."""
     list_display = ("id", "checkpoint", "evaluation", "num_speculative_tokens", "tokens_cap", "created_at")
-    list_select_related = ("checkpoint", "evaluation")
+    list_select_related = ("checkpoint__training_run", "evaluation")  # Checkpoint.__str__ reads its training
 
 
 @admin.register(Checkpoint)
 class CheckpointAdmin(NoAddAdmin):
     list_display = ("id", "training_run", "epoch", "val_loss", "train_loss", "is_best", "imported_by", "imported_at",
                     "path")
+    list_select_related = ("training_run", "imported_by")  # both nullable: not followed by Django's own
     list_filter = ("is_best", ("training_run", admin.EmptyFieldListFilter))
     search_fields = ("path",)
 
@@ -249,6 +268,7 @@ class MetricChunkAdmin(InternalAdmin):
 @admin.register(Verification)
 class VerificationAdmin(NoAddAdmin):
     list_display = ("id", "extraction", "passed", "full", "layout", "seconds", "created_by", "created_at")
+    list_select_related = ("extraction", "created_by")
     list_filter = ("passed", "full", "layout")
     search_fields = ("extraction__path",)
     readonly_fields = ("checks", "report")
@@ -325,6 +345,7 @@ class DatasetSampleAdmin(NoAddAdmin):
 @admin.register(CurationAction)
 class CurationActionAdmin(admin.ModelAdmin):
     list_display = ("created_at", "user", "dataset", "action", "detail")
+    list_select_related = ("user", "dataset")
     list_filter = ("action", "dataset", "user")
     search_fields = ("detail", "sample_ids")
     readonly_fields = ("created_at", "user", "dataset", "action", "sample_ids", "detail")
@@ -339,6 +360,8 @@ class CurationActionAdmin(admin.ModelAdmin):
 @admin.register(Review)
 class ReviewAdmin(admin.ModelAdmin):
     list_display = ("created_at", "author", "decision", "run", "extraction", "checkpoint", "text")
+    # A checkpoint names its run through its training (Checkpoint.__str__).
+    list_select_related = ("author", "run", "extraction", "checkpoint__training_run")
     list_filter = ("decision", "author")
     search_fields = ("text", "author__username")
 
