@@ -94,11 +94,15 @@ class PipelineRunAdmin(NoAddAdmin):
     # dataset), and the list read both per row (tests/views/admin/test_admin_list_queries.py).
     list_select_related = ("owner", "target", "dataset")
     list_filter = ("target", "owner", "created_at")
-    search_fields = ("name", "target__name", "dataset__name", "owner__username")
+    search_fields = ("name", "notes")  # shows the search box; get_search_results answers it
     # No date_hierarchy: its links read the distinct days (or years) of every run, 40 ms at 100,000 runs on each
     # open; list_filter's created_at offers today, the past 7 days, this month and this year without a query. Nor a
     # second count of all runs beside a filtered list's (Django's show_full_result_count).
     show_full_result_count = False
+    inlines = [PreparationInline, ExtractStageInline, VocabMappingInline, TrainingRunInline]
+    # A run's settings were checked at launch (backends, GPU counts, layer ids against the target, what
+    # the live workers take); an edit here would bypass all of it. Launch a copy to change them.
+    readonly_fields = ("config",)
 
     def get_search_results(self, request, queryset, search_term):
         """What the runs list's search box finds (its name's or notes' words, its target's, dataset's or owner's
@@ -106,10 +110,6 @@ class PipelineRunAdmin(NoAddAdmin):
         every run (420 ms at 100,000 runs)."""
         term = search_term.strip()
         return (searched(queryset, term) if term else queryset), False
-    inlines = [PreparationInline, ExtractStageInline, VocabMappingInline, TrainingRunInline]
-    # A run's settings were checked at launch (backends, GPU counts, layer ids against the target, what
-    # the live workers take); an edit here would bypass all of it. Launch a copy to change them.
-    readonly_fields = ("config",)
 
 
 class StageAdmin(InternalAdmin):
