@@ -8,8 +8,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from runs.models import (Checkpoint, Evaluation, PipelineRun, Review, RunTag, StageAttempt, StageStatus, TrainingRun,
-                         Verification)
+from runs.models import (Checkpoint, Evaluation, PipelineRun, Review, RunTag, StageAttempt, StageStatus,
+                         TrainingRun)
 from runs.pipeline import services
 from runs.pipeline.launch.run_config import RunConfig
 from runs.tracking.services import metrics_record
@@ -39,7 +39,7 @@ def _a_runs_rows(user, roots, number: int) -> None:
 
 def _list_queries(client) -> dict[str, int]:
     counts = {}
-    for model, model_admin in admin.site._registry.items():
+    for model in admin.site._registry:
         url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
         with CaptureQueriesContext(connection) as queries:
             response = client.get(url)

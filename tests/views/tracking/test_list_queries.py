@@ -142,8 +142,9 @@ def test_the_datasets_list_shows_pages_of_100(client, user):
 @pytest.mark.django_db(transaction=True)
 def test_a_runs_list_built_afresh_runs_its_statements_prepared_unless_the_setting_says_not(client, user, roots,
                                                                                              settings):
-    """The session's read, the page's ids, its rows and the filter menus are planned once a connection (PostgreSQL planned the menus in
-    2 to 3 ms against 1 to run them, issue 40); DATABASE_PREPARED_STATEMENTS=0 prepares none. The same page either way."""
+    """The session's read, the page's ids, its rows and the filter menus are planned once a connection (PostgreSQL
+    planned the menus in 2 to 3 ms against 1 to run them, issue 40); DATABASE_PREPARED_STATEMENTS=0 prepares none.
+    The same page either way."""
     if connection.vendor != "postgresql":
         pytest.skip("prepared statements are PostgreSQL's")
     client.force_login(user)
