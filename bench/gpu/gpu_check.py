@@ -15,10 +15,10 @@ that a slow engine start cannot cost the core figures.
 
 Prints one JSON object: GPU, date, and per stage the wall time, tokens/s, peak memory (on CUDA
 torch.cuda.max_memory_allocated of this process, reset per stage, and the device's peak used memory
-sampled every 50 ms, which also sees vLLM's and torchrun's processes; on the CPU the stage's peak
-resident memory above its start), achieved TFLOP/s and its fraction of the GPU's dense bf16 peak
-(bench/gpu/gpu_peaks.py says how FLOPs are counted), compiles, recompiles and the time split; plus
-extract_vs_bare and train_vs_speculators. The same object is rewritten to WORK/gpu_check.json after
+sampled every 50 ms, which also sees vLLM's and torchrun's processes; on the CPU the process's peak
+resident memory in the stage, and its rise above the stage's start), achieved TFLOP/s and its fraction
+of the GPU's dense bf16 peak (bench/gpu/gpu_peaks.py says how FLOPs are counted), compiles, recompiles
+and the time split; plus extract_vs_bare and train_vs_speculators. The same object is rewritten to WORK/gpu_check.json after
 every stage, so that a run cut short still leaves its figures.
 """
 from __future__ import annotations
@@ -108,8 +108,12 @@ class DeviceMemory:
 
     def figures(self) -> dict:
         if self.device.type != "cuda":
-            return {"peak_memory_bytes": _status_bytes("VmHWM") - self.rss_start,
-                    "peak_memory_is": "the stage's peak resident memory above its start (CPU)",
+            # The kernel's resident counters are per-CPU approximations (a few hundred KiB apart), so
+            # a stage that reuses freed heap can read a peak a little below its start: the rise floors at 0.
+            peak = _status_bytes("VmHWM")
+            return {"peak_memory_bytes": peak,
+                    "peak_memory_is": "the process's peak resident memory in the stage (CPU)",
+                    "peak_memory_above_start_bytes": max(0, peak - self.rss_start),
                     "peak_gpu_memory_allocated_bytes": None, "peak_gpu_memory_used_bytes": None}
         allocated = torch.cuda.max_memory_allocated(self.device)
         return {"peak_memory_bytes": allocated, "peak_memory_is": "torch.cuda.max_memory_allocated in the stage",
