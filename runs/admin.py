@@ -2,6 +2,7 @@ from django.contrib import admin
 
 import runs.alerts.admin  # noqa: F401 - alert rules, firings, notices, deliveries
 import runs.api.admin  # noqa: F401 - tokens, the API's audit trail, account settings
+import runs.data.admin  # noqa: F401 - datasets' samples, their curation log
 import runs.projects.admin  # noqa: F401 - projects, their members
 import runs.reports.admin  # noqa: F401 - reports and their versions
 import runs.saved_views.admin  # noqa: F401 - saved views
@@ -14,9 +15,7 @@ from runs.pipeline.jobs.models import DatasetCatalogue, DatasetRegeneration, Dem
 from runs.checkpoints.models import Checkpoint, Evaluation
 from runs.pipeline.nodes.models import TrainingNode
 from runs.data.models import (
-    CurationAction,
     Dataset,
-    DatasetSample,
     EvalSuite,
     Extraction,
     Manifest,
@@ -275,86 +274,6 @@ class VerificationAdmin(NoAddAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False  # a verification's result is what it measured; an override says why it is set aside
-
-
-class LengthFilter(admin.SimpleListFilter):
-    title = "length (characters)"
-    parameter_name = "length"
-    BUCKETS = {"short": (0, 200), "medium": (200, 1000), "long": (1000, None)}
-
-    def lookups(self, request, model_admin):
-        return [("short", "under 200"), ("medium", "200 to 1,000"), ("long", "1,000 and more")]
-
-    def queryset(self, request, queryset):
-        if self.value() not in self.BUCKETS:
-            return queryset
-        low, high = self.BUCKETS[self.value()]
-        queryset = queryset.filter(num_chars__gte=low)
-        return queryset.filter(num_chars__lt=high) if high else queryset
-
-
-@admin.register(DatasetSample)
-class DatasetSampleAdmin(NoAddAdmin):
-    list_display = ("sample_id", "dataset", "line", "num_turns", "num_chars", "excluded", "tags", "preview")
-    list_filter = ("excluded", "dataset", LengthFilter, "num_turns")
-    search_fields = ("sample_id", "preview", "tags", "notes")
-    readonly_fields = ("dataset", "sample_id", "line", "num_turns", "num_chars", "preview", "content_hash")
-    actions = ["exclude_samples", "include_samples", "tag_needs_review"]
-
-    def get_actions(self, request):
-        # Exclusion is the curation: deleting samples would lose them and their curation log (a catalogue
-        # pass would add them back, uncurated). A dataset's samples go with the dataset.
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
-
-    @staticmethod
-    def _first_ids(queryset) -> list[str]:
-        """The ids the message names, read before the action (a filter such as "not excluded" would
-        match none of them after it)."""
-        from runs.data.curation import NAMED_SAMPLES
-
-        return list(queryset.values_list("sample_id", flat=True)[:NAMED_SAMPLES])
-
-    @admin.action(description="Exclude from later preparations")
-    def exclude_samples(self, request, queryset):
-        from runs.data.curation import samples_named, samples_set_excluded
-
-        first = self._first_ids(queryset)
-        count = samples_set_excluded(samples=queryset, excluded=True, user=request.user)
-        self.message_user(request, f"Excluded {count} sample(s): {samples_named(first, total=count)}; "
-                                   "runs launched from now on skip them.")
-
-    @admin.action(description="Include again")
-    def include_samples(self, request, queryset):
-        from runs.data.curation import samples_named, samples_set_excluded
-
-        first = self._first_ids(queryset)
-        count = samples_set_excluded(samples=queryset, excluded=False, user=request.user)
-        self.message_user(request, f"Included {count} sample(s) again: {samples_named(first, total=count)}.")
-
-    @admin.action(description="Tag 'needs-review'")
-    def tag_needs_review(self, request, queryset):
-        from runs.data.curation import samples_named, samples_tag
-
-        first = self._first_ids(queryset)
-        count = samples_tag(samples=queryset, tag="needs-review", user=request.user)
-        self.message_user(request, f"Tagged {count} sample(s) 'needs-review': {samples_named(first, total=count)}.")
-
-
-@admin.register(CurationAction)
-class CurationActionAdmin(admin.ModelAdmin):
-    list_display = ("created_at", "user", "dataset", "action", "detail")
-    list_select_related = ("user", "dataset")
-    list_filter = ("action", "dataset", "user")
-    search_fields = ("detail", "sample_ids")
-    readonly_fields = ("created_at", "user", "dataset", "action", "sample_ids", "detail")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Review)

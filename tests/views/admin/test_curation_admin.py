@@ -50,11 +50,71 @@ def test_admin_exclude_action_logs_who_and_which(client, curator, tiny_target):
     assert log.user == curator and log.action == "exclude" and len(log.sample_ids) == 3
 
 
-def test_admin_search_and_length_filter_answer(client, curator, tiny_target):
-    registered_and_catalogued(tiny_target.chats_path)
-    url = reverse("admin:runs_datasetsample_changelist")
-    assert client.get(url, {"q": "demo-00001"}).status_code == 200
-    assert client.get(url, {"length": "short", "excluded__exact": "0"}).status_code == 200
+def _listed(client, **params) -> set[str]:
+    """The sample ids the admin's list shows for `params` (every page of it)."""
+    url, shown, page = reverse("admin:runs_datasetsample_changelist"), set(), 0
+    while True:
+        response = client.get(url, {**params, "p": page + 1} if page else params)
+        assert response.status_code == 200
+        found = {sample.sample_id for sample in response.context["cl"].result_list}
+        shown |= found
+        page += 1
+        if page >= response.context["cl"].paginator.num_pages:
+            return shown
+
+
+def test_admin_search_and_filters_list_what_a_scan_of_every_sample_finds(client, curator, tiny_target):
+    dataset = registered_and_catalogued(tiny_target.chats_path)
+    samples = list(dataset.samples.all())
+    odd = samples[7]
+    DatasetSample.objects.filter(pk=odd.pk).update(notes="Überprüfung nötig: 日本語 \u200b zero-width", tags="needs-review")
+    samples = list(dataset.samples.all())
+
+    def having(text):  # the oracle: the text in any searched column, case aside
+        return {s.sample_id for s in samples
+                if any(text.upper() in getattr(s, f).upper() for f in ("sample_id", "preview", "tags", "notes"))}
+
+    for q in (samples[0].sample_id, samples[3].preview[5:25], "ÜBERPRÜFUNG", "日本語", "needs-review"):
+        assert _listed(client, q=q) == having(q) != set(), q
+    assert _listed(client, q="Überprüfung") == {odd.sample_id}
+    replies = {"none": (0, 1), "one": (1, 2), "few": (2, 5), "many": (5, 10**6)}
+    for value, (low, high) in replies.items():
+        assert _listed(client, replies=value) == {s.sample_id for s in samples if low <= s.num_turns < high}, value
+    assert sum(len(_listed(client, replies=value)) for value in replies) == len(samples)
+    assert _listed(client, length="short", excluded__exact="0") == {
+        s.sample_id for s in samples if s.num_chars < 200 and not s.excluded}
+
+
+def test_the_samples_list_reads_its_page_and_search_from_indexes(rf, curator, tiny_target):
+    """At 2,000,000 samples, sorting every sample by its dataset's name took 1.2 s a page and the search
+    read every row (6 s): with sequential scans priced out, both must come from migration 0038's indexes."""
+    from django.contrib import admin
+    from django.db import connection
+
+    dataset = registered_and_catalogued(tiny_target.chats_path)
+    model_admin = admin.site._registry[DatasetSample]
+    plans = {}
+    with connection.cursor() as cursor:
+        # Enough samples, and fresh statistics, that the planner's choice is the one it makes at scale.
+        cursor.execute("INSERT INTO runs_datasetsample (dataset_id, sample_id, line, num_turns, num_chars, preview, "
+                       "excluded, tags, notes, content_hash) SELECT %s, 'extra-' || g, 1000 + g, 1 + g %% 7, g %% 3000, "
+                       "'question ' || md5(g::text), false, '', '', md5(g::text) FROM generate_series(1, 20000) g",
+                       [dataset.pk])
+        cursor.execute("ANALYZE runs_datasetsample")
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        for name, params in (("page", {}), ("search", {"q": "weather report"})):
+            request = rf.get(reverse("admin:runs_datasetsample_changelist"), params)
+            request.user = curator
+            queryset = model_admin.get_changelist_instance(request).queryset
+            # The page reads its first rows in order; the search, every match (its count).
+            queryset = queryset[:100] if name == "page" else queryset.order_by().values("pk")
+            sql, sql_params = queryset.query.sql_with_params()
+            cursor.execute("EXPLAIN " + sql, sql_params)
+            plans[name] = "\n".join(row[0] for row in cursor.fetchall())
+    assert "sample_dataset_line" in plans["page"] and "Sort" not in plans["page"], plans["page"]
+    for column in ("sample_id", "preview", "tags", "notes"):
+        assert f"sample_{column}_trigrams" in plans["search"], plans["search"]
+    assert "Seq Scan on runs_datasetsample" not in plans["search"], plans["search"]
 
 
 def test_a_preparation_skips_excluded_samples(tiny_target, curator, django_capture_on_commit_callbacks):
