@@ -80,7 +80,7 @@ def stage_execute(*, stage_name: str, record_id: int, worker: str, may_shard: bo
     instead of recording its failure would leave it running until its lease lapsed."""
     started = db_retry("start", stage_start, stage_name=stage_name, record_id=record_id, worker=worker)
     if started is None:
-        logger.info("%s %s is not queued any more; skipping", stage_name, record_id)
+        logger.info("%s %s is not queued any more (or was deleted); skipping", stage_name, record_id)
         return False
     fence = started.started_at
     reporter = StageReporter(stage_name=stage_name, record_id=record_id, interval=settings.EAGLE3WEB_PROGRESS_INTERVAL,

@@ -72,10 +72,11 @@ def stage_waits_for_previous(*, stage_name: str, run_id: int) -> str | None:
 
 @transaction.atomic
 def stage_start(*, stage_name: str, record_id: int, worker: str = "") -> StageRecord | None:
-    """Mark a queued stage running. None if it was cancelled or already ran (a redelivered task), or
-    if the pipeline's rules refuse to start it (then it is failed with the reason)."""
-    stage = _stage_qs(stage_name, record_id).select_for_update().get()
-    if stage.status != StageStatus.QUEUED:
+    """Mark a queued stage running. None if it was cancelled or already ran (a redelivered task), is gone
+    (its run or job deleted while its message waited), or if the pipeline's rules refuse to start it (then
+    it is failed with the reason)."""
+    stage = _stage_qs(stage_name, record_id).select_for_update().first()
+    if stage is None or stage.status != StageStatus.QUEUED:
         return None
     if stage_name == "train":
         # Nobody trains on hidden states that disagree with their manifest, unless a reviewer said why.

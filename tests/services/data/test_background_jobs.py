@@ -234,3 +234,21 @@ def test_a_verification_keeps_who_asked_for_it_and_no_override_while_one_is_unde
     assert request.status == "succeeded" and request.verification.created_by == user
     verification_override(extraction=extraction, user=user, reason="the manifest is wrong")
     assert Verification.objects.get(pk=request.verification.pk).overrides.count() == 1
+
+
+def test_a_message_for_a_job_or_run_deleted_while_it_waited_is_skipped_without_an_error(
+        roots, user, caplog, django_capture_on_commit_callbacks):
+    """Staff delete a run or a job in the admin while its message waits in the broker (the demo's worker once
+    took a serve check's message left from a deleted one and logged a traceback): the worker says so and drops it."""
+    with django_capture_on_commit_callbacks(execute=False):
+        run = launch(roots, user, chat_file(roots / "chats.jsonl", rows=3))
+    catalogue, preparation = DatasetCatalogue.objects.get(dataset=run.dataset), run.preparation.pk
+    catalogue.delete()
+    run.delete()
+    with caplog.at_level("INFO", logger="workers"):
+        assert stage_execute(stage_name="catalogue", record_id=catalogue.pk, worker="test") is False
+        assert stage_execute(stage_name="prepare", record_id=preparation, worker="test") is False
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("workers")]
+    assert f"catalogue {catalogue.pk} is not queued any more (or was deleted); skipping" in said
+    assert f"prepare {preparation} is not queued any more (or was deleted); skipping" in said
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
