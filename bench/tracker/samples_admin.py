@@ -11,7 +11,11 @@ replies, 1% excluded, one in 13 tagged needs-review), the staff user `bench-staf
 with `dropdb`). The timed mode runs each checkout's code on its own database (each as its migrations made it: an
 index is part of what is compared), alternately, `--rounds` times, each in a process of its own: each URL twice
 untimed, then `--requests` times. Prints per checkout and URL the median and p95 of the request's wall time, the SQL
-time Django measured, the slowest query's median, the queries, and the 1-minute load.
+time Django measured, the slowest query's median, the queries, and the 1-minute load. With --catalogue N, each
+checkout instead catalogues a file of N conversations into its database, made afresh: the indexes' cost to writes.
+
+    .venv/bin/python bench/tracker/samples_admin.py --catalogue 100000 --checkout ../before --database bench_cat_a \
+        --checkout . --database bench_cat_b --rounds 2 --json
 """
 from __future__ import annotations
 
@@ -112,6 +116,37 @@ def timed(database: str, requests: int) -> dict:
     return out
 
 
+def catalogued(conversations: int, database: str) -> dict:
+    """The write side of the indexes: a catalogue pass (runs.data.curation.dataset_samples_sync) of a file of
+    `conversations` ShareGPT rows into a database made afresh with this checkout's migrations."""
+    import random
+
+    from bench.tracker.scratch_site import recreate_database
+
+    path = Path(f"/tmp/bench-samples-admin-{conversations}.jsonl")
+    if not path.exists():
+        rnd, words = random.Random(0), "the model answers about weather physics cooking code travel music loss".split()
+        with path.open("w") as f:
+            for i in range(conversations):
+                turn = [{"from": "human", "value": " ".join(rnd.choices(words, k=60))},
+                        {"from": "gpt", "value": " ".join(rnd.choices(words, k=120))}]
+                f.write(json.dumps({"id": f"c{i}", "conversations": turn * rnd.randint(1, 3)}) + "\n")
+    recreate_database(database)
+    django_in(os.getcwd(), database)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+    from runs.data.curation import dataset_samples_sync
+    from runs.models import Dataset
+
+    dataset = Dataset.objects.create(name="chats", path=str(path))
+    t0 = time.perf_counter()
+    dataset_samples_sync(dataset=dataset)
+    seconds = time.perf_counter() - t0
+    return {"catalogue_s": round(seconds, 2), "conversations_per_s": round(conversations / seconds),
+            "samples": dataset.samples.count()}
+
+
 def _found(page: str) -> str | None:
     """What the page says it found (the admin's paginator, the dataset page's counts): both checkouts must agree."""
     import re
@@ -127,6 +162,7 @@ def main() -> None:
     parser.add_argument("--checkout", action="append", default=[])
     parser.add_argument("--requests", type=int, default=9)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--catalogue", type=int, help="time a catalogue pass of this many conversations instead")
     parser.add_argument("--in-checkout", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -134,7 +170,8 @@ def main() -> None:
         print(json.dumps(build(args.build, args.database[0])))
         return
     if args.in_checkout:
-        print(json.dumps(timed(args.database[0], args.requests)))
+        print(json.dumps(catalogued(args.catalogue, args.database[0]) if args.catalogue
+                         else timed(args.database[0], args.requests)))
         return
     if len(args.database) != len(args.checkout):
         parser.error("give one --database for each --checkout")
@@ -145,8 +182,8 @@ def main() -> None:
         for checkout, database in zip(args.checkout, args.database):
             command = [sys.executable, str(Path(__file__).resolve()), "--in-checkout", "--database", database,
                        "--requests", str(args.requests)]
-            done = subprocess.run(command, cwd=checkout, capture_output=True, text=True,
-                                  check=True)
+            command += ["--catalogue", str(args.catalogue)] if args.catalogue else []
+            done = subprocess.run(command, cwd=checkout, capture_output=True, text=True, check=True)
             results.append({"round": round_ + 1, "checkout": checkout, "database": database,
                             **json.loads(done.stdout.strip().splitlines()[-1])})
     print(json.dumps(results, indent=None if args.json else 1))
