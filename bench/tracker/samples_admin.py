@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def catalogued(conversations: int, database: str) -> dict:
 
     from bench.tracker.scratch_site import recreate_database
 
-    path = Path(f"/tmp/bench-samples-admin-{conversations}.jsonl")
+    path = Path(tempfile.gettempdir()) / f"bench-samples-admin-{conversations}.jsonl"  # kept for the next round
     if not path.exists():
         rnd, words = random.Random(0), "the model answers about weather physics cooking code travel music loss".split()
         with path.open("w") as f:
