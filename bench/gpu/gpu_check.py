@@ -18,8 +18,8 @@ torch.cuda.max_memory_allocated of this process, reset per stage, and the device
 sampled every 50 ms, which also sees vLLM's and torchrun's processes; on the CPU the process's peak
 resident memory in the stage, and its rise above the stage's start), achieved TFLOP/s and its fraction
 of the GPU's dense bf16 peak (bench/gpu/gpu_peaks.py says how FLOPs are counted), compiles, recompiles
-and the time split; plus extract_vs_bare and train_vs_speculators. The same object is rewritten to WORK/gpu_check.json after
-every stage, so that a run cut short still leaves its figures.
+and the time split; plus extract_vs_bare and train_vs_speculators. The same object is rewritten to
+WORK/gpu_check.json after every stage, so that a run cut short still leaves its figures.
 """
 from __future__ import annotations
 

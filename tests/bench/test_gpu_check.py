@@ -61,12 +61,12 @@ def test_tiny_cpu_run_reports_every_stage(tmp_path):
         assert {"tokens_per_s", "fraction_of_bf16_peak", "peak_memory_bytes", "compiles", "recompiles",
                 "time_split_s"} <= set(figures), name
         assert figures["tokens_per_s"] > 0 and figures["peak_memory_bytes"] > 0, name
-    # A stage's peak holds at least the weights it runs, 2 bytes a parameter even in bf16; a peak read as
-    # the rise above the stage's start could fall below (once -294,912 bytes: the kernel's counters drift).
-    target_params, draft_params = report["target"]["params"], report["draft"]["params"]
-    for name, params in (("forward_bare", target_params), ("extract_transformers", target_params),
-                         ("train", draft_params)):
-        assert report["stages"][name]["peak_memory_bytes"] >= 2 * params, name
+    # On the CPU a stage's peak is the process's peak resident size, and a process with torch loaded holds more
+    # than 64 MiB: the rise above the stage's start, reported as the peak before, stays under it (prepare's about
+    # 5 MiB, vocab's 0) and once read -294,912 bytes, the kernel's resident counters being approximate.
+    for name in ("prepare", "extract_transformers", "forward_bare", "vocab", "train", "train_kimi_width"):
+        figures = report["stages"][name]
+        assert figures["peak_memory_bytes"] > 64 * 2**20 and figures["peak_memory_above_start_bytes"] >= 0, name
     assert set(report["stages"]["train"]["time_split_s"]) == {"data", "copies", "forward", "backward", "optimizer"}
     assert report["stages"]["train"]["recompiles"] == 0
     assert {"forward", "copies", "writes", "write_wait"} <= set(report["stages"]["extract_transformers"]["time_split_s"])
