@@ -134,6 +134,7 @@ def test_make_demo_starts_a_worker_for_the_cpu_queue_apart_from_the_one_that_tra
     from tests.helpers.outage import free_port
     from tests.contract.test_verify import H, N, write_flat
     from tests.helpers.worker import BASE_DIR, test_database_url
+    from workers.contract.host.backends import BACKENDS, stage_queue
 
     port = free_port()
     recipe = subprocess.run(["make", "-n", "demo", f"PORT={port}"], cwd=BASE_DIR, capture_output=True, text=True,
@@ -141,10 +142,11 @@ def test_make_demo_starts_a_worker_for_the_cpu_queue_apart_from_the_one_that_tra
     start = recipe[recipe.index("since=$(date"):]  # what follows the setup and the demo's build
     env = {**os.environ, "DATABASE_URL": test_database_url(), "CELERY_BROKER_URL": django_settings.CELERY_BROKER_URL,
            "EAGLE3WEB_DATA_DIR": str(tmp_path), "EAGLE3WEB_DATA_ROOTS": str(tmp_path)}
-    # Every queue the demo's workers take (vLLM's CPU build adds vllm.1): a message an earlier test left there
-    # would be taken at the start and its log would follow the banner this test reads.
-    subprocess.run([".venv/bin/python", "-m", "celery", "-A", "eagle3web", "purge", "-f", "-Q", "cpu,gpu,vllm.1"],
-                   env=env, cwd=BASE_DIR, check=True, capture_output=True, timeout=60)
+    # Every queue the demo's workers may take (cpu, gpu, and a backend's one-GPU queue it runs on the CPU, such as
+    # vLLM's vllm.1): a message an earlier test left there would be taken at the start, its log after the banner.
+    queues = {"cpu", *(stage_queue(backend=backend.name, gpus=1) for backend in BACKENDS)}
+    purge = [".venv/bin/python", "-m", "celery", "-A", "eagle3web", "purge", "-f", "-Q", ",".join(sorted(queues))]
+    subprocess.run(purge, env=env, cwd=BASE_DIR, check=True, capture_output=True, timeout=60)
     log_path = tmp_path / "demo.log"
     with log_path.open("w") as log:
         demo = subprocess.Popen(["bash", "-c", start], cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
