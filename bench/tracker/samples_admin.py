@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.tracker.scratch_site import PG, median_p95  # noqa: E402
+from bench.tracker.scratch_site import PG, alternately, median_p95  # noqa: E402
 
 URLS = ["/admin/runs/datasetsample/",                               # the first page
         "/admin/runs/datasetsample/?dataset__id__exact={dataset}",  # one dataset
@@ -176,17 +176,9 @@ def main() -> None:
         return
     if len(args.database) != len(args.checkout):
         parser.error("give one --database for each --checkout")
-    import subprocess
-
-    results = []
-    for round_ in range(args.rounds):
-        for checkout, database in zip(args.checkout, args.database):
-            command = [sys.executable, str(Path(__file__).resolve()), "--in-checkout", "--database", database,
-                       "--requests", str(args.requests)]
-            command += ["--catalogue", str(args.catalogue)] if args.catalogue else []
-            done = subprocess.run(command, cwd=checkout, capture_output=True, text=True, check=True)
-            results.append({"round": round_ + 1, "checkout": checkout, "database": database,
-                            **json.loads(done.stdout.strip().splitlines()[-1])})
+    shared = ["--requests", str(args.requests)] + (["--catalogue", str(args.catalogue)] if args.catalogue else [])
+    results = alternately(__file__, args.checkout, args.rounds, shared,
+                          each=[["--database", database] for database in args.database])
     print(json.dumps(results, indent=None if args.json else 1))
 
 

@@ -39,17 +39,20 @@ def median_p95(samples_ms: list[float], digits: int = 1) -> list[float]:
     return [round(value, digits) for value in stats(samples_ms)]
 
 
-def alternately(script: str, checkouts: list[str], rounds: int, args: list[str]) -> list[dict]:
+def alternately(script: str, checkouts: list[str], rounds: int, args: list[str],
+                each: list[list[str]] | None = None) -> list[dict]:
     """`script --in-checkout ARGS` run in each checkout in turn, `rounds` times, each in a process of its own (its
-    code imported from that checkout); the last line each prints, as JSON, with its round and checkout."""
+    code imported from that checkout); the last line each prints, as JSON, with its round and checkout. `each`, one
+    list per checkout, adds that checkout's own arguments (its database, say)."""
     import subprocess
     import sys
 
     results = []
     for round_ in range(rounds):
-        for checkout in checkouts:
-            done = subprocess.run([sys.executable, str(Path(script).resolve()), "--in-checkout", *args], cwd=checkout,
-                                  capture_output=True, text=True, check=True)
+        for index, checkout in enumerate(checkouts):
+            own = each[index] if each else []
+            done = subprocess.run([sys.executable, str(Path(script).resolve()), "--in-checkout", *args, *own],
+                                  cwd=checkout, capture_output=True, text=True, check=True)
             results.append({"round": round_ + 1, "checkout": checkout, **json.loads(done.stdout.strip().splitlines()[-1])})
     return results
 

@@ -52,15 +52,13 @@ def test_admin_exclude_action_logs_who_and_which(client, curator, tiny_target):
 
 def _listed(client, **params) -> set[str]:
     """The sample ids the admin's list shows for `params` (every page of it)."""
-    url, shown, page = reverse("admin:runs_datasetsample_changelist"), set(), 0
-    while True:
-        response = client.get(url, {**params, "p": page + 1} if page else params)
+    url, shown, page, pages = reverse("admin:runs_datasetsample_changelist"), set(), 1, 1
+    while page <= pages:
+        response = client.get(url, {**params, "p": page})
         assert response.status_code == 200
-        found = {sample.sample_id for sample in response.context["cl"].result_list}
-        shown |= found
-        page += 1
-        if page >= response.context["cl"].paginator.num_pages:
-            return shown
+        shown |= {sample.sample_id for sample in response.context["cl"].result_list}
+        page, pages = page + 1, response.context["cl"].paginator.num_pages
+    return shown
 
 
 def test_admin_search_and_filters_list_what_a_scan_of_every_sample_finds(client, curator, tiny_target):
