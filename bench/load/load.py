@@ -34,7 +34,8 @@ Prints latency percentiles over every request, per endpoint too; `errors` counts
 `error_bodies` gives the start of one body of each), `not_modified` the 304s; `server_ms` the same
 percentiles as gunicorn timed each request (its access log: without the wait for a free worker and
 the client's share), `cpu_cores` the cores each side used while measuring (gunicorn, the trainer,
-this benchmark's PostgreSQL backends and clients; "others" is everyone else's work on the machine,
+this benchmark's PostgreSQL backends and clients, each with what it started, the trainer's own session
+included; "others" is everyone else's work on the machine,
 roughly: a process that ended meanwhile takes its time with it), `load_average_1m` at start and end.
 Cleans up gunicorn, the worker, the database and its temp directory, also on Ctrl-C.
 """

@@ -44,20 +44,30 @@ def summarize(samples: list, seconds: float) -> dict:
 def cpu_use(groups: dict[str, int], database: str) -> dict[str, float]:
     """CPU seconds used so far by the machine as a whole ("machine", from /proc/stat) and by each of
     `groups` (name -> process group id: gunicorn, the trainer, this client) and this benchmark's
-    PostgreSQL backends: what other people's work took is the difference."""
+    PostgreSQL backends: what other people's work took is the difference. A process counts in a group when it
+    or one of its ancestors is in that process group: the train stage runs its trainer in a session of its own
+    (so that cancelling stops all of it), which a match on the group alone left in "others"."""
     tick = os.sysconf("SC_CLK_TCK")
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     used = {"machine": (sum(map(int, fields)) - int(fields[3]) - int(fields[4])) / tick, "postgres": 0.0,
             **{name: 0.0 for name in groups}}
+    procs: dict[int, tuple[int, int, float, Path]] = {}  # pid -> parent, process group, CPU seconds, /proc entry
     for proc in Path("/proc").iterdir():
         with contextlib.suppress(OSError, ValueError, IndexError):
             stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            seconds = (int(stat[11]) + int(stat[12])) / tick
-            group = next((name for name, pgid in groups.items() if int(stat[2]) == pgid), None)
-            if group is None and database in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                group = "postgres"
-            if group:
-                used[group] += seconds
+            procs[int(proc.name)] = (int(stat[1]), int(stat[2]), (int(stat[11]) + int(stat[12])) / tick, proc)
+    by_group = {pgid: name for name, pgid in groups.items()}
+    for parent, pgid, seconds, proc in procs.values():
+        group, seen = by_group.get(pgid), 0
+        while group is None and parent in procs and seen < 64:  # up the ancestors (64: a bound, not a depth seen)
+            parent, pgid = procs[parent][0], procs[parent][1]
+            group, seen = by_group.get(pgid), seen + 1
+        if group is None:
+            with contextlib.suppress(OSError):
+                if database in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    group = "postgres"
+        if group:
+            used[group] += seconds
     return used
 
 
